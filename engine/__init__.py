@@ -1,0 +1,24 @@
+"""Sluice engine: headless, never imports Qt.
+
+Public API (the GUI, CLI and server use only this):
+
+    from engine import load, GenerationParams, SluiceError
+    eng = load(model_dir, device="cpu", vram_budget="2GB", ram_cache="4GB")
+    for event in eng.generate([{"role": "user", "content": "Hi"}], GenerationParams(max_new_tokens=64)):
+        print(event.text, end="")
+    eng.cancel()        # from any thread; generation stops within one token
+    eng.telemetry()     # thread-safe dict snapshot (schema in DESIGN.md)
+    eng.close()
+"""
+from .errors import SluiceError
+from .params import GenerationParams, TokenEvent
+
+
+def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None):
+    """Open a Sluice model dir (or a Hugging Face snapshot, repacked on the fly) and return an Engine."""
+    from .engine import Engine
+    return Engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache=ram_cache,
+                       dtype=dtype, progress=progress)
+
+
+__all__ = ["load", "GenerationParams", "TokenEvent", "SluiceError"]

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install Sluice into ./.venv.  Usage: bash packaging/install.sh [--dev]
+#   --dev   also install the test tools (pytest, pytest-qt, accelerate, triton for the kernel interpreter tests)
+# torch goes in first so that nothing else pulls a multi-GB build of its own choosing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+PIP=".venv/bin/python -m pip"
+$PIP install -q --upgrade pip >/dev/null 2>&1 || true
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+    # PyPI's Linux torch wheel is the CUDA build; a CPU-only machine may be pointed at the CPU wheel by pip config.
+    $PIP install -q "torch==2.13.0"
+fi
+if [ "${1:-}" = "--dev" ]; then
+    $PIP install -q -e ".[dev]" triton
+else
+    $PIP install -q -e .
+fi
+echo "Sluice installed in $(pwd)/.venv  (run: .venv/bin/sluice)"
