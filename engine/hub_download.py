@@ -210,7 +210,7 @@ class _Job:
             with open(part, "r+b" if have else "wb") as out:
                 out.seek(have)
                 out.truncate()
-                for chunk in response.iter_bytes(CHUNK_BYTES):
+                for chunk in response.iter_bytes():       # as received, so a drop loses nothing
                     out.write(chunk)
                     self.bytes_transferred += len(chunk)
                     self._bytes_done += len(chunk)

@@ -1,0 +1,77 @@
+"""`sluice download REPO_ID [--revision R] [--dir D]`: fetch a hub model headless, with a progress bar.
+
+Wired into engine.cli by `add_arguments(subparser)` + `run(args)`. Rerunning the same command
+after an interruption (Ctrl-C, a crash, a lost network) fetches only the missing bytes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .errors import SluiceError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("repo_id", help="owner/name on the hub, or the model's hub address")
+    parser.add_argument("--revision", help="branch, tag or commit (default: the newest)")
+    parser.add_argument("--dir", help="folder to download into (default: the Sluice models folder)")
+
+
+def default_download_dir(repo_id: str) -> Path:
+    """Beside the installed models, hidden so the model picker does not list raw snapshots."""
+    root = os.environ.get("SLUICE_DATA_DIR")
+    if not root:
+        import platformdirs
+        root = platformdirs.user_data_dir("sluice", appauthor=False)
+    return Path(root) / "models" / ".downloads" / repo_id.replace("/", "--")
+
+
+def run(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    from .hub import parse_repo_ref, repo_info
+    from .hub_download import download
+    from .sizes import format_size
+
+    try:
+        repo_id, revision = parse_repo_ref(args.repo_id)
+        info = repo_info(repo_id, args.revision or revision)
+        if not info.is_supported:
+            raise SluiceError(f"{repo_id} is a '{info.family}' model, which Sluice cannot run "
+                              f"(it runs {', '.join(_families())}); nothing was downloaded.")
+        dst = Path(args.dir) if args.dir else default_download_dir(repo_id)
+        files = info.model_files()
+        print(f"{repo_id} @ {info.revision[:12]}: {info.family}, {len(files)} files, "
+              f"{format_size(sum(f.size for f in files))} -> {dst}", file=sys.stderr)
+        with tqdm(total=sum(f.size for f in files), unit="B", unit_scale=True, unit_divisor=1024,
+                  file=sys.stderr, desc="download", dynamic_ncols=True) as bar:
+            def on_progress(p):
+                bar.update(p.bytes_done - bar.n)
+                if p.current_file:
+                    bar.set_postfix_str(p.current_file, refresh=False)
+            download(info, dst, files=files, progress=on_progress)
+    except SluiceError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("Stopped. Run the same command again to continue where it stopped.", file=sys.stderr)
+        return 130
+    print(dst)
+    return 0
+
+
+def _families() -> tuple[str, ...]:
+    from .hub import supported_families
+    return supported_families()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sluice download", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
