@@ -1,0 +1,109 @@
+"""Expert-block formats as the kernels see them: plain-torch views and dequantization of the bytes
+in a slot, and random valid blocks for self-checks.
+
+This mirrors engine/quant.py and engine/layout.py (kernels import no engine; a test checks the two
+agree). A block is a uint8 buffer; `offsets` maps field names ("gate.w", "gate.scale", "gate.gscale",
+"up.*", "down.*") to byte offsets from the block start, each 256-byte aligned.
+  bf16 : w bf16 [out, in]
+  fp8  : w float8_e4m3fn [out, in], scale fp32 [out]               W = w * scale[:, None]
+  nvfp4: w uint8 [out, in/2] (element 2j low nibble, 2j+1 high; bit3 sign, bits0-2 index into
+         E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6]), scale e4m3 [out, in/16], gscale fp32 [1]
+                                                                   W = e2m1 * scale * gscale
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import torch
+
+FORMATS = ("bf16", "fp8", "nvfp4")
+FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2}     # the kernels' FMT constexpr
+NVFP4_GROUP = 16
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def proj_shapes(intermediate: int, hidden: int) -> dict[str, tuple[int, int]]:
+    """[out, in] of each projection (Hugging Face convention)."""
+    return {"gate": (intermediate, hidden), "up": (intermediate, hidden), "down": (hidden, intermediate)}
+
+
+def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
+    if fmt == "bf16":
+        return [("w", torch.bfloat16, (out_features, in_features))]
+    if fmt == "fp8":
+        return [("w", torch.float8_e4m3fn, (out_features, in_features)), ("scale", torch.float32, (out_features,))]
+    if fmt == "nvfp4":
+        if in_features % NVFP4_GROUP:
+            raise ValueError(f"nvfp4 needs in_features divisible by {NVFP4_GROUP}, got {in_features}")
+        return [("w", torch.uint8, (out_features, in_features // 2)),
+                ("scale", torch.float8_e4m3fn, (out_features, in_features // NVFP4_GROUP)),
+                ("gscale", torch.float32, (1,))]
+    raise ValueError(f"unknown expert format {fmt!r}")
+
+
+def field_view(block: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    """Zero-copy typed view of `shape` at byte `offset` of a uint8 block."""
+    nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    return block[offset:offset + nbytes].view(dtype).view(shape)
+
+
+def dequantize_block(block: torch.Tensor, fmt: str, offsets: Mapping[str, int], intermediate: int, hidden: int,
+                     dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """{gate, up, down} -> dense [out, in] weights of one uint8 block (the kernels' specification)."""
+    weights = {}
+    for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
+        parts = {name: field_view(block, offsets[f"{proj}.{name}"], dt, shape)
+                 for name, dt, shape in part_specs(fmt, out_f, in_f)}
+        weights[proj] = _dequantize(parts, fmt).to(dtype)
+    return weights
+
+
+def _dequantize(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
+    if fmt == "bf16":
+        return parts["w"].float()
+    if fmt == "fp8":
+        return parts["w"].float() * parts["scale"][:, None]
+    packed = parts["w"]
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()   # [O, in]
+    table = torch.tensor(E2M1_VALUES, device=packed.device)
+    values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    scale = parts["scale"].float().repeat_interleave(NVFP4_GROUP, dim=1)                          # [O, in]
+    return values * scale * parts["gscale"].float()
+
+
+def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str, int], intermediate: int,
+                hidden: int, device="cpu", generator: torch.Generator | None = None) -> torch.Tensor:
+    """[num_slots, block_bytes] uint8 of random *valid* blocks (no NaN codes, positive scales) whose
+    dequantized weights have magnitude ~ 1/sqrt(in), like trained weights."""
+    bank = torch.zeros(num_slots, block_bytes, dtype=torch.uint8)
+    g = generator or torch.Generator().manual_seed(0)
+    for s in range(num_slots):
+        for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
+            std = in_f ** -0.5
+            for name, dt, shape in part_specs(fmt, out_f, in_f):
+                numel = torch.Size(shape).numel()
+                if dt == torch.uint8:                                   # packed e2m1: every byte is valid
+                    part = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+                elif name == "w":                                       # bf16 / fp8 weights
+                    part = (torch.randn(shape, generator=g) * (std if dt == torch.bfloat16 else 64.0)).clamp(-448, 448).to(dt)
+                elif name == "scale" and dt == torch.float32:           # fp8 row scales
+                    part = torch.rand(shape, generator=g) * std / 32 + std / 128
+                elif name == "scale":                                   # nvfp4 e4m3 group scales in [1, 8)
+                    part = (1 + 7 * torch.rand(shape, generator=g)).to(dt)
+                else:                                                   # nvfp4 global scale
+                    part = torch.full(shape, std / 12)
+                off = offsets[f"{proj}.{name}"]
+                bank[s, off:off + numel * part.element_size()] = part.contiguous().view(-1).view(torch.uint8)
+    return bank.to(device)
+
+
+def make_offsets(fmt: str, intermediate: int, hidden: int, field_align: int = 256, block_align: int = 4096
+                 ) -> tuple[dict[str, int], int]:
+    """Field offsets and block size of the engine's layout (gate, up, down; parts in storage order)."""
+    offsets, offset = {}, 0
+    for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
+        for name, dt, shape in part_specs(fmt, out_f, in_f):
+            offset = -(-offset // field_align) * field_align
+            offsets[f"{proj}.{name}"] = offset
+            offset += torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+    return offsets, -(-offset // block_align) * block_align

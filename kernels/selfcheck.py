@@ -1,0 +1,180 @@
+"""Trust no kernel: before a fast kernel is used on this GPU, it is run against its plain-torch
+reference on random data of the loaded model's real shapes. A kernel that raises (e.g. asks for more
+shared memory than the device has), returns NaN/inf or misses the tolerance is not used: the caller
+gets the reference instead, and a warning goes to stderr and to `warnings_seen()` (for telemetry
+and the GUI). Verdicts are cached per GPU, driver, Triton version, kernel version and shape in the
+user cache dir, so the check costs one run per machine, not one per start.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Mapping
+
+import torch
+
+_lock = threading.Lock()
+_warnings: list[str] = []
+
+
+@dataclass(frozen=True)
+class Verdict:
+    ok: bool
+    reason: str          # "" when ok, else one sentence: what failed
+    cached: bool
+
+
+def warnings_seen() -> list[str]:
+    """Warnings of kernels that failed their check in this process (oldest first)."""
+    with _lock:
+        return list(_warnings)
+
+
+def cache_path() -> Path:
+    override = os.environ.get("SLUICE_KERNEL_CACHE")
+    if override:
+        return Path(override)
+    import platformdirs
+    return Path(platformdirs.user_cache_dir("sluice")) / "kernel_verdicts.json"
+
+
+def device_fingerprint(device: torch.device | str) -> str:
+    device = torch.device(device)
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "none"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        driver = _driver_version()
+    else:
+        name, driver = "cpu-interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "cpu", "-"
+    return f"{name}|driver {driver}|triton {triton_version}|torch {torch.__version__}"
+
+
+def _driver_version() -> str:
+    try:
+        text = Path("/proc/driver/nvidia/version").read_text()
+        return text.split("Kernel Module")[1].split()[0]
+    except (OSError, IndexError):
+        pass
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        return str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:      # noqa: BLE001 - no NVML is fine, the key just says so
+        return f"cuda {torch.version.cuda}"
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| in float64; inf when out is not finite."""
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return float("inf")
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(name: str, version: int, shape_key: str, device, run_kernel: Callable[[], torch.Tensor],
+          run_ref: Callable[[], torch.Tensor], rtol: float, num_trials: int = 2) -> Verdict:
+    """Run kernel and reference `num_trials` times (callers draw fresh inputs per call), compare,
+    cache and return the verdict. A failing verdict is also warned about."""
+    key = f"{device_fingerprint(device)}|{name} v{version}|{shape_key}"
+    path = cache_path()
+    with _lock:
+        verdicts = _load(path)
+    if key in verdicts:
+        verdict = Verdict(verdicts[key]["ok"], verdicts[key]["reason"], cached=True)
+    else:
+        verdict = _run(name, run_kernel, run_ref, rtol, num_trials)
+        with _lock:
+            verdicts = _load(path)
+            verdicts[key] = {"ok": verdict.ok, "reason": verdict.reason}
+            _save(path, verdicts)
+    if not verdict.ok:
+        _warn(f"Kernel {name} ({shape_key}) is not used on this GPU: {verdict.reason} "
+              f"Sluice runs the slower reference path instead.")
+    return verdict
+
+
+def _run(name, run_kernel, run_ref, rtol, num_trials) -> Verdict:
+    try:
+        for _ in range(num_trials):
+            # Poison-free by construction: each call allocates its output; NaN/inf fails below.
+            err = rel_error(run_kernel(), run_ref())
+            if err > rtol:
+                what = "it returned NaN or inf." if err == float("inf") else f"its error {err:.2e} exceeds {rtol:.0e}."
+                return Verdict(False, what[0].upper() + what[1:], cached=False)
+    except Exception as exc:       # noqa: BLE001 - any failure of a kernel means "do not use it"
+        return Verdict(False, f"It failed to run ({type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}).",
+                       cached=False)
+    return Verdict(True, "", cached=False)
+
+
+def _warn(message: str) -> None:
+    with _lock:
+        if message in _warnings:
+            return
+        _warnings.append(message)
+    print(f"sluice: warning: {message}", file=sys.stderr)
+    warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def _load(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(path: Path, verdicts: Mapping) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(verdicts, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError:
+        pass    # an unwritable cache only means the check runs again next start
+
+
+# ---------------------------------------------------------------- per-kernel selection
+
+def select_moe_decode(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int,
+                      top_k: int, device, kernel: Callable | None = None, dtype: torch.dtype = torch.bfloat16):
+    """The MoE decode function to use for this model on this device: the Triton kernel if it passes
+    its check (or a cached pass), else the torch reference. `kernel` injects a variant (tests).
+    Returns (fn, verdict); fn has moe_decode's signature."""
+    from .formats import random_bank
+    from .moe_decode import KERNEL_VERSION, moe_decode, moe_decode_ref
+
+    kernel = kernel or moe_decode
+    device = torch.device(device)
+    num_slots = max(top_k + 1, 4)
+    gen = torch.Generator().manual_seed(1234)
+    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=gen)
+
+    def draw(num_tokens):
+        x = torch.randn(num_tokens, hidden, generator=gen).to(device, dtype)
+        slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)]).int().to(device)
+        weights = torch.rand(num_tokens, top_k, generator=gen).to(device)
+        return x, bank, slots, weights, fmt, offsets, intermediate
+
+    cases = iter([draw(1), draw(1), draw(3), draw(3)])
+    current: list = []
+
+    def run_kernel():
+        current[:] = [next(cases)]
+        return kernel(*current[0])
+
+    def run_ref():
+        return moe_decode_ref(*current[0])
+
+    rtol = 2e-2 if dtype == torch.bfloat16 else 1e-3
+    shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype}"
+    verdict = check("moe_decode", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=4)
+    return (kernel if verdict.ok else moe_decode_ref), verdict

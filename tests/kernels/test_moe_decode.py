@@ -1,0 +1,135 @@
+"""moe_decode (Triton) against moe_decode_ref (torch) and against plain expert math on weights
+quantized by engine/quant.py. On the CPU these run in Triton's interpreter, so shapes are small."""
+import pytest
+import torch
+
+from engine.layout import block_layout
+from engine.quant import dequantize, quantize
+from kernels.formats import make_offsets, random_bank
+from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
+
+SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
+FMTS = ["bf16", "fp8", "nvfp4"]
+
+
+def _dims(fmt, intermediate, hidden):
+    """nvfp4 needs multiples of 16: round the odd test sizes up to the next one."""
+    return (-(-intermediate // 16) * 16, -(-hidden // 16) * 16) if fmt == "nvfp4" else (intermediate, hidden)
+
+
+def _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed, x_dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    offsets, block_bytes = make_offsets(fmt, intermediate, hidden)
+    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=g)
+    x = torch.randn(num_tokens, hidden, generator=g).to(device, x_dtype)
+    slots = torch.stack([torch.randperm(num_slots, generator=g)[:top_k] for _ in range(num_tokens)]).int().to(device)
+    weights = torch.rand(num_tokens, top_k, generator=g).to(device)
+    return x, bank, slots, weights, fmt, offsets, intermediate
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("num_tokens,top_k,num_slots,intermediate,hidden", [
+    (1, 1, 3, 37, 53),     # one token, one expert, prime dims (not multiples of any block)
+    (1, 4, 7, 61, 47),     # decode: one token, several experts, hidden < block_k tail
+    (3, 2, 5, 29, 97),     # small batch, prime dims
+    (4, 5, 5, 19, 31),     # k = E: every token uses every expert
+])
+def test_matches_reference(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden):
+    intermediate, hidden = _dims(fmt, intermediate, hidden)
+    args = _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed=num_tokens * 100 + top_k)
+    out = moe_decode(*args, config=SMALL)
+    ref = moe_decode_ref(*args)
+    assert out.shape == ref.shape and out.dtype == args[0].dtype
+    assert torch.isfinite(out).all()
+    assert _rel(out, ref) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_all_tokens_on_one_expert(fmt, device):
+    intermediate, hidden = _dims(fmt, 23, 41)
+    x, bank, slots, weights, *rest = _case(fmt, device, 5, 2, 4, intermediate, hidden, seed=3)
+    slots[:, 0] = 2                         # every token's first choice is slot 2, second choice varies
+    slots[:, 1] = torch.tensor([0, 1, 3, 0, 1], dtype=torch.int32)
+    out = moe_decode(x, bank, slots, weights, *rest, config=SMALL)
+    assert _rel(out, moe_decode_ref(x, bank, slots, weights, *rest)) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_default_config_and_bf16_activations(fmt, device):
+    """The shipped block sizes (larger than these dims: all-masked tails) with bf16 x and output."""
+    intermediate, hidden = _dims(fmt, 40, 72)
+    args = _case(fmt, device, 2, 3, 6, intermediate, hidden, seed=11, x_dtype=torch.bfloat16)
+    out = moe_decode(*args, config=default_config(fmt))
+    assert out.dtype == torch.bfloat16
+    assert _rel(out, moe_decode_ref(*args)) < 1e-2
+
+
+def test_writes_into_given_buffers(device):
+    """Graph-capture use: results land in `out` (poisoned first) and nothing else is allocated for them."""
+    args = _case("fp8", device, 2, 2, 3, 37, 53, seed=5)
+    out = torch.full((2, 53), float("nan"), device=device)
+    h_buf = torch.full((4, 37), float("nan"), device=device)
+    result = moe_decode(*args, config=SMALL, out=out, h_buf=h_buf)
+    assert result.data_ptr() == out.data_ptr() and torch.isfinite(out).all() and torch.isfinite(h_buf).all()
+    assert _rel(out, moe_decode_ref(*args)) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+def test_reference_is_plain_expert_math_on_engine_quantized_weights(fmt, device):
+    """The reference itself: sum_k w_k * down(silu(gate x) * up x) with engine.quant's dequantized weights."""
+    intermediate, hidden, num_experts = 32, 48, 3
+    layout = block_layout(intermediate, hidden, fmt)
+    g = torch.Generator().manual_seed(9)
+    experts, blocks = [], []
+    for _ in range(num_experts):
+        dense = {"gate": torch.randn(intermediate, hidden, generator=g) * 0.2,
+                 "up": torch.randn(intermediate, hidden, generator=g) * 0.2,
+                 "down": torch.randn(hidden, intermediate, generator=g) * 0.2}
+        quantized = {p: quantize(w, fmt) for p, w in dense.items()}
+        experts.append({p: dequantize(q, fmt) for p, q in quantized.items()})
+        blocks.append(layout.pack({f"{p}.{n}": t for p, q in quantized.items() for n, t in q.items()}))
+    bank = torch.stack(blocks).to(device)
+    offsets = {f.name: f.offset for f in layout.fields}
+    x = torch.randn(2, hidden, generator=g)
+    slots = torch.tensor([[2, 0], [1, 2]], dtype=torch.int32)
+    weights = torch.tensor([[0.7, 0.3], [0.4, 0.6]])
+    expected = torch.zeros(2, hidden)
+    for t in range(2):
+        for k in range(2):
+            e = experts[slots[t, k]]
+            expected[t] += weights[t, k] * (e["down"] @ (torch.nn.functional.silu(e["gate"] @ x[t]) * (e["up"] @ x[t])))
+    args = (x.to(device), bank, slots.to(device), weights.to(device), fmt, offsets, intermediate)
+    torch.testing.assert_close(moe_decode_ref(*args).cpu(), expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(moe_decode(*args, config=SMALL).cpu(), expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("change,error", [
+    (lambda a: {**a, "slots": a["slots"].long()}, TypeError),
+    (lambda a: {**a, "weights": a["weights"].double()}, TypeError),
+    (lambda a: {**a, "x": a["x"].T.contiguous().T}, ValueError),               # a non-contiguous [T, H] view
+    (lambda a: {**a, "bank": a["bank"][:, :-16].contiguous()}, ValueError),    # blocks not a 4096-byte multiple
+    (lambda a: {**a, "fmt": "int3"}, ValueError),
+])
+def test_launcher_refuses_bad_inputs(device, change, error):
+    x, bank, slots, weights, fmt, offsets, intermediate = _case("fp8", device, 2, 2, 3, 37, 53, seed=1)
+    args = change(dict(x=x, bank=bank, slots=slots, weights=weights, fmt=fmt, offsets=offsets, intermediate=intermediate))
+    with pytest.raises(error):
+        moe_decode(**args, config=SMALL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("intermediate,hidden,top_k,num_tokens", [
+    (768, 2048, 8, 1), (768, 2048, 8, 4),      # qwen3-30b-a3b experts
+    (1024, 2048, 8, 1),                        # olmoe-1b-7b experts
+])
+def test_real_shapes_on_gpu(fmt, intermediate, hidden, top_k, num_tokens):
+    for seed in range(3):                      # fresh random data each time
+        args = _case(fmt, "cuda", num_tokens, top_k, 16, intermediate, hidden, seed=seed)
+        out = moe_decode(*args)
+        assert _rel(out, moe_decode_ref(*args)) < 1e-4

@@ -1,0 +1,81 @@
+"""Trust no kernel: a broken variant is caught, the reference runs instead, the user is warned,
+and the verdict is cached per device + kernel version + shape."""
+import json
+
+import pytest
+import torch
+
+from kernels import selfcheck
+from kernels.formats import make_offsets
+from kernels.moe_decode import moe_decode, moe_decode_ref
+
+FMT, I, H, K = "fp8", 32, 48, 2
+
+
+def _select(device, kernel=None):
+    offsets, block_bytes = make_offsets(FMT, I, H)
+    return selfcheck.select_moe_decode(FMT, offsets, block_bytes, I, H, K, device, kernel=kernel, dtype=torch.float32)
+
+
+def _wrong(*args, **kw):                  # off by a few percent: the classic silent miscompile
+    return moe_decode(*args, **kw) * 1.05
+
+
+def _nan(*args, **kw):
+    out = moe_decode(*args, **kw)
+    out[0, -1] = float("nan")
+    return out
+
+
+def _raises(*args, **kw):
+    raise RuntimeError("out of resource: shared memory, Required: 232448, Hardware limit: 101376")
+
+
+def test_good_kernel_is_chosen_and_cached(device):
+    calls = []
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return moe_decode(*args, **kw)
+
+    fn, verdict = _select(device, counting)
+    assert fn is counting and verdict.ok and not verdict.cached
+    num_calls = len(calls)
+    fn2, verdict2 = _select(device, counting)
+    assert fn2 is counting and verdict2.cached and len(calls) == num_calls      # second start: no re-check
+    assert len(json.loads(selfcheck.cache_path().read_text())) == 1
+
+
+@pytest.mark.parametrize("broken,reason", [(_wrong, "exceeds"), (_nan, "NaN"), (_raises, "shared memory")])
+def test_broken_kernel_falls_back_to_reference_with_warning(device, capsys, broken, reason):
+    with pytest.warns(RuntimeWarning, match="reference path"):
+        fn, verdict = _select(device, broken)
+    assert fn is moe_decode_ref and not verdict.ok and reason in verdict.reason
+    assert "is not used on this GPU" in capsys.readouterr().err
+    assert any(reason in w for w in selfcheck.warnings_seen())
+    calls = []
+
+    def counting(*args, **kw):
+        calls.append(1)
+        return broken(*args, **kw)
+
+    fn2, verdict2 = _select(device, counting)      # cached failure: not re-run, warned once per process
+    assert fn2 is moe_decode_ref and verdict2.cached and not calls
+    assert sum(reason in w for w in selfcheck.warnings_seen()) == 1
+
+
+def test_new_kernel_version_is_checked_again(device, monkeypatch):
+    _select(device)
+    import kernels.moe_decode as md
+    monkeypatch.setattr(md, "KERNEL_VERSION", md.KERNEL_VERSION + 1)
+    _, verdict = _select(device)
+    assert not verdict.cached
+    assert len(json.loads(selfcheck.cache_path().read_text())) == 2
+
+
+def test_unwritable_cache_still_checks(device, monkeypatch, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(blocker / "sub" / "verdicts.json"))   # parent is a file
+    fn, verdict = _select(device)
+    assert verdict.ok and fn is moe_decode
