@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from .errors import SluiceError
 
 QUANTS = ("bf16", "fp8", "nvfp4")
-DENSE_BYTES_PER_PARAM = 2          # dense tensors stay bf16 in a Sluice model dir
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}   # dense tensors keep the checkpoint's dtype
 FAST_TOK_S = 5.0                   # about reading speed: below this a chat feels slow
 LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 150e-6}   # launches + Python per layer per token, measured order
 VRAM_RESERVE_BYTES = 512 * 2**20   # KV cache, activations, CUDA context slack
@@ -158,7 +158,8 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     block = expert_block_bytes(shape, quant)
     num_blocks = shape.num_moe_layers * shape.num_experts
     expert_bytes = num_blocks * block
-    dense_bytes = shape.dense_params * DENSE_BYTES_PER_PARAM
+    dense_bytes_per_param = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
+    dense_bytes = shape.dense_params * dense_bytes_per_param
     repacked = dense_bytes + expert_bytes
     missing = download_bytes if missing_download_bytes is None else missing_download_bytes
     disk_needed = missing + repacked
@@ -182,7 +183,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     disk = h2d * (1 - ram_hit)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
-    dense_active = (shape.dense_params - shape.embedding_params) * DENSE_BYTES_PER_PARAM
+    dense_active = (shape.dense_params - shape.embedding_params) * dense_bytes_per_param
     compute_s = (dense_active + needed) / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
     tok_s = roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
 

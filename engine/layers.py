@@ -1,0 +1,83 @@
+"""Plain-torch building blocks shared by the model families (tensor in, tensor out)."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    return F.linear(x, weight, bias)
+
+
+def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+    # positions [T] -> cos, sin [T, 1, D] (broadcast over heads)
+    freqs = positions[:, None].float() * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * scaling).to(dtype)[:, None, :], (emb.sin() * scaling).to(dtype)[:, None, :]
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, D]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+              window: int | None) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention with grouped KV heads.
+
+    q [T, Hq, D]; k, v [S, Hkv, D] hold positions 0..S-1; q_positions [T]. Returns [T, Hq * D].
+    """
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_q_heads // k.shape[1]
+    k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.einsum("thd,shd->hts", q, k) * head_dim ** -0.5  # [Hq, T, S]
+    key_positions = torch.arange(k.shape[0], device=q.device)
+    visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
+    if window:
+        visible &= key_positions[None, :] > q_positions[:, None] - window
+    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("hts,shd->thd", probs, v).reshape(q.shape[0], num_q_heads * head_dim)
+
+
+class KVCache:
+    """Per-layer keys and values [capacity, Hkv, D], grown by doubling up to max_tokens."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_tokens: int,
+                 dtype: torch.dtype, device: torch.device, initial_tokens: int = 256):
+        self.max_tokens = max_tokens
+        self.length = 0
+        self._shape = (num_kv_heads, head_dim)
+        self._dtype, self._device = dtype, device
+        capacity = min(initial_tokens, max_tokens)
+        self.k = [torch.empty(capacity, *self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.empty(capacity, *self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
+        """Store k, v [T, Hkv, D] at positions start..start+T-1; return all keys/values so far."""
+        end = start + k.shape[0]
+        if end > self.k[layer].shape[0]:
+            capacity = min(max(end, 2 * self.k[layer].shape[0]), self.max_tokens)
+            for store in (self.k, self.v):
+                grown = torch.empty(capacity, *self._shape, dtype=self._dtype, device=self._device)
+                grown[:start] = store[layer][:start]
+                store[layer] = grown
+        self.k[layer][start:end] = k
+        self.v[layer][start:end] = v
+        return self.k[layer][:end], self.v[layer][:end]
