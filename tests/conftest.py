@@ -1,0 +1,50 @@
+"""Shared test setup: offline hub, offscreen Qt, small random-weight models built once per session."""
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+
+
+def pytest_collection_modifyitems(config, items):
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def hf_models(tmp_path_factory):
+    """family -> path of a small random-weight HF snapshot (bf16 weights, tokenizer, chat template)."""
+    from engine.demo import build_hf_model
+    root = tmp_path_factory.mktemp("hf")
+    cache = {}
+
+    def get(family: str):
+        if family not in cache:
+            cache[family] = build_hf_model(family, root / family)
+        return cache[family]
+    return get
+
+
+@pytest.fixture(scope="session")
+def sluice_models(tmp_path_factory, hf_models):
+    """(family, quant) -> path of the repacked Sluice model dir."""
+    from engine.repack import repack
+    root = tmp_path_factory.mktemp("sluice")
+    cache = {}
+
+    def get(family: str, quant: str = "bf16"):
+        key = (family, quant)
+        if key not in cache:
+            cache[key] = repack(hf_models(family), root / f"{family}-{quant}", quant=quant)
+        return cache[key]
+    return get

@@ -1,0 +1,40 @@
+"""The transformers reference: the same checkpoint in float32, eager experts and attention."""
+from __future__ import annotations
+
+import torch
+
+from engine.quant import dequantize, quantize
+from engine.spec import read_spec
+
+
+def load_reference(hf_dir, quant: str = "bf16"):
+    """transformers model on hf_dir; with quant != bf16 its routed experts hold the dequantized weights."""
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+    import glob
+
+    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
+                                                 attn_implementation="eager").eval()
+    if quant == "bf16":
+        return model
+    spec = read_spec(hf_dir)
+    stored = {}
+    for f in glob.glob(f"{hf_dir}/*.safetensors"):
+        with safe_open(f, "pt") as s:
+            stored.update({k: s.get_tensor(k) for k in s.keys() if ".experts." in k})
+    with torch.no_grad():
+        for layer in spec.moe_layers:
+            experts = model.model.layers[layer].mlp.experts
+            for e in range(spec.num_experts):
+                w = {p: dequantize(quantize(stored[spec.expert_tensor_name(layer, e, p)], quant), quant)
+                     for p in ("gate", "up", "down")}
+                experts.gate_up_proj[e].copy_(torch.cat([w["gate"], w["up"]], dim=0))
+                experts.down_proj[e].copy_(w["down"])
+    return model
+
+
+def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, min_new_tokens=max_new_tokens)
+    return out[0, len(prompt_ids):].tolist()
