@@ -109,8 +109,10 @@ def _api(token: str | None = None):
 
 def _hub_error(exc: Exception, repo_id: str, revision: str | None) -> SluiceError:
     """One clear sentence for each way the hub can refuse."""
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+    from huggingface_hub.errors import GatedRepoError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError
     import httpx2
+    if isinstance(exc, OfflineModeIsEnabled):
+        return SluiceError("Hub access is switched off (HF_HUB_OFFLINE is set): unset it to search and download models.")
     if isinstance(exc, GatedRepoError):
         return SluiceError(f"{repo_id} is gated: accept its license on the hub's web page, then enter an access token in the setup window.")
     if isinstance(exc, RevisionNotFoundError):
@@ -128,7 +130,7 @@ def search(query: str, limit: int = 30, token: str | None = None) -> list[Search
     import httpx2
     try:
         models = list(_api(token).list_models(search=query or None, sort="downloads", limit=limit, fetch_config=True))
-    except (HfHubHTTPError, httpx2.TransportError) as exc:
+    except (HfHubHTTPError, httpx2.TransportError, ConnectionError) as exc:
         raise _hub_error(exc, query, None) from exc
     hits = [SearchHit(m.id, (m.config or {}).get("model_type"), m.downloads or 0, m.likes or 0) for m in models]
     hits.sort(key=lambda h: (not h.is_supported, -h.downloads))
@@ -145,7 +147,7 @@ def repo_info(repo_id: str, revision: str | None = None, token: str | None = Non
         files = [HubFile(e.path, e.size, e.lfs.sha256 if e.lfs else None, e.blob_id)
                  for e in api.list_repo_tree(repo_id, revision=info.sha, recursive=True)
                  if e.__class__.__name__ == "RepoFile"]
-    except (HfHubHTTPError, httpx2.TransportError) as exc:
+    except (HfHubHTTPError, httpx2.TransportError, ConnectionError) as exc:
         raise _hub_error(exc, repo_id, revision) from exc
     result = RepoInfo(info.id, info.sha, files)
     result.config = _fetch_config(result, token)
@@ -166,7 +168,7 @@ def _fetch_config(info: RepoInfo, token: str | None) -> dict:
         response = get_session().get(url, headers=build_hf_headers(token=token), follow_redirects=True, timeout=30)
         response.raise_for_status()
         return json.loads(response.content)
-    except httpx2.TransportError as exc:
+    except (httpx2.TransportError, ConnectionError) as exc:
         raise _hub_error(exc, info.repo_id, info.revision) from exc
     except (httpx2.HTTPStatusError, ValueError) as exc:
         raise SluiceError(f"Could not read {info.repo_id}'s config.json ({exc}): the repo may be broken.") from exc

@@ -71,6 +71,7 @@ class HubServer:
         self.requests: list[tuple[str, str, str | None]] = []
         self.lock = threading.Lock()
         self._open_sockets: set = set()
+        self._bodies_in_flight = 0
         self._httpd: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
         self.port = 0
@@ -89,18 +90,23 @@ class HubServer:
         self._httpd = ThreadingHTTPServer(("127.0.0.1", self.port), handler)
         self._httpd.daemon_threads = True
         self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, name="hubserver", daemon=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,), name="hubserver", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        """Stop listening (clients then see connection refused); start() again reuses the port."""
+        """Stop listening and cut open connections (clients then see the network gone); start() again
+        reuses the port."""
+        self._cut_connections()           # first, so no in-flight body finishes while shutting down
         if self._httpd is not None:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._thread.join()
             self._httpd = None
-        with self.lock:    # keep-alive connections too: a stopped hub serves nothing more
+        self._cut_connections()
+
+    def _cut_connections(self) -> None:
+        with self.lock:
             for sock in self._open_sockets:
                 try:
                     sock.shutdown(2)
@@ -109,6 +115,10 @@ class HubServer:
             self._open_sockets.clear()
 
     def reset_counters(self) -> None:
+        """Zero the counters once bodies still being written (to a client that went away) have ended."""
+        deadline = time.monotonic() + 5
+        while self._bodies_in_flight and time.monotonic() < deadline:
+            time.sleep(0.01)
         with self.lock:
             self.body_bytes_sent = 0
             self.bytes_sent_by_path.clear()
@@ -246,7 +256,16 @@ class _Handler(BaseHTTPRequestHandler):
             if corrupt:
                 hub.corrupt[rel] -= 1
             drop_at = hub.drop_after.pop(rel, None)
-        data = (repo.folder / rel).read_bytes()[start:end + 1]
+        with hub.lock:
+            hub._bodies_in_flight += 1
+        try:
+            self._write_body(rel, (repo.folder / rel).read_bytes()[start:end + 1], corrupt, drop_at)
+        finally:
+            with hub.lock:
+                hub._bodies_in_flight -= 1
+
+    def _write_body(self, rel: str, data: bytes, corrupt: bool, drop_at: int | None):
+        hub = self.hub
         if corrupt:   # same length, different bytes: only a hash check can tell
             data = bytes(b ^ 0x5A for b in data)
         sent = 0
@@ -258,7 +277,7 @@ class _Handler(BaseHTTPRequestHandler):
             try:
                 self.wfile.write(chunk)
                 self.wfile.flush()
-            except (BrokenPipeError, ConnectionResetError):
+            except OSError:          # the client went away or stop() cut the connection
                 return
             sent += len(chunk)
             with hub.lock:

@@ -1,0 +1,64 @@
+"""Fixtures for the model-setup tests: small random-weight repos served by a local mock hub."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/hubserver.py
+
+from hubserver import HubServer  # noqa: E402
+
+SUPPORTED_REPO = "tiny-moe/Qwen3-MoE-tiny"
+MIXTRAL_REPO = "tiny-moe/Mixtral-tiny"
+UNSUPPORTED_REPO = "tiny-dense/Llama-tiny"
+
+
+def build_llama(dst: Path) -> Path:
+    """A dense llama (not a MoE): Sluice must refuse it from config.json alone."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    cfg = AutoConfig.for_model("llama", vocab_size=256, hidden_size=64, intermediate_size=512, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(dst))
+    return dst
+
+
+@pytest.fixture(scope="session")
+def model_folders(tmp_path_factory) -> dict[str, Path]:
+    from engine.demo import build_hf_model
+    root = tmp_path_factory.mktemp("hub-repos")
+    # 2 layers x 16 experts: a ~0.9 MB safetensors file, big enough to interrupt mid-file
+    qwen = build_hf_model("qwen3_moe", root / "qwen", num_layers=2, num_experts=16)
+    mixtral = build_hf_model("mixtral", root / "mixtral", num_layers=2, with_tokenizer=False)
+    llama = build_llama(root / "llama")
+    return {SUPPORTED_REPO: qwen, MIXTRAL_REPO: mixtral, UNSUPPORTED_REPO: llama}
+
+
+@pytest.fixture
+def hub(model_folders, monkeypatch):
+    server = HubServer()
+    server.add_repo(SUPPORTED_REPO, model_folders[SUPPORTED_REPO], downloads=1200, likes=40)
+    server.add_repo(MIXTRAL_REPO, model_folders[MIXTRAL_REPO], downloads=300, likes=9)
+    # the most downloaded one is unsupported: search must still list supported families first
+    server.add_repo(UNSUPPORTED_REPO, model_folders[UNSUPPORTED_REPO], downloads=99000, likes=800)
+    server.start()
+    monkeypatch.setenv("HF_ENDPOINT", server.url)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    # tests/conftest.py makes the whole suite offline; these tests talk to the local hub only
+    import huggingface_hub.constants
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    yield server
+    server.stop()
+
+
+def same_files(src: Path, dst: Path, names) -> bool:
+    return all((src / n).read_bytes() == (dst / n).read_bytes() for n in names)
+
+
+def config_of(folder: Path) -> dict:
+    return json.loads((folder / "config.json").read_text())
