@@ -1,0 +1,52 @@
+"""The command-line contract of DESIGN.md, called exactly as external tests and benchmarks call it."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.engine.reference import load_reference, reference_greedy
+
+SLUICE = str(Path(sys.executable).parent / "sluice")
+PROMPT_IDS = [9, 8, 7, 100, 200, 300, 33, 44]
+
+
+def run_sluice(*args, timeout=120):
+    return subprocess.run([SLUICE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          encoding="utf-8")
+
+
+def test_generate_json_is_token_exact_and_reports_streaming(hf_models, sluice_models):
+    model_dir = sluice_models("qwen2_moe", "bf16")
+    total = json.loads((model_dir / "sluice.json").read_text())["experts"]["total_bytes"]
+    result = run_sluice("generate", model_dir, "--prompt-ids", ",".join(map(str, PROMPT_IDS)), "--temperature", "0",
+                        "--max-new-tokens", "32", "--ram-cache", total // 3, "--vram-budget", "2MB", "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["token_ids"] == reference_greedy(load_reference(hf_models("qwen2_moe")), PROMPT_IDS, 32)
+    tel = out["telemetry"]
+    assert tel["ram_cache"]["capacity_bytes"] <= total // 3
+    assert tel["ram_cache"]["misses"] > 0 and tel["ram_cache"]["evictions"] > 0
+    assert tel["disk"]["bytes_read"] > 0
+    assert tel["vram"]["budget_bytes"] == 2_000_000 and 0 < tel["vram"]["peak_bytes"] <= 2_000_000
+    assert {"decode_tok_s", "prefill_tok_s", "ttft_s"} <= set(tel["speed"])
+    assert tel["speed"]["decode_tok_s"] > 0
+
+
+def test_repack_then_chat_streams_valid_utf8(hf_models, tmp_path):
+    dst = tmp_path / "model-fp8"
+    result = run_sluice("repack", hf_models("mixtral"), dst, "--quant", "fp8")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((dst / "sluice.json").read_text())["quant"] == "fp8"
+    result = subprocess.run([SLUICE, "generate", str(dst), "--chat", "--prompt", "Grüße aus Köln 🙂🚀 naïve café",
+                             "--max-new-tokens", "40", "--temperature", "0.8", "--seed", "3"], capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()
+    text = result.stdout.decode("utf-8")        # raises if the stream was not valid UTF-8
+    assert text.strip()
+    assert "decode" in result.stderr.decode()
+
+
+def test_errors_are_one_sentence_without_traceback(tmp_path):
+    result = run_sluice("generate", tmp_path / "missing", "--prompt", "hi")
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and "does not exist" in result.stderr
