@@ -13,7 +13,7 @@ if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
     $PIP install -q "torch==2.13.0"
 fi
 if [ "${1:-}" = "--dev" ]; then
-    $PIP install -q -e ".[dev]" triton
+    $PIP install -q -e ".[dev]"
 else
     $PIP install -q -e .
 fi
