@@ -44,8 +44,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dir", dest="dst_dir")
 
     p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming")
-    p.add_argument("--preset", required=True)
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
+    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="fp8")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--vram-budget")
+    p.add_argument("--ram-cache")
+    p.add_argument("--prompt-tokens", type=int, default=2048)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--baseline", choices=["accelerate"])
+    p.add_argument("--json", action="store_true")
 
     sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (not available yet)")
@@ -58,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra     # bench-only options the bench module parses itself
     if args.command is None:
         parser.print_help()
         return 0
