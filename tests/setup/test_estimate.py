@@ -1,0 +1,104 @@
+"""Fit and speed estimate: parameter counts against transformers, bytes per token, roofline, verdicts."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine import SluiceError
+from engine.estimate import (FAST_TOK_S, Machine, estimate, expert_block_bytes, model_shape, roofline_tok_s)
+from engine.layout import block_layout
+
+GB = 10**9
+QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
+                     num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                     moe_intermediate_size=768, intermediate_size=6144, vocab_size=151936, tie_word_embeddings=False,
+                     decoder_sparse_step=1, mlp_only_layers=[], torch_dtype="bfloat16")
+MIXTRAL_8X7B = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+                    num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, intermediate_size=14336,
+                    vocab_size=32000, torch_dtype="bfloat16")
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"])
+def test_parameter_counts_match_transformers(family):
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from engine.demo import COMMON, FAMILY_KWARGS
+    cfg = AutoConfig.for_model(family, **{**COMMON, **FAMILY_KWARGS[family], "num_hidden_layers": 3, "vocab_size": 300})
+    model = AutoModelForCausalLM.from_config(cfg)
+    shape = model_shape(json.loads(cfg.to_json_string()))     # as config.json on the hub would read
+    assert shape.total_params == model.num_parameters()
+    experts = [p for n, p in model.named_parameters() if ".experts." in n]
+    routed = sum(p.numel() for p in experts)
+    assert shape.active_params == shape.total_params - routed + routed * shape.top_k // shape.num_experts
+
+
+def test_published_sizes_of_real_models():
+    qwen = model_shape(QWEN3_30B_A3B)            # the model card says 30.5B total, 3.3B activated
+    assert round(qwen.total_params / 1e9, 1) == 30.5 and 3.3e9 <= qwen.active_params < 3.4e9
+    mixtral = model_shape(MIXTRAL_8X7B)          # Mistral's announcement: 46.7B total, 12.9B active
+    assert round(mixtral.total_params / 1e9, 1) == 46.7 and round(mixtral.active_params / 1e9, 1) == 12.9
+
+
+def test_expert_block_bytes_follow_the_engine_layout_and_shrink_with_quant():
+    shape = model_shape(QWEN3_30B_A3B)
+    sizes = {q: expert_block_bytes(shape, q) for q in ("bf16", "fp8", "nvfp4")}
+    assert sizes["bf16"] == block_layout(768, 2048, "bf16").block_bytes
+    assert sizes["bf16"] >= 3 * 768 * 2048 * 2 and sizes["bf16"] % 4096 == 0
+    assert sizes["bf16"] > sizes["fp8"] > sizes["nvfp4"] > 3 * 768 * 2048 // 2
+
+
+def _machine(**kw) -> Machine:
+    base = dict(device="cpu", ram_available_bytes=24 * 2**30, mem_bw_bps=20 * GB, disk_read_bps=2 * GB,
+                free_disk_bytes=500 * GB)
+    return Machine(**{**base, **kw})
+
+
+def test_bytes_per_token_and_speed_follow_the_roofline_by_hand():
+    machine = _machine(ram_available_bytes=3 * 2**30 + 8 * 2**30)    # 8 GiB usable beyond the reserve
+    est = estimate(QWEN3_30B_A3B, 61 * GB, machine, "fp8", ram_cache=4 * 2**30)
+    shape, block = est.shape, est.block_bytes
+    per_token = shape.num_moe_layers * shape.top_k * block
+    ram_hit = 4 * 2**30 / (shape.num_moe_layers * shape.num_experts * block)
+    assert est.vram_hit == 0 and est.ram_hit == pytest.approx(ram_hit)
+    assert est.h2d_bytes_per_token == pytest.approx(per_token)          # CPU: every block is copied to a slot
+    assert est.disk_bytes_per_token == pytest.approx(per_token * (1 - ram_hit))
+    expected = 1 / (per_token * (1 - ram_hit) / (2 * GB) + per_token / (20 * GB) + est.compute_s)
+    assert est.tok_s == pytest.approx(expected)
+    assert est.tok_s == pytest.approx(roofline_tok_s(est.disk_bytes_per_token, 2 * GB, est.h2d_bytes_per_token,
+                                                     20 * GB, est.compute_s))
+    assert est.disk_needed_bytes == 61 * GB + est.repacked_bytes
+
+
+def test_smaller_quant_and_more_cache_are_faster():
+    machine = _machine()
+    speeds = [estimate(QWEN3_30B_A3B, 61 * GB, machine, q, ram_cache=4 * 2**30).tok_s for q in ("bf16", "fp8", "nvfp4")]
+    assert speeds[0] < speeds[1] < speeds[2]
+    small, big = (estimate(QWEN3_30B_A3B, 61 * GB, machine, "fp8", ram_cache=c).tok_s for c in (2 * 2**30, 16 * 2**30))
+    assert small < big
+
+
+def test_gpu_machine_uses_vram_slots_and_pcie():
+    gpu = _machine(device="cuda", vram_bytes=8 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=400 * GB)
+    est = estimate(QWEN3_30B_A3B, 61 * GB, gpu, "nvfp4")
+    assert 0 < est.vram_hit < 1 and est.h2d_bytes_per_token < est.shape.num_moe_layers * 8 * est.block_bytes
+    assert est.verdict in ("fits fast", "fits but slow")
+
+
+def test_verdicts():
+    gpu_24gb = _machine(device="cuda", vram_bytes=24 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=900 * GB,
+                        ram_available_bytes=64 * 2**30, disk_read_bps=7 * GB)
+    fast = estimate(QWEN3_30B_A3B, 61 * GB, gpu_24gb, "nvfp4")     # all experts fit in VRAM
+    assert fast.verdict == "fits fast" and fast.tok_s >= FAST_TOK_S and fast.vram_hit == 1.0
+    slow = estimate(MIXTRAL_8X7B, 93 * GB, _machine(ram_available_bytes=16 * 2**30, disk_read_bps=0.3 * GB), "bf16")
+    assert slow.verdict == "fits but slow" and slow.tok_s < FAST_TOK_S
+    no_disk = estimate(QWEN3_30B_A3B, 61 * GB, _machine(free_disk_bytes=50 * GB), "bf16")
+    assert no_disk.verdict == "will not run" and "disk" in no_disk.reason
+    no_ram = estimate(MIXTRAL_8X7B, 93 * GB, _machine(ram_available_bytes=4 * 2**30), "bf16")
+    assert no_ram.verdict == "will not run" and "memory" in no_ram.reason
+    tiny_gpu = estimate(MIXTRAL_8X7B, 93 * GB, _machine(device="cuda", vram_bytes=2 * 2**30, pcie_bps=25 * GB), "bf16")
+    assert tiny_gpu.verdict == "will not run" and "GPU memory" in tiny_gpu.reason
+
+
+def test_config_without_moe_sizes_is_a_clear_error():
+    with pytest.raises(SluiceError, match="lacks the MoE sizes"):
+        model_shape({"model_type": "qwen3_moe", "hidden_size": 64})

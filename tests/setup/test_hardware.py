@@ -1,0 +1,92 @@
+"""Hardware probing: performance cores on fake sysfs trees, thread pinning, the O_DIRECT disk self-test."""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import pytest
+
+from engine import hardware
+from engine.hardware import parse_cpu_list, performance_cores, pin_current_thread_to_performance_core
+
+
+def _write(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def _cpufreq(root, max_freq_by_cpu):
+    for cpu, freq in max_freq_by_cpu.items():
+        _write(root, f"devices/system/cpu/cpu{cpu}/cpufreq/cpuinfo_max_freq", f"{freq}\n")
+
+
+def test_parse_cpu_list():
+    assert parse_cpu_list("0-3,8,10-11\n") == [0, 1, 2, 3, 8, 10, 11]
+    assert parse_cpu_list("5") == [5]
+
+
+def test_intel_hybrid_uses_cpu_core_list(tmp_path):
+    _write(tmp_path, "devices/cpu_core/cpus", "0-11\n")            # i7-12700: 6 P-cores with HT
+    _write(tmp_path, "devices/cpu_atom/cpus", "12-19\n")
+    _cpufreq(tmp_path, {0: 4900000, 12: 3600000})                 # ignored: the hybrid list wins
+    assert performance_cores(tmp_path) == list(range(12))
+
+
+def test_without_hybrid_list_the_fastest_cpufreq_cores_win(tmp_path):
+    _cpufreq(tmp_path, {0: 2000000, 1: 2000000, 2: 3200000, 3: 3200000, 10: 3200000})   # big.LITTLE
+    assert performance_cores(tmp_path) == [2, 3, 10]
+
+
+def test_equal_frequencies_mean_all_cores(tmp_path):
+    _cpufreq(tmp_path, {0: 3000000, 1: 3000000, 2: 3000000})
+    assert performance_cores(tmp_path) == [0, 1, 2]
+
+
+def test_no_frequency_information_falls_back_to_online_cores(tmp_path):
+    _write(tmp_path, "devices/system/cpu/online", "0-5\n")
+    assert performance_cores(tmp_path) == [0, 1, 2, 3, 4, 5]
+    assert performance_cores(tmp_path / "missing") == list(range(os.cpu_count()))
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="thread affinity is a Linux call")
+def test_pinning_moves_only_the_calling_thread_to_an_allowed_performance_core(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    fastest = allowed[-1]
+    _cpufreq(tmp_path, {c: (3600000 if c == fastest else 2400000) for c in allowed})
+    before = os.sched_getaffinity(0)
+    result = {}
+
+    def worker():
+        result["core"] = pin_current_thread_to_performance_core(tmp_path)
+        result["affinity"] = os.sched_getaffinity(0)
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert result["core"] == fastest and result["affinity"] == {fastest}
+    assert os.sched_getaffinity(0) == before                      # the test's own thread is untouched
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="thread affinity is a Linux call")
+def test_pinning_falls_back_to_allowed_cores_when_performance_cores_are_off_limits(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    _write(tmp_path, "devices/cpu_core/cpus", f"{max(allowed) + 100}\n")   # a P-core this process may not use
+    result = {}
+    thread = threading.Thread(target=lambda: result.update(core=pin_current_thread_to_performance_core(tmp_path)))
+    thread.start()
+    thread.join()
+    assert result["core"] in allowed
+
+
+def test_disk_self_test_measures_a_plausible_speed_and_cleans_up(tmp_path):
+    bps = hardware.disk_read_bandwidth(tmp_path, test_bytes=8 * hardware.MiB, read_bytes=hardware.MiB)
+    assert 1e6 < bps < 1e12                                       # between 1 MB/s and 1 TB/s
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_probe_reports_ram_cpus_and_measured_bandwidths(tmp_path):
+    hw = hardware.probe(tmp_path, disk_test_bytes=4 * hardware.MiB, measure_gpu=False)
+    assert hw.ram_total_bytes >= hw.ram_available_bytes > 0
+    assert hw.num_cpus == os.cpu_count() and set(hw.performance_cores) <= set(range(4096))
+    assert hw.mem_bw_bps > 1e8 and hw.disk_read_bps > 1e6 and not hw.has_gpu
