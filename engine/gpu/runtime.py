@@ -1,0 +1,181 @@
+"""A Sluice model on a CUDA device under hard VRAM and RAM budgets: prefill and greedy/sampled decode.
+
+  dense weights  -> VRAM, in the compute dtype
+  KV cache       -> VRAM, allocated once at the size the run asks for (prompt + new tokens)
+  expert blocks  -> disk (O_DIRECT) -> pinned RAM LRU cache (grows as it fills, never past its budget)
+                 -> two VRAM slot banks; the rest of the VRAM budget after dense, KV and workspace
+Prefill runs the whole prompt through each layer (the engine's scheduler: experts in batches, each
+read at most once per layer); decode runs CUDA-graphed dense pieces and the streaming fused-kernel
+MoE (engine.gpu.streaming). Works on the CPU too (no graphs, reference math, plain buffers).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from safetensors.torch import load_file
+
+from ..budget import plan_budgets
+from ..cache import RamCache
+from ..layers import KVCache, linear, rms_norm
+from ..modeldir import DENSE_FILE, open_model_dir
+from ..models.moe_decoder import MoeDecoder
+from ..scheduler import ExpertScheduler
+from ..sizes import parse_size
+from ..slots import SlotBanks
+from ..spec import rope_inv_freq
+from ..store import ExpertStore
+from ..telemetry import Telemetry
+from .decode_step import DenseDecode
+from .pinned import pinned_buffer
+from .streaming import StreamingMoe
+
+
+@dataclass
+class Timings:
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    token_ids: list[int] = field(default_factory=list)
+
+
+def workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int) -> int:
+    """Transient VRAM of a whole-prompt prefill: attention scores (fp32) + probs, activations,
+    one dequantized expert, logits. An upper estimate; the run reports the measured peak."""
+    t = prompt_tokens
+    scores = spec.num_heads * t * t * (4 + dtype_bytes + 4)
+    acts = t * (spec.hidden_size * 12 + spec.num_heads * spec.head_dim * 4) * 4
+    expert = 3 * spec.expert_intermediate * spec.hidden_size * 4 + t * spec.expert_intermediate * 3 * 4
+    return scores + acts + expert + spec.vocab_size * 8 + (64 << 20)
+
+
+class CudaModel:
+    def __init__(self, model_dir, device="cuda", vram_budget=None, ram_cache=None, dtype=torch.bfloat16,
+                 max_tokens: int = 4096, max_prompt_tokens: int | None = None, use_graphs: bool = True,
+                 use_kernels: bool = True, num_predicted: int | None = None, telemetry: Telemetry | None = None):
+        self.device = torch.device(device)
+        self.telemetry = telemetry or Telemetry()
+        self.model_dir = open_model_dir(model_dir)
+        spec, layout = self.model_dir.spec, self.model_dir.layout
+        self.spec, self.dtype = spec, dtype
+        dtype_bytes = torch.empty((), dtype=dtype).element_size()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        dense = load_file(str(self.model_dir.path / DENSE_FILE), device="cpu")
+        weights = {k: v.to(self.device, dtype) for k, v in dense.items()}
+        del dense
+        dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        kv_bytes = 2 * spec.num_layers * max_tokens * spec.num_kv_heads * spec.head_dim * dtype_bytes
+        work = workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes)
+        self.plan = plan_budgets(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
+                                 num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                                 workspace_bytes=work, vram_budget=parse_size(vram_budget),
+                                 ram_cache=parse_size(ram_cache), default_vram=8 << 30, default_ram=8 << 30)
+        self.telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes,
+                           vram_slot_bytes=self.plan.slot_bytes, kv_tokens=max_tokens)
+        self.telemetry.info["device"] = str(self.device)
+        inv_freq, scaling = rope_inv_freq(self.model_dir.manifest["config"], spec)
+        self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(self.device), scaling, dtype)
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_tokens, dtype, self.device,
+                          initial_tokens=max_tokens)
+        for store in (self.kv.k, self.kv.v):
+            for t in store:
+                t.zero_()
+        self.store = ExpertStore(self.model_dir, self.telemetry)
+        allocate = pinned_buffer if self.device.type == "cuda" else None
+        self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, self.telemetry,
+                              **({"allocate": allocate} if allocate else {}))
+        self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, self.telemetry)
+        self.scheduler = ExpertScheduler(self.store, self.cache, self.banks, self.telemetry)
+        offsets = {f.name: f.offset for f in layout.fields}
+        self.kernel_verdict = None
+        kernel = self._choose_kernel(layout, offsets, use_kernels)
+        self.moe = StreamingMoe(self.store, self.cache, self.banks, self.telemetry, kernel, layout.fmt, offsets,
+                                layout.intermediate, self.device)
+        self.dense_decode = DenseDecode(self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
+        self._captured = False
+
+    def _choose_kernel(self, layout, offsets, use_kernels):
+        from kernels.moe_decode import moe_decode_ref
+        if not use_kernels or self.device.type != "cuda":
+            return moe_decode_ref
+        from kernels.selfcheck import select_moe_decode
+        fn, verdict = select_moe_decode(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
+                                        self.spec.top_k, self.device, dtype=self.dtype)
+        self.kernel_verdict = verdict
+        if not verdict.ok:
+            self.telemetry.warn(f"Fused expert kernel disabled on this GPU: {verdict.reason}")
+        return fn
+
+    # ------------------------------------------------------------------ generation
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, on_token=None) -> Timings:
+        """Greedy decode (the benchmark and equality tests need determinism). Returns timings + ids."""
+        spec, timings = self.spec, Timings(prompt_tokens=len(prompt_ids))
+        if len(prompt_ids) + max_new_tokens > self.kv.max_tokens:
+            raise ValueError(f"prompt + new tokens ({len(prompt_ids) + max_new_tokens}) exceed the KV cache "
+                             f"({self.kv.max_tokens} tokens)")
+        self.moe.synchronize()
+        self._sync()
+        start = time.perf_counter()
+        self.scheduler.begin_pass()
+        ids = torch.tensor(prompt_ids, device=self.device)
+        with torch.inference_mode():
+            logits = self.decoder.forward(ids, 0, self.kv, self.scheduler)
+        self.scheduler.end_pass()
+        token = int(torch.argmax(logits))
+        timings.prefill_s = time.perf_counter() - start
+        timings.token_ids.append(token)
+        if on_token:
+            on_token(token)
+        if not self._captured:
+            with torch.inference_mode():
+                self.dense_decode.position.fill_(len(prompt_ids))
+                self.dense_decode.capture()
+            self._captured = True
+        start = time.perf_counter()
+        position = len(prompt_ids)
+        with torch.inference_mode():
+            for _ in range(max_new_tokens - 1):
+                logits = self.decode_step(token, position)
+                token = int(torch.argmax(logits))         # the per-token host sync
+                timings.token_ids.append(token)
+                position += 1
+                if on_token:
+                    on_token(token)
+        self._sync()
+        timings.decode_s = time.perf_counter() - start
+        timings.new_tokens = len(timings.token_ids)
+        self.telemetry.set(ttft_s=timings.prefill_s, prefill_tok_s=len(prompt_ids) / max(timings.prefill_s, 1e-9),
+                           decode_tok_s=(timings.new_tokens - 1) / max(timings.decode_s, 1e-9))
+        if self.device.type == "cuda":
+            self.telemetry.set(vram_peak_bytes=torch.cuda.max_memory_allocated(self.device))
+        return timings
+
+    def decode_step(self, token: int, position: int) -> torch.Tensor:
+        """One token at `position` -> logits [V] float32."""
+        d, spec, w = self.dense_decode, self.spec, self.decoder.w
+        d.position.fill_(position)
+        d.x.copy_(w["model.embed_tokens.weight"][token].view(1, -1))
+        for layer in range(spec.num_layers):
+            o = d.run_layer(layer)
+            if not spec.is_moe_layer(layer):
+                d.x.copy_(o.x_attn)
+                continue
+            nxt = d.next_moe[layer]
+            moe_out = self.moe.run(layer, o.h, o.route_weights, o.route_ids, nxt, o.next_ids)
+            x = o.x_attn + moe_out
+            if o.shared is not None:
+                x = x + o.shared
+            d.x.copy_(x)
+        x = rms_norm(d.x, w["model.norm.weight"], spec.rms_eps)
+        return linear(x, self.decoder.lm_head)[0].float()
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def close(self) -> None:
+        self.moe.synchronize()
+        self.store.close()

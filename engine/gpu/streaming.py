@@ -1,0 +1,232 @@
+"""Decode-time MoE layer on streamed experts: overlapped copies, resident-first compute, prefetch.
+
+Per MoE layer L (bank L % 2), for the few tokens of a decode step:
+  1. one host sync reads the routed expert ids (and the speculative ids for layer L+1);
+  2. experts already in the bank compute first (one fused kernel launch);
+  3. misses come from the pinned RAM cache (or disk, on reader threads) over the copy stream into
+     the bank; each copy records an event, the compute stream waits on those events only (no host
+     sync), then one more launch computes the late experts;
+  4. the speculated experts of layer L+1 start copying into the other bank while L computes.
+A copy into a bank first waits for the last kernel that read the bank (its `bank_free` event), and
+a RAM block stays locked until its copy has finished, so nothing is overwritten while in use.
+On the CPU every copy is synchronous and the same code path runs (tests).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Callable
+
+import torch
+
+from ..cache import RamCache
+from ..slots import SlotBanks
+from ..store import ExpertStore
+from ..telemetry import Telemetry
+from .speculation import score
+
+Key = tuple[int, int]
+
+
+class StreamingMoe:
+    def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry,
+                 kernel: Callable, fmt: str, offsets: dict[str, int], intermediate: int, device: torch.device):
+        self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
+        self.kernel, self.fmt, self.offsets, self.intermediate = kernel, fmt, offsets, intermediate
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
+        self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
+        self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last kernel reading the bank
+        self._inflight: list[tuple[torch.cuda.Event, torch.cuda.Event, Key]] = []   # (start, end, RAM key)
+        self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
+        self._predicted: dict[int, set[int]] = {}
+        self._prefetched: dict[int, set[int]] = {}
+
+    # ------------------------------------------------------------------ one layer
+    def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor,
+            next_layer: int | None = None, next_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, H], weights [T, K], expert_ids [T, K] (device) -> MoE output [T, H] in x's dtype.
+        next_ids [T, P]: the speculated experts of `next_layer`, prefetched while this layer runs."""
+        num_tokens, top_k = expert_ids.shape
+        ids = expert_ids.flatten() if next_ids is None else torch.cat([expert_ids.flatten(), next_ids.flatten()])
+        ids = ids.tolist()                                                   # the one host sync of the layer
+        routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
+        self._release_finished_copies()
+        wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
+        self._score_speculation(layer, set(wanted))
+
+        bank = self.banks.bank_of(layer)
+        keys = {(layer, e) for e in wanted}
+        slot_of, late = {}, []
+        for expert in wanted:
+            slot = self.banks.find((layer, expert))
+            if slot is None:
+                late.append(expert)
+            else:
+                slot_of[expert] = slot
+        self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
+        early = list(slot_of)
+        for expert, slot in self._bring_in(layer, late, protected=keys):
+            slot_of[expert] = slot
+
+        out = self._compute(x, weights, routed, top_k, bank, slot_of, early, late)
+        if self.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+            self._bank_free[bank] = done
+        for expert, slot in slot_of.items():
+            self.banks.set_state((layer, expert), slot, "ready")
+        if next_layer is not None and predicted:
+            self._prefetch(next_layer, list(dict.fromkeys(predicted)))
+        return out
+
+    # ------------------------------------------------------------------ compute
+    def _compute(self, x, weights, routed, top_k, bank, slot_of, early, late) -> torch.Tensor:
+        """Fused-kernel launches: resident experts first, then (after their copy events) the rest.
+        A single token splits by expert; several tokens run in one launch once everything is in."""
+        bank_tensor = self.banks.banks[bank]
+        num_tokens = x.shape[0]
+        weights32 = weights.float()
+        if num_tokens == 1 and early and late:
+            groups = [early, late]
+        else:
+            groups = [early + late]
+        out = None
+        for group in groups:
+            members = set(group)
+            cols = [k for k in range(top_k) if routed[k] in members] if num_tokens == 1 else list(range(top_k))
+            slots = [slot_of[routed[t * top_k + k]] for t in range(num_tokens) for k in cols]
+            index = torch.tensor(slots + cols, dtype=torch.int32)
+            if self.is_cuda:
+                index = index.pin_memory().to(self.device, non_blocking=True)
+                for expert in group:
+                    event = self._slot_ready.pop((bank, slot_of[expert]), None)
+                    if event is not None:
+                        torch.cuda.current_stream().wait_event(event)
+            n = len(slots)
+            group_slots = index[:n].view(num_tokens, len(cols))
+            group_weights = weights32.index_select(1, index[n:].long()).contiguous()
+            part = self.kernel(x, bank_tensor, group_slots, group_weights, self.fmt, self.offsets, self.intermediate)
+            out = part if out is None else out + part
+        return out
+
+    # ------------------------------------------------------------------ transfers
+    def _bring_in(self, layer: int, experts: list[int], protected: set[Key]) -> list[tuple[int, int]]:
+        """Make experts resident in layer's bank; returns (expert, slot). RAM hits are copied first,
+        disk reads are all in flight before the first wait."""
+        in_ram, from_disk = [], []
+        for expert in experts:
+            key = (layer, expert)
+            pending = self._reads.pop(key, None)
+            if pending is not None:
+                from_disk.append((expert, *pending))
+                continue
+            ram_slot = self.cache.lookup(key)
+            if ram_slot is not None:
+                self.cache.lock(key)
+                in_ram.append((expert, ram_slot))
+            else:
+                from_disk.append((expert, *self._start_read(key)))
+        placed = [(expert, self._copy(layer, expert, ram_slot, protected)) for expert, ram_slot in in_ram]
+        for expert, ram_slot, future in from_disk:
+            self._finish_read((layer, expert), future)
+            placed.append((expert, self._copy(layer, expert, ram_slot, protected)))
+        return placed
+
+    def _start_read(self, key: Key) -> tuple[int, Future]:
+        ram_slot = self.cache.insert(key)
+        self.cache.lock(key)
+        return ram_slot, self.store.submit(*key, self.cache.block(ram_slot).numpy())
+
+    def _finish_read(self, key: Key, future: Future) -> None:
+        try:
+            future.result()
+        except BaseException:
+            self.cache.unlock(key)
+            self.cache.discard(key)
+            raise
+
+    def _copy(self, layer: int, expert: int, ram_slot: int, protected: set[Key]) -> int:
+        """Copy a locked RAM block into a slot of layer's bank; the RAM lock is released when the copy is done."""
+        key = (layer, expert)
+        bank = self.banks.bank_of(layer)
+        slot = self.banks.acquire(key, protected)
+        dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
+        self.telemetry.add(h2d_bytes=self.cache.block_bytes)
+        if not self.is_cuda:
+            start = time.perf_counter()
+            dst.copy_(src)
+            self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
+            self.cache.unlock(key)
+            return slot
+        with torch.cuda.stream(self.copy_stream):
+            if self._bank_free[bank] is not None:
+                self.copy_stream.wait_event(self._bank_free[bank])
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dst.copy_(src, non_blocking=True)
+            end.record()
+        self._slot_ready[(bank, slot)] = end
+        self._inflight.append((start, end, key))
+        return slot
+
+    def _release_finished_copies(self) -> None:
+        still = []
+        for start, end, key in self._inflight:
+            if end.query():
+                self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
+                self.cache.unlock(key)
+            else:
+                still.append((start, end, key))
+        self._inflight = still
+
+    # ------------------------------------------------------------------ speculation
+    def _prefetch(self, layer: int, experts: list[int]) -> None:
+        """Start bringing `layer`'s predicted experts: RAM hits copy now (other bank, copy stream),
+        the rest start their disk reads, to be copied when the layer asks for them."""
+        self._predicted[layer] = set(experts)
+        issued = set()
+        keys = {(layer, e) for e in experts}
+        for expert in experts:
+            key = (layer, expert)
+            if self.banks.find(key) is not None or key in self._reads:
+                continue
+            ram_slot = self.cache.lookup(key)
+            if ram_slot is not None:
+                self.cache.lock(key)
+                self._copy(layer, expert, ram_slot, protected=keys)
+            else:
+                self._reads[key] = self._start_read(key)
+            issued.add(expert)
+        self._prefetched[layer] = issued
+        self.telemetry.add(prefetch_issued=len(issued))
+
+    def _score_speculation(self, layer: int, actual: set[int]) -> None:
+        predicted = self._predicted.pop(layer, None)
+        if predicted is not None:
+            correct, needed = score(predicted, actual)
+            self.telemetry.add(spec_correct=correct, spec_predicted=needed)
+        prefetched = self._prefetched.pop(layer, set())
+        self.telemetry.add(prefetch_used=len(prefetched & actual))
+        # Reads started for experts this layer did not use: finish them so the RAM slot holds the block.
+        for key in [k for k in self._reads if k[0] == layer and k[1] not in actual]:
+            _, future = self._reads.pop(key)
+            try:
+                self._finish_read(key, future)
+                self.cache.unlock(key)
+            except Exception:      # noqa: BLE001 - a failed speculative read only loses the prefetch
+                pass
+
+    def synchronize(self) -> None:
+        """Wait for every copy and release every lock (end of a generation, before closing)."""
+        if self.is_cuda:
+            self.copy_stream.synchronize()
+        self._release_finished_copies()
+        for key, (_, future) in list(self._reads.items()):
+            self._reads.pop(key)
+            try:
+                self._finish_read(key, future)
+                self.cache.unlock(key)
+            except Exception:      # noqa: BLE001
+                pass
