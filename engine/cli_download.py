@@ -16,7 +16,7 @@ from .errors import SluiceError
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("repo_id", help="owner/name on the hub, or the model's hub address")
     parser.add_argument("--revision", help="branch, tag or commit (default: the newest)")
-    parser.add_argument("--dir", help="folder to download into (default: the Sluice models folder)")
+    parser.add_argument("--dir", dest="dst_dir", help="folder to download into (default: the Sluice models folder)")
 
 
 def default_download_dir(repo_id: str) -> Path:
@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
         if not info.is_supported:
             raise SluiceError(f"{repo_id} is a '{info.family}' model, which Sluice cannot run "
                               f"(it runs {', '.join(_families())}); nothing was downloaded.")
-        dst = Path(args.dir) if args.dir else default_download_dir(repo_id)
+        dst = Path(args.dst_dir) if args.dst_dir else default_download_dir(repo_id)
         files = info.model_files()
         print(f"{repo_id} @ {info.revision[:12]}: {info.family}, {len(files)} files, "
               f"{format_size(sum(f.size for f in files))} -> {dst}", file=sys.stderr)

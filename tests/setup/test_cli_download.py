@@ -16,7 +16,7 @@ WEIGHTS = "model.safetensors"
 
 
 def _cli(hub, *args) -> list[str]:
-    return [sys.executable, "-m", "engine.cli_download", *args]
+    return [sys.executable, "-m", "app.main", "download", *args]      # the `sluice` console entry
 
 
 def _env(hub) -> dict:
