@@ -39,6 +39,7 @@ class Timings:
     prompt_tokens: int = 0
     new_tokens: int = 0
     token_ids: list[int] = field(default_factory=list)
+    after_prefill: dict = field(default_factory=dict)     # telemetry snapshot between the two phases
 
 
 def workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int) -> int:
@@ -126,6 +127,7 @@ class CudaModel:
         self.scheduler.end_pass()
         token = int(torch.argmax(logits))
         timings.prefill_s = time.perf_counter() - start
+        timings.after_prefill = self.telemetry.snapshot()
         timings.token_ids.append(token)
         if on_token:
             on_token(token)

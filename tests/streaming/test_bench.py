@@ -1,0 +1,41 @@
+"""`sluice bench` end to end on a tiny preset (CPU here; the real presets run on the GPU box)."""
+import json
+
+import pytest
+
+from engine.cli import main
+from engine.gpu import presets
+
+TINY = dict(model_type="qwen3_moe", vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+            num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=16,
+            num_experts_per_tok=4, max_position_embeddings=512, norm_topk_prob=True, tie_word_embeddings=False)
+
+
+@pytest.fixture
+def tiny_preset(monkeypatch):
+    monkeypatch.setitem(presets.PRESETS, "tiny-qwen3", TINY)
+    return "tiny-qwen3"
+
+
+@pytest.mark.parametrize("via_repack,quant", [(False, "fp8"), (True, "nvfp4")])
+def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, quant):
+    # 3 layers x 16 experts of 12 KiB (fp8) / 8 KiB (nvfp4) blocks; budgets: 4 slots a bank, 6 blocks of RAM
+    argv = ["bench", "--preset", tiny_preset, "--quant", quant, "--device", "cpu", "--prompt-tokens", "40",
+            "--new-tokens", "12", "--json", "--work-dir", str(tmp_path), "--dtype", "float32"]
+    if via_repack:
+        argv.append("--via-repack")
+    from engine.modeldir import open_model_dir
+    assert main(argv + ["--vram-budget", "1GB", "--ram-cache", "1GB"]) == 0     # builds the model; ample budgets
+    first = json.loads(capsys.readouterr().out)
+    block = open_model_dir(first["model_dir"]).layout.block_bytes
+    kv_bytes = 2 * 3 * 52 * 2 * 16 * 4                  # k and v, 3 layers, 52 tokens, 2 heads x 16, fp32
+    fixed = first["dense_bytes"] + first["workspace_bytes"] + kv_bytes
+    assert main(argv + ["--vram-budget", str(fixed + 8 * block), "--ram-cache", str(6 * block)]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["slots_per_bank"] == 4 and r["expert_cache_factor"] >= 3
+    assert r["new_tokens"] == 12 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0
+    assert r["prefill_max_reads_per_expert_per_layer"] == 1          # whole-prompt prefill: each expert read once
+    assert r["decode_bytes_per_token"]["disk"] > 0                   # the cache is too small: experts stream
+    assert 0 < r["decode_roofline_s_per_token"] and 0 < r["decode_efficiency"]
+    assert 0 <= r["speculation_recall"] <= 1 and r["prefetch"]["issued"] > 0
+    assert r["quant"] == quant
