@@ -1,0 +1,71 @@
+"""Qt-free helpers shared by the setup wizard pages: where things go, the machine, human numbers."""
+from __future__ import annotations
+
+import re
+import threading
+from pathlib import Path
+
+DOWNLOADS_SUBDIR = ".downloads"      # raw hub snapshots, hidden from the model picker
+DISK_TEST_BYTES = 128 * 2**20        # the O_DIRECT self-test size: ~0.2 s on an NVMe drive
+VERDICT_COLORS = {"fits fast": "#1a7f37", "fits but slow": "#9a6700", "will not run": "#cf222e"}
+
+_machine_lock = threading.Lock()
+_machines: dict[str, object] = {}
+
+
+def snapshot_dir(models_dir: Path, repo_id: str) -> Path:
+    return Path(models_dir) / DOWNLOADS_SUBDIR / repo_id.replace("/", "--")
+
+
+def model_dir_name(source_name: str, quant: str) -> str:
+    base = source_name.split("--")[-1] if "--" in source_name else source_name
+    return re.sub(r"[^\w.-]+", "-", f"{base}-{quant}")
+
+
+def machine_for(models_dir: Path):
+    """engine.estimate.Machine for this computer, its disk measured on the models folder (once per run)."""
+    from engine.estimate import Machine
+    from engine.hardware import probe
+    from engine.hub_download import free_disk_bytes
+    models_dir = Path(models_dir)
+    key = str(models_dir.resolve())
+    with _machine_lock:
+        if key not in _machines:
+            hw = probe(models_dir, disk_test_bytes=DISK_TEST_BYTES)
+            _machines[key] = hw
+        hw = _machines[key]
+    return Machine.from_hardware(hw, free_disk_bytes(models_dir)), hw
+
+
+def describe_machine(hw) -> str:
+    from engine.sizes import format_size
+    gpu = (f"{hw.gpus[0].name} with {format_size(hw.gpus[0].vram_total_bytes)}" if hw.gpus else "no GPU")
+    disk = f"disk reads {format_rate(hw.disk_read_bps)}" if hw.disk_read_bps else "disk speed unknown"
+    return f"This computer: {format_size(hw.ram_total_bytes)} RAM, {gpu}, {disk} (measured)."
+
+
+def format_params(n: int) -> str:
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def format_rate(bps: float) -> str:
+    from engine.sizes import format_size
+    return f"{format_size(bps)}/s"
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "estimating time left"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s left"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s left"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min left"
+
+
+def format_speed(tok_s: float) -> str:
+    return f"{tok_s:.1f} tok/s" if tok_s >= 1 else f"{tok_s:.2f} tok/s"

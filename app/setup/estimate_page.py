@@ -1,0 +1,153 @@
+"""Wizard page 2: what the model is and whether it will run here, before any weight is downloaded."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
+                               QWizardPage)
+
+from .common import VERDICT_COLORS, describe_machine, format_params, format_speed, machine_for, snapshot_dir
+from .quant_table import QuantTable
+from .task import Task, stop_and_wait
+
+
+def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine) -> dict:
+    from engine.estimate import QUANTS, estimate
+    return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes) for q in QUANTS}
+
+
+def verdict_html(est) -> str:
+    from engine.sizes import format_size
+    color = VERDICT_COLORS[est.verdict]
+    return (f"<p><b style='color:{color}; font-size:large'>{est.verdict.capitalize()}</b> — {est.reason}</p>"
+            f"<p>Disk needed: <b>{format_size(est.disk_needed_bytes)}</b> (download still to fetch "
+            f"{format_size(est.disk_needed_bytes - est.repacked_bytes)} + repacked model "
+            f"{format_size(est.repacked_bytes)}). Moved per token: <b>{format_size(est.bytes_per_token)}</b> "
+            f"({format_size(est.disk_bytes_per_token)} from disk). Predicted decode speed: "
+            f"<b>{format_speed(est.tok_s)}</b>.</p>")
+
+
+class EstimatePage(QWizardPage):
+    def __init__(self, models_dir, parent=None):
+        super().__init__(parent)
+        self.models_dir = models_dir
+        self.setTitle("Will it run here?")
+        self.setSubTitle("Read from the model's config.json and file list only: no weights are downloaded yet.")
+        self.task: Task | None = None
+        self.info = None
+
+        self.status = QLabel("Reading config.json and the file list…")
+        self.status.setWordWrap(True)
+        self.model_label, self.family_label, self.params_label = QLabel(), QLabel(), QLabel()
+        self.files_label, self.machine_label = QLabel(), QLabel()
+        for label in (self.model_label, self.family_label, self.params_label, self.files_label, self.machine_label):
+            label.setWordWrap(True)
+            label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.files = QTreeWidget()
+        self.files.setHeaderLabels(("File", "Size"))
+        self.files.setRootIsDecorated(False)
+        self.files.setMaximumHeight(110)
+        self.files.header().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        self.files.header().setSectionResizeMode(1, QHeaderView.ResizeMode.ResizeToContents)
+        self.quants = QuantTable()
+        self.verdict = QLabel()
+        self.verdict.setWordWrap(True)
+        self.verdict.setTextFormat(Qt.TextFormat.RichText)
+
+        form = QFormLayout()
+        form.addRow("Model:", self.model_label)
+        form.addRow("Family:", self.family_label)
+        form.addRow("Parameters:", self.params_label)
+        form.addRow("Files:", self.files_label)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.status)
+        layout.addLayout(form)
+        layout.addWidget(self.files)
+        layout.addWidget(QLabel("Quant (how the experts are stored; smaller moves fewer bytes per token):"))
+        layout.addWidget(self.quants)
+        layout.addWidget(self.verdict)
+        layout.addWidget(self.machine_label)
+        layout.addStretch(1)
+        self.quants.quant_changed.connect(self._on_quant)
+        self._show_details(False)
+
+    def _show_details(self, visible: bool) -> None:
+        for w in (self.files, self.quants, self.verdict, self.machine_label):
+            w.setVisible(visible)
+
+    def initializePage(self) -> None:
+        from engine.hub import repo_info
+        from engine.hub_download import missing_bytes
+        repo_id, revision = self.wizard().repo_ref
+        self.info = None
+        self.quants.estimates = {}
+        self._show_details(False)
+        for label in (self.model_label, self.family_label, self.params_label, self.files_label):
+            label.clear()
+        self.status.setText(f"Reading {repo_id}'s config.json and file list…")
+        models_dir = self.models_dir
+
+        def work(report, stop):
+            info = repo_info(repo_id, revision)
+            if not info.is_supported:
+                return info, None, None
+            machine, hw = machine_for(models_dir)
+            files = info.model_files()
+            total = sum(f.size for f in files)
+            missing = missing_bytes(info, snapshot_dir(models_dir, repo_id), files)
+            return info, estimates_for(info.config, total, missing, machine), hw
+
+        stop_and_wait(self.task)
+        self.task = Task(work, self)
+        self.task.finished_ok.connect(self._on_info)
+        self.task.failed.connect(lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>"))
+        self.task.start()
+
+    def _on_info(self, result) -> None:
+        from engine.estimate import model_shape
+        from engine.hub import supported_families
+        from engine.sizes import format_size
+        info, estimates, hw = result
+        self.info = info
+        self.wizard().repo_info = info
+        self.model_label.setText(f"{info.repo_id} @ {info.revision[:12]}")
+        if not info.is_supported:
+            self.status.setText(
+                f"<span style='color:#cf222e'><b>{info.repo_id} is a '{info.family}' model, which Sluice cannot "
+                f"run.</b></span> Sluice runs Mixture-of-Experts models of these families: "
+                f"{', '.join(supported_families())}. Nothing was downloaded; go back and pick another model.")
+            self.family_label.setText(f"{info.family} — not supported")
+            self.completeChanged.emit()
+            return
+        shape = model_shape(info.config)
+        files = info.model_files()
+        self.status.setText("")
+        self.family_label.setText(f"{info.family} — supported · {shape.num_layers} layers, "
+                                  f"{shape.num_experts} experts, {shape.top_k} active per token")
+        self.params_label.setText(f"{format_params(shape.total_params)} total, "
+                                  f"{format_params(shape.active_params)} active per token")
+        self.files_label.setText(f"{len(files)} files, {format_size(sum(f.size for f in files))} to download")
+        self.files.clear()
+        for f in files:
+            item = QTreeWidgetItem([f.path, format_size(f.size)])
+            item.setTextAlignment(1, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            self.files.addTopLevelItem(item)
+        self.machine_label.setText(describe_machine(hw))
+        self.quants.set_estimates(estimates, preferred=getattr(self.wizard(), "quant", "fp8"))
+        self._show_details(True)
+        self._on_quant(self.quants.quant() or "")
+
+    def _on_quant(self, quant: str) -> None:
+        est = self.quants.current()
+        if est is None:
+            return
+        self.wizard().quant = quant
+        self.wizard().estimate = est
+        self.verdict.setText(verdict_html(est))
+        self.completeChanged.emit()
+
+    def isComplete(self) -> bool:
+        est = self.quants.current()
+        return bool(self.info and self.info.is_supported and est and est.verdict != "will not run")
+
+    def cleanupPage(self) -> None:
+        stop_and_wait(self.task)

@@ -1,0 +1,126 @@
+"""Wizard page 1: find a model by text, or paste its name or address, with an optional revision."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QPushButton, QTreeWidget,
+                               QTreeWidgetItem, QVBoxLayout, QWizardPage)
+
+from .task import Task, stop_and_wait
+
+COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
+
+
+class SearchPage(QWizardPage):
+    def __init__(self, parent=None):
+        super().__init__(parent)
+        self.setTitle("Find a model")
+        self.setSubTitle("Search the Hugging Face hub, or paste a model name (owner/name) or its address.")
+        self.task: Task | None = None
+
+        self.query = QLineEdit(placeholderText="e.g. Qwen3 MoE, or Qwen/Qwen3-30B-A3B")
+        self.search_button = QPushButton("Search")
+        self.search_button.setDefault(True)
+        self.revision = QLineEdit(placeholderText="newest")
+        self.revision.setMaximumWidth(160)
+        self.token_button = QPushButton("Access token…")
+        self.token_button.setToolTip("For gated or private models: a token from huggingface.co/settings/tokens")
+        self.status = QLabel()
+        self.status.setWordWrap(True)
+        self.results = QTreeWidget()
+        self.results.setHeaderLabels(COLUMNS)
+        self.results.setRootIsDecorated(False)
+        self.results.setAlternatingRowColors(True)
+        header = self.results.header()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in range(1, len(COLUMNS)):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+
+        row = QHBoxLayout()
+        row.addWidget(self.query, 1)
+        row.addWidget(self.search_button)
+        options = QHBoxLayout()
+        options.addWidget(QLabel("Revision:"))
+        options.addWidget(self.revision)
+        options.addStretch(1)
+        options.addWidget(self.token_button)
+        layout = QVBoxLayout(self)
+        layout.addLayout(row)
+        layout.addWidget(self.results, 1)
+        layout.addWidget(self.status)
+        layout.addLayout(options)
+
+        self.search_button.clicked.connect(self.search)
+        self.query.returnPressed.connect(self.search)
+        self.query.textChanged.connect(self.completeChanged)
+        self.results.itemSelectionChanged.connect(self.completeChanged)
+        self.results.itemDoubleClicked.connect(lambda *_: self.wizard().next())
+        self.token_button.clicked.connect(self.ask_token)
+
+    # --- search ------------------------------------------------------------------------------------
+    def search(self) -> None:
+        from engine.hub import search
+        text = self.query.text().strip()
+        stop_and_wait(self.task)
+        self.status.setText("Searching the hub…")
+        self.search_button.setEnabled(False)
+        self.task = Task(lambda report, stop: search(text), self)
+        self.task.finished_ok.connect(self._on_results)
+        self.task.failed.connect(self._on_failed)
+        self.task.start()
+
+    def _on_results(self, hits) -> None:
+        self.search_button.setEnabled(True)
+        self.results.clear()
+        for hit in hits:
+            item = QTreeWidgetItem([hit.repo_id, hit.family or "?", "yes" if hit.is_supported else "no",
+                                    f"{hit.downloads:,}", f"{hit.likes:,}"])
+            item.setData(0, Qt.ItemDataRole.UserRole, hit.repo_id)
+            for col in (3, 4):
+                item.setTextAlignment(col, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+            if not hit.is_supported:
+                for col in range(len(COLUMNS)):
+                    item.setForeground(col, self.palette().placeholderText())
+                item.setToolTip(0, "Sluice runs qwen3_moe, mixtral, olmoe and qwen2_moe models")
+            self.results.addTopLevelItem(item)
+        supported = sum(h.is_supported for h in hits)
+        self.status.setText(f"{len(hits)} models found, {supported} of them run in Sluice (listed first)."
+                            if hits else "No model matches; try other words, or paste the exact name.")
+        if hits:
+            self.results.setCurrentItem(self.results.topLevelItem(0))
+
+    def _on_failed(self, message: str) -> None:
+        self.search_button.setEnabled(True)
+        self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
+
+    def ask_token(self) -> None:
+        from engine.hub import save_token
+        token, ok = QInputDialog.getText(self, "Hugging Face access token",
+                                         "Token for gated or private models (stored like the huggingface-cli does):",
+                                         QLineEdit.EchoMode.Password)
+        if ok and token.strip():
+            save_token(token)
+            self.status.setText("Access token saved.")
+
+    # --- wizard protocol ---------------------------------------------------------------------------
+    def selected_ref(self) -> tuple[str, str | None] | None:
+        from engine import SluiceError
+        from engine.hub import parse_repo_ref
+        revision = self.revision.text().strip() or None
+        item = self.results.currentItem()
+        if item is not None and item.isSelected():
+            return item.data(0, Qt.ItemDataRole.UserRole), revision
+        try:
+            repo_id, rev = parse_repo_ref(self.query.text())
+        except SluiceError:
+            return None
+        return repo_id, revision or rev
+
+    def isComplete(self) -> bool:
+        return self.selected_ref() is not None
+
+    def validatePage(self) -> bool:
+        self.wizard().repo_ref = self.selected_ref()
+        return True
+
+    def cleanupPage(self) -> None:
+        stop_and_wait(self.task)
