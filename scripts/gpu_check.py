@@ -1,0 +1,244 @@
+"""The one script run on the GPU box: kernel correctness and speed at real shapes, GPU tests,
+bf16-vs-fp32 logits, and the `sluice bench` runs. Stages: kernels, tests, logits, bench-olmoe,
+bench-qwen3, baseline (default: all). Prints a short table per stage; JSON goes to $OUT.
+
+    PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py kernels tests logits bench-olmoe
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+OUT = Path(os.environ.get("OUT", "/tmp/gpu_check_out"))
+OUT.mkdir(parents=True, exist_ok=True)
+WORK = Path(os.environ.get("SLUICE_BENCH_DIR", "/tmp/sluice-bench"))
+os.environ.setdefault("SLUICE_KERNEL_CACHE", str(WORK / "kernel_verdicts.json"))
+RESULTS: dict = {}
+
+
+def save():
+    (OUT / "gpu_check.json").write_text(json.dumps(RESULTS, indent=1, default=str))
+
+
+def stage_kernels():
+    import torch
+    import triton
+    from triton.testing import do_bench
+
+    from kernels.formats import make_offsets, random_bank
+    from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
+    from kernels.selfcheck import device_fingerprint, select_moe_decode
+    from engine.gpu.bandwidth import h2d_bps, hbm_copy_bps
+
+    hbm = hbm_copy_bps()
+    h2d = h2d_bps()
+    RESULTS["env"] = {"fingerprint": device_fingerprint("cuda"), "hbm_copy_bps": hbm, "h2d_bps": h2d,
+                      "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
+    print(f"env: {RESULTS['env']['fingerprint']}; HBM copy {hbm / 1e12:.2f} TB/s; h2d {h2d / 1e9:.1f} GB/s")
+    ids = torch.randint(0, 128, (1, 16), device="cuda")
+    RESULTS["host_sync_us"] = do_bench(lambda: ids.tolist(), return_mode="median") * 1e3
+    print(f"host sync (read 16 expert ids): {RESULTS['host_sync_us']:.1f} us")
+
+    shapes = {"qwen3-30b-a3b": (768, 2048, 8), "olmoe-1b-7b": (1024, 2048, 8)}
+    sweep = [DecodeConfig(16, 16, 256, 4), DecodeConfig(8, 8, 256, 4), DecodeConfig(16, 8, 512, 4),
+             DecodeConfig(32, 16, 256, 8), DecodeConfig(8, 16, 512, 4), DecodeConfig(16, 16, 128, 4),
+             DecodeConfig(4, 4, 512, 2), DecodeConfig(8, 4, 1024, 4)]
+    rows = []
+    for model, (inter, hidden, top_k) in shapes.items():
+        for fmt in ("fp8", "nvfp4", "bf16"):
+            offsets, block_bytes = make_offsets(fmt, inter, hidden)
+            small = random_bank(16, block_bytes, fmt, offsets, inter, hidden, generator=torch.Generator().manual_seed(1))
+            num_slots = max(16, (768 << 20) // block_bytes // 16 * 16)       # ~768 MB of slots: >> 60 MB L2
+            bank = small.cuda().repeat(num_slots // 16, 1)
+            gen = torch.Generator().manual_seed(2)
+            sets = [torch.randperm(num_slots, generator=gen)[:top_k].int().view(1, top_k).cuda() for _ in range(64)]
+            weights = torch.rand(1, top_k, device="cuda")
+            x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+            # correctness: fresh data, T = 1 and 4, against the reference
+            errs = []
+            for t in (1, 4):
+                xs = torch.randn(t, hidden, device="cuda", dtype=torch.float32)
+                sl = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(t)]).int().cuda()
+                ws = torch.rand(t, top_k, device="cuda")
+                ref = moe_decode_ref(xs, bank, sl, ws, fmt, offsets, inter).double()
+                out = moe_decode(xs, bank, sl, ws, fmt, offsets, inter).double()
+                errs.append(((out - ref).norm() / ref.norm()).item() if torch.isfinite(out).all() else float("inf"))
+            weight_bytes = top_k * sum(n for n in _field_bytes(fmt, inter, hidden))
+            configs = sweep if fmt == "fp8" else [default_config(fmt), DecodeConfig(8, 8, 256, 4), DecodeConfig(16, 8, 512, 4)]
+            best = None
+            for cfg in configs:
+                try:
+                    t_graph = _graph_time(lambda i: moe_decode(x, bank, sets[i], weights, fmt, offsets, inter, config=cfg), len(sets))
+                except Exception as exc:      # noqa: BLE001 - a config that does not compile is skipped
+                    print(f"  {model} {fmt} {cfg}: failed {type(exc).__name__}")
+                    continue
+                if best is None or t_graph < best[1]:
+                    best = (cfg, t_graph)
+            cfg, t_graph = best
+            i = iter(range(10 ** 9))
+            t_eager = do_bench(lambda: moe_decode(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter, config=cfg),
+                               return_mode="median") * 1e-3
+            t_torch = do_bench(lambda: moe_decode_ref(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter),
+                               return_mode="median") * 1e-3
+            row = {"model": model, "fmt": fmt, "rel_err_T1": errs[0], "rel_err_T4": errs[1], "best_config": cfg.__dict__,
+                   "weight_bytes": weight_bytes, "graph_us": t_graph * 1e6, "eager_us": t_eager * 1e6,
+                   "torch_ref_us": t_torch * 1e6, "graph_bw_frac_of_hbm_copy": weight_bytes / t_graph / hbm,
+                   "eager_bw_frac_of_hbm_copy": weight_bytes / t_eager / hbm}
+            rows.append(row)
+            print(f"{model:14s} {fmt:6s} err {errs[0]:.1e}/{errs[1]:.1e}  {weight_bytes / 1e6:6.1f} MB  "
+                  f"graph {t_graph * 1e6:7.1f} us ({row['graph_bw_frac_of_hbm_copy']:.0%} of HBM copy)  "
+                  f"eager {t_eager * 1e6:7.1f} us ({row['eager_bw_frac_of_hbm_copy']:.0%})  torch {t_torch * 1e6:8.1f} us  "
+                  f"best {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}", flush=True)
+            fn, verdict = select_moe_decode(fmt, offsets, block_bytes, inter, hidden, top_k, "cuda")
+            row["selfcheck"] = {"ok": verdict.ok, "reason": verdict.reason}
+            save()
+    RESULTS["kernels"] = rows
+    RESULTS["triton"] = triton.__version__
+
+
+def _field_bytes(fmt, inter, hidden):
+    from kernels.formats import part_specs, proj_shapes
+    import torch
+    for out_f, in_f in proj_shapes(inter, hidden).values():
+        for _, dt, shape in part_specs(fmt, out_f, in_f):
+            yield torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+
+
+def _graph_time(call, n):
+    """Seconds per call: n calls (rotating slot sets) captured in one CUDA graph, replays timed."""
+    import torch
+    for i in range(n):
+        call(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(n):
+            call(i)
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(10):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / n)
+    return sorted(times)[len(times) // 2]
+
+
+def stage_tests():
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels", "tests/streaming", "-q", "-x",
+                           "-p", "no:cacheprovider", "-k", "not bench"], cwd=ROOT, capture_output=True, text=True)
+    tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
+    RESULTS["tests"] = {"rc": proc.returncode, "tail": tail, "stderr": proc.stderr[-2000:],
+                        "seconds": time.perf_counter() - start}
+    print(f"pytest tests/kernels tests/streaming on GPU: rc {proc.returncode} in {time.perf_counter() - start:.0f} s")
+    print(tail)
+    save()
+
+
+def stage_logits():
+    """bf16 compute vs float32 compute on the GPU (same model, same path): logits of a decode run."""
+    import tempfile
+
+    import torch
+
+    from engine.demo import build_hf_model
+    from engine.gpu.runtime import CudaModel
+    from engine.repack import repack
+    rows = []
+    for family in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"):
+        tmp = Path(tempfile.mkdtemp())
+        build_hf_model(family, tmp / "hf", num_layers=3, with_tokenizer=False, seed=5)
+        repack(tmp / "hf", tmp / "sl", quant="bf16")
+        logits, tokens, prompt = {}, None, list(range(3, 40, 3))
+        for dtype in (torch.float32, torch.bfloat16):        # the same tokens fed to both (fp32's greedy run)
+            m = CudaModel(tmp / "sl", device="cuda", dtype=dtype, max_tokens=64)
+            t = m.generate(prompt, 8)
+            tokens = tokens or t.token_ids[:4]
+            with torch.inference_mode():
+                logits[dtype] = torch.stack([m.decode_step(tok, len(prompt) + i) for i, tok in enumerate(tokens)])
+            m.close()
+        a, b = logits[torch.float32].double(), logits[torch.bfloat16].double()
+        rel = ((a - b).norm() / a.norm()).item()
+        rows.append({"family": family, "rel_err_bf16_vs_fp32": rel})
+        print(f"logits {family:10s} bf16 vs fp32 rel err {rel:.2e}")
+    RESULTS["logits"] = rows
+    save()
+
+
+def bench(name, argv, cgroup_bytes=None):
+    """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache)."""
+    cmd = [sys.executable, "-m", "engine.cli", "bench", *argv, "--json", "--work-dir", str(WORK)]
+    prefix = []
+    if cgroup_bytes:
+        cg = Path(f"/sys/fs/cgroup/sluice-{name}")
+        try:
+            Path("/sys/fs/cgroup/cgroup.subtree_control").write_text("+memory")
+        except OSError as exc:
+            print(f"  (subtree_control: {exc})")
+        try:
+            cg.mkdir(exist_ok=True)
+            (cg / "memory.max").write_text(str(cgroup_bytes))
+            prefix = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$0" "$@"']
+        except OSError as exc:
+            print(f"  cgroup cap unavailable: {exc}")
+            RESULTS.setdefault("bench", {})[name] = {"error": f"cgroup: {exc}"}
+            return
+    start = time.perf_counter()
+    proc = subprocess.run(prefix + cmd, cwd=ROOT, capture_output=True, text=True)
+    (OUT / f"bench-{name}.log").write_text(proc.stderr[-20000:])
+    try:
+        result = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        result = {"error": f"rc {proc.returncode}", "stderr": proc.stderr[-3000:]}
+        print(f"bench {name}: FAILED rc {proc.returncode}\n{proc.stderr[-3000:]}")
+    else:
+        from engine.bench import report
+        print(f"--- bench {name} ({time.perf_counter() - start:.0f} s): sluice bench {' '.join(argv)}"
+              + (f"  [cgroup memory.max {cgroup_bytes >> 20} MiB]" if cgroup_bytes else ""))
+        print(report(result))
+    result["argv"], result["cgroup_bytes"] = argv, cgroup_bytes
+    RESULTS.setdefault("bench", {})[name] = result
+    save()
+
+
+STAGES = {
+    "kernels": stage_kernels,
+    "tests": stage_tests,
+    "logits": stage_logits,
+    "bench-olmoe": lambda: [
+        bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
+                                  "--ram-cache", "2GiB", "--prompt-tokens", "2048", "--new-tokens", "64"]),
+        bench("olmoe-fp8-ram-unconstrained", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB",
+                                              "--ram-cache", "16GB", "--prompt-tokens", "512", "--new-tokens", "128"]),
+        bench("olmoe-fp8-cap4g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB",
+                                  "--ram-cache", "1536MiB", "--prompt-tokens", "512", "--new-tokens", "64"],
+              cgroup_bytes=4 << 30)],
+    "bench-qwen3": lambda: bench("qwen3-fp8-streaming", [
+        "--preset", "qwen3-30b-a3b", "--quant", "fp8", "--vram-budget", "7GiB", "--ram-cache", "2GiB",
+        "--prompt-tokens", "2048", "--new-tokens", "24"]),
+    "baseline": lambda: bench("olmoe-bf16-vs-accelerate", [
+        "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB", "--ram-cache", "2GiB",
+        "--prompt-tokens", "32", "--new-tokens", "64", "--baseline", "accelerate", "--baseline-new-tokens", "6"]),
+}
+
+if __name__ == "__main__":
+    for stage in sys.argv[1:] or list(STAGES):
+        t0 = time.perf_counter()
+        try:
+            STAGES[stage]()
+        except Exception as exc:          # noqa: BLE001 - report and go on to the next stage
+            import traceback
+            traceback.print_exc()
+            RESULTS.setdefault("errors", {})[stage] = repr(exc)
+            save()
+        print(f"[stage {stage}: {time.perf_counter() - t0:.0f} s]", flush=True)
