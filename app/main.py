@@ -1,0 +1,23 @@
+"""The `sluice` command: no arguments -> desktop app; `install-launcher` -> launcher; else the engine CLI.
+
+Qt is imported only on the GUI path, so command-line use never loads it.
+"""
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args:
+        from .gui import run_gui
+        return run_gui()
+    if args == ["install-launcher"]:
+        from .launcher import main as install_launcher_main
+        return install_launcher_main()
+    from engine.cli import main as cli_main
+    return cli_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""Conversations, messages and settings in one SQLite file (WAL). Qt-free; used from the GUI thread only.
+
+An answer is written while it streams (state "streaming", content growing), so a crash loses at most
+the tokens since the last flush; at the next start such rows are marked "interrupted".
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS conversations (
+    id INTEGER PRIMARY KEY,
+    title TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    settings TEXT NOT NULL DEFAULT '{}'
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY,
+    conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    role TEXT NOT NULL,                      -- user | assistant
+    content TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'done',      -- done | streaming | interrupted | error
+    stats TEXT NOT NULL DEFAULT '{}',        -- tok_s, ttft_s, num_tokens, finish_reason, model
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+@dataclass
+class ChatSettings:
+    """Per-conversation prompt and sampling settings (GenerationParams plus the system prompt)."""
+    system_prompt: str = ""
+    temperature: float = 0.7
+    top_p: float = 0.95
+    top_k: int = 40
+    max_new_tokens: int = 512
+    seed: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ChatSettings":
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Message:
+    id: int
+    conversation_id: int
+    role: str
+    content: str
+    state: str = "done"
+    stats: dict = field(default_factory=dict)
+    created_at: float = 0.0
+
+
+@dataclass
+class Conversation:
+    id: int
+    title: str
+    created_at: float
+    updated_at: float
+    settings: ChatSettings
+
+
+class Store:
+    def __init__(self, path: Path | str):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(str(self.path), isolation_level=None)   # autocommit; one statement = one txn
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")    # WAL + NORMAL: durable across app crashes
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
+        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        self._db.execute("UPDATE messages SET state='interrupted' WHERE state='streaming'")
+
+    def close(self) -> None:
+        self._db.close()
+
+    # conversations -------------------------------------------------------------------------
+    def create_conversation(self, title: str = "New chat", settings: ChatSettings | None = None) -> Conversation:
+        now = time.time()
+        settings = settings or ChatSettings()
+        cur = self._db.execute(
+            "INSERT INTO conversations(title, created_at, updated_at, settings) VALUES (?,?,?,?)",
+            (title, now, now, json.dumps(settings.__dict__)))
+        return Conversation(cur.lastrowid, title, now, now, settings)
+
+    def conversation(self, conversation_id: int) -> Conversation | None:
+        row = self._db.execute("SELECT id, title, created_at, updated_at, settings FROM conversations WHERE id=?",
+                               (conversation_id,)).fetchone()
+        return self._conversation(row) if row else None
+
+    def conversations(self, search: str = "") -> list[Conversation]:
+        """Newest first; `search` matches the title or any message text (case-insensitive)."""
+        query = "SELECT id, title, created_at, updated_at, settings FROM conversations"
+        args: tuple = ()
+        if search.strip():
+            pattern = f"%{search.strip()}%"
+            query += (" WHERE title LIKE ? OR id IN (SELECT conversation_id FROM messages WHERE content LIKE ?)")
+            args = (pattern, pattern)
+        rows = self._db.execute(query + " ORDER BY updated_at DESC, id DESC", args).fetchall()
+        return [self._conversation(r) for r in rows]
+
+    def rename_conversation(self, conversation_id: int, title: str) -> None:
+        self._db.execute("UPDATE conversations SET title=? WHERE id=?", (title.strip() or "Untitled", conversation_id))
+
+    def delete_conversation(self, conversation_id: int) -> None:
+        self._db.execute("DELETE FROM conversations WHERE id=?", (conversation_id,))
+
+    def set_chat_settings(self, conversation_id: int, settings: ChatSettings) -> None:
+        self._db.execute("UPDATE conversations SET settings=? WHERE id=?",
+                         (json.dumps(settings.__dict__), conversation_id))
+
+    def touch(self, conversation_id: int) -> None:
+        self._db.execute("UPDATE conversations SET updated_at=? WHERE id=?", (time.time(), conversation_id))
+
+    # messages ------------------------------------------------------------------------------
+    def add_message(self, conversation_id: int, role: str, content: str, state: str = "done",
+                    stats: dict | None = None) -> Message:
+        now = time.time()
+        cur = self._db.execute(
+            "INSERT INTO messages(conversation_id, role, content, state, stats, created_at) VALUES (?,?,?,?,?,?)",
+            (conversation_id, role, content, state, json.dumps(stats or {}), now))
+        self.touch(conversation_id)
+        return Message(cur.lastrowid, conversation_id, role, content, state, dict(stats or {}), now)
+
+    def update_message(self, message_id: int, content: str | None = None, state: str | None = None,
+                       stats: dict | None = None) -> None:
+        sets, args = [], []
+        for column, value in (("content", content), ("state", state),
+                              ("stats", None if stats is None else json.dumps(stats))):
+            if value is not None:
+                sets.append(f"{column}=?")
+                args.append(value)
+        if sets:
+            self._db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id=?", (*args, message_id))
+
+    def messages(self, conversation_id: int) -> list[Message]:
+        rows = self._db.execute(
+            "SELECT id, conversation_id, role, content, state, stats, created_at FROM messages "
+            "WHERE conversation_id=? ORDER BY id", (conversation_id,)).fetchall()
+        return [Message(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6]) for r in rows]
+
+    def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
+        """Delete a message and everything after it (edit-and-resend, regenerate)."""
+        self._db.execute("DELETE FROM messages WHERE conversation_id=? AND id>=?", (conversation_id, message_id))
+
+    # settings ------------------------------------------------------------------------------
+    def get_setting(self, key: str, default=None):
+        row = self._db.execute("SELECT value FROM settings WHERE key=?", (key,)).fetchone()
+        return json.loads(row[0]) if row else default
+
+    def set_setting(self, key: str, value) -> None:
+        self._db.execute("INSERT INTO settings(key, value) VALUES (?, ?) "
+                         "ON CONFLICT(key) DO UPDATE SET value=excluded.value", (key, json.dumps(value)))
+
+    @staticmethod
+    def _conversation(row) -> Conversation:
+        return Conversation(row[0], row[1], row[2], row[3], ChatSettings.from_dict(json.loads(row[4])))

@@ -1,0 +1,112 @@
+"""The open conversation: a scrolling column of MessageWidgets that follows the stream."""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
+
+from ..chat_controller import ChatController
+from ..markdown import MarkdownRenderer
+from ..store import Message
+from . import theme
+from .message_widget import MessageWidget
+
+MAX_COLUMN_WIDTH = 860   # px: long lines are hard to read
+
+
+class ChatView(QScrollArea):
+    edit_requested = Signal(int, str)      # message id, its text
+
+    def __init__(self, controller: ChatController, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.controller = controller
+        self.renderer = MarkdownRenderer(theme.is_dark())
+        self.widgets: dict[int, MessageWidget] = {}
+        self.setWidgetResizable(True)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setFrameShape(QScrollArea.Shape.NoFrame)
+
+        container = QWidget()
+        outer = QVBoxLayout(container)
+        outer.setContentsMargins(16, 16, 16, 16)
+        self._column = QWidget()
+        self._column.setMaximumWidth(MAX_COLUMN_WIDTH)
+        self._layout = QVBoxLayout(self._column)
+        self._layout.setContentsMargins(0, 0, 0, 0)
+        self._layout.setSpacing(10)
+        self.placeholder = QLabel("Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.")
+        self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setStyleSheet(f"color: {theme.muted_color()}; font-size: 14px; padding: 40px;")
+        self._layout.addWidget(self.placeholder)
+        self._layout.addStretch(1)
+        outer.addWidget(self._column, 0, Qt.AlignmentFlag.AlignHCenter)
+        self.setWidget(container)
+        self._follow = True
+        self.verticalScrollBar().valueChanged.connect(self._on_scrolled)
+        self.verticalScrollBar().rangeChanged.connect(self._on_range_changed)
+
+        controller.conversation_opened.connect(self._on_conversation_opened)
+        controller.message_added.connect(self._on_message_added)
+        controller.message_streamed.connect(self._on_message_streamed)
+        controller.message_finished.connect(self._on_message_finished)
+        controller.generating_changed.connect(lambda _: self._update_regenerate())
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._column.setFixedWidth(min(MAX_COLUMN_WIDTH, max(200, self.viewport().width() - 32)))
+
+    # model -> view ---------------------------------------------------------------------------------
+    def _on_conversation_opened(self, _conversation, messages: list[Message]) -> None:
+        for widget in self.widgets.values():
+            self._layout.removeWidget(widget)
+            widget.hide()
+            widget.deleteLater()
+        self.widgets.clear()
+        for message in messages:
+            self._add(message)
+        self._follow = True
+        self._update_regenerate()
+
+    def _on_message_added(self, message: Message) -> None:
+        self._add(message)
+        self._follow = True
+        self._update_regenerate()
+
+    def _on_message_streamed(self, message_id: int, content: str) -> None:
+        widget = self.widgets.get(message_id)
+        if widget is not None:
+            widget.set_streamed_content(content)
+
+    def _on_message_finished(self, message: Message) -> None:
+        widget = self.widgets.get(message.id)
+        if widget is not None:
+            widget.update_message(message)
+        self._update_regenerate()
+
+    def _add(self, message: Message) -> None:
+        widget = MessageWidget(message, self.renderer, self._column)
+        widget.edit_requested.connect(lambda message_id: self.edit_requested.emit(
+            message_id, self.widgets[message_id].message.content))
+        widget.regenerate_requested.connect(self.controller.regenerate)
+        self.widgets[message.id] = widget
+        self._layout.insertWidget(self._layout.count() - 1, widget)
+        self.placeholder.setVisible(False)
+
+    def _update_regenerate(self) -> None:
+        last_id = max(self.widgets) if self.widgets else None
+        for message_id, widget in self.widgets.items():
+            widget.set_can_regenerate(message_id == last_id and not self.controller.is_generating)
+        self.placeholder.setVisible(not self.widgets)
+
+    def set_dark(self, is_dark: bool) -> None:
+        self.renderer = MarkdownRenderer(is_dark)
+        for widget in self.widgets.values():
+            widget.set_dark(self.renderer)
+
+    # following the stream -------------------------------------------------------------------------
+    def _on_scrolled(self, value: int) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = value >= bar.maximum() - 8      # the user scrolled up: stop following
+
+    def _on_range_changed(self, _minimum: int, maximum: int) -> None:
+        if self._follow:
+            QTimer.singleShot(0, lambda: self.verticalScrollBar().setValue(self.verticalScrollBar().maximum()))

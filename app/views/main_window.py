@@ -1,0 +1,476 @@
+"""The main window: conversations | chat (or the first-run page) | live panels, toolbar and status bar."""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtGui import QAction, QGuiApplication, QIcon, QKeySequence, QShortcut
+from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QLabel, QMainWindow, QProgressBar,
+                               QProgressDialog, QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
+                               QVBoxLayout, QWidget)
+
+from engine.sizes import parse_size
+
+from .. import paths
+from ..chat_controller import ChatController
+from ..export import export_conversation
+from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
+from ..settings import AppSettings
+from ..store import Store
+from ..worker import EngineHost
+from . import theme
+from .chat_view import ChatView
+from .composer import Composer
+from .conversation_list import ConversationList
+from .dialogs import AppSettingsDialog, ChatSettingsDialog, error_box
+from .first_run import FirstRunPage
+from .panels import LivePanels
+
+log = logging.getLogger("sluice.app")
+DEMO_DIR_NAME = "sluice-demo-random-moe"
+
+
+class MainWindow(QMainWindow):
+    model_loaded = Signal(dict)          # engine.info, after a model finished loading
+
+    def __init__(self, store: Store | None = None, load_fn=None, autoload: bool = True):
+        super().__init__()
+        self.store = store or Store(paths.database_path())
+        self.settings = AppSettings.load(self.store)
+        self.host = EngineHost(self, load_fn=load_fn)
+        self.controller = ChatController(self.store, self.host, self)
+        self.model_info: dict | None = None
+        self.loading_path: str | None = None
+        self.last_dialog = None          # the latest error dialog or job progress dialog (tests read it)
+        self._job_dialogs: dict[int, QProgressDialog] = {}
+        self._job_then_load: dict[int, bool] = {}
+        self._stream_started_s: float | None = None
+        self._is_shut_down = False
+
+        self.setWindowTitle(paths.APP_NAME)
+        self.setWindowIcon(QIcon(str(paths.icon_path())))
+        self.resize(1280, 800)
+        self._build_toolbar()
+        self._build_central()
+        self._build_panels()
+        self._build_status_bar()
+        self._build_shortcuts()
+        self._connect()
+        self._restore_window()
+        self.refresh_models()
+        self.conversations.refresh()
+        existing = self.store.conversations()
+        if existing:
+            self.controller.open_conversation(existing[0].id)
+        self._update_page()
+        if autoload and self.settings.last_model and is_sluice_model(Path(self.settings.last_model)):
+            self.load_model(self.settings.last_model)
+
+    # construction ------------------------------------------------------------------------------------
+    def _build_toolbar(self) -> None:
+        bar = QToolBar("Main")
+        bar.setObjectName("mainToolbar")
+        bar.setMovable(False)
+        self.addToolBar(bar)
+        bar.addWidget(QLabel(" Model "))
+        self.model_picker = QComboBox()
+        self.model_picker.setMinimumWidth(320)
+        self.model_picker.setToolTip("Installed models (in the models folder set in Settings)")
+        self.model_picker.activated.connect(self._on_model_picked)
+        bar.addWidget(self.model_picker)
+        self.open_action = bar.addAction("Open folder…", self.open_folder)
+        self.open_action.setToolTip("Open a Sluice model folder or a Hugging Face snapshot folder")
+        self.download_action = bar.addAction("Download…", self.open_download_wizard)
+        bar.addSeparator()
+        self.chat_settings_action = bar.addAction("Chat settings…", self.edit_chat_settings)
+        self.chat_settings_action.setToolTip("System prompt and sampling for this chat")
+        self.export_action = bar.addAction("Export…", lambda: self.export_conversation())
+        spacer = QWidget()
+        spacer.setSizePolicy(spacer.sizePolicy().horizontalPolicy().Expanding,
+                             spacer.sizePolicy().verticalPolicy().Preferred)
+        bar.addWidget(spacer)
+        self.panels_action = bar.addAction("Panels")
+        self.panels_action.setCheckable(True)
+        self.settings_action = bar.addAction("Settings…", self.edit_app_settings)
+
+    def _build_central(self) -> None:
+        self.conversations = ConversationList(self.controller)
+        self.conversations.setMinimumWidth(200)
+        self.chat_view = ChatView(self.controller)
+        self.composer = Composer()
+        chat_page = QWidget()
+        chat_layout = QVBoxLayout(chat_page)
+        chat_layout.setContentsMargins(0, 0, 0, 0)
+        chat_layout.setSpacing(0)
+        chat_layout.addWidget(self.chat_view, 1)
+        chat_layout.addWidget(self.composer)
+        self.first_run = FirstRunPage()
+        self.pages = QStackedWidget()
+        self.pages.addWidget(self.first_run)
+        self.pages.addWidget(chat_page)
+        self.chat_page = chat_page
+        splitter = QSplitter()
+        splitter.addWidget(self.conversations)
+        splitter.addWidget(self.pages)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([240, 800])
+        self.setCentralWidget(splitter)
+
+    def _build_panels(self) -> None:
+        self.panels = LivePanels(self.host.telemetry, lambda: self.host.native_thread_id)
+        scroll = QScrollArea()
+        scroll.setWidget(self.panels)
+        scroll.setWidgetResizable(True)
+        scroll.setMinimumWidth(380)
+        self.panels_dock = QDockWidget("Machinery (live)", self)
+        self.panels_dock.setObjectName("panelsDock")
+        self.panels_dock.setWidget(scroll)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panels_dock)
+        self.panels_dock.setVisible(self.settings.show_panels)
+        self.panels_action.setChecked(self.settings.show_panels)
+        self.panels_action.toggled.connect(self.panels_dock.setVisible)
+        self.panels_dock.visibilityChanged.connect(self._on_panels_visibility)
+
+    def _build_status_bar(self) -> None:
+        status = self.statusBar()
+        self.model_label = QLabel("No model")
+        self.device_label = QLabel("")
+        self.speed_label = QLabel("")
+        self.load_bar = QProgressBar()
+        self.load_bar.setMaximumWidth(220)
+        self.load_bar.setVisible(False)
+        self.load_cancel = QPushButton("Cancel")
+        self.load_cancel.setVisible(False)
+        self.load_cancel.clicked.connect(self.cancel_load)
+        status.addWidget(self.model_label)
+        status.addWidget(self.load_bar)
+        status.addWidget(self.load_cancel)
+        status.addPermanentWidget(self.speed_label)
+        status.addPermanentWidget(self.device_label)
+
+    def _build_shortcuts(self) -> None:
+        QShortcut(QKeySequence.StandardKey.New, self, self.controller.new_conversation)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.controller.stop)
+        QShortcut(QKeySequence("Ctrl+E"), self, lambda: self.export_conversation())
+        QShortcut(QKeySequence("Ctrl+L"), self, self.composer.edit.setFocus)
+
+    def _connect(self) -> None:
+        c, h = self.controller, self.host
+        self.composer.send_requested.connect(self.send)
+        self.composer.resend_requested.connect(self._resend)
+        self.composer.stop_requested.connect(c.stop)
+        self.chat_view.edit_requested.connect(self.composer.begin_edit)
+        self.conversations.export_requested.connect(self._export_by_id)
+        c.generating_changed.connect(self._on_generating_changed)
+        c.error.connect(self.show_error)
+        h.load_progress.connect(self._on_load_progress)
+        h.loaded.connect(self._on_loaded)
+        h.load_failed.connect(self._on_load_failed)
+        h.chunk.connect(self._on_chunk)
+        h.finished.connect(self._on_finished)
+        h.job_progress.connect(self._on_job_progress)
+        h.job_finished.connect(self._on_job_finished)
+        h.job_failed.connect(self._on_job_failed)
+        self.first_run.open_folder_requested.connect(self.open_folder)
+        self.first_run.demo_requested.connect(self.start_demo)
+        self.first_run.download_requested.connect(self.open_download_wizard)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(self._on_color_scheme)
+
+    # models ------------------------------------------------------------------------------------------
+    def refresh_models(self) -> None:
+        models = installed_models(self.settings.models_path())
+        current = self.model_info["path"] if self.model_info else self.loading_path
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        self.model_picker.addItem("Choose a model…", None)
+        paths_seen = set()
+        for model in models:
+            self.model_picker.addItem(f"{model.name}  ({model.family}, {model.quant})", str(model.path))
+            paths_seen.add(str(model.path))
+        if current and current not in paths_seen:
+            self.model_picker.addItem(Path(current).name, current)
+        index = self.model_picker.findData(current) if current else 0
+        self.model_picker.setCurrentIndex(max(index, 0))
+        self.model_picker.blockSignals(False)
+        self._update_page()
+
+    def _on_model_picked(self, index: int) -> None:
+        path = self.model_picker.itemData(index)
+        if path and (not self.model_info or path != self.model_info.get("path")):
+            self.load_model(path)
+
+    def load_model(self, path: str | Path) -> None:
+        """Load in the engine thread; a generation in progress is stopped first (its answer is kept)."""
+        options = {"device": self.settings.resolved_device()}
+        try:
+            for key in ("vram_budget", "ram_cache"):
+                value = getattr(self.settings, key)
+                options[key] = parse_size(value) if value else None
+        except Exception as exc:
+            self.show_error(str(exc))
+            return
+        self.controller.stop()
+        self.loading_path = str(path)
+        self.model_info = None
+        self.controller.model_name = None
+        self.model_label.setText(f"Loading {Path(path).name}…")
+        self.load_bar.setRange(0, 0)
+        self.load_bar.setVisible(True)
+        self.load_cancel.setVisible(True)
+        self.host.load(str(path), **options)
+
+    def cancel_load(self) -> None:
+        self.host.cancel_load()
+
+    def _on_load_progress(self, done: int, total: int, message: str) -> None:
+        if total > 0:
+            self.load_bar.setRange(0, total)
+            self.load_bar.setValue(done)
+        self.load_bar.setFormat(message or "%p%")
+
+    def _on_loaded(self, info: dict) -> None:
+        self.model_info = info
+        self.loading_path = None
+        self.controller.model_name = info.get("name")
+        self.settings.last_model = info.get("path", "")
+        self.settings.save(self.store)
+        self._hide_load_bar()
+        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')}")
+        device = str(info.get("device", "cpu"))
+        self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU {device}")
+        self.panels.engine_device = device
+        self.refresh_models()
+        self.model_loaded.emit(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.loading_path = None
+        self._hide_load_bar()
+        self.model_label.setText("No model")
+        self.refresh_models()
+        if message:
+            self.show_error(message)
+
+    def _hide_load_bar(self) -> None:
+        self.load_bar.setVisible(False)
+        self.load_cancel.setVisible(False)
+
+    def open_folder(self, path: str | Path | None = None) -> None:
+        """A Sluice model dir loads directly; a Hugging Face snapshot is repacked into the models folder first."""
+        if path is None:
+            path = QFileDialog.getExistingDirectory(self, "Open a model folder", str(Path.home()))
+            if not path:
+                return
+        path = Path(path)
+        if is_sluice_model(path):
+            self.load_model(path)
+        elif is_hf_snapshot(path):
+            destination = self._free_destination(path.name)
+            self.run_job("repack", f"Repacking {path.name} into your models folder…", load_after=True,
+                         src=str(path), dst=str(destination), quant="bf16")
+        else:
+            self.show_error(f"'{path.name}' holds neither a Sluice model nor a Hugging Face snapshot; choose the "
+                            f"folder that contains sluice.json, or config.json and .safetensors files.")
+
+    def start_demo(self) -> None:
+        destination = self.settings.models_path() / DEMO_DIR_NAME
+        if is_sluice_model(destination):
+            self.load_model(destination)
+            return
+        self.run_job("demo", "Building the demo model (random weights: it produces noise)…",
+                     load_after=True, dst=str(destination))
+
+    def _free_destination(self, name: str) -> Path:
+        base = self.settings.models_path()
+        destination, n = base / name, 2
+        while destination.exists() and any(destination.iterdir()) and not (destination / ".sluice-repack").exists():
+            destination, n = base / f"{name}-{n}", n + 1
+        return destination
+
+    def open_download_wizard(self) -> None:
+        """The download wizard lives in app/setup (its own issue); until it lands, say so."""
+        try:
+            import app.setup as setup
+        except ImportError:
+            setup = None
+        opener = getattr(setup, "open_download_wizard", None) if setup else None
+        if opener is None:
+            self.show_error("The download wizard is coming soon; for now use Open folder… with a downloaded "
+                            "model, or try the demo model.", title="Download a model")
+            return
+        opener(self, self.settings.models_path(), self.load_model)
+
+    # jobs (repack, demo) ------------------------------------------------------------------------------
+    def run_job(self, kind: str, label: str, load_after: bool = False, **args) -> int:
+        job_id = self.host.run_job(kind, **args)
+        dialog = QProgressDialog(label, "Cancel", 0, 0, self)
+        dialog.setWindowTitle("Sluice")
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        dialog.setMinimumDuration(0)
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        dialog.canceled.connect(lambda: self.host.cancel_job(job_id))
+        dialog.show()
+        self._job_dialogs[job_id] = dialog
+        self._job_then_load[job_id] = load_after
+        self.last_dialog = dialog
+        return job_id
+
+    def _on_job_progress(self, job_id: int, done: int, total: int, message: str) -> None:
+        dialog = self._job_dialogs.get(job_id)
+        if dialog is not None and total > 0:
+            dialog.setMaximum(total)
+            dialog.setValue(min(done, total))
+            if message:
+                dialog.setLabelText(message)
+
+    def _close_job(self, job_id: int) -> None:
+        dialog = self._job_dialogs.pop(job_id, None)
+        if dialog is not None:
+            if self.last_dialog is dialog:
+                self.last_dialog = None
+            dialog.close()
+            dialog.deleteLater()
+
+    def _on_job_finished(self, job_id: int, result: str) -> None:
+        self._close_job(job_id)
+        self.refresh_models()
+        if self._job_then_load.pop(job_id, False):
+            self.load_model(result)
+
+    def _on_job_failed(self, job_id: int, message: str) -> None:
+        self._close_job(job_id)
+        self._job_then_load.pop(job_id, None)
+        if message:
+            self.show_error(message)
+
+    # chat --------------------------------------------------------------------------------------------
+    def _update_page(self) -> None:
+        has_model = self.model_info is not None or self.loading_path is not None
+        has_installed = self.model_picker.count() > 1
+        has_history = bool(self.store.conversations())
+        show_first_run = not (has_model or has_installed or has_history)
+        self.pages.setCurrentWidget(self.first_run if show_first_run else self.chat_page)
+
+    def send(self, text: str) -> None:
+        if self.model_info is None:
+            self.composer.edit.setPlainText(text)
+            self.show_error("The model is still loading; wait a moment and send again." if self.loading_path
+                            else "No model is loaded; choose one in the Model list at the top, or open a folder.")
+            return
+        self.controller.send(text)
+
+    def _resend(self, message_id: int, text: str) -> None:
+        if self.model_info is None:
+            self.show_error("No model is loaded; choose one in the Model list at the top, or open a folder.")
+            return
+        self.controller.edit_and_resend(message_id, text)
+
+    def _on_generating_changed(self, is_generating: bool) -> None:
+        self.composer.set_generating(is_generating)
+        if is_generating:
+            self._stream_started_s = None
+            self.speed_label.setText("generating…")
+
+    def _on_chunk(self, _request_id: int, _text: str, num_tokens: int) -> None:
+        now = time.perf_counter()
+        if self._stream_started_s is None:
+            self._stream_started_s = now
+            self._stream_first_tokens = num_tokens
+        elif now > self._stream_started_s:
+            rate = (num_tokens - self._stream_first_tokens) / (now - self._stream_started_s)
+            self.speed_label.setText(f"{rate:.1f} tok/s")
+
+    def _on_finished(self, _request_id: int, stats: dict) -> None:
+        if stats.get("tok_s"):
+            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s · TTFT {stats.get('ttft_s') or 0:.2f} s")
+
+    def edit_chat_settings(self) -> None:
+        if self.controller.conversation is None:
+            self.controller.new_conversation()
+        dialog = ChatSettingsDialog(self.controller.conversation.settings, self)
+        dialog.accepted.connect(lambda: self.controller.set_chat_settings(dialog.value()))
+        dialog.open()
+        self.last_dialog = dialog
+
+    def edit_app_settings(self) -> None:
+        dialog = AppSettingsDialog(self.settings, self)
+        dialog.accepted.connect(lambda: self.apply_app_settings(dialog.value()))
+        dialog.open()
+        self.last_dialog = dialog
+
+    def apply_app_settings(self, settings: AppSettings) -> None:
+        try:
+            for value in (settings.vram_budget, settings.ram_cache):
+                if value:
+                    parse_size(value)
+        except Exception as exc:
+            self.show_error(str(exc))
+            return
+        reload = (settings.device, settings.vram_budget, settings.ram_cache) != \
+                 (self.settings.device, self.settings.vram_budget, self.settings.ram_cache)
+        self.settings = settings
+        self.settings.save(self.store)
+        self.refresh_models()
+        if reload and self.model_info:
+            self.load_model(self.model_info["path"])
+
+    def export_conversation(self, path: str | Path | None = None) -> Path | None:
+        conversation = self.controller.conversation
+        if conversation is None:
+            self.show_error("Open a chat first; there is nothing to export yet.")
+            return None
+        if path is None:
+            safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conversation.title).strip() or "chat"
+            path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{safe}.md"),
+                                                  "Markdown (*.md);;JSON (*.json)")
+            if not path:
+                return None
+        try:
+            return export_conversation(path, conversation, self.controller.messages())
+        except OSError as exc:
+            self.show_error(f"Could not write '{path}' ({exc.strerror}); choose another place.")
+            return None
+
+    def _export_by_id(self, conversation_id: int) -> None:
+        self.controller.open_conversation(conversation_id)
+        self.export_conversation()
+
+    def show_error(self, sentence: str, title: str = "Sluice") -> None:
+        self.last_dialog = error_box(self, sentence, title)
+
+    # window ------------------------------------------------------------------------------------------
+    def _on_panels_visibility(self, visible: bool) -> None:
+        if self.isVisible():
+            self.panels_action.setChecked(visible)
+
+    def _on_color_scheme(self, _scheme) -> None:
+        self.chat_view.set_dark(theme.is_dark())
+        self.panels.apply_palette()
+
+    def _restore_window(self) -> None:
+        if self.settings.window_geometry:
+            self.restoreGeometry(QByteArray.fromHex(self.settings.window_geometry.encode()))
+        if self.settings.window_state:
+            self.restoreState(QByteArray.fromHex(self.settings.window_state.encode()))
+            self.panels_dock.setVisible(self.settings.show_panels)
+
+    def shutdown(self) -> bool:
+        """Stop generating, save settings, join the engine thread, close the database. Safe to call twice."""
+        if self._is_shut_down:
+            return True
+        self._is_shut_down = True
+        self.panels.timer.stop()
+        self.settings.show_panels = self.panels_action.isChecked()
+        self.settings.window_geometry = bytes(self.saveGeometry().toHex()).decode()
+        self.settings.window_state = bytes(self.saveState().toHex()).decode()
+        self.settings.save(self.store)
+        self.controller.stop()
+        ended = self.host.shutdown()
+        self.store.close()
+        return ended
+
+    def closeEvent(self, event) -> None:
+        self.shutdown()
+        super().closeEvent(event)

@@ -1,0 +1,202 @@
+"""Live panels: the streaming machinery, refreshed ~10 times a second from engine.telemetry() (never per token)."""
+from __future__ import annotations
+
+import math
+import time
+
+import psutil
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer, Qt
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
+
+from engine.sizes import format_size
+
+from ..gpu_info import GpuInfo
+from ..telemetry_history import TelemetryHistory, thread_last_core
+from .slot_map import STATE_COLORS, SlotMap
+
+REFRESH_MS = 100
+PLOT_HEIGHT_PX = 96
+COLORS = {"engine": "#3b82f6", "system": "#9ca3af", "prefill": "#f59e0b", "decode": "#10b981", "hit": "#8b5cf6"}
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{value * 100:.0f} %"
+
+
+class LivePanels(QWidget):
+    def __init__(self, telemetry_source, thread_id_source=lambda: None, parent: QWidget | None = None):
+        """telemetry_source() -> snapshot dict or None (no model); thread_id_source() -> engine thread's native id."""
+        super().__init__(parent)
+        self._telemetry_source = telemetry_source
+        self._thread_id_source = thread_id_source
+        self.history = TelemetryHistory()
+        self.gpu = GpuInfo()
+        self.engine_device: str | None = None
+        self._ticks = 0
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+
+        summary = QGroupBox("Hardware")
+        form = QFormLayout(summary)
+        self.device_label = QLabel("CPU")
+        self.gpu_label = QLabel("no GPU (NVML not available)")
+        self.core_label = QLabel("—")
+        self.speed_label = QLabel("—")
+        self.speculation_label = QLabel("—")
+        form.addRow("Device", self.device_label)
+        form.addRow("GPU", self.gpu_label)
+        form.addRow("Decode thread", self.core_label)
+        form.addRow("Tokens/s", self.speed_label)
+        form.addRow("Speculation recall", self.speculation_label)
+        layout.addWidget(summary)
+
+        self.slots_box = QGroupBox("Device slots")
+        slots_layout = QVBoxLayout(self.slots_box)
+        self.slot_map = SlotMap()
+        slots_layout.addWidget(self.slot_map)
+        legend = QHBoxLayout()
+        for state, color in STATE_COLORS.items():
+            swatch = QLabel(f'<span style="color:{color.name()}">■</span> {state}')
+            legend.addWidget(swatch)
+        legend.addStretch(1)
+        slots_layout.addLayout(legend)
+        layout.addWidget(self.slots_box)
+
+        cache_box = QGroupBox("RAM cache")
+        cache_layout = QVBoxLayout(cache_box)
+        self.cache_bar = QProgressBar()
+        self.cache_bar.setRange(0, 1000)
+        self.cache_bar.setFormat("—")
+        self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
+        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 1))
+        cache_layout.addWidget(self.cache_bar)
+        cache_layout.addWidget(self.cache_label)
+        cache_layout.addWidget(self.hit_plot)
+        layout.addWidget(cache_box)
+
+        io_box = QGroupBox("Throughput")
+        io_layout = QVBoxLayout(io_box)
+        self.disk_plot, self.disk_curves = self._plot("disk GB/s (last 60 s)", {"engine": COLORS["engine"],
+                                                                   "system": COLORS["system"]})
+        self.h2d_plot, self.h2d_curves = self._plot("host→device GB/s", {"h2d": COLORS["engine"]})
+        self.tok_plot, self.tok_curves = self._plot("tokens/s", {"decode": COLORS["decode"],
+                                                                "prefill": COLORS["prefill"]})
+        self.disk_label = QLabel("engine read 0 B")
+        io_layout.addWidget(self.disk_label)
+        for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
+            io_layout.addWidget(plot)
+        layout.addWidget(io_box)
+        layout.addStretch(1)
+
+        self.timer = QTimer(self, interval=REFRESH_MS)
+        self.timer.timeout.connect(self.refresh)
+        self.timer.start()
+        self.apply_palette()
+
+    def _plot(self, title: str, curves: dict[str, str], y_range=None):
+        plot = pg.PlotWidget()
+        plot.setFixedHeight(PLOT_HEIGHT_PX)
+        plot.setMenuEnabled(False)
+        plot.setMouseEnabled(x=False, y=False)
+        plot.hideButtons()
+        plot.showGrid(x=False, y=True, alpha=0.25)
+        plot.setTitle(title, size="8pt")
+        if y_range:
+            plot.setYRange(*y_range)
+        else:
+            plot.enableAutoRange(axis="y")
+        if len(curves) > 1:
+            plot.addLegend(offset=(4, 4), labelTextSize="7pt")
+        plot.getViewBox().setLimits(yMin=0)          # all values are >= 0; no empty negative half
+        plot.hideAxis("bottom")                      # x: the last 60 s, newest on the right
+        # the system's disk reads include the engine's own; draw them dashed, beneath the engine's line
+        items = {name: plot.plot([], [], name=name, connect="finite",
+                                 pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DashLine if name == "system"
+                                              else Qt.PenStyle.SolidLine))
+                 for name, color in sorted(curves.items(), key=lambda kv: kv[0] != "system")}
+        return plot, items
+
+    def apply_palette(self) -> None:
+        background = self.palette().color(QPalette.ColorRole.Base)
+        foreground = self.palette().color(QPalette.ColorRole.Text)
+        for plot in (self.hit_plot, self.disk_plot, self.h2d_plot, self.tok_plot):
+            plot.setBackground(background)
+            for axis in ("left", "bottom"):
+                plot.getAxis(axis).setPen(foreground)
+                plot.getAxis(axis).setTextPen(foreground)
+            plot.getPlotItem().titleLabel.setText(plot.getPlotItem().titleLabel.text, color=foreground, size="8pt")
+
+    # refresh ---------------------------------------------------------------------------------------
+    def refresh(self) -> None:
+        snapshot = self._telemetry_source() or {}
+        try:
+            system_read = psutil.disk_io_counters().read_bytes
+        except (AttributeError, RuntimeError):     # no disks visible (some containers)
+            system_read = None
+        self.history.push(snapshot, time.monotonic(), system_read)
+        self._ticks += 1
+        self._update_labels(snapshot)
+        if self.isVisible():
+            self._update_plots()
+
+    def _update_labels(self, snapshot: dict) -> None:
+        h = self.history
+        device = snapshot.get("device") or self.engine_device or "cpu"
+        self.device_label.setText("CPU" if str(device).startswith("cpu") else f"GPU ({device})")
+        self.slots_box.setTitle("Device slots (VRAM)" if str(device).startswith("cuda")
+                                else "Device slots (in RAM: CPU device)")
+        if self._ticks % 5 == 1:                  # NVML at 2 Hz is plenty
+            sample = self.gpu.sample()
+            if sample:
+                self.gpu_label.setText(f"{self.gpu.name}: {sample['util_percent']} % load, "
+                                       f"{format_size(sample['mem_used_bytes'])} / "
+                                       f"{format_size(sample['mem_total_bytes'])}")
+            else:
+                self.gpu_label.setText("none: running on the CPU")
+        core = snapshot.get("decode_thread_core")
+        last_core = thread_last_core(self._thread_id_source())
+        if core is not None and core >= 0:
+            self.core_label.setText(f"pinned to core {int(core)}")
+        elif last_core is not None:
+            self.core_label.setText(f"core {last_core} (not pinned)")
+        else:
+            self.core_label.setText("—")
+        speed = snapshot.get("speed") or {}
+        self.speed_label.setText(f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
+                                 f"{speed.get('prefill_tok_s', 0.0):.1f}")
+        spec = snapshot.get("speculation") or {}
+        recall = h.speculation_recall()
+        self.speculation_label.setText(f"{_percent(recall)} ({spec.get('correct', 0)} of {spec.get('predicted', 0)})")
+        cache = h.cache_summary()
+        if cache["capacity_bytes"]:
+            self.cache_bar.setValue(int(1000 * cache["used_bytes"] / cache["capacity_bytes"]))
+            self.cache_bar.setFormat(f"{format_size(cache['used_bytes'])} of {format_size(cache['capacity_bytes'])}")
+        else:
+            self.cache_bar.setValue(0)
+            self.cache_bar.setFormat("—")
+        self.cache_label.setText(f"hits {cache['hits']} · misses {cache['misses']} · evictions "
+                                 f"{cache['evictions']} · hit rate {_percent(cache['hit_rate'])}")
+        disk = snapshot.get("disk") or {}
+        h2d = snapshot.get("h2d") or {}
+        self.disk_label.setText(f"engine read {format_size(disk.get('bytes_read', 0))} · "
+                                f"host→device {format_size(h2d.get('bytes', 0))}")
+        self.slot_map.set_slots(h.slots())
+
+    def _update_plots(self) -> None:
+        h = self.history
+        times = h.values("time_s")
+        if not times:
+            return
+        x = [t - times[-1] for t in times]          # seconds before now
+        self.hit_curves["interval"].setData(x, h.values("hit_rate"))
+        self.disk_curves["engine"].setData(x, h.values("disk_gbps"))
+        self.disk_curves["system"].setData(x, h.values("system_disk_gbps"))
+        self.h2d_curves["h2d"].setData(x, h.values("h2d_gbps"))
+        self.tok_curves["decode"].setData(x, h.values("decode_tok_s"))
+        self.tok_curves["prefill"].setData(x, h.values("prefill_tok_s"))
+
+    def last_value(self, name: str) -> float:
+        values = [v for v in self.history.values(name) if not math.isnan(v)]
+        return values[-1] if values else 0.0

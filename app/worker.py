@@ -1,0 +1,321 @@
+"""The engine thread: one long-lived QThread owns the engine through an EngineWorker moved onto it.
+
+GUI -> engine: EngineHost's request signals, queued into the worker's slots (run in order).
+Engine -> GUI: worker signals, re-emitted by EngineHost on the GUI thread.
+Cancel and telemetry() are called directly from the GUI thread (the engine makes them thread-safe),
+since the worker's event loop is busy while a generation runs.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from PySide6.QtCore import QObject, QThread, Signal, Slot
+
+log = logging.getLogger("sluice.app")
+
+CHUNK_INTERVAL_S = 1 / 40   # tokens are coalesced into chunks at most this often (the GUI repaints per chunk)
+
+
+class LoadCancelled(Exception):
+    pass
+
+
+def user_message(exc: BaseException) -> str:
+    """One sentence for a dialog: SluiceError texts as they are, anything else as an engine failure."""
+    from engine import SluiceError
+    if isinstance(exc, SluiceError):
+        return str(exc)
+    if isinstance(exc, MemoryError):
+        return "The engine ran out of memory; choose a smaller RAM cache or VRAM budget in Settings."
+    if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
+        return "The disk is full; free some space or choose another models folder in Settings."
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"The engine failed ({detail}); the details are in the log file."
+
+
+def _log_failure(exc: BaseException, message: str, *args) -> None:
+    """User errors get one log line; anything else its traceback (the dialog points to the log)."""
+    from engine import SluiceError
+    if isinstance(exc, SluiceError):
+        log.warning(message + ": %s", *args, exc)
+    else:
+        log.exception(message, *args)
+
+
+class EngineWorker(QObject):
+    started = Signal(object, int)                  # pinned core id or None, native thread id
+    load_progress = Signal(int, int, str)          # done, total, message
+    loaded = Signal(dict)                          # engine.info
+    load_failed = Signal(str)                      # one sentence ("" when cancelled)
+    chunk = Signal(int, str, int)                  # request id, new text, tokens so far
+    finished = Signal(int, dict)                   # request id, stats: num_tokens, tok_s, ttft_s, finish_reason
+    failed = Signal(int, str)                      # request id, one sentence
+    job_progress = Signal(int, int, int, str)      # job id, done, total, message
+    job_finished = Signal(int, str)                # job id, result path
+    job_failed = Signal(int, str)                  # job id, one sentence ("" when cancelled)
+
+    def __init__(self, load_fn=None):
+        super().__init__()
+        self._load_fn = load_fn                    # engine.load, injectable for tests of the thread itself
+        self.engine = None
+        self.native_thread_id: int | None = None
+        self.pinned_core: int | None = None
+        self._cancel_load = threading.Event()
+        self._cancelled_requests: set[int] = set()
+        self._running_request: int | None = None
+        self._job_cancels: dict[int, threading.Event] = {}
+
+    # engine thread ----------------------------------------------------------------------------
+    @Slot()
+    def start(self) -> None:
+        self.native_thread_id = threading.get_native_id()
+        try:
+            from engine import hardware
+            pin = getattr(hardware, "pin_current_thread_to_performance_core", None)
+            self.pinned_core = pin() if pin else None
+        except Exception:   # pinning is an optimisation: never fail the app for it
+            log.exception("pinning the engine thread failed")
+        self.started.emit(self.pinned_core, self.native_thread_id)
+
+    @Slot(str, dict)
+    def load_model(self, model_dir: str, options: dict) -> None:
+        self._cancel_load.clear()
+        self._close_engine()
+
+        def progress(done: int, total: int, message: str = "") -> None:
+            if self._cancel_load.is_set():
+                raise LoadCancelled()
+            self.load_progress.emit(int(done), int(total), str(message))
+
+        try:
+            load = self._load_fn
+            if load is None:
+                from engine import load
+            self.engine = load(model_dir, progress=progress, **options)
+        except LoadCancelled:
+            self.load_failed.emit("")
+            return
+        except Exception as exc:
+            _log_failure(exc, "loading %s failed", model_dir)
+            self.load_failed.emit(user_message(exc))
+            return
+        if self._cancel_load.is_set():
+            self._close_engine()
+            self.load_failed.emit("")
+            return
+        self.loaded.emit(dict(self.engine.info))
+
+    @Slot(int, list, dict)
+    def generate(self, request_id: int, messages: list, params: dict) -> None:
+        from engine import GenerationParams
+        stats = {"num_tokens": 0, "tok_s": None, "ttft_s": None, "finish_reason": None}
+        if self.engine is None:
+            self.failed.emit(request_id, "No model is loaded; pick one in the model list first.")
+            return
+        if request_id in self._cancelled_requests:
+            stats["finish_reason"] = "cancelled"
+            self.finished.emit(request_id, stats)
+            return
+        self._running_request = request_id
+        params = self._fit_to_context(messages, params)
+        t_start = time.perf_counter()
+        t_first = t_last = None
+        pending, last_emit = "", 0.0
+        try:
+            for event in self.engine.generate(messages, GenerationParams(**params)):
+                now = time.perf_counter()
+                if event.token_id is not None:
+                    stats["num_tokens"] += 1
+                    t_last = now
+                    if t_first is None:
+                        t_first = now
+                        stats["ttft_s"] = now - t_start
+                pending += event.text
+                if event.finished:
+                    stats["finish_reason"] = event.finish_reason
+                if pending and (now - last_emit >= CHUNK_INTERVAL_S or event.finished or stats["num_tokens"] == 1):
+                    self.chunk.emit(request_id, pending, stats["num_tokens"])
+                    pending, last_emit = "", now
+                if event.finished:
+                    break
+            if pending:
+                self.chunk.emit(request_id, pending, stats["num_tokens"])
+        except Exception as exc:
+            _log_failure(exc, "generation failed")
+            self.failed.emit(request_id, user_message(exc))
+            return
+        finally:
+            self._running_request = None
+            self._cancelled_requests.discard(request_id)
+        if stats["num_tokens"] > 1 and t_last > t_first:
+            stats["tok_s"] = (stats["num_tokens"] - 1) / (t_last - t_first)   # decode rate, TTFT excluded
+        stats["finish_reason"] = stats["finish_reason"] or "eos"
+        self.finished.emit(request_id, stats)
+
+    def _fit_to_context(self, messages: list, params: dict) -> dict:
+        """Shrink max_new_tokens so prompt + answer fit the model's context (the demo has only 512 tokens)."""
+        max_context = self.engine.info.get("max_context")
+        encode = getattr(self.engine, "encode", None)
+        if not max_context or encode is None:
+            return params
+        try:
+            num_prompt_tokens = len(encode(messages)[0])
+        except Exception:        # the engine reports prompt problems itself, in generate()
+            return params
+        room = max_context - num_prompt_tokens
+        if 0 < room < params.get("max_new_tokens", 0):
+            params = {**params, "max_new_tokens": room}
+        return params
+
+    @Slot(int, str, dict)
+    def run_job(self, job_id: int, kind: str, args: dict) -> None:
+        """Long jobs on the engine thread: "repack" (HF snapshot -> model dir) or "demo" (build demo model)."""
+        cancel = self._job_cancels.setdefault(job_id, threading.Event())
+
+        def progress(done, total, message: str = "") -> None:
+            if cancel.is_set() and kind == "demo":
+                raise LoadCancelled()
+            self.job_progress.emit(job_id, int(done), int(total), str(message))
+
+        try:
+            if kind == "repack":
+                from engine.repack import repack
+                result = repack(args["src"], args["dst"], quant=args.get("quant", "bf16"),
+                                progress=progress, cancel_event=cancel)
+                result = result or args["dst"]
+            elif kind == "demo":
+                from engine.demo import build_demo_model
+                result = build_demo_model(args["dst"], progress=progress)
+            else:
+                raise ValueError(f"unknown job {kind}")
+            if cancel.is_set():
+                self.job_failed.emit(job_id, "")
+            else:
+                self.job_finished.emit(job_id, str(result))
+        except LoadCancelled:
+            self.job_failed.emit(job_id, "")
+        except Exception as exc:
+            _log_failure(exc, "job %s failed", kind)
+            self.job_failed.emit(job_id, "" if cancel.is_set() else user_message(exc))
+        finally:
+            self._job_cancels.pop(job_id, None)
+
+    @Slot()
+    def shutdown(self) -> None:
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+    # any thread --------------------------------------------------------------------------------
+    def cancel_generation(self, request_id: int) -> None:
+        self._cancelled_requests.add(request_id)
+        engine = self.engine
+        if engine is not None and self._running_request == request_id:
+            engine.cancel()
+
+    def cancel_load(self) -> None:
+        self._cancel_load.set()
+
+    def cancel_job(self, job_id: int) -> None:
+        self._job_cancels.setdefault(job_id, threading.Event()).set()
+
+    def telemetry(self) -> dict | None:
+        engine = self.engine
+        return engine.telemetry() if engine is not None else None
+
+
+class EngineHost(QObject):
+    """GUI-thread handle on the engine thread. Create once; call shutdown() before the app quits."""
+    started = Signal(object, int)
+    load_progress = Signal(int, int, str)
+    loaded = Signal(dict)
+    load_failed = Signal(str)
+    chunk = Signal(int, str, int)
+    finished = Signal(int, dict)
+    failed = Signal(int, str)
+    job_progress = Signal(int, int, int, str)
+    job_finished = Signal(int, str)
+    job_failed = Signal(int, str)
+
+    _request_load = Signal(str, dict)
+    _request_generate = Signal(int, list, dict)
+    _request_job = Signal(int, str, dict)
+    _request_shutdown = Signal()
+
+    def __init__(self, parent: QObject | None = None, load_fn=None):
+        super().__init__(parent)
+        self.thread = QThread()
+        self.thread.setObjectName("sluice-engine")
+        self.worker = EngineWorker(load_fn)
+        self.worker.moveToThread(self.thread)
+        for name in ("started", "load_progress", "loaded", "load_failed", "chunk", "finished", "failed",
+                     "job_progress", "job_finished", "job_failed"):
+            getattr(self.worker, name).connect(getattr(self, name))     # signal -> signal, queued to GUI
+        self._request_load.connect(self.worker.load_model)
+        self._request_generate.connect(self.worker.generate)
+        self._request_job.connect(self.worker.run_job)
+        self._request_shutdown.connect(self.worker.shutdown)
+        self.thread.started.connect(self.worker.start)
+        self.thread.finished.connect(self.worker.deleteLater)
+        self._next_id = 0
+        self._active_requests: set[int] = set()
+        self._active_jobs: set[int] = set()
+        self.finished.connect(lambda request_id, _stats: self._active_requests.discard(request_id))
+        self.failed.connect(lambda request_id, _msg: self._active_requests.discard(request_id))
+        self.job_finished.connect(lambda job_id, _path: self._active_jobs.discard(job_id))
+        self.job_failed.connect(lambda job_id, _msg: self._active_jobs.discard(job_id))
+        self.thread.start()
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id
+
+    def load(self, model_dir: str, **options) -> None:
+        self.worker._cancel_load.clear()
+        self._request_load.emit(str(model_dir), options)
+
+    def generate(self, messages: list[dict], params: dict) -> int:
+        request_id = self._new_id()
+        self._active_requests.add(request_id)
+        self._request_generate.emit(request_id, messages, params)
+        return request_id
+
+    def run_job(self, kind: str, **args) -> int:
+        job_id = self._new_id()
+        self._active_jobs.add(job_id)
+        self._request_job.emit(job_id, kind, args)
+        return job_id
+
+    def cancel_generation(self, request_id: int) -> None:
+        self.worker.cancel_generation(request_id)
+
+    def cancel_load(self) -> None:
+        self.worker.cancel_load()
+
+    def cancel_job(self, job_id: int) -> None:
+        self.worker.cancel_job(job_id)
+
+    def telemetry(self) -> dict | None:
+        return self.worker.telemetry()
+
+    @property
+    def native_thread_id(self) -> int | None:
+        return self.worker.native_thread_id
+
+    def shutdown(self, timeout_ms: int = 10000) -> bool:
+        """Stop whatever runs, close the engine on its thread, and join the thread. True if it ended."""
+        if not self.thread.isRunning():
+            return True
+        self.worker.cancel_load()
+        for request_id in list(self._active_requests):
+            self.worker.cancel_generation(request_id)
+        for job_id in list(self._active_jobs):
+            self.worker.cancel_job(job_id)
+        self._request_shutdown.emit()
+        self.thread.quit()                 # the event loop ends after the queued shutdown slot
+        return self.thread.wait(timeout_ms)

@@ -1,0 +1,130 @@
+"""Screenshots of the real app for the README, taken under a virtual X screen (Xvfb).
+
+    .venv/bin/python scripts/screenshots.py            # re-runs itself under xvfb-run when there is no display
+Needs: apt-get install -y --no-install-recommends xvfb xauth libxcb-icccm4 libxcb-keysyms1
+Writes docs/screenshots/{first-run,chat,panels,markdown,error-dialog,dark}.png. Uses a fresh data dir
+and the built-in demo model (random weights: its answers are noise by design).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+OUT = ROOT / "docs" / "screenshots"
+SIZE = (1440, 900)
+
+MARKDOWN_SAMPLE = """<think>The user wants a small example. A list comprehension is the shortest way.</think>
+Here is a function that squares a list of numbers:
+
+```python
+def squares(numbers: list[int]) -> list[int]:
+    \"\"\"Return the square of each number.\"\"\"
+    return [n * n for n in numbers]
+
+print(squares([1, 2, 3]))   # [1, 4, 9]
+```
+
+It uses a **list comprehension**; `map` would work too:
+
+| approach | reads as |
+|---|---|
+| comprehension | `[n * n for n in numbers]` |
+| map | `list(map(lambda n: n * n, numbers))` |
+"""
+
+
+def main() -> int:
+    if not os.environ.get("DISPLAY") and os.environ.get("SLUICE_SCREENSHOT_CHILD") != "1":
+        if not shutil.which("xvfb-run"):
+            print("xvfb-run is missing: apt-get install -y --no-install-recommends xvfb xauth", file=sys.stderr)
+            return 1
+        env = {**os.environ, "SLUICE_SCREENSHOT_CHILD": "1", "QT_QPA_PLATFORM": "xcb"}
+        return subprocess.call(["xvfb-run", "-a", "-s", f"-screen 0 {SIZE[0]}x{SIZE[1]}x24",
+                                sys.executable, __file__], env=env)
+    sys.path.insert(0, str(ROOT))
+    data_dir = Path(tempfile.mkdtemp(prefix="sluice-shots-"))
+    os.environ["SLUICE_DATA_DIR"] = str(data_dir)
+    OUT.mkdir(parents=True, exist_ok=True)
+    try:
+        return take_screenshots()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def take_screenshots() -> int:
+    from PySide6.QtCore import QTimer, Qt
+    from PySide6.QtGui import QGuiApplication
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QApplication
+
+    from app.gui import create_application
+    from app.store import ChatSettings
+    from app.views.main_window import MainWindow
+
+    app = create_application()
+    if "--dark" in sys.argv:
+        app.styleHints().setColorScheme(Qt.ColorScheme.Dark)
+
+    def pump(seconds: float) -> None:
+        QTest.qWait(int(seconds * 1000))     # a real event loop: also runs deferred deletes
+
+    def wait_until(predicate, timeout_s: float = 60.0) -> None:
+        end = time.monotonic() + timeout_s
+        while not predicate():
+            if time.monotonic() > end:
+                raise TimeoutError("the app did not get there in time")
+            pump(0.05)
+
+    def shot(name: str) -> None:
+        pump(0.3)
+        QGuiApplication.primaryScreen().grabWindow(0).save(str(OUT / f"{name}.png"))
+        print("wrote", OUT / f"{name}.png")
+
+    window = MainWindow()
+    window.setGeometry(0, 0, *SIZE)
+    window.show()
+    pump(0.5)
+    shot("first-run")
+
+    # Small budgets so the demo really streams experts (RAM cache hits and misses, disk reads).
+    window.settings.vram_budget, window.settings.ram_cache = "1100KB", "400KB"
+    window.start_demo()
+    wait_until(lambda: window.model_info is not None, 120)
+    window.controller.new_conversation()
+    window.controller.set_chat_settings(ChatSettings(max_new_tokens=440, temperature=0.8, seed=7))
+    window.composer.edit.setPlainText("Explain how a mixture-of-experts model picks its experts.")
+    window.composer.submit()
+    pump(1.0)
+    shot("panels")
+    wait_until(lambda: not window.controller.is_generating, 120)
+    window.panels_dock.setVisible(False)
+    shot("chat")
+    window.panels_dock.setVisible(True)
+
+    # Markdown rendering: an answer with a thought, code and a table, stored as a finished message.
+    conversation = window.store.create_conversation("Markdown rendering")
+    window.store.add_message(conversation.id, "user", "Show me how to square a list in Python.")
+    window.store.add_message(conversation.id, "assistant", MARKDOWN_SAMPLE,
+                             stats={"model": "example answer (not generated)", "tok_s": 0, "num_tokens": 0})
+    window.conversations.refresh()
+    window.controller.open_conversation(conversation.id)
+    shot("markdown")
+
+    window.apply_app_settings(type(window.settings)(**{**window.settings.__dict__, "vram_budget": "1MB"}))
+    wait_until(lambda: window.last_dialog is not None and window.last_dialog.objectName() == "errorDialog", 60)
+    shot("error-dialog")
+    window.last_dialog.accept()
+    window.close()
+    QTimer.singleShot(0, app.quit)
+    app.exec()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
