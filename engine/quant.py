@@ -77,6 +77,7 @@ def dequantize(parts: dict[str, torch.Tensor], fmt: str, dtype: torch.dtype = to
         codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()  # [O, in]
         table = E2M1_VALUES.to(packed.device)
         values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
-        scale = _fp8_to_float(parts["scale"]) * parts["gscale"].float()          # [O, in/16]
-        return (values.view(*scale.shape, NVFP4_GROUP) * scale[..., None]).reshape(values.shape).to(dtype)
+        scale = _fp8_to_float(parts["scale"])                                     # [O, in/16]
+        grouped = values.view(*scale.shape, NVFP4_GROUP) * scale[..., None]       # [O, in/16, 16]
+        return (grouped.reshape(values.shape) * parts["gscale"].float()).to(dtype)
     raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
