@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -135,6 +136,8 @@ class EngineWorker(QObject):
                 pending += event.text
                 if event.finished:
                     stats["finish_reason"] = event.finish_reason
+                elif request_id in self._cancelled_requests:
+                    self.engine.cancel()     # Stop came before the engine had started listening for it
                 if pending and (now - last_emit >= CHUNK_INTERVAL_S or event.finished or stats["num_tokens"] == 1):
                     self.chunk.emit(request_id, pending, stats["num_tokens"])
                     pending, last_emit = "", now
@@ -229,6 +232,9 @@ class EngineWorker(QObject):
         return engine.telemetry() if engine is not None else None
 
 
+LIVE_HOSTS: "weakref.WeakSet[EngineHost]" = weakref.WeakSet()   # tests check none is left running
+
+
 class EngineHost(QObject):
     """GUI-thread handle on the engine thread. Create once; call shutdown() before the app quits."""
     started = Signal(object, int)
@@ -270,6 +276,7 @@ class EngineHost(QObject):
         self.job_finished.connect(lambda job_id, _path: self._active_jobs.discard(job_id))
         self.job_failed.connect(lambda job_id, _msg: self._active_jobs.discard(job_id))
         self.thread.start()
+        LIVE_HOSTS.add(self)
 
     def _new_id(self) -> int:
         self._next_id += 1

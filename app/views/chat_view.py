@@ -5,7 +5,7 @@ from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QLabel, QScrollArea, QVBoxLayout, QWidget
 
 from ..chat_controller import ChatController
-from ..markdown import MarkdownRenderer
+from ..markdown import MarkdownRenderer, warm_up
 from ..store import Message
 from . import theme
 from .message_widget import MessageWidget
@@ -20,6 +20,7 @@ class ChatView(QScrollArea):
         super().__init__(parent)
         self.controller = controller
         self.renderer = MarkdownRenderer(theme.is_dark())
+        warm_up()
         self.widgets: dict[int, MessageWidget] = {}
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)

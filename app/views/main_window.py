@@ -5,7 +5,7 @@ import logging
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QGuiApplication, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QLabel, QMainWindow, QProgressBar,
                                QProgressDialog, QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
@@ -119,7 +119,8 @@ class MainWindow(QMainWindow):
         self.setCentralWidget(splitter)
 
     def _build_panels(self) -> None:
-        self.panels = LivePanels(self.host.telemetry, lambda: self.host.native_thread_id)
+        self.panels = LivePanels(self.host.telemetry, lambda: self.host.native_thread_id,
+                                 lambda: self.host.worker.pinned_core)
         scroll = QScrollArea()
         scroll.setWidget(self.panels)
         scroll.setWidgetResizable(True)
@@ -468,6 +469,9 @@ class MainWindow(QMainWindow):
         self.settings.save(self.store)
         self.controller.stop()
         ended = self.host.shutdown()
+        # The engine thread's last chunks and "finished" are still queued for this thread: deliver
+        # them now so the answer is saved complete before the database closes.
+        QCoreApplication.sendPostedEvents(self.host, QEvent.Type.MetaCall)
         self.store.close()
         return ended
 

@@ -26,11 +26,14 @@ def _percent(value: float | None) -> str:
 
 
 class LivePanels(QWidget):
-    def __init__(self, telemetry_source, thread_id_source=lambda: None, parent: QWidget | None = None):
-        """telemetry_source() -> snapshot dict or None (no model); thread_id_source() -> engine thread's native id."""
+    def __init__(self, telemetry_source, thread_id_source=lambda: None, pinned_core_source=lambda: None,
+                 parent: QWidget | None = None):
+        """telemetry_source() -> snapshot dict or None (no model); thread_id_source() -> the engine thread's
+        native id; pinned_core_source() -> the core it was pinned to, or None."""
         super().__init__(parent)
         self._telemetry_source = telemetry_source
         self._thread_id_source = thread_id_source
+        self._pinned_core_source = pinned_core_source
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
@@ -155,12 +158,14 @@ class LivePanels(QWidget):
                                        f"{format_size(sample['mem_total_bytes'])}")
             else:
                 self.gpu_label.setText("none: running on the CPU")
-        core = snapshot.get("decode_thread_core")
-        last_core = thread_last_core(self._thread_id_source())
-        if core is not None and core >= 0:
-            self.core_label.setText(f"pinned to core {int(core)}")
-        elif last_core is not None:
-            self.core_label.setText(f"core {last_core} (not pinned)")
+        reported = snapshot.get("decode_thread_core")
+        pinned = reported if reported is not None and reported >= 0 else self._pinned_core_source()
+        running_on = thread_last_core(self._thread_id_source())
+        if pinned is not None:
+            self.core_label.setText(f"pinned to core {int(pinned)}"
+                                    + (f", running on core {running_on}" if running_on is not None else ""))
+        elif running_on is not None:
+            self.core_label.setText(f"core {running_on} (not pinned)")
         else:
             self.core_label.setText("—")
         speed = snapshot.get("speed") or {}

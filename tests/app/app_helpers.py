@@ -1,0 +1,23 @@
+"""Helpers shared by the app tests."""
+
+# Budgets that make the demo model (4 layers x 16 experts of 12 KiB, top-4) really stream:
+# 6 device slots per bank and a 32-block RAM cache, against 64 experts.
+SMALL_BUDGETS = {"vram_budget": "1100KB", "ram_cache": "400KB"}
+WAIT_MS = 30_000
+
+
+def make_window(qtbot, data_dir, **settings):
+    """A MainWindow on the data dir, with app settings applied before it starts."""
+    from app import paths
+    from app.settings import AppSettings
+    from app.store import Store
+    from app.views.main_window import MainWindow
+    store = Store(paths.database_path())
+    app_settings = AppSettings.load(store)
+    for key, value in settings.items():
+        setattr(app_settings, key, value)
+    app_settings.save(store)
+    window = MainWindow(store=store, autoload=False)
+    qtbot.addWidget(window)
+    window.show()
+    return window
