@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import hashlib
 import threading
 import time
 from pathlib import Path
@@ -27,28 +26,12 @@ from .sampling import sample
 from .scheduler import ExpertScheduler
 from .sizes import parse_size
 from .slots import SlotBanks
+from .resolve import resolve_model_dir
 from .spec import rope_inv_freq
 from .store import ExpertStore
 from .telemetry import Telemetry
 
 MAX_CONTEXT_TOKENS = 8192
-
-
-def _resolve_model_dir(path: Path, progress) -> Path:
-    """A Sluice dir as is; a Hugging Face snapshot is repacked (bf16) once into the user cache."""
-    if modeldir.is_model_dir(path):
-        return path
-    if not path.exists():
-        raise SluiceError(f"The folder '{path}' does not exist; check the path.")
-    if not (path / "config.json").is_file():
-        raise SluiceError(f"'{path}' is neither a Sluice model folder nor a Hugging Face model folder (no config.json).")
-    from platformdirs import user_cache_dir
-    from .repack import repack
-    digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-    target = Path(user_cache_dir("sluice")) / "repacked" / f"{path.name}-{digest}"
-    if not modeldir.is_model_dir(target):
-        repack(path, target, quant="bf16", progress=progress)
-    return target
 
 
 class Engine:
@@ -99,7 +82,7 @@ class Engine:
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None) -> "Engine":
         dev = _pick_device(device)
-        path = _resolve_model_dir(Path(model_dir).expanduser(), progress)
+        path = resolve_model_dir(Path(model_dir).expanduser(), progress)
         model = modeldir.open_model_dir(path)
         if dtype is None:
             compute = torch.float32 if dev.type == "cpu" else torch.bfloat16

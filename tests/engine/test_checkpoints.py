@@ -78,3 +78,14 @@ def test_bfloat16_compute_stays_close_to_float32(sluice_models):
     assert torch.isfinite(l16).all()
     assert (l16 - l32).abs().max() < 0.05 * l32.abs().max()
     assert l16.argmax() == l32.argmax()
+
+
+def test_changed_snapshot_is_repacked_again(hf_models, tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    src = shutil.copytree(hf_models("qwen3_moe"), tmp_path / "snap")
+    before = greedy(src)
+    from engine.demo import build_hf_model
+    build_hf_model("qwen3_moe", tmp_path / "other", seed=7)
+    shutil.copy(tmp_path / "other" / "model.safetensors", src / "model.safetensors")
+    after = greedy(src)
+    assert after != before and after == greedy(tmp_path / "other")
