@@ -1,16 +1,19 @@
 """Will this model run here, and how fast? Computed from config.json and the file list alone.
 
-Decode speed is the roofline of DESIGN.md, the same bound the engine's telemetry reports:
+Decode speed is the roofline of DESIGN.md, the same bound `sluice bench` and the telemetry use:
 
     tok/s = 1 / (disk_bytes / disk_bw + h2d_bytes / pcie_bw + compute_s)
 
 per token, with N = moe_layers * top_k expert blocks needed and B = one block's bytes at the quant:
-    h2d_bytes  = N * B * (1 - vram_hit)                 blocks not already in a device slot
-    disk_bytes = N * B * (1 - vram_hit) * (1 - ram_hit) of those, blocks not in the RAM cache
-    compute_s  = (dense_active_bytes + N * B) / device_mem_bw + layers * LAYER_OVERHEAD_S
-Hit rates default to the cached fraction of all expert bytes (what an LRU cache gets when routing
-is uniform; real routing is skewed, so this errs on the slow side). On the CPU device the "slots"
-are RAM buffers, so pcie_bw is the host memcpy bandwidth and vram_hit is 0.
+    h2d_bytes  = N * B * (1 - slot_hit)               blocks not already in a device slot
+    disk_bytes = N * B * (1 - slot_hit) * (1 - ram_hit) of those, blocks not in the RAM cache
+    compute_s  = (active dense params + N * expert params) * compute dtype bytes / device_mem_bw
+                 + layers * LAYER_OVERHEAD_S
+The budgets are split exactly as the engine splits them (engine.budget.plan_budgets, with the
+engine's defaults). Hit rates default to the cached fraction of all expert blocks: what an LRU
+cache gets when routing is uniform (slots first, then the RAM cache holding a superset). Real
+routing is skewed, so this errs on the slow side. On the CPU device the slots are RAM buffers and
+"PCIe" is a host memcpy.
 """
 from __future__ import annotations
 
@@ -19,12 +22,15 @@ from dataclasses import dataclass
 from .errors import SluiceError
 
 QUANTS = ("bf16", "fp8", "nvfp4")
-DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}   # dense tensors keep the checkpoint's dtype
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 on CUDA, float32 on the CPU
 FAST_TOK_S = 5.0                   # about reading speed: below this a chat feels slow
-LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 150e-6}   # launches + Python per layer per token, measured order
-VRAM_RESERVE_BYTES = 512 * 2**20   # KV cache, activations, CUDA context slack
+# Per layer per token: kernel launches, Python and small-op overhead that no byte count explains.
+# CPU value measured with engine.load on a 12-layer model whose experts all sat in slots (see the
+# setup README notes); CUDA value from the decode loop with CUDA graphs.
+LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 800e-6}
+MAX_CONTEXT_TOKENS = 8192          # engine.engine.MAX_CONTEXT_TOKENS: the KV cache the engine reserves
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
-MIN_CACHE_BLOCKS_PER_LAYER = 2     # a layer's top-k must fit twice (two banks) for the pipeline to move
 
 
 @dataclass
@@ -111,7 +117,7 @@ class Machine:
     mem_bw_bps: float
     disk_read_bps: float
     free_disk_bytes: int
-    vram_bytes: int = 0
+    vram_bytes: int = 0            # free VRAM
     pcie_bps: float | None = None
     gpu_mem_bw_bps: float | None = None
 
@@ -132,9 +138,9 @@ class Estimate:
     repacked_bytes: int            # the Sluice model dir: dense + experts
     download_bytes: int
     disk_needed_bytes: int         # download (still missing) + repack
-    vram_budget_bytes: int
+    vram_budget_bytes: int         # the engine's plan (on the CPU device: slot banks in RAM)
     ram_cache_bytes: int
-    vram_hit: float
+    slot_hit: float
     ram_hit: float
     disk_bytes_per_token: float
     h2d_bytes_per_token: float
@@ -152,59 +158,85 @@ class Estimate:
 def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "bf16",
              vram_budget: int | None = None, ram_cache: int | None = None,
              hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
+    """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
+    from .budget import plan_budgets
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
     block = expert_block_bytes(shape, quant)
     num_blocks = shape.num_moe_layers * shape.num_experts
     expert_bytes = num_blocks * block
-    dense_bytes_per_param = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
-    dense_bytes = shape.dense_params * dense_bytes_per_param
-    repacked = dense_bytes + expert_bytes
+    source_elem = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
+    repacked = shape.dense_params * source_elem + expert_bytes        # dense tensors keep the source dtype
     missing = download_bytes if missing_download_bytes is None else missing_download_bytes
     disk_needed = missing + repacked
-    min_cache = shape.num_moe_layers and MIN_CACHE_BLOCKS_PER_LAYER * shape.top_k * block
 
     on_gpu = machine.device == "cuda"
-    if vram_budget is None:
-        vram_budget = max(0, machine.vram_bytes - VRAM_RESERVE_BYTES) if on_gpu else 0
-    ram_for_cache = machine.ram_available_bytes - RAM_RESERVE_BYTES - (0 if on_gpu else dense_bytes)
-    if ram_cache is None:
-        ram_cache = max(0, min(int(0.8 * ram_for_cache), expert_bytes))
-    slot_bytes = max(0, vram_budget - dense_bytes) if on_gpu else 0
-    if hit_rates is None:
-        vram_hit = min(1.0, slot_bytes / expert_bytes) if expert_bytes else 1.0
-        ram_hit = min(1.0, ram_cache / expert_bytes) if expert_bytes else 1.0
+    elem = COMPUTE_DTYPE_BYTES[machine.device]
+    dense_bytes = shape.dense_params * elem                          # loaded in the compute dtype
+    context = min(config.get("max_position_embeddings") or MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+    kv_bytes = 2 * shape.num_layers * context * _kv_width(config) * elem
+    available = machine.ram_available_bytes
+
+    def plan_for(ram_cache_bytes):
+        return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
+                            num_moe_layers=shape.num_moe_layers, dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                            workspace_bytes=0, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
+                            default_vram=machine.vram_bytes * 9 // 10 if on_gpu else available // 4,
+                            default_ram=available // 2)
+    try:
+        plan, problem = plan_for(ram_cache), None
+        in_ram = plan.ram_cache_bytes + (0 if on_gpu else plan.vram_budget_bytes)
+        if ram_cache is None and in_ram > available - RAM_RESERVE_BYTES:
+            # the engine's default cache would not fit beside the rest: assume the user sets a smaller one
+            room = available - RAM_RESERVE_BYTES - (0 if on_gpu else plan.vram_budget_bytes)
+            plan = plan_for(max(room, shape.top_k * block))
+    except SluiceError as exc:
+        plan, problem = None, str(exc)
+    slot_capacity = 2 * plan.slots_per_bank if plan else 0
+    ram_blocks = plan.ram_cache_bytes // block if plan else 0
+    if hit_rates is not None:
+        slot_hit, ram_hit = hit_rates
+    elif num_blocks:
+        slot_hit = min(1.0, slot_capacity / num_blocks)
+        ram_hit = 1.0 if slot_hit >= 1 else max(0.0, min(1.0, (ram_blocks - slot_capacity) / (num_blocks - slot_capacity)))
     else:
-        vram_hit, ram_hit = hit_rates
+        slot_hit = ram_hit = 1.0
 
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
-    h2d = needed * (1 - vram_hit)
+    h2d = needed * (1 - slot_hit)
     disk = h2d * (1 - ram_hit)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
-    dense_active = (shape.dense_params - shape.embedding_params) * dense_bytes_per_param
-    compute_s = (dense_active + needed) / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
+    active_params = shape.active_params - shape.embedding_params          # one embedding row per token
+    compute_s = active_params * elem / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
     tok_s = roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
 
-    verdict, reason = _verdict(machine, dense_bytes, vram_budget, ram_cache, min_cache, disk_needed, tok_s)
-    return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed, vram_budget, ram_cache,
-                    vram_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
+    verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
+    return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
+                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
+                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
 
 
-def _verdict(machine: Machine, dense_bytes: int, vram_budget: int, ram_cache: int, min_cache: int,
-             disk_needed: int, tok_s: float) -> tuple[str, str]:
+def _kv_width(config: dict) -> int:
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return heads * (config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_s: float) -> tuple[str, str]:
     from .sizes import format_size
     if disk_needed > machine.free_disk_bytes:
         return "will not run", (f"It needs {format_size(disk_needed)} of disk for download and repack, "
                                 f"but only {format_size(machine.free_disk_bytes)} is free.")
-    if machine.device == "cuda" and dense_bytes + min_cache > vram_budget:
-        return "will not run", (f"Its dense part ({format_size(dense_bytes)}) and two expert banks do not fit in "
-                                f"{format_size(vram_budget)} of GPU memory.")
-    ram_needed = min_cache + (0 if machine.device == "cuda" else dense_bytes)
-    if ram_needed > machine.ram_available_bytes - RAM_RESERVE_BYTES or ram_cache < min_cache:
-        return "will not run", (f"It needs at least {format_size(ram_needed)} of free memory beyond what the "
-                                f"system uses, and only {format_size(machine.ram_available_bytes)} is available.")
+    if problem:
+        return "will not run", problem
+    if machine.device == "cuda" and plan.vram_budget_bytes > machine.vram_bytes:
+        return "will not run", (f"It needs at least {format_size(plan.vram_budget_bytes)} of GPU memory "
+                                f"(dense weights, KV cache, two expert banks); {format_size(machine.vram_bytes)} is free.")
+    ram_needed = plan.ram_cache_bytes + (0 if machine.device == "cuda" else plan.vram_budget_bytes)
+    if ram_needed > machine.ram_available_bytes - RAM_RESERVE_BYTES:
+        return "will not run", (f"It needs at least {format_size(ram_needed)} of memory beyond what the system uses, "
+                                f"and only {format_size(machine.ram_available_bytes)} is available.")
     if tok_s >= FAST_TOK_S:
         return "fits fast", f"About {tok_s:.1f} tokens per second: faster than you read."
     return "fits but slow", (f"About {tok_s:.2f} tokens per second: it runs, but answers will take a while "

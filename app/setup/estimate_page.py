@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout,
+from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
                                QWizardPage)
 
 from .common import VERDICT_COLORS, describe_machine, format_params, format_speed, machine_for, snapshot_dir
@@ -18,10 +18,12 @@ def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine
 def verdict_html(est) -> str:
     from engine.sizes import format_size
     color = VERDICT_COLORS[est.verdict]
+    to_fetch = est.disk_needed_bytes - est.repacked_bytes
+    disk = (f"{format_size(to_fetch)} still to download + {format_size(est.repacked_bytes)} repacked model"
+            if to_fetch else "the repacked model")
     return (f"<p><b style='color:{color}; font-size:large'>{est.verdict.capitalize()}</b> — {est.reason}</p>"
-            f"<p>Disk needed: <b>{format_size(est.disk_needed_bytes)}</b> (download still to fetch "
-            f"{format_size(est.disk_needed_bytes - est.repacked_bytes)} + repacked model "
-            f"{format_size(est.repacked_bytes)}). Moved per token: <b>{format_size(est.bytes_per_token)}</b> "
+            f"<p>Disk needed: <b>{format_size(est.disk_needed_bytes)}</b> ({disk}). "
+            f"Moved per token: <b>{format_size(est.bytes_per_token)}</b> "
             f"({format_size(est.disk_bytes_per_token)} from disk). Predicted decode speed: "
             f"<b>{format_speed(est.tok_s)}</b>.</p>")
 
@@ -56,23 +58,29 @@ class EstimatePage(QWizardPage):
         form = QFormLayout()
         form.addRow("Model:", self.model_label)
         form.addRow("Family:", self.family_label)
-        form.addRow("Parameters:", self.params_label)
-        form.addRow("Files:", self.files_label)
+        self.details = QWidget()                     # shown only for a supported model
+        details_form = QFormLayout()
+        details_form.setContentsMargins(0, 0, 0, 0)
+        details_form.addRow("Parameters:", self.params_label)
+        details_form.addRow("Files:", self.files_label)
+        details = QVBoxLayout(self.details)
+        details.setContentsMargins(0, 0, 0, 0)
+        details.addLayout(details_form)
+        details.addWidget(self.files)
+        details.addWidget(QLabel("Quant (how the experts are stored; smaller moves fewer bytes per token):"))
+        details.addWidget(self.quants)
+        details.addWidget(self.verdict)
+        details.addWidget(self.machine_label)
         layout = QVBoxLayout(self)
         layout.addWidget(self.status)
         layout.addLayout(form)
-        layout.addWidget(self.files)
-        layout.addWidget(QLabel("Quant (how the experts are stored; smaller moves fewer bytes per token):"))
-        layout.addWidget(self.quants)
-        layout.addWidget(self.verdict)
-        layout.addWidget(self.machine_label)
+        layout.addWidget(self.details)
         layout.addStretch(1)
         self.quants.quant_changed.connect(self._on_quant)
         self._show_details(False)
 
     def _show_details(self, visible: bool) -> None:
-        for w in (self.files, self.quants, self.verdict, self.machine_label):
-            w.setVisible(visible)
+        self.details.setVisible(visible)
 
     def initializePage(self) -> None:
         from engine.hub import repo_info

@@ -31,6 +31,7 @@ class SearchPage(QWizardPage):
         self.results.setRootIsDecorated(False)
         self.results.setAlternatingRowColors(True)
         header = self.results.header()
+        header.setStretchLastSection(False)
         header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
         for col in range(1, len(COLUMNS)):
             header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)

@@ -26,7 +26,7 @@ class _SetupWizard(QWizard):
         self.setWizardStyle(QWizard.WizardStyle.ModernStyle)
         self.setOption(QWizard.WizardOption.NoBackButtonOnLastPage, True)
         self.setOption(QWizard.WizardOption.NoCancelButtonOnLastPage, True)
-        self.resize(760, 600)
+        self.resize(820, 620)
 
     def stop_tasks(self) -> None:
         for page_id in self.pageIds():

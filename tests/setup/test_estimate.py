@@ -6,7 +6,7 @@ import json
 import pytest
 
 from engine import SluiceError
-from engine.estimate import (FAST_TOK_S, Machine, estimate, expert_block_bytes, model_shape, roofline_tok_s)
+from engine.estimate import FAST_TOK_S, LAYER_OVERHEAD_S, Machine, estimate, expert_block_bytes, model_shape
 from engine.layout import block_layout
 
 GB = 10**9
@@ -54,19 +54,39 @@ def _machine(**kw) -> Machine:
 
 
 def test_bytes_per_token_and_speed_follow_the_roofline_by_hand():
-    machine = _machine(ram_available_bytes=3 * 2**30 + 8 * 2**30)    # 8 GiB usable beyond the reserve
-    est = estimate(QWEN3_30B_A3B, 61 * GB, machine, "fp8", ram_cache=4 * 2**30)
+    est = estimate(QWEN3_30B_A3B, 61 * GB, _machine(), "fp8", hit_rates=(0.5, 0.25))
     shape, block = est.shape, est.block_bytes
-    per_token = shape.num_moe_layers * shape.top_k * block
-    ram_hit = 4 * 2**30 / (shape.num_moe_layers * shape.num_experts * block)
-    assert est.vram_hit == 0 and est.ram_hit == pytest.approx(ram_hit)
-    assert est.h2d_bytes_per_token == pytest.approx(per_token)          # CPU: every block is copied to a slot
-    assert est.disk_bytes_per_token == pytest.approx(per_token * (1 - ram_hit))
-    expected = 1 / (per_token * (1 - ram_hit) / (2 * GB) + per_token / (20 * GB) + est.compute_s)
+    per_token = shape.num_moe_layers * shape.top_k * block             # 48 layers x 8 experts
+    assert est.h2d_bytes_per_token == pytest.approx(per_token * 0.5)     # half the blocks are not in a slot
+    assert est.disk_bytes_per_token == pytest.approx(per_token * 0.5 * 0.75)
+    assert est.bytes_per_token == pytest.approx(per_token * (0.5 + 0.375))
+    compute_s = (shape.active_params - shape.embedding_params) * 4 / (20 * GB) + 48 * LAYER_OVERHEAD_S["cpu"]
+    assert est.compute_s == pytest.approx(compute_s)
+    expected = 1 / (per_token * 0.375 / (2 * GB) + per_token * 0.5 / (20 * GB) + compute_s)
     assert est.tok_s == pytest.approx(expected)
-    assert est.tok_s == pytest.approx(roofline_tok_s(est.disk_bytes_per_token, 2 * GB, est.h2d_bytes_per_token,
-                                                     20 * GB, est.compute_s))
     assert est.disk_needed_bytes == 61 * GB + est.repacked_bytes
+
+
+def test_budget_split_and_block_size_match_the_engine(model_folders, tmp_path):
+    from conftest import SUPPORTED_REPO, config_of
+    from engine import load
+    from engine.repack import repack
+    src = model_folders[SUPPORTED_REPO]
+    model_dir = repack(src, tmp_path / "model", quant="bf16")
+    vram_budget, ram_cache = 700_000, 300_000       # CPU slot banks for 10 of 32 blocks, RAM cache for 24
+    est = estimate(config_of(src), 0, _machine(), "bf16", vram_budget=vram_budget, ram_cache=ram_cache)
+    engine = load(model_dir, device="cpu", vram_budget=vram_budget, ram_cache=ram_cache)
+    try:
+        info = engine.info
+    finally:
+        engine.close()
+    assert est.block_bytes == info["expert_bytes"]
+    assert est.expert_bytes == info["expert_bytes_total"]
+    num_blocks = info["num_experts"] * est.shape.num_moe_layers
+    assert est.slot_hit == pytest.approx(2 * info["slots_per_bank"] / num_blocks) and 0 < est.slot_hit < 1
+    ram_blocks = info["ram_cache_bytes"] // info["expert_bytes"]
+    slots = 2 * info["slots_per_bank"]
+    assert est.ram_hit == pytest.approx(max(0, ram_blocks - slots) / (num_blocks - slots))
 
 
 def test_smaller_quant_and_more_cache_are_faster():
@@ -80,7 +100,7 @@ def test_smaller_quant_and_more_cache_are_faster():
 def test_gpu_machine_uses_vram_slots_and_pcie():
     gpu = _machine(device="cuda", vram_bytes=8 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=400 * GB)
     est = estimate(QWEN3_30B_A3B, 61 * GB, gpu, "nvfp4")
-    assert 0 < est.vram_hit < 1 and est.h2d_bytes_per_token < est.shape.num_moe_layers * 8 * est.block_bytes
+    assert 0 < est.slot_hit < 1 and est.h2d_bytes_per_token < est.shape.num_moe_layers * 8 * est.block_bytes
     assert est.verdict in ("fits fast", "fits but slow")
 
 
@@ -88,13 +108,15 @@ def test_verdicts():
     gpu_24gb = _machine(device="cuda", vram_bytes=24 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=900 * GB,
                         ram_available_bytes=64 * 2**30, disk_read_bps=7 * GB)
     fast = estimate(QWEN3_30B_A3B, 61 * GB, gpu_24gb, "nvfp4")     # all experts fit in VRAM
-    assert fast.verdict == "fits fast" and fast.tok_s >= FAST_TOK_S and fast.vram_hit == 1.0
+    assert fast.verdict == "fits fast" and fast.tok_s >= FAST_TOK_S and fast.slot_hit == 1.0
     slow = estimate(MIXTRAL_8X7B, 93 * GB, _machine(ram_available_bytes=16 * 2**30, disk_read_bps=0.3 * GB), "bf16")
     assert slow.verdict == "fits but slow" and slow.tok_s < FAST_TOK_S
     no_disk = estimate(QWEN3_30B_A3B, 61 * GB, _machine(free_disk_bytes=50 * GB), "bf16")
     assert no_disk.verdict == "will not run" and "disk" in no_disk.reason
     no_ram = estimate(MIXTRAL_8X7B, 93 * GB, _machine(ram_available_bytes=4 * 2**30), "bf16")
     assert no_ram.verdict == "will not run" and "memory" in no_ram.reason
+    too_small = estimate(MIXTRAL_8X7B, 93 * GB, _machine(), "bf16", vram_budget=2 * 2**30)
+    assert too_small.verdict == "will not run" and "raise --vram-budget" in too_small.reason   # the engine's words
     tiny_gpu = estimate(MIXTRAL_8X7B, 93 * GB, _machine(device="cuda", vram_bytes=2 * 2**30, pcie_bps=25 * GB), "bf16")
     assert tiny_gpu.verdict == "will not run" and "GPU memory" in tiny_gpu.reason
 
