@@ -29,7 +29,7 @@ from .slots import SlotBanks
 from .resolve import resolve_model_dir
 from .spec import rope_inv_freq
 from .store import ExpertStore
-from .telemetry import Telemetry
+from .telemetry import Telemetry, current_cpu
 
 MAX_CONTEXT_TOKENS = 8192
 
@@ -188,7 +188,7 @@ class Engine:
                 return
             token = sample(logits, params, generator)
             generated += 1
-            t.set(generated_tokens=generated)
+            t.set(generated_tokens=generated, decode_thread_core=current_cpu())
             if generated > 1:
                 t.set(decode_tok_s=(generated - 1) / (time.perf_counter() - decode_start))
             else:

@@ -9,6 +9,15 @@ import threading
 from collections import defaultdict
 
 
+def current_cpu() -> int:
+    """The CPU core the calling thread last ran on (Linux), or -1 where the system does not say."""
+    try:
+        with open("/proc/thread-self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])     # field 39 of proc(5): processor
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
 class Telemetry:
     def __init__(self):
         self._lock = threading.Lock()
