@@ -1,4 +1,5 @@
 """The streaming is real, prefill reads each expert at most once per layer, and the API behaves."""
+import os
 import threading
 from collections import Counter
 
@@ -42,6 +43,7 @@ def test_decode_streams_from_disk_and_hits_the_caches(sluice_models):
     states = {s["state"] for s in second["vram"]["slots"]}
     assert states <= {"empty", "loading", "ready", "computing"} and "ready" in states
     assert len(second["vram"]["slots"]) == 2 * eng.plan.slots_per_bank
+    assert second["decode_thread_core"] in os.sched_getaffinity(0)
 
 
 def test_cancel_from_another_thread_stops_within_one_token(sluice_models):
