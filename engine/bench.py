@@ -96,9 +96,11 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     model = CudaModel(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
                       dtype=getattr(torch, opts.dtype), max_tokens=max_tokens, max_prompt_tokens=args.prompt_tokens,
                       use_graphs=not opts.eager, use_kernels=not opts.no_kernels)
-    prompt = [random.Random(0).randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
+    rng = random.Random(0)
+    prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
+    feed = [rng.randrange(spec.vocab_size) for _ in range(args.new_tokens)]
     try:
-        t = model.generate(prompt, args.new_tokens)
+        t = model.generate(prompt, args.new_tokens, feed_ids=feed)
         end = model.telemetry.snapshot()
     finally:
         model.close()
@@ -157,7 +159,8 @@ def report(r: dict) -> str:
         f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
         f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
-        f"kernel {r['kernel']}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens",
+        f"kernel {r['kernel']}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
+        f"decode inputs: random token ids (varied routing, like real text)",
         f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
         f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",
         f"prefill      {r['prompt_tokens']} tokens: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "

@@ -4,9 +4,10 @@ VRAM slot bank it sits in, in two launches.
   T = tokens, K = experts per token, H = hidden, I = expert intermediate, S = slots in the bank
   x [T, H]  slots [T, K] int32 (bank row of the expert of token t, choice k)  weights [T, K] fp32
   gate_up launch, grid (T*K, I/BLOCK_I): h[t,k] = silu(gate_e x_t) * (up_e x_t)       [T*K, I] fp32
-  down launch,    grid (T, H/BLOCK_H):  out[t] = sum_k weights[t,k] * down_e h[t,k]  [T, H]
-Gate and up share the x loads and keep separate accumulators; the routing weight and the top-k sum
-happen in the down launch, so nothing but h (T*K*I floats) goes through memory between the two.
+  down launch,    grid (T, H/BLOCK_H):  out[t] = sum_k weights[t,k] * down_e h[t,k]  [T, H] fp32
+                  or, split_down, grid (T*K, H/BLOCK_H) with atomic adds (more programs in flight)
+Gate and up keep separate accumulators; the routing weight and the top-k sum happen in the down
+launch, so nothing but h (T*K*I floats) goes through memory between the two.
 """
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import triton
 import triton.language as tl
 
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
-from .tiles import row_scale, weight_tile
+from .tiles import partial_dot, row_scale
 
-KERNEL_VERSION = 1     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -30,54 +31,70 @@ class DecodeConfig:
     block_h: int = 16       # down output rows per program
     block_k: int = 256      # reduction tile (input elements)
     num_warps: int = 4
+    split_down: bool = False  # down grid over (token, expert) with atomic adds instead of a loop over experts
 
 
 def default_config(fmt: str) -> DecodeConfig:
-    return DecodeConfig(block_k=128 if fmt == "bf16" else 256)
+    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (BENCHMARKS.md)."""
+    if fmt == "fp8":
+        return DecodeConfig(block_i=8, block_h=4, block_k=1024)
+    return DecodeConfig(block_i=16, block_h=8, block_k=512)
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
+def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                     GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
-                    UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr,
-                    FMT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+                    UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr,
+                    BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, ZERO_OUT: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
     acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
+    x_row = x_ptr + token * H
     for k0 in range(0, H, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        xv = tl.load(x_ptr + token * H + cols, mask=cols < H, other=0.0).to(tl.float32)[None, :]
-        gate = weight_tile(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, I, H, FMT, BLOCK_I, BLOCK_K)
-        acc_gate += tl.sum(gate * xv, axis=1)
-        up = weight_tile(bank_u8, bank_bf16, base + UW, base + US, rows, k0, I, H, FMT, BLOCK_I, BLOCK_K)
-        acc_up += tl.sum(up * xv, axis=1)
+        acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, I, H, x_row, FMT, BLOCK_I, BLOCK_K)
+        acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, I, H, x_row, FMT, BLOCK_I, BLOCK_K)
     acc_gate *= row_scale(bank_f32, base + GS, base + GG, rows, I, FMT)
     acc_up *= row_scale(bank_f32, base + US, base + UG, rows, I, FMT)
     hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up   # silu(gate) * up
     tl.store(h_ptr + pair * I + rows, hidden, mask=rows < I)
+    if ZERO_OUT:                                              # the split down pass adds into out
+        if (pair % K == 0) & (tl.program_id(1) == 0):
+            for h0 in range(0, H, BLOCK_K):
+                cols = h0 + tl.arange(0, BLOCK_K)
+                tl.store(out_ptr + token * H + cols, tl.zeros([BLOCK_K], dtype=tl.float32), mask=cols < H)
 
 
 @triton.jit
 def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
-                 DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr,
-                 FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
-    token = tl.program_id(0)
+                 DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
+                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+    """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
+    gate_up). Else grid (T, H/BLOCK_H), the K experts summed in a loop, plain store."""
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for k in range(0, K):
-        pair = token * K + k
+    if SPLIT:
+        pair = tl.program_id(0)
         base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
         part = tl.zeros([BLOCK_H], dtype=tl.float32)
         for i0 in range(0, I, BLOCK_K):
-            cols = i0 + tl.arange(0, BLOCK_K)
-            hv = tl.load(h_ptr + pair * I + cols, mask=cols < I, other=0.0)[None, :]
-            down = weight_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, H, I, FMT, BLOCK_H, BLOCK_K)
-            part += tl.sum(down * hv, axis=1)
-        acc += part * row_scale(bank_f32, base + DS, base + DG, rows, H, FMT) * tl.load(weight_ptr + pair)
-    tl.store(out_ptr + token * H + rows, acc.to(out_ptr.dtype.element_ty), mask=rows < H)
+            part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, H, I, h_ptr + pair * I,
+                                FMT, BLOCK_H, BLOCK_K)
+        part *= row_scale(bank_f32, base + DS, base + DG, rows, H, FMT) * tl.load(weight_ptr + pair)
+        tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < H, sem="relaxed")
+    else:
+        token = tl.program_id(0)
+        acc = tl.zeros([BLOCK_H], dtype=tl.float32)
+        for k in range(0, K):
+            pair = token * K + k
+            base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
+            part = tl.zeros([BLOCK_H], dtype=tl.float32)
+            for i0 in range(0, I, BLOCK_K):
+                part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, H, I, h_ptr + pair * I,
+                                    FMT, BLOCK_H, BLOCK_K)
+            acc += part * row_scale(bank_f32, base + DS, base + DG, rows, H, FMT) * tl.load(weight_ptr + pair)
+        tl.store(out_ptr + token * H + rows, acc, mask=rows < H)
 
 
 def _interpreting() -> bool:
@@ -108,8 +125,9 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None) -> torch.Tensor:
-    """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] in x's dtype. `out` and `h_buf`
-    ([T*K, I] fp32) may be given so that the call allocates nothing (CUDA graphs)."""
+    """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] float32 (the caller adds it to its
+    residual). `out` ([T, H] fp32) and `h_buf` ([T*K, I] fp32) may be given so that the call
+    allocates nothing (CUDA graphs)."""
     _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate)
     cfg = config or default_config(fmt)
     num_tokens, hidden = x.shape
@@ -118,27 +136,27 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     if h_buf is None:
         h_buf = torch.empty(num_tokens * top_k, intermediate, device=x.device, dtype=torch.float32)
     if out is None:
-        out = torch.empty_like(x)
+        out = torch.empty(num_tokens, hidden, device=x.device, dtype=torch.float32)
     block_bytes = bank.shape[1]
     views = (bank, bank.view(torch.bfloat16), bank.view(torch.float32))
     off = {name: offsets.get(name, 0) for name in
            ("gate.w", "gate.scale", "gate.gscale", "up.w", "up.scale", "up.gscale", "down.w", "down.scale", "down.gscale")}
     _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, cfg.block_i))](
-        x, h_buf, slots, *views, block_bytes, hidden, intermediate, top_k,
+        x, h_buf, out, slots, *views, block_bytes, hidden, intermediate, top_k,
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
-        fmt_id, cfg.block_i, cfg.block_k, num_warps=cfg.num_warps)
-    _down_kernel[(num_tokens, triton.cdiv(hidden, cfg.block_h))](
+        fmt_id, cfg.block_i, cfg.block_k, cfg.split_down, num_warps=cfg.num_warps)
+    _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
         h_buf, out, slots, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"],
-        fmt_id, cfg.block_h, cfg.block_k, num_warps=cfg.num_warps)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, num_warps=cfg.num_warps)
     return out
 
 
 def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                    offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                    out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None) -> torch.Tensor:
-    """Plain-torch specification (and fallback, same signature): float32 math, each distinct expert
-    dequantized once. `config` and `h_buf` are accepted and ignored."""
+    """Plain-torch specification (and fallback, same signature): float32 math and result, each
+    distinct expert dequantized once. `config` and `h_buf` are accepted and ignored."""
     hidden = x.shape[1]
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
@@ -149,5 +167,5 @@ def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, wei
         h = torch.nn.functional.silu(xs @ w["gate"].T) * (xs @ w["up"].T)            # [n, I]
         acc.index_add_(0, token_ids, (h @ w["down"].T) * weights[token_ids, choice][:, None])
     if out is None:
-        return acc.to(x.dtype)
+        return acc
     return out.copy_(acc)

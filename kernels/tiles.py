@@ -10,20 +10,41 @@ import triton.language as tl
 
 @triton.jit
 def _e2m1(code):
-    """4-bit e2m1 code (int32, bit3 sign) -> float32 value in {0, .5, 1, 1.5, 2, 3, 4, 6} with sign."""
+    """4-bit e2m1 code (int32, bit3 sign) -> float32 in {0, .5, 1, 1.5, 2, 3, 4, 6} with sign.
+    For magnitude codes m >= 2 the float32 bits are (m << 22) + (126 << 23): exponent e + 126 and
+    the mantissa bit on top, i.e. 2^(e-1) * (1 + mant/2); codes 0 and 1 are 0 and 0.5."""
     m = code & 7
-    e = m >> 1
-    frac = (m & 1).to(tl.float32)
-    pow2 = (1 << tl.maximum(e - 1, 0)).to(tl.float32)
-    mag = tl.where(e == 0, 0.5 * frac, (1.0 + 0.5 * frac) * pow2)
-    return tl.where((code & 8) != 0, -mag, mag)
+    normal = ((m << 22) + (126 << 23)).to(tl.float32, bitcast=True)
+    value = tl.where(m < 2, m.to(tl.float32) * 0.5, normal)
+    return tl.where(code >= 8, -value, value)
+
+
+@triton.jit
+def nvfp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
+                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 weights, with
+    the e4m3 group scales applied (the global scale is left to `row_scale`). x_even / x_odd
+    [BLOCK_K/2] are x[k0 + 2j] and x[k0 + 2j + 1]: element 2j sits in a byte's low nibble, 2j+1 in
+    its high nibble, so no interleaving of the weight tile is needed."""
+    half = row_len // 2                                   # bytes per row
+    jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)             # byte columns
+    row_ok = rows[:, None] < n_rows
+    raw = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
+                  mask=row_ok & (jb[None, :] < half), other=0).to(tl.int32)
+    prod = _e2m1(raw & 15) * x_even[None, :] + _e2m1(raw >> 4) * x_odd[None, :]      # [R, K/2]
+    per_group = tl.sum(tl.reshape(prod, [BLOCK_R, BLOCK_K // 16, 8]), axis=2)          # 8 bytes = 16 values
+    groups = row_len // 16
+    jg = k0 // 16 + tl.arange(0, BLOCK_K // 16)
+    scale = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
+                    mask=row_ok & (jg[None, :] < groups), other=0)
+    return tl.sum(per_group * scale.to(tl.float8e4nv, bitcast=True).to(tl.float32), axis=1)
 
 
 @triton.jit
 def weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len,
                 FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 tile W[rows, k0:k0+BLOCK_K] ([BLOCK_R, BLOCK_K]; zero outside the matrix), with the
-    nvfp4 group scales applied; per-row (fp8) and global (nvfp4) scales are left to `row_scale`.
+    """float32 tile W[rows, k0:k0+BLOCK_K] ([BLOCK_R, BLOCK_K]; zero outside the matrix) of a bf16 or
+    fp8 weight; the fp8 per-row scale is left to `row_scale`.
     w_off / s_off: int64 byte offsets of the weight / scale field of this expert in the bank."""
     row_ok = rows[:, None] < n_rows
     if FMT == 0:
@@ -36,18 +57,7 @@ def weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len,
         raw = tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0)
         return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
-        half = row_len // 2                                   # bytes per row
-        jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)             # byte columns
-        raw = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
-                      mask=row_ok & (jb[None, :] < half), other=0).to(tl.int32)
-        values = tl.reshape(tl.join(_e2m1(raw & 15), _e2m1(raw >> 4)), [BLOCK_R, BLOCK_K])   # 2j low, 2j+1 high
-        groups = row_len // 16
-        jg = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-        scale = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
-                        mask=row_ok & (jg[None, :] < groups), other=0)
-        scale = scale.to(tl.float8e4nv, bitcast=True).to(tl.float32)                           # [R, K/16]
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BLOCK_R, BLOCK_K // 16, 16]), [BLOCK_R, BLOCK_K])
-        return values * scale
+        tl.static_assert(FMT < 2, "nvfp4 tiles go through nvfp4_partial")
 
 
 @triton.jit
@@ -59,3 +69,20 @@ def row_scale(bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr):
         return tl.zeros(rows.shape, tl.float32) + tl.load(bank_f32 + g_off // 4)
     else:
         return tl.full(rows.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec_ptr,
+                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`.
+    vec_ptr points at the row's first element (any float dtype; zero past row_len)."""
+    if FMT == 2:
+        j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+        x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
+        x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
+        return nvfp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd, BLOCK_R, BLOCK_K)
+    else:
+        cols = k0 + tl.arange(0, BLOCK_K)
+        vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32)
+        tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
+        return tl.sum(tile * vec[None, :], axis=1)

@@ -46,9 +46,12 @@ def stage_kernels():
     print(f"host sync (read 16 expert ids): {RESULTS['host_sync_us']:.1f} us")
 
     shapes = {"qwen3-30b-a3b": (768, 2048, 8), "olmoe-1b-7b": (1024, 2048, 8)}
-    sweep = [DecodeConfig(16, 16, 256, 4), DecodeConfig(8, 8, 256, 4), DecodeConfig(16, 8, 512, 4),
-             DecodeConfig(32, 16, 256, 8), DecodeConfig(8, 16, 512, 4), DecodeConfig(16, 16, 128, 4),
-             DecodeConfig(4, 4, 512, 2), DecodeConfig(8, 4, 1024, 4)]
+    C = DecodeConfig
+    sweep = [C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True), C(4, 4, 2048, 4, True),
+             C(16, 8, 512, 4, True), C(8, 16, 512, 4, True), C(4, 8, 1024, 2, True), C(4, 4, 1024, 2, True),
+             C(16, 16, 256, 4), C(8, 8, 2048, 8, True)]
+    sweep_other = [C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True), C(8, 8, 512, 4, True),
+                   C(4, 8, 512, 2, True)]
     rows = []
     for model, (inter, hidden, top_k) in shapes.items():
         for fmt in ("fp8", "nvfp4", "bf16"):
@@ -70,7 +73,7 @@ def stage_kernels():
                 out = moe_decode(xs, bank, sl, ws, fmt, offsets, inter).double()
                 errs.append(((out - ref).norm() / ref.norm()).item() if torch.isfinite(out).all() else float("inf"))
             weight_bytes = top_k * sum(n for n in _field_bytes(fmt, inter, hidden))
-            configs = sweep if fmt == "fp8" else [default_config(fmt), DecodeConfig(8, 8, 256, 4), DecodeConfig(16, 8, 512, 4)]
+            configs = [default_config(fmt)] + (sweep if fmt == "fp8" else sweep_other)
             best = None
             for cfg in configs:
                 try:
@@ -80,6 +83,9 @@ def stage_kernels():
                     continue
                 if best is None or t_graph < best[1]:
                     best = (cfg, t_graph)
+                print(f"  {model} {fmt} {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}"
+                      f"{'/split' if cfg.split_down else ''}: {t_graph * 1e6:.1f} us "
+                      f"({weight_bytes / t_graph / hbm:.0%})")
             cfg, t_graph = best
             i = iter(range(10 ** 9))
             t_eager = do_bench(lambda: moe_decode(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter, config=cfg),
@@ -94,7 +100,8 @@ def stage_kernels():
             print(f"{model:14s} {fmt:6s} err {errs[0]:.1e}/{errs[1]:.1e}  {weight_bytes / 1e6:6.1f} MB  "
                   f"graph {t_graph * 1e6:7.1f} us ({row['graph_bw_frac_of_hbm_copy']:.0%} of HBM copy)  "
                   f"eager {t_eager * 1e6:7.1f} us ({row['eager_bw_frac_of_hbm_copy']:.0%})  torch {t_torch * 1e6:8.1f} us  "
-                  f"best {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}", flush=True)
+                  f"best {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}{'/split' if cfg.split_down else ''}",
+                  flush=True)
             fn, verdict = select_moe_decode(fmt, offsets, block_bytes, inter, hidden, top_k, "cuda")
             row["selfcheck"] = {"ok": verdict.ok, "reason": verdict.reason}
             save()
@@ -135,7 +142,7 @@ def _graph_time(call, n):
 
 def stage_tests():
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels", "tests/streaming", "-q", "-x",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels", "tests/streaming", "-q",
                            "-p", "no:cacheprovider", "-k", "not bench"], cwd=ROOT, capture_output=True, text=True)
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
     RESULTS["tests"] = {"rc": proc.returncode, "tail": tail, "stderr": proc.stderr[-2000:],
@@ -169,9 +176,55 @@ def stage_logits():
             m.close()
         a, b = logits[torch.float32].double(), logits[torch.bfloat16].double()
         rel = ((a - b).norm() / a.norm()).item()
-        rows.append({"family": family, "rel_err_bf16_vs_fp32": rel})
-        print(f"logits {family:10s} bf16 vs fp32 rel err {rel:.2e}")
+        hf = _hf_bf16_error(tmp / "hf", prompt + tokens)
+        rows.append({"family": family, "rel_err_bf16_vs_fp32": rel, "transformers_bf16_vs_fp32": hf})
+        print(f"logits {family:10s} bf16 vs fp32 rel err: sluice {rel:.2e}, transformers itself {hf:.2e}")
     RESULTS["logits"] = rows
+    save()
+
+
+def _hf_bf16_error(hf_dir, ids):
+    """The yardstick: transformers' own bf16-vs-fp32 logits error on the same tokens (last 4)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    out = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=dtype).cuda()
+        with torch.inference_mode():
+            out[dtype] = model(torch.tensor([ids], device="cuda")).logits[0, -4:].double()
+    a, b = out[torch.float32], out[torch.bfloat16]
+    return ((a - b).norm() / a.norm()).item()
+
+
+def stage_profile():
+    """Where a decode token's time goes with every expert resident (no streaming): cProfile."""
+    import cProfile
+    import io
+    import pstats
+    import random
+
+    from engine.gpu.presets import write_sluice_dir
+    from engine.gpu.runtime import CudaModel
+    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
+    rows = {}
+    for graphs in (True, False):
+        m = CudaModel(path, vram_budget="24GB", ram_cache="8GB", max_tokens=256, max_prompt_tokens=64,
+                      use_graphs=graphs)
+        rng = random.Random(0)
+        prompt, feed = [rng.randrange(50000) for _ in range(64)], [rng.randrange(50000) for _ in range(160)]
+        m.generate(prompt, 96, feed_ids=feed)                   # fill the banks
+        prof = cProfile.Profile()
+        prof.enable()
+        t = m.generate(prompt, 64, feed_ids=feed[96:])
+        prof.disable()
+        m.close()
+        rows[f"graphs={graphs}"] = t.decode_s / 63 * 1e3
+        print(f"olmoe fp8 all resident, graphs {graphs}: {t.decode_s / 63 * 1e3:.2f} ms/token")
+        if graphs:
+            text = io.StringIO()
+            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+            print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+    RESULTS["profile_ms_per_token"] = rows
     save()
 
 
@@ -215,6 +268,7 @@ STAGES = {
     "kernels": stage_kernels,
     "tests": stage_tests,
     "logits": stage_logits,
+    "profile": stage_profile,
     "bench-olmoe": lambda: [
         bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
                                   "--ram-cache", "2GiB", "--prompt-tokens", "2048", "--new-tokens", "64"]),

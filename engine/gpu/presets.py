@@ -58,10 +58,16 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
 
 
 def _random_dense(shapes: dict, device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random dense weights that route like a trained model: token embeddings of unit size dominate
+    the residual stream, so each token picks its own experts (with 0.02-std embeddings, near-uniform
+    random attention adds the same vector to every token and all tokens collapse onto a few experts,
+    which would make any expert cache look perfect)."""
     out = {}
     for name, shape in shapes.items():
         if len(shape) == 1:                                                  # norms
             t = 1.0 + 0.1 * torch.randn(shape, device=device, generator=generator)
+        elif name.endswith("embed_tokens.weight"):
+            t = torch.randn(shape, device=device, generator=generator)
         else:
             t = torch.randn(shape, device=device, generator=generator) * shape[-1] ** -0.5
         out[name] = t.to(torch.bfloat16).cpu()

@@ -111,8 +111,12 @@ class CudaModel:
         return fn
 
     # ------------------------------------------------------------------ generation
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, on_token=None) -> Timings:
-        """Greedy decode (the benchmark and equality tests need determinism). Returns timings + ids."""
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, on_token=None,
+                 feed_ids: list[int] | None = None) -> Timings:
+        """Greedy decode (the benchmark and equality tests need determinism). Returns timings + ids.
+        feed_ids (benchmarks): decode step i takes feed_ids[i] as input instead of the previous
+        greedy token (a random-weight model's greedy output repeats itself, and so would its
+        experts); the greedy token is still computed and read back, so the cost is the same."""
         spec, timings = self.spec, Timings(prompt_tokens=len(prompt_ids))
         if len(prompt_ids) + max_new_tokens > self.kv.max_tokens:
             raise ValueError(f"prompt + new tokens ({len(prompt_ids) + max_new_tokens}) exceed the KV cache "
@@ -139,8 +143,8 @@ class CudaModel:
         start = time.perf_counter()
         position = len(prompt_ids)
         with torch.inference_mode():
-            for _ in range(max_new_tokens - 1):
-                logits = self.decode_step(token, position)
+            for step in range(max_new_tokens - 1):
+                logits = self.decode_step(token if feed_ids is None else feed_ids[step], position)
                 token = int(torch.argmax(logits))         # the per-token host sync
                 timings.token_ids.append(token)
                 position += 1
@@ -166,7 +170,8 @@ class CudaModel:
                 d.x.copy_(o.x_attn)
                 continue
             nxt = d.next_moe[layer]
-            moe_out = self.moe.run(layer, o.h, o.route_weights, o.route_ids, nxt, o.next_ids)
+            moe_out = self.moe.run(layer, o.h, o.route_weights, o.route_ids, nxt, o.next_ids,
+                                   static_inputs=d.use_graphs)
             x = o.x_attn + moe_out
             if o.shared is not None:
                 x = x + o.shared

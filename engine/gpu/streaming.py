@@ -42,12 +42,21 @@ class StreamingMoe:
         self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
         self._predicted: dict[int, set[int]] = {}
         self._prefetched: dict[int, set[int]] = {}
+        # Index staging: pinned host rows -> device rows (stream-ordered, so reuse after the next
+        # layer's host sync is safe: that sync waits for every copy enqueued before it).
+        self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(4)]
+        self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(4)]
+        self._stage_next = 0
+        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
 
     # ------------------------------------------------------------------ one layer
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor,
-            next_layer: int | None = None, next_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """x [T, H], weights [T, K], expert_ids [T, K] (device) -> MoE output [T, H] in x's dtype.
-        next_ids [T, P]: the speculated experts of `next_layer`, prefetched while this layer runs."""
+            next_layer: int | None = None, next_ids: torch.Tensor | None = None,
+            static_inputs: bool = False) -> torch.Tensor:
+        """x [T, H], weights [T, K], expert_ids [T, K] (device) -> MoE output [T, H] float32.
+        next_ids [T, P]: the speculated experts of `next_layer`, prefetched while this layer runs.
+        static_inputs: x and weights are the same tensors at every call for this layer (CUDA-graph
+        outputs), so a one-token launch over all K experts is replayed from a graph."""
         num_tokens, top_k = expert_ids.shape
         ids = expert_ids.flatten() if next_ids is None else torch.cat([expert_ids.flatten(), next_ids.flatten()])
         ids = ids.tolist()                                                   # the one host sync of the layer
@@ -70,7 +79,7 @@ class StreamingMoe:
         for expert, slot in self._bring_in(layer, late, protected=keys):
             slot_of[expert] = slot
 
-        out = self._compute(x, weights, routed, top_k, bank, slot_of, early, late)
+        out = self._compute(layer, x, weights, routed, top_k, bank, slot_of, early, late, static_inputs)
         if self.is_cuda:
             done = torch.cuda.Event()
             done.record()
@@ -82,33 +91,59 @@ class StreamingMoe:
         return out
 
     # ------------------------------------------------------------------ compute
-    def _compute(self, x, weights, routed, top_k, bank, slot_of, early, late) -> torch.Tensor:
+    def _compute(self, layer, x, weights, routed, top_k, bank, slot_of, early, late, static_inputs) -> torch.Tensor:
         """Fused-kernel launches: resident experts first, then (after their copy events) the rest.
         A single token splits by expert; several tokens run in one launch once everything is in."""
-        bank_tensor = self.banks.banks[bank]
         num_tokens = x.shape[0]
-        weights32 = weights.float()
-        if num_tokens == 1 and early and late:
-            groups = [early, late]
-        else:
-            groups = [early + late]
+        groups = [early, late] if num_tokens == 1 and early and late else [early + late]
         out = None
         for group in groups:
             members = set(group)
             cols = [k for k in range(top_k) if routed[k] in members] if num_tokens == 1 else list(range(top_k))
             slots = [slot_of[routed[t * top_k + k]] for t in range(num_tokens) for k in cols]
-            index = torch.tensor(slots + cols, dtype=torch.int32)
+            index = self._upload(slots + ([] if len(cols) == top_k else cols))
             if self.is_cuda:
-                index = index.pin_memory().to(self.device, non_blocking=True)
                 for expert in group:
                     event = self._slot_ready.pop((bank, slot_of[expert]), None)
                     if event is not None:
                         torch.cuda.current_stream().wait_event(event)
-            n = len(slots)
-            group_slots = index[:n].view(num_tokens, len(cols))
-            group_weights = weights32.index_select(1, index[n:].long()).contiguous()
-            part = self.kernel(x, bank_tensor, group_slots, group_weights, self.fmt, self.offsets, self.intermediate)
+            group_slots = index[:len(slots)].view(num_tokens, len(cols))
+            if len(cols) == top_k and static_inputs and self.is_cuda and num_tokens == 1:
+                part = self._replay(layer, x, weights, group_slots, bank)
+            else:
+                group_weights = weights.float() if len(cols) == top_k else \
+                    weights.float().index_select(1, index[len(slots):].long())
+                part = self.kernel(x, self.banks.banks[bank], group_slots, group_weights.contiguous(), self.fmt,
+                                   self.offsets, self.intermediate)
             out = part if out is None else out + part
+        return out
+
+    def _upload(self, values: list[int]) -> torch.Tensor:
+        """int32 values on the device (through a pinned staging row on CUDA)."""
+        if not self.is_cuda:
+            return torch.tensor(values, dtype=torch.int32)
+        i = self._stage_next
+        self._stage_next = (i + 1) % len(self._stage)
+        n = len(values)
+        self._stage[i].numpy()[:n] = values
+        return self._stage_dev[i][:n].copy_(self._stage[i][:n], non_blocking=True)
+
+    def _replay(self, layer, x, weights, slots, bank) -> torch.Tensor:
+        """One-token, all-K launch of `layer` from a CUDA graph (captured on first use); the slot
+        indices are copied into the graph's static input first."""
+        entry = self._graphs.get(layer)
+        if entry is None:
+            static_slots = slots.clone()
+            run = lambda: self.kernel(x, self.banks.banks[bank], static_slots, weights.float(), self.fmt,  # noqa: E731
+                                      self.offsets, self.intermediate)
+            run()                                                 # compile / warm up outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = run()
+            entry = self._graphs[layer] = (graph, static_slots, out)
+        graph, static_slots, out = entry
+        static_slots.copy_(slots)
+        graph.replay()
         return out
 
     # ------------------------------------------------------------------ transfers

@@ -9,6 +9,7 @@ from kernels.formats import make_offsets, random_bank
 from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
 
 SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
+SMALL_SPLIT = DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)   # down pass with atomic adds
 FMTS = ["bf16", "fp8", "nvfp4"]
 
 
@@ -32,18 +33,19 @@ def _rel(out, ref):
 
 
 @pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT], ids=["loop", "split"])
 @pytest.mark.parametrize("num_tokens,top_k,num_slots,intermediate,hidden", [
     (1, 1, 3, 37, 53),     # one token, one expert, prime dims (not multiples of any block)
     (1, 4, 7, 61, 47),     # decode: one token, several experts, hidden < block_k tail
     (3, 2, 5, 29, 97),     # small batch, prime dims
     (4, 5, 5, 19, 31),     # k = E: every token uses every expert
 ])
-def test_matches_reference(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden):
+def test_matches_reference(fmt, config, device, num_tokens, top_k, num_slots, intermediate, hidden):
     intermediate, hidden = _dims(fmt, intermediate, hidden)
     args = _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed=num_tokens * 100 + top_k)
-    out = moe_decode(*args, config=SMALL)
+    out = moe_decode(*args, config=config)
     ref = moe_decode_ref(*args)
-    assert out.shape == ref.shape and out.dtype == args[0].dtype
+    assert out.shape == ref.shape and out.dtype == ref.dtype == torch.float32
     assert torch.isfinite(out).all()
     assert _rel(out, ref) < 1e-5
 
@@ -54,18 +56,19 @@ def test_all_tokens_on_one_expert(fmt, device):
     x, bank, slots, weights, *rest = _case(fmt, device, 5, 2, 4, intermediate, hidden, seed=3)
     slots[:, 0] = 2                         # every token's first choice is slot 2, second choice varies
     slots[:, 1] = torch.tensor([0, 1, 3, 0, 1], dtype=torch.int32)
-    out = moe_decode(x, bank, slots, weights, *rest, config=SMALL)
-    assert _rel(out, moe_decode_ref(x, bank, slots, weights, *rest)) < 1e-5
+    for config in (SMALL, SMALL_SPLIT):
+        out = moe_decode(x, bank, slots, weights, *rest, config=config)
+        assert _rel(out, moe_decode_ref(x, bank, slots, weights, *rest)) < 1e-5
 
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_default_config_and_bf16_activations(fmt, device):
-    """The shipped block sizes (larger than these dims: all-masked tails) with bf16 x and output."""
+    """The shipped block sizes (larger than these dims: all-masked tails) with bf16 x; fp32 out."""
     intermediate, hidden = _dims(fmt, 40, 72)
     args = _case(fmt, device, 2, 3, 6, intermediate, hidden, seed=11, x_dtype=torch.bfloat16)
     out = moe_decode(*args, config=default_config(fmt))
-    assert out.dtype == torch.bfloat16
-    assert _rel(out, moe_decode_ref(*args)) < 1e-2
+    assert out.dtype == torch.float32
+    assert _rel(out, moe_decode_ref(*args)) < 1e-5
 
 
 def test_writes_into_given_buffers(device):
@@ -104,7 +107,8 @@ def test_reference_is_plain_expert_math_on_engine_quantized_weights(fmt, device)
             expected[t] += weights[t, k] * (e["down"] @ (torch.nn.functional.silu(e["gate"] @ x[t]) * (e["up"] @ x[t])))
     args = (x.to(device), bank, slots.to(device), weights.to(device), fmt, offsets, intermediate)
     torch.testing.assert_close(moe_decode_ref(*args).cpu(), expected, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(moe_decode(*args, config=SMALL).cpu(), expected, rtol=1e-4, atol=1e-4)
+    for config in (SMALL, SMALL_SPLIT):
+        torch.testing.assert_close(moe_decode(*args, config=config).cpu(), expected, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("change,error", [
@@ -131,5 +135,6 @@ def test_launcher_refuses_bad_inputs(device, change, error):
 def test_real_shapes_on_gpu(fmt, intermediate, hidden, top_k, num_tokens):
     for seed in range(3):                      # fresh random data each time
         args = _case(fmt, "cuda", num_tokens, top_k, 16, intermediate, hidden, seed=seed)
-        out = moe_decode(*args)
-        assert _rel(out, moe_decode_ref(*args)) < 1e-4
+        for config in (None, DecodeConfig(8, 4, 1024, 4, split_down=True)):
+            out = moe_decode(*args, config=config)
+            assert _rel(out, moe_decode_ref(*args)) < 1e-4
