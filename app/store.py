@@ -74,6 +74,7 @@ class Conversation:
 class Store:
     def __init__(self, path: Path | str):
         self.path = Path(path)
+        self.is_closed = False
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(str(self.path), isolation_level=None)   # autocommit; one statement = one txn
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -85,6 +86,7 @@ class Store:
 
     def close(self) -> None:
         self._db.close()
+        self.is_closed = True
 
     # conversations -------------------------------------------------------------------------
     def create_conversation(self, title: str = "New chat", settings: ChatSettings | None = None) -> Conversation:

@@ -85,6 +85,8 @@ class ConversationList(QWidget):
             self.controller.open_conversation(item.data(ID_ROLE))
 
     def _on_item_renamed(self, item: QListWidgetItem) -> None:
+        if self.controller.store.is_closed:      # an open title editor commits when the closing window drops it
+            return
         self.controller.rename_conversation(item.data(ID_ROLE), item.text())
 
     def _delete_current(self) -> None:

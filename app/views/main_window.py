@@ -1,6 +1,7 @@
 """The main window: conversations | chat (or the first-run page) | live panels, toolbar and status bar."""
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from pathlib import Path
@@ -30,6 +31,16 @@ from .panels import LivePanels
 
 log = logging.getLogger("sluice.app")
 DEMO_DIR_NAME = "sluice-demo-random-moe"
+
+
+def freeze_heap() -> None:
+    """Move every object alive now (Qt, torch, transformers, the model) out of the cyclic GC's reach.
+
+    With those libraries loaded a full collection walks millions of objects and holds the GIL for
+    0.3-0.5 s, freezing the GUI mid-answer; frozen objects are skipped, so collections stay short.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 class MainWindow(QMainWindow):
@@ -67,6 +78,7 @@ class MainWindow(QMainWindow):
         self._update_page()
         if autoload and self.settings.last_model and is_sluice_model(Path(self.settings.last_model)):
             self.load_model(self.settings.last_model)
+        freeze_heap()
 
     # construction ------------------------------------------------------------------------------------
     def _build_toolbar(self) -> None:
@@ -243,6 +255,7 @@ class MainWindow(QMainWindow):
         self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU {device}")
         self.panels.engine_device = device
         self.refresh_models()
+        freeze_heap()
         self.model_loaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
@@ -321,10 +334,12 @@ class MainWindow(QMainWindow):
     def _on_job_progress(self, job_id: int, done: int, total: int, message: str) -> None:
         dialog = self._job_dialogs.get(job_id)
         if dialog is not None and total > 0:
-            dialog.setMaximum(total)
-            dialog.setValue(min(done, total))
             if message:
                 dialog.setLabelText(message)
+            dialog.setMaximum(total)
+            # Last: on a modal progress dialog setValue() processes events, which may finish the job
+            # and delete this dialog.
+            dialog.setValue(min(done, total))
 
     def _close_job(self, job_id: int) -> None:
         dialog = self._job_dialogs.pop(job_id, None)
