@@ -15,7 +15,6 @@ from markdown_it import MarkdownIt
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import TextLexer, get_lexer_by_name
-from pygments.styles import get_style_by_name
 from pygments.util import ClassNotFound
 
 _THINK = re.compile(r"<think>(.*?)(</think>|\Z)", re.DOTALL)

@@ -142,7 +142,7 @@ def test_switching_model_while_generating_keeps_the_partial_answer(qtbot, loaded
     window.host.chunk.connect(lambda *_: chunks.append(1))
     window.send("A long one")
     qtbot.waitUntil(lambda: len(chunks) >= 3, timeout=WAIT_MS)
-    with qtbot.waitSignals([window.controller.message_finished, window.model_loaded], timeout=WAIT_MS) as both:
+    with qtbot.waitSignals([window.controller.message_finished, window.model_loaded], timeout=WAIT_MS):
         window.load_model(demo_model)
     answer = window.controller.messages()[-1]
     assert answer.state == "done" and answer.stats["finish_reason"] == "cancelled" and answer.content

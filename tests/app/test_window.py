@@ -4,7 +4,7 @@ from PySide6.QtTest import QTest
 
 from app_helpers import WAIT_MS, make_window
 from app.store import ChatSettings
-from app.views.main_window import DEMO_DIR_NAME
+from app.views.window_models import DEMO_DIR_NAME
 
 
 def test_conversations_new_rename_search_delete(qtbot, data_dir):

@@ -1,0 +1,199 @@
+"""The main window's model actions: the picker, loading in the engine thread, Open folder (repack),
+the demo model, the download wizard, and the progress dialogs of long jobs."""
+from __future__ import annotations
+
+import gc
+from pathlib import Path
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog, QProgressDialog
+
+from engine.sizes import parse_size
+
+from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
+
+DEMO_DIR_NAME = "sluice-demo-random-moe"
+
+
+def freeze_heap() -> None:
+    """Move every object alive now (Qt, torch, transformers, the model) out of the cyclic GC's reach.
+
+    With those libraries loaded a full collection walks millions of objects and holds the GIL for
+    0.3-0.5 s, freezing the GUI mid-answer; frozen objects are skipped, so collections stay short.
+    """
+    gc.collect()
+    gc.freeze()
+
+
+class ModelActionsMixin:
+    """Mixed into MainWindow (which provides host, settings, store, controller and the widgets used here)."""
+
+    # models ------------------------------------------------------------------------------------------
+    def refresh_models(self) -> None:
+        models = installed_models(self.settings.models_path())
+        current = self.model_info["path"] if self.model_info else self.loading_path
+        self.model_picker.blockSignals(True)
+        self.model_picker.clear()
+        self.model_picker.addItem("Choose a model…", None)
+        paths_seen = set()
+        for model in models:
+            self.model_picker.addItem(f"{model.name}  ({model.family}, {model.quant})", str(model.path))
+            paths_seen.add(str(model.path))
+        if current and current not in paths_seen:
+            self.model_picker.addItem(Path(current).name, current)
+        index = self.model_picker.findData(current) if current else 0
+        self.model_picker.setCurrentIndex(max(index, 0))
+        self.model_picker.blockSignals(False)
+        self._update_page()
+
+    def _on_model_picked(self, index: int) -> None:
+        path = self.model_picker.itemData(index)
+        if path and (not self.model_info or path != self.model_info.get("path")):
+            self.load_model(path)
+
+    def load_model(self, path: str | Path) -> None:
+        """Load in the engine thread; a generation in progress is stopped first (its answer is kept)."""
+        options = {"device": self.settings.resolved_device()}
+        try:
+            for key in ("vram_budget", "ram_cache"):
+                value = getattr(self.settings, key)
+                options[key] = parse_size(value) if value else None
+        except Exception as exc:
+            self.show_error(str(exc))
+            return
+        self.controller.stop()
+        self.loading_path = str(path)
+        self.model_info = None
+        self.controller.model_name = None
+        self.model_label.setText(f"Loading {Path(path).name}…")
+        self.load_bar.setRange(0, 0)
+        self.load_bar.setVisible(True)
+        self.load_cancel.setVisible(True)
+        self.host.load(str(path), **options)
+
+    def cancel_load(self) -> None:
+        self.host.cancel_load()
+
+    def _on_load_progress(self, done: int, total: int, message: str) -> None:
+        if total > 0:
+            self.load_bar.setRange(0, total)
+            self.load_bar.setValue(done)
+        self.load_bar.setFormat(message or "%p%")
+
+    def _on_loaded(self, info: dict) -> None:
+        self.model_info = info
+        self.loading_path = None
+        self.controller.model_name = info.get("name")
+        self.settings.last_model = info.get("path", "")
+        self.settings.save(self.store)
+        self._hide_load_bar()
+        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')}")
+        device = str(info.get("device", "cpu"))
+        self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU {device}")
+        self.panels.engine_device = device
+        self.refresh_models()
+        freeze_heap()
+        self.model_loaded.emit(info)
+
+    def _on_load_failed(self, message: str) -> None:
+        self.loading_path = None
+        self._hide_load_bar()
+        self.model_label.setText("No model")
+        self.refresh_models()
+        if message:
+            self.show_error(message)
+
+    def _hide_load_bar(self) -> None:
+        self.load_bar.setVisible(False)
+        self.load_cancel.setVisible(False)
+
+    def open_folder(self, path: str | Path | None = None) -> None:
+        """A Sluice model dir loads directly; a Hugging Face snapshot is repacked into the models folder first."""
+        if path is None:
+            path = QFileDialog.getExistingDirectory(self, "Open a model folder", str(Path.home()))
+            if not path:
+                return
+        path = Path(path)
+        if is_sluice_model(path):
+            self.load_model(path)
+        elif is_hf_snapshot(path):
+            destination = self._free_destination(path.name)
+            self.run_job("repack", f"Repacking {path.name} into your models folder…", load_after=True,
+                         src=str(path), dst=str(destination), quant="bf16")
+        else:
+            self.show_error(f"'{path.name}' holds neither a Sluice model nor a Hugging Face snapshot; choose the "
+                            f"folder that contains sluice.json, or config.json and .safetensors files.")
+
+    def start_demo(self) -> None:
+        destination = self.settings.models_path() / DEMO_DIR_NAME
+        if is_sluice_model(destination):
+            self.load_model(destination)
+            return
+        self.run_job("demo", "Building the demo model (random weights: it produces noise)…",
+                     load_after=True, dst=str(destination))
+
+    def _free_destination(self, name: str) -> Path:
+        base = self.settings.models_path()
+        destination, n = base / name, 2
+        while destination.exists() and any(destination.iterdir()) and not (destination / ".sluice-repack").exists():
+            destination, n = base / f"{name}-{n}", n + 1
+        return destination
+
+    def open_download_wizard(self) -> None:
+        """The download wizard lives in app/setup (its own issue); until it lands, say so."""
+        try:
+            import app.setup as setup
+        except ImportError:
+            setup = None
+        opener = getattr(setup, "open_download_wizard", None) if setup else None
+        if opener is None:
+            self.show_error("The download wizard is coming soon; for now use Open folder… with a downloaded "
+                            "model, or try the demo model.", title="Download a model")
+            return
+        opener(self, self.settings.models_path(), self.load_model)
+
+    # jobs (repack, demo) ------------------------------------------------------------------------------
+    def run_job(self, kind: str, label: str, load_after: bool = False, **args) -> int:
+        job_id = self.host.run_job(kind, **args)
+        dialog = QProgressDialog(label, "Cancel", 0, 0, self)
+        dialog.setWindowTitle("Sluice")
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        dialog.setMinimumDuration(0)
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        dialog.canceled.connect(lambda: self.host.cancel_job(job_id))
+        dialog.show()
+        self._job_dialogs[job_id] = dialog
+        self._job_then_load[job_id] = load_after
+        self.last_dialog = dialog
+        return job_id
+
+    def _on_job_progress(self, job_id: int, done: int, total: int, message: str) -> None:
+        dialog = self._job_dialogs.get(job_id)
+        if dialog is not None and total > 0:
+            if message:
+                dialog.setLabelText(message)
+            dialog.setMaximum(total)
+            # Last: on a modal progress dialog setValue() processes events, which may finish the job
+            # and delete this dialog.
+            dialog.setValue(min(done, total))
+
+    def _close_job(self, job_id: int) -> None:
+        dialog = self._job_dialogs.pop(job_id, None)
+        if dialog is not None:
+            if self.last_dialog is dialog:
+                self.last_dialog = None
+            dialog.close()
+            dialog.deleteLater()
+
+    def _on_job_finished(self, job_id: int, result: str) -> None:
+        self._close_job(job_id)
+        self.refresh_models()
+        if self._job_then_load.pop(job_id, False):
+            self.load_model(result)
+
+    def _on_job_failed(self, job_id: int, message: str) -> None:
+        self._close_job(job_id)
+        self._job_then_load.pop(job_id, None)
+        if message:
+            self.show_error(message)
