@@ -58,8 +58,8 @@ def run(args) -> int:
 
 
 def _default_work_dir() -> Path:
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("sluice")) / "bench"
+    from kernels.selfcheck import cache_path
+    return cache_path().parent / "bench"
 
 
 def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, log):

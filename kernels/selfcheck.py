@@ -39,8 +39,11 @@ def cache_path() -> Path:
     override = os.environ.get("SLUICE_KERNEL_CACHE")
     if override:
         return Path(override)
-    import platformdirs
-    return Path(platformdirs.user_cache_dir("sluice")) / "kernel_verdicts.json"
+    try:
+        import platformdirs
+        return Path(platformdirs.user_cache_dir("sluice")) / "kernel_verdicts.json"
+    except ImportError:        # a bare environment (e.g. a GPU box's image): the XDG default
+        return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "sluice" / "kernel_verdicts.json"
 
 
 def device_fingerprint(device: torch.device | str) -> str:
