@@ -41,8 +41,19 @@ class Engine:
         self.telemetry_source = Telemetry()
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
-        spec, layout = self.spec, model.layout
+        spec = self.spec
+        self.max_context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
+        self.gpu = None
+        if device.type == "cuda":
+            self._init_cuda(model, device, dtype, vram_budget, ram_cache)
+        else:
+            self._init_cpu(model, device, dtype, vram_budget, ram_cache, progress)
+        self.tokenizer = self._load_tokenizer()
+        self.eos_token_ids = set(spec.eos_token_ids) | self._generation_config_eos()
 
+    def _init_cpu(self, model, device, dtype, vram_budget, ram_cache, progress) -> None:
+        """The CPU device: same store, cache, slots and scheduler; torch reference math."""
+        spec, layout = self.spec, model.layout
         with safe_open(str(model.path / modeldir.DENSE_FILE), framework="pt") as f:
             names = list(f.keys())
             weights = {}
@@ -51,7 +62,6 @@ class Engine:
                 if progress and i % 32 == 0:
                     progress(i, len(names), "loading dense weights")
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        self.max_context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
         elem = torch.empty((), dtype=dtype).element_size()
         kv_bytes = 2 * spec.num_layers * self.max_context * spec.num_kv_heads * spec.head_dim * elem
         available = psutil.virtual_memory().available
@@ -59,15 +69,13 @@ class Engine:
             block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
             num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes, workspace_bytes=0,
             vram_budget=vram_budget, ram_cache=ram_cache,
-            default_vram=(torch.cuda.mem_get_info(device)[0] * 9 // 10 if device.type == "cuda" else available // 4),
-            default_ram=available // 2)
+            default_vram=available // 4, default_ram=available // 2)
 
         t = self.telemetry_source
         t.info.update(device=str(device))
         t.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes)
-        allocate = (lambda n: torch.empty(n, dtype=torch.uint8, pin_memory=True)) if device.type == "cuda" else anonymous_buffer
         self.store = ExpertStore(model, t)
-        self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, t, allocate=allocate)
+        self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, t, allocate=anonymous_buffer)
         self.slots = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, device, t)
         self.scheduler = ExpertScheduler(self.store, self.cache, self.slots, t)
         self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, self.max_context, dtype, device)
@@ -76,8 +84,17 @@ class Engine:
         t.set_max(vram_peak_bytes=device_bytes)
         inv_freq, scaling = rope_inv_freq(model.manifest["config"], spec)
         self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(device), scaling, dtype)
-        self.tokenizer = self._load_tokenizer()
-        self.eos_token_ids = set(spec.eos_token_ids) | self._generation_config_eos()
+
+    def _init_cuda(self, model, device, dtype, vram_budget, ram_cache) -> None:
+        """The CUDA path (engine.gpu): pinned RAM cache of exact size, overlapped streaming into two
+        slot banks with speculative prefetch, self-checked Triton kernels, CUDA-graph decode."""
+        from .gpu.runtime import CudaModel
+        available = psutil.virtual_memory().available
+        gpu = CudaModel(model.path, device=device, vram_budget=vram_budget, ram_cache=ram_cache, dtype=dtype,
+                        max_tokens=self.max_context, telemetry=self.telemetry_source,
+                        default_vram=torch.cuda.mem_get_info(device)[0] * 9 // 10, default_ram=available // 2)
+        self.gpu, self.plan, self.decoder, self.kv = gpu, gpu.plan, gpu.decoder, gpu.kv
+        self.store, self.cache, self.slots, self.scheduler = gpu.store, gpu.cache, gpu.banks, gpu.scheduler
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None) -> "Engine":
@@ -159,7 +176,10 @@ class Engine:
         return snap
 
     def close(self) -> None:
-        self.store.close()
+        if self.gpu is not None:
+            self.gpu.close()
+        else:
+            self.store.close()
 
     # ---- generation loop ---------------------------------------------------------------------------
     def _generate(self, prompt_ids: list[int], is_chat: bool, params: GenerationParams) -> Iterator[TokenEvent]:
@@ -174,6 +194,8 @@ class Engine:
 
         start = time.perf_counter()
         self.kv.reset()
+        if self.gpu is not None:
+            self.gpu.begin_prefill()
         self.scheduler.begin_pass()
         with torch.inference_mode():
             logits = self.decoder.forward(torch.tensor(prompt_ids, device=self.device), 0, self.kv, self.scheduler)
@@ -205,7 +227,11 @@ class Engine:
                 return
             yield TokenEvent(token, text)
             with torch.inference_mode():
-                logits = self.decoder.forward(torch.tensor([token], device=self.device), position, self.kv, self.scheduler)
+                if self.gpu is not None:
+                    logits = self.gpu.decode_step(token, position)
+                else:
+                    logits = self.decoder.forward(torch.tensor([token], device=self.device), position, self.kv,
+                                                  self.scheduler)
             position += 1
 
 

@@ -40,6 +40,16 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
     q [T, Hq, D]; k, v [S, Hkv, D] hold positions 0..S-1; q_positions [T]. Returns [T, Hq * D].
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
+    if q.is_cuda:
+        # Fused attention: never materialises the [Hq, T, S] scores (a 2048-token prompt of a
+        # 32-head model would need 0.5 GB for them), and is CUDA-graph capturable.
+        key_positions = torch.arange(k.shape[0], device=q.device)
+        visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
+        if window:
+            visible &= key_positions[None, :] > q_positions[:, None] - window
+        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
+                                             attn_mask=visible, enable_gqa=True)   # [Hq, T, D]
+        return out.transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
     group = num_q_heads // k.shape[1]
     k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]
     v = v.repeat_interleave(group, dim=1)

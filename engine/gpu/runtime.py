@@ -42,11 +42,12 @@ class Timings:
     after_prefill: dict = field(default_factory=dict)     # telemetry snapshot between the two phases
 
 
-def workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int) -> int:
-    """Transient VRAM of a whole-prompt prefill: attention scores (fp32) + probs, activations,
-    one dequantized expert, logits. An upper estimate; the run reports the measured peak."""
+def workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int, device_type: str = "cuda") -> int:
+    """Transient VRAM of a whole-prompt prefill: attention (fused on CUDA: the [T, S] mask; else
+    fp32 scores + probs), activations, one dequantized expert, logits. An upper estimate; the run
+    reports the measured peak."""
     t = prompt_tokens
-    scores = spec.num_heads * t * t * (4 + dtype_bytes + 4)
+    scores = t * t if device_type == "cuda" else spec.num_heads * t * t * (4 + dtype_bytes + 4)
     acts = t * (spec.hidden_size * 12 + spec.num_heads * spec.head_dim * 4) * 4
     expert = 3 * spec.expert_intermediate * spec.hidden_size * 4 + t * spec.expert_intermediate * 3 * 4
     return scores + acts + expert + spec.vocab_size * 8 + (64 << 20)
@@ -55,7 +56,8 @@ def workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int) -> int:
 class CudaModel:
     def __init__(self, model_dir, device="cuda", vram_budget=None, ram_cache=None, dtype=torch.bfloat16,
                  max_tokens: int = 4096, max_prompt_tokens: int | None = None, use_graphs: bool = True,
-                 use_kernels: bool = True, num_predicted: int | None = None, telemetry: Telemetry | None = None):
+                 use_kernels: bool = True, num_predicted: int | None = None, telemetry: Telemetry | None = None,
+                 default_vram: int = 8 << 30, default_ram: int = 8 << 30):
         self.device = torch.device(device)
         self.telemetry = telemetry or Telemetry()
         self.model_dir = open_model_dir(model_dir)
@@ -69,11 +71,12 @@ class CudaModel:
         del dense
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         kv_bytes = 2 * spec.num_layers * max_tokens * spec.num_kv_heads * spec.head_dim * dtype_bytes
-        work = workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes)
+        work = workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes, self.device.type)
         self.plan = plan_budgets(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
                                  num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
                                  workspace_bytes=work, vram_budget=parse_size(vram_budget),
-                                 ram_cache=parse_size(ram_cache), default_vram=8 << 30, default_ram=8 << 30)
+                                 ram_cache=parse_size(ram_cache), default_vram=default_vram,
+                                 default_ram=default_ram)
         self.telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes,
                            vram_slot_bytes=self.plan.slot_bytes, kv_tokens=max_tokens)
         self.telemetry.info["device"] = str(self.device)
@@ -121,7 +124,7 @@ class CudaModel:
         if len(prompt_ids) + max_new_tokens > self.kv.max_tokens:
             raise ValueError(f"prompt + new tokens ({len(prompt_ids) + max_new_tokens}) exceed the KV cache "
                              f"({self.kv.max_tokens} tokens)")
-        self.moe.synchronize()
+        self.begin_prefill()
         self._sync()
         start = time.perf_counter()
         self.scheduler.begin_pass()
@@ -135,11 +138,6 @@ class CudaModel:
         timings.token_ids.append(token)
         if on_token:
             on_token(token)
-        if not self._captured:
-            with torch.inference_mode():
-                self.dense_decode.position.fill_(len(prompt_ids))
-                self.dense_decode.capture()
-            self._captured = True
         start = time.perf_counter()
         position = len(prompt_ids)
         with torch.inference_mode():
@@ -159,9 +157,17 @@ class CudaModel:
             self.telemetry.set(vram_peak_bytes=torch.cuda.max_memory_allocated(self.device))
         return timings
 
+    def begin_prefill(self) -> None:
+        """Before a prefill (engine scheduler, synchronous copies): finish the decode path's copies."""
+        self.moe.synchronize()
+
     def decode_step(self, token: int, position: int) -> torch.Tensor:
-        """One token at `position` -> logits [V] float32."""
+        """One token at `position` -> logits [V] float32 (graphs are captured at the first call)."""
         d, spec, w = self.dense_decode, self.spec, self.decoder.w
+        if not self._captured:
+            d.position.fill_(position)
+            d.capture()
+            self._captured = True
         d.position.fill_(position)
         d.x.copy_(w["model.embed_tokens.weight"][token].view(1, -1))
         for layer in range(spec.num_layers):
@@ -177,6 +183,8 @@ class CudaModel:
                 x = x + o.shared
             d.x.copy_(x)
         x = rms_norm(d.x, w["model.norm.weight"], spec.rms_eps)
+        if self.device.type == "cuda":
+            self.telemetry.set(vram_peak_bytes=torch.cuda.max_memory_allocated(self.device))   # host-side counter
         return linear(x, self.decoder.lm_head)[0].float()
 
     def _sync(self) -> None:

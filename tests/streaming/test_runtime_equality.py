@@ -59,3 +59,20 @@ def test_eager_switch_gives_the_same_tokens(family_model):
         assert model.generate(PROMPT, NEW_TOKENS).token_ids == expected
     finally:
         model.close()
+
+
+@pytest.mark.gpu
+def test_engine_on_cuda_uses_the_gpu_path_and_matches_transformers(family_model):
+    """engine.load(device="cuda") goes through engine.gpu (kernels, graphs, streaming) and still
+    gives the reference tokens in float32."""
+    import engine
+    from engine.params import GenerationParams
+    path, expected = family_model
+    eng = engine.load(path, device="cuda", dtype="float32", vram_budget=None, ram_cache=None)
+    try:
+        assert eng.gpu is not None
+        ids = [ev.token_id for ev in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
+        assert ids == expected
+        assert eng.telemetry()["vram"]["peak_bytes"] <= eng.plan.vram_budget_bytes
+    finally:
+        eng.close()
