@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/screenshots.py            # re-runs itself under xvfb-run when there is no display
 Needs: apt-get install -y --no-install-recommends xvfb xauth libxcb-icccm4 libxcb-keysyms1
-Writes docs/screenshots/{first-run,chat,panels,markdown,error-dialog,dark}.png. Uses a fresh data dir
+Writes docs/screenshots/{first-run,chat,panels,markdown,error-dialog}.png. Uses a fresh data dir
 and the built-in demo model (random weights: its answers are noise by design).
 """
 from __future__ import annotations
@@ -58,18 +58,15 @@ def main() -> int:
 
 
 def take_screenshots() -> int:
-    from PySide6.QtCore import QTimer, Qt
+    from PySide6.QtCore import QTimer
     from PySide6.QtGui import QGuiApplication
     from PySide6.QtTest import QTest
-    from PySide6.QtWidgets import QApplication
 
     from app.gui import create_application
     from app.store import ChatSettings
     from app.views.main_window import MainWindow
 
     app = create_application()
-    if "--dark" in sys.argv:
-        app.styleHints().setColorScheme(Qt.ColorScheme.Dark)
 
     def pump(seconds: float) -> None:
         QTest.qWait(int(seconds * 1000))     # a real event loop: also runs deferred deletes
@@ -100,7 +97,7 @@ def take_screenshots() -> int:
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=440, temperature=0.8, seed=7))
     window.composer.edit.setPlainText("Explain how a mixture-of-experts model picks its experts.")
     window.composer.submit()
-    pump(1.0)
+    pump(6.0)                            # ~150 tokens in: the plots have history
     shot("panels")
     wait_until(lambda: not window.controller.is_generating, 120)
     window.panels_dock.setVisible(False)

@@ -156,3 +156,24 @@ def test_download_button_opens_the_setup_wizard(qtbot, data_dir):
     assert wizard is not None and wizard.isVisible()
     wizard.close()
     assert window.shutdown()
+
+
+def test_loading_shows_progress_and_can_be_cancelled(qtbot, data_dir):
+    import time as _time
+
+    def slow_load(model_dir, progress=None, **_options):        # stands in for a big model's dense weights
+        for step in range(200):
+            progress(step, 200, "loading dense weights")
+            _time.sleep(0.01)
+        raise AssertionError("the load was not cancelled")
+
+    window = make_window(qtbot, data_dir)
+    window.host.worker._load_fn = slow_load
+    window.load_model(data_dir / "big-model")
+    qtbot.waitUntil(lambda: window.load_bar.maximum() == 200 and window.load_bar.value() > 5, timeout=WAIT_MS)
+    assert window.load_cancel.isVisible() and "Loading big-model" in window.model_label.text()
+    with qtbot.waitSignal(window.host.load_failed, timeout=WAIT_MS) as failed:
+        qtbot.mouseClick(window.load_cancel, Qt.MouseButton.LeftButton)
+    assert failed.args == [""]                                       # cancelled: no error dialog
+    assert window.last_dialog is None and window.model_info is None and not window.load_bar.isVisible()
+    assert window.shutdown()
