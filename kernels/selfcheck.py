@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import threading
 import warnings
@@ -63,8 +64,10 @@ def device_fingerprint(device: torch.device | str) -> str:
 
 def _driver_version() -> str:
     try:
-        text = Path("/proc/driver/nvidia/version").read_text()
-        return text.split("Kernel Module")[1].split()[0]
+        first_line = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+        match = re.search(r"\b(\d+\.\d+(?:\.\d+)?)\b", first_line)     # "... Kernel Module for x86_64  580.159.04 ..."
+        if match:
+            return match.group(1)
     except (OSError, IndexError):
         pass
     try:
