@@ -52,8 +52,7 @@ class MessageWidget(QFrame):
 
         is_user = message.role == "user"
         self.setObjectName("userMessage" if is_user else "assistantMessage")
-        if is_user:
-            self.setStyleSheet(f"QFrame#userMessage {{ background: {theme.user_bubble_color()}; border-radius: 10px; }}")
+        self._apply_colors()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(12, 8, 12, 8)
         layout.setSpacing(2)
@@ -79,9 +78,15 @@ class MessageWidget(QFrame):
         self.body.anchorClicked.connect(self._on_anchor)
         layout.addWidget(self.body)
         self.stats_label = QLabel()
-        self.stats_label.setStyleSheet(f"color: {theme.muted_color()}; font-size: 11px;")
         layout.addWidget(self.stats_label)
+        self._apply_colors()
         self.update_message(message)
+
+    def _apply_colors(self) -> None:
+        if self.message.role == "user":
+            self.setStyleSheet(f"QFrame#userMessage {{ background: {theme.user_bubble_color()}; border-radius: 10px; }}")
+        if hasattr(self, "stats_label"):
+            self.stats_label.setStyleSheet(f"color: {theme.muted_color()}; font-size: 11px;")
 
     def _tool_button(self, text: str, tip: str) -> QToolButton:
         button = QToolButton(self)
@@ -110,6 +115,7 @@ class MessageWidget(QFrame):
 
     def set_dark(self, renderer: MarkdownRenderer) -> None:
         self._renderer = renderer
+        self._apply_colors()
         self._render()
 
     def _update_header(self) -> None:

@@ -100,3 +100,12 @@ def test_command_line_use_does_not_load_qt():
             "print('PySide6' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip().endswith("False") and "usage" in out.stdout.lower(), out.stdout + out.stderr
+
+
+def test_the_app_identifies_itself_as_the_launcher(qapp):
+    from app.gui import create_application
+    app = create_application()
+    entry = (ROOT / "packaging" / "sluice.desktop").read_text()
+    assert app.desktopFileName() == APP_ID and f"Icon={APP_ID}" in entry
+    assert f"StartupWMClass={app.applicationName()}" in entry           # X11 WM_CLASS is the application name
+    assert (ROOT / "resources" / f"{APP_ID}.svg").is_file()
