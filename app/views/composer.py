@@ -6,6 +6,10 @@ from PySide6.QtWidgets import (QHBoxLayout, QLabel, QPlainTextEdit, QPushButton,
                                QWidget)
 
 from . import theme
+from .chat_view import MAX_COLUMN_WIDTH
+
+MIN_LINES = 2
+MAX_LINES = 8
 
 
 class PromptEdit(QPlainTextEdit):
@@ -36,6 +40,7 @@ class Composer(QWidget):
         self._is_generating = False
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 4, 16, 12)
+        self.setMaximumWidth(MAX_COLUMN_WIDTH + 32)     # lines up with the chat column
         self.edit_banner = QWidget()
         banner = QHBoxLayout(self.edit_banner)
         banner.setContentsMargins(0, 0, 0, 0)
@@ -52,8 +57,8 @@ class Composer(QWidget):
         row = QHBoxLayout()
         self.edit = PromptEdit()
         self.edit.setPlaceholderText("Message the model…  (Enter sends, Shift+Enter new line, Esc stops)")
-        self.edit.setMaximumHeight(120)
-        self.edit.setMinimumHeight(56)
+        self.edit.document().documentLayout().documentSizeChanged.connect(self._fit_height)
+        self._fit_height()
         self.edit.submit.connect(self.submit)
         self.edit.escape.connect(self._on_escape)
         self.send_button = QPushButton("Send")
@@ -63,6 +68,14 @@ class Composer(QWidget):
         row.addWidget(self.edit, 1)
         row.addWidget(self.send_button, 0, Qt.AlignmentFlag.AlignBottom)
         layout.addLayout(row)
+
+    def _fit_height(self, *_args) -> None:
+        """Grow with the text from MIN_LINES to MAX_LINES lines, then scroll."""
+        num_lines = self.edit.document().documentLayout().documentSize().height()   # plain text: lines
+        num_lines = max(MIN_LINES, min(MAX_LINES, int(num_lines)))
+        margins = self.edit.contentsMargins()
+        self.edit.setFixedHeight(num_lines * self.edit.fontMetrics().lineSpacing() + 2 * int(
+            self.edit.document().documentMargin()) + margins.top() + margins.bottom() + 4)
 
     def set_generating(self, is_generating: bool) -> None:
         self._is_generating = is_generating

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QIcon, QKeySequence, QShortcut
-from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QLabel, QMainWindow, QProgressBar,
+from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
                                QProgressDialog, QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
@@ -103,7 +103,11 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         chat_layout.setContentsMargins(0, 0, 0, 0)
         chat_layout.setSpacing(0)
         chat_layout.addWidget(self.chat_view, 1)
-        chat_layout.addWidget(self.composer)
+        composer_row = QHBoxLayout()              # centred under the chat column, as wide as it
+        composer_row.addStretch(1)
+        composer_row.addWidget(self.composer, 100)
+        composer_row.addStretch(1)
+        chat_layout.addLayout(composer_row)
         self.first_run = FirstRunPage()
         self.pages = QStackedWidget()
         self.pages.addWidget(self.first_run)
