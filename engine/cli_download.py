@@ -1,7 +1,8 @@
 """`sluice download REPO_ID [--revision R] [--dir D]`: fetch a hub model headless, with a progress bar.
 
-Wired into engine.cli by `add_arguments(subparser)` + `run(args)`. Rerunning the same command
-after an interruption (Ctrl-C, a crash, a lost network) fetches only the missing bytes.
+engine.cli parses the options (args.repo_id, args.revision, args.dst_dir) and calls `run(args)`.
+Rerunning the same command after an interruption (Ctrl-C, a crash, a lost network) fetches only
+the missing bytes.
 """
 from __future__ import annotations
 
@@ -11,12 +12,6 @@ import sys
 from pathlib import Path
 
 from .errors import SluiceError
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("repo_id", help="owner/name on the hub, or the model's hub address")
-    parser.add_argument("--revision", help="branch, tag or commit (default: the newest)")
-    parser.add_argument("--dir", dest="dst_dir", help="folder to download into (default: the Sluice models folder)")
 
 
 def default_download_dir(repo_id: str) -> Path:
@@ -29,6 +24,7 @@ def default_download_dir(repo_id: str) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Returns 0, or 130 after Ctrl-C; raises SluiceError (engine.cli prints it, exit code 2)."""
     from tqdm import tqdm
 
     from .hub import parse_repo_ref, repo_info
@@ -52,9 +48,6 @@ def run(args: argparse.Namespace) -> int:
                 if p.current_file:
                     bar.set_postfix_str(p.current_file, refresh=False)
             download(info, dst, files=files, progress=on_progress)
-    except SluiceError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         print("Stopped. Run the same command again to continue where it stopped.", file=sys.stderr)
         return 130
@@ -67,11 +60,3 @@ def _families() -> tuple[str, ...]:
     return supported_families()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sluice download", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -154,6 +154,11 @@ class Estimate:
         """Bytes moved per token: from disk plus over PCIe (the disk bytes cross PCIe too)."""
         return self.disk_bytes_per_token + self.h2d_bytes_per_token
 
+    @property
+    def expert_bytes_per_token(self) -> int:
+        """Expert bytes one token needs (moe_layers x top_k blocks), cached or not."""
+        return self.shape.num_moe_layers * self.shape.top_k * self.block_bytes
+
 
 def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "bf16",
              vram_budget: int | None = None, ram_cache: int | None = None,

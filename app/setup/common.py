@@ -19,7 +19,8 @@ def snapshot_dir(models_dir: Path, repo_id: str) -> Path:
 
 def model_dir_name(source_name: str, quant: str) -> str:
     base = source_name.split("--")[-1] if "--" in source_name else source_name
-    return re.sub(r"[^\w.-]+", "-", f"{base}-{quant}")
+    safe = re.sub(r"[^\w.]+", "-", base).strip("-")
+    return f"{safe}-{quant}"
 
 
 def machine_for(models_dir: Path):

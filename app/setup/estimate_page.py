@@ -23,7 +23,8 @@ def verdict_html(est) -> str:
             if to_fetch else "the repacked model")
     return (f"<p><b style='color:{color}; font-size:large'>{est.verdict.capitalize()}</b> — {est.reason}</p>"
             f"<p>Disk needed: <b>{format_size(est.disk_needed_bytes)}</b> ({disk}). "
-            f"Moved per token: <b>{format_size(est.bytes_per_token)}</b> "
+            f"Each token needs {format_size(est.expert_bytes_per_token)} of experts; moved per token "
+            f"(not already cached): <b>{format_size(est.bytes_per_token)}</b> "
             f"({format_size(est.disk_bytes_per_token)} from disk). Predicted decode speed: "
             f"<b>{format_speed(est.tok_s)}</b>.</p>")
 

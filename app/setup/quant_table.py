@@ -7,7 +7,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 
 from .common import VERDICT_COLORS, format_speed
 
-COLUMNS = ("Quant", "Model size", "Moved per token", "Predicted speed", "Verdict")
+COLUMNS = ("Quant", "Model size", "Experts per token", "Moved per token", "Predicted speed", "Verdict")
 QUANT_NOTES = {"bf16": "bf16 (exact)", "fp8": "fp8 (near exact)", "nvfp4": "nvfp4 (smallest)"}
 
 
@@ -33,13 +33,14 @@ class QuantTable(QTableWidget):
         self.setRowCount(len(estimates))
         for row, (quant, est) in enumerate(estimates.items()):
             cells = (QUANT_NOTES.get(quant, quant), format_size(est.repacked_bytes),
-                     format_size(est.bytes_per_token), format_speed(est.tok_s), est.verdict)
+                     format_size(est.expert_bytes_per_token), format_size(est.bytes_per_token),
+                     format_speed(est.tok_s), est.verdict)
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setData(Qt.ItemDataRole.UserRole, quant)
-                if col in (1, 2, 3):
+                if col in (1, 2, 3, 4):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
-                if col == 4:
+                if col == 5:
                     item.setForeground(QColor(VERDICT_COLORS[est.verdict]))
                 self.setItem(row, col, item)
         usable = [q for q, e in estimates.items() if e.verdict != "will not run"]

@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "model.safetensors"
 
 
-def _cli(hub, *args) -> list[str]:
+def _cli(*args) -> list[str]:
     return [sys.executable, "-m", "app.main", "download", *args]      # the `sluice` console entry
 
 
@@ -27,7 +27,7 @@ def _env(hub) -> dict:
 
 def test_download_headless_with_progress_bar(hub, model_folders, tmp_path):
     dst = tmp_path / "snap"
-    run = subprocess.run(_cli(hub, SUPPORTED_REPO, "--dir", str(dst)), env=_env(hub), cwd=ROOT,
+    run = subprocess.run(_cli(SUPPORTED_REPO, "--dir", str(dst)), env=_env(hub), cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(dst)
@@ -41,7 +41,7 @@ def test_killed_mid_file_then_rerun_fetches_only_the_missing_bytes(hub, model_fo
     part = dst / STATE_DIR / (WEIGHTS + ".part")
     size = (model_folders[SUPPORTED_REPO] / WEIGHTS).stat().st_size
     hub.throttle_bps = 400_000
-    proc = subprocess.Popen(_cli(hub, SUPPORTED_REPO, "--dir", str(dst)), env=_env(hub), cwd=ROOT,
+    proc = subprocess.Popen(_cli(SUPPORTED_REPO, "--dir", str(dst)), env=_env(hub), cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 30
     while not (part.exists() and part.stat().st_size > size // 4) and time.monotonic() < deadline:
@@ -53,7 +53,7 @@ def test_killed_mid_file_then_rerun_fetches_only_the_missing_bytes(hub, model_fo
 
     hub.throttle_bps = None
     hub.reset_counters()
-    run = subprocess.run(_cli(hub, SUPPORTED_REPO, "--dir", str(dst)), env=_env(hub), cwd=ROOT,
+    run = subprocess.run(_cli(SUPPORTED_REPO, "--dir", str(dst)), env=_env(hub), cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 0, run.stderr
     total = sum(p.stat().st_size for p in model_folders[SUPPORTED_REPO].iterdir())
@@ -64,8 +64,8 @@ def test_killed_mid_file_then_rerun_fetches_only_the_missing_bytes(hub, model_fo
 
 
 def test_unsupported_repo_fails_with_one_sentence_and_downloads_no_weights(hub, tmp_path):
-    run = subprocess.run(_cli(hub, UNSUPPORTED_REPO, "--dir", str(tmp_path / "snap")), env=_env(hub), cwd=ROOT,
+    run = subprocess.run(_cli(UNSUPPORTED_REPO, "--dir", str(tmp_path / "snap")), env=_env(hub), cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
-    assert run.returncode == 1
-    assert run.stderr.startswith("error: tiny-dense/Llama-tiny is a 'llama' model, which Sluice cannot run")
+    assert run.returncode == 2                                   # the CLI's code for a user-fixable error
+    assert run.stderr.startswith("sluice: tiny-dense/Llama-tiny is a 'llama' model, which Sluice cannot run")
     assert "Traceback" not in run.stderr and hub.weight_requests() == []

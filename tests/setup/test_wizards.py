@@ -63,7 +63,7 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     qtbot.waitUntil(lambda: est_page.quants.isVisible() and est_page.quants.rowCount() == 3, timeout=WAIT_MS)
     assert est_page.family_label.text().startswith("qwen3_moe — supported")
     assert "total" in est_page.params_label.text() and "active per token" in est_page.params_label.text()
-    assert "tok/s" in est_page.verdict.text() and "Moved per token" in est_page.verdict.text()
+    assert "tok/s" in est_page.verdict.text() and "moved per token" in est_page.verdict.text()
     assert wizard.estimate.verdict == "fits fast"
     assert hub.weight_requests() == []                     # the estimate came from config.json + file list
     est_page.quants.select("bf16")
