@@ -182,3 +182,36 @@ def test_repack_wizard_offers_each_quant_and_makes_a_loadable_model(qtbot, model
         assert events[-1].finished and sum(e.token_id is not None for e in events) >= 1
     finally:
         engine.close()
+
+
+def test_repack_stopped_after_a_layer_resumes_without_redoing_it(qtbot, model_folders, tmp_path, monkeypatch):
+    import engine.repack
+    from app.setup.wizards import RepackWizard
+    real_repack = engine.repack.repack
+    runs: list[list[str]] = []
+
+    def repack_pressing_stop_after_first_layer(src, dst, quant="bf16", progress=None, cancel_event=None, **kw):
+        messages = []
+        runs.append(messages)
+
+        def on_progress(done, total, message):
+            messages.append(message)
+            progress(done, total, message)
+            if len(runs) == 1 and message.startswith("layer"):
+                cancel_event.set()            # exactly what the Stop button does, at a known point
+        return real_repack(src, dst, quant, on_progress, cancel_event, **kw)
+    monkeypatch.setattr(engine.repack, "repack", repack_pressing_stop_after_first_layer)
+
+    wizard = RepackWizard(tmp_path / "models", model_folders[SUPPORTED_REPO])
+    qtbot.addWidget(wizard)
+    wizard.show()
+    qtbot.waitUntil(lambda: wizard.options_page.quants.rowCount() == 3, timeout=WAIT_MS)
+    _next(qtbot, wizard)
+    page = wizard.progress_page
+    qtbot.waitUntil(page.restart_button.isVisible, timeout=WAIT_MS)
+    assert "Stopped" in page.status.text() and not (wizard.repack_dst / "sluice.json").exists()
+    assert runs[0] == ["dense weights written", "layer 0 repacked"]
+    qtbot.mouseClick(page.restart_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: wizard.currentPage() is wizard.done_page, timeout=WAIT_MS)
+    assert runs[1] == ["dense weights written", "layer 1 repacked", "done"]     # layer 0 was not redone
+    assert (wizard.repack_dst / "sluice.json").is_file()
