@@ -11,6 +11,7 @@ Switches for tests (thread-safe, set any time):
   corrupt[path] = n      the next n GETs of that file serve wrong bytes (same length)
   drop_after[path] = b   the next GET of that file closes the connection after b body bytes
   throttle_bps = x       body bytes per second per connection (None = as fast as possible)
+  gated[repo] = token    that repo answers 401 GatedRepo unless `Authorization: Bearer <token>` is sent
 Counters: body_bytes_sent (total), bytes_sent_by_path, requests [(method, path, range header)].
 """
 from __future__ import annotations
@@ -66,6 +67,7 @@ class HubServer:
         self.corrupt: dict[str, int] = {}
         self.drop_after: dict[str, int] = {}
         self.throttle_bps: float | None = None
+        self.gated: dict[str, str] = {}
         self.body_bytes_sent = 0
         self.bytes_sent_by_path: dict[str, int] = {}
         self.requests: list[tuple[str, str, str | None]] = []
@@ -175,6 +177,10 @@ class _Handler(BaseHTTPRequestHandler):
         repo = self.hub.repos.get(repo_id)
         if repo is None:
             self._error(404, "RepoNotFound", None)
+            return None
+        token = self.hub.gated.get(repo_id)
+        if token is not None and self.headers.get("Authorization") != f"Bearer {token}":
+            self._error(401, "GatedRepo", repo.sha)
             return None
         if rev not in ("main", repo.sha):
             self._error(404, "RevisionNotFound", repo.sha)

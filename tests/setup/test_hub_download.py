@@ -156,3 +156,18 @@ def test_pause_keeps_partial_bytes_and_resume_completes(hub, model_folders, tmp_
     download(info, tmp_path / "snap")
     assert hub.body_bytes_sent == remaining
     assert same_files(model_folders[SUPPORTED_REPO], tmp_path / "snap", [WEIGHTS])
+
+
+def test_gated_repo_needs_the_stored_access_token(hub, model_folders, tmp_path, monkeypatch):
+    import huggingface_hub.constants
+    from engine.hub import save_token, stored_token
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
+    hub.gated[SUPPORTED_REPO] = "hf_secret123"
+    with pytest.raises(SluiceError, match="is gated: accept its license .* enter an access token"):
+        repo_info(SUPPORTED_REPO)
+    save_token("hf_secret123\n")                                  # what the wizard's Access token… button does
+    assert stored_token() == "hf_secret123" and (tmp_path / "hf" / "token").stat().st_mode & 0o077 == 0
+    info = repo_info(SUPPORTED_REPO)
+    download(info, tmp_path / "snap")                            # the token is sent with every file request
+    assert same_files(model_folders[SUPPORTED_REPO], tmp_path / "snap", [WEIGHTS])
