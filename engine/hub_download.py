@@ -6,8 +6,9 @@ our own small downloader:
     `Range: bytes=<part size>-` and appends, so only the missing bytes cross the network;
   * every file is checked against the hash the hub lists (sha256 for LFS files, the git blob
     sha1 otherwise) before it is moved into place; a corrupt file is fetched again;
-  * `manifest.json` beside the parts remembers the revision and the verified files, so a rerun
-    does not re-hash finished files and a new revision never mixes with old parts;
+  * `manifest.json` beside the parts records the content hash each part and each finished file
+    belongs to, so a rerun does not re-hash finished files, and a new revision keeps files whose
+    content did not change but never appends to a part of other content;
   * free disk space is checked before the first byte, against what is still missing.
 """
 from __future__ import annotations
@@ -105,12 +106,9 @@ class _Job:
             manifest = json.loads((self.state_dir / "manifest.json").read_text())
         except (OSError, ValueError):
             manifest = {}
-        if manifest.get("revision") != self.info.revision:
-            # parts of another revision must not be appended to; verified files are re-checked by hash
-            shutil.rmtree(self.state_dir, ignore_errors=True)
-            manifest = {}
         manifest.update(repo_id=self.info.repo_id, revision=self.info.revision)
-        manifest.setdefault("verified", {})
+        manifest.setdefault("verified", {})      # path -> content hash of the finished file
+        manifest.setdefault("parts", {})         # path -> content hash the partial bytes belong to
         return manifest
 
     def _save_manifest(self) -> None:
@@ -127,12 +125,15 @@ class _Job:
     def _part(self, f: HubFile) -> Path:
         return self.state_dir / (f.path + ".part")
 
+    def _part_matches(self, f: HubFile) -> bool:
+        return self.manifest["parts"].get(f.path) == _expected_hash(f) and self._part(f).is_file()
+
     def bytes_on_disk(self) -> int:
         done = 0
         for f in self.files:
             if self._is_verified(f):
                 done += f.size
-            elif self._part(f).is_file():
+            elif self._part_matches(f):
                 done += min(self._part(f).stat().st_size, f.size)
         return done
 
@@ -152,6 +153,7 @@ class _Job:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(self._part(f), target)
                 self.manifest["verified"][f.path] = _expected_hash(f)
+                self.manifest["parts"].pop(f.path, None)
                 self._save_manifest()
                 return
             self._bytes_done -= f.size            # corrupt: throw it away, fetch again from 0
@@ -164,7 +166,10 @@ class _Job:
         import httpx2
         part = self._part(f)
         part.parent.mkdir(parents=True, exist_ok=True)
-        self._save_manifest()
+        if not self._part_matches(f):             # bytes of other content (an older revision): drop them
+            part.unlink(missing_ok=True)
+            self.manifest["parts"][f.path] = _expected_hash(f)
+            self._save_manifest()
         failures = 0                               # consecutive attempts that brought no new bytes
         while True:
             have = part.stat().st_size if part.exists() else 0

@@ -171,3 +171,32 @@ def test_gated_repo_needs_the_stored_access_token(hub, model_folders, tmp_path, 
     info = repo_info(SUPPORTED_REPO)
     download(info, tmp_path / "snap")                            # the token is sent with every file request
     assert same_files(model_folders[SUPPORTED_REPO], tmp_path / "snap", [WEIGHTS])
+
+
+def test_new_revision_keeps_unchanged_files_and_never_appends_to_old_bytes(hub, model_folders, tmp_path):
+    import shutil
+    info = repo_info(SUPPORTED_REPO)
+    size = next(f.size for f in info.files if f.path == WEIGHTS)
+    hub.throttle_bps = 2_000_000
+    stop = threading.Event()
+    with pytest.raises(DownloadStopped):
+        download(info, tmp_path / "snap", stop_event=stop,
+                 progress=lambda p: stop.set() if p.current_file == WEIGHTS and p.bytes_done > size // 3 else None)
+    hub.throttle_bps = None
+    # the owner pushes a new revision: same file names and sizes, the weights' bytes changed
+    new_folder = tmp_path / "new-revision"
+    shutil.copytree(model_folders[SUPPORTED_REPO], new_folder)
+    weights = bytearray((new_folder / WEIGHTS).read_bytes())
+    weights[-1000:] = bytes(b ^ 0xFF for b in weights[-1000:])
+    (new_folder / WEIGHTS).write_bytes(bytes(weights))
+    hub.add_repo(SUPPORTED_REPO, new_folder)
+    hub.reset_counters()
+    new_info = repo_info(SUPPORTED_REPO)
+    assert new_info.revision != info.revision
+    download(new_info, tmp_path / "snap")
+    assert (tmp_path / "snap" / WEIGHTS).read_bytes() == bytes(weights)
+    fetched = {p.rsplit("/", 1)[-1] for m, p, r in hub.requests if m == "GET" and "/resolve/" in p}
+    # files finished before the pause (alphabetically before the weights) are unchanged: not fetched again
+    assert "chat_template.jinja" not in fetched and "generation_config.json" not in fetched
+    assert {WEIGHTS, "tokenizer.json"} <= fetched
+    assert [r for m, p, r in hub.requests if p.endswith(WEIGHTS)] == [None]   # from byte 0, not appended
