@@ -215,3 +215,20 @@ def test_repack_stopped_after_a_layer_resumes_without_redoing_it(qtbot, model_fo
     qtbot.waitUntil(lambda: wizard.currentPage() is wizard.done_page, timeout=WAIT_MS)
     assert runs[1] == ["dense weights written", "layer 1 repacked", "done"]     # layer 0 was not redone
     assert (wizard.repack_dst / "sluice.json").is_file()
+
+
+def test_too_little_disk_is_shown_on_the_estimate_page_and_blocks_the_download(qtbot, hub, tmp_path, monkeypatch):
+    import engine.hub_download
+    from app.setup.wizards import DownloadWizard
+    monkeypatch.setattr(engine.hub_download, "free_disk_bytes", lambda path: 100_000)   # a nearly full drive
+    wizard = DownloadWizard(tmp_path / "models")
+    qtbot.addWidget(wizard)
+    wizard.show()
+    _search_and_pick(qtbot, wizard, "tiny", SUPPORTED_REPO)
+    _next(qtbot, wizard)
+    page = wizard.estimate_page
+    qtbot.waitUntil(lambda: page.quants.rowCount() == 3, timeout=WAIT_MS)
+    assert {e.verdict for e in page.quants.estimates.values()} == {"will not run"}
+    assert "of disk for download and repack" in page.verdict.text() and "97.66 KiB is free" in page.verdict.text()
+    assert not wizard.button(QWizard.WizardButton.NextButton).isEnabled()
+    assert hub.weight_requests() == []
