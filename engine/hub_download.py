@@ -71,8 +71,11 @@ def download(info: RepoInfo, dst_dir: str | Path, files: list[HubFile] | None = 
     Refuses unsupported families and too little disk space (missing bytes + extra_bytes_needed,
     e.g. the repacked copy) before any request. Raises SluiceError on network loss (finished and
     partial bytes are kept: calling again resumes) and DownloadStopped when stop_event is set."""
+    from huggingface_hub import constants
     if not info.is_supported:
         raise SluiceError(f"{info.repo_id} is a '{info.family}' model, which Sluice cannot run; nothing was downloaded.")
+    if constants.is_offline_mode():
+        raise SluiceError("Hub access is switched off (HF_HUB_OFFLINE is set): unset it to download models.")
     dst = Path(dst_dir)
     job = _Job(info, dst, files or info.model_files(), token, progress, stop_event)
     needed = job.bytes_total - job.bytes_on_disk() + extra_bytes_needed
