@@ -19,6 +19,7 @@ from .errors import SluiceError  # noqa: E402
 DEFAULT_ENDPOINT = "https://huggingface.co"
 CONFIG_MAX_BYTES = 4 * 2**20     # config.json larger than this is not a model config
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", ".h5", ".onnx")
+METADATA_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")   # configs, tokenizers, templates
 
 
 def endpoint() -> str:
@@ -74,17 +75,17 @@ class RepoInfo:
         return sum(f.size for f in self.files)
 
     def model_files(self) -> list[HubFile]:
-        """The files a Sluice repack needs: safetensors weights, configs, tokenizer, templates.
+        """The files a Sluice repack needs: safetensors weights, configs, tokenizer, chat templates.
 
-        Other weight formats (.bin, .gguf, ...) are duplicates on most repos and are skipped."""
+        Other weight formats (.bin, .gguf, ...) and sub-folders (original/, onnx/) hold copies of the
+        same weights in formats Sluice does not read, so they are skipped."""
         keep = []
         for f in self.files:
-            name = f.path.rsplit("/", 1)[-1]
             if "/" in f.path and not f.path.startswith("additional_chat_templates/"):
                 continue
-            if f.path.endswith(".safetensors") or f.path.endswith(".safetensors.index.json") or (
-                    not f.is_weight and (name.endswith((".json", ".jinja", ".txt", ".model", ".tiktoken"))
-                                         or name in ("tokenizer", "LICENSE"))):
+            name = f.path.rsplit("/", 1)[-1]
+            if name.endswith(".safetensors") or name == "LICENSE" or (
+                    not f.is_weight and name.endswith(METADATA_SUFFIXES)):
                 keep.append(f)
         return keep
 

@@ -52,6 +52,7 @@ class SearchPage(QWizardPage):
 
         self.search_button.clicked.connect(self.search)
         self.query.returnPressed.connect(self.search)
+        self.query.textEdited.connect(lambda _: self.results.clearSelection())   # a typed name wins
         self.query.textChanged.connect(self.completeChanged)
         self.results.itemSelectionChanged.connect(self.completeChanged)
         self.results.itemDoubleClicked.connect(lambda *_: self.wizard().next())

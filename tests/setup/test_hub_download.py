@@ -200,3 +200,17 @@ def test_new_revision_keeps_unchanged_files_and_never_appends_to_old_bytes(hub, 
     assert "chat_template.jinja" not in fetched and "generation_config.json" not in fetched
     assert {WEIGHTS, "tokenizer.json"} <= fetched
     assert [r for m, p, r in hub.requests if p.endswith(WEIGHTS)] == [None]   # from byte 0, not appended
+
+
+def test_only_what_a_repack_needs_is_downloaded():
+    from engine.hub import HubFile, RepoInfo
+    listing = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+               "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+               "tokenizer_config.json", "merges.txt", "vocab.json", "LICENSE", "README.md", ".gitattributes",
+               "pytorch_model.bin", "original/consolidated.00.pth", "original/params.json",
+               "additional_chat_templates/tool_use.jinja", "onnx/model.onnx"]
+    info = RepoInfo("o/n", "abc", [HubFile(p, 1, None, "0") for p in listing])
+    assert [f.path for f in info.model_files()] == [
+        "config.json", "generation_config.json", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
+        "tokenizer_config.json", "merges.txt", "vocab.json", "LICENSE", "additional_chat_templates/tool_use.jinja"]
