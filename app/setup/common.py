@@ -23,8 +23,9 @@ def model_dir_name(source_name: str, quant: str) -> str:
     return f"{safe}-{quant}"
 
 
-def machine_for(models_dir: Path):
-    """engine.estimate.Machine for this computer, its disk measured on the models folder (once per run)."""
+def machine_for(models_dir: Path, device: str | None = None):
+    """engine.estimate.Machine for this computer, its disk measured on the models folder (once per run);
+    device None = the GPU if there is one."""
     from engine.estimate import Machine
     from engine.hardware import probe
     from engine.hub_download import free_disk_bytes
@@ -35,7 +36,28 @@ def machine_for(models_dir: Path):
             hw = probe(models_dir, disk_test_bytes=DISK_TEST_BYTES)
             _machines[key] = hw
         hw = _machines[key]
-    return Machine.from_hardware(hw, free_disk_bytes(models_dir)), hw
+    if device == "cuda" and not hw.has_gpu:
+        device = "cpu"
+    return Machine.from_hardware(hw, free_disk_bytes(models_dir), device), hw
+
+
+def engine_options(parent) -> dict:
+    """device / vram_budget / ram_cache as the app will load the model: from the main window's settings
+    when the wizard has one as parent (the estimate then matches what the engine will do)."""
+    from engine import SluiceError
+    from engine.sizes import parse_size
+    settings = getattr(parent, "settings", None)
+    options = {"device": None, "vram_budget": None, "ram_cache": None}
+    if settings is None:
+        return options
+    device = getattr(settings, "device", "auto")
+    options["device"] = device if device in ("cpu", "cuda") else None
+    for key in ("vram_budget", "ram_cache"):
+        try:
+            options[key] = parse_size(getattr(settings, key, "") or None)
+        except SluiceError:
+            pass                      # the main window reports a bad size when it loads the model
+    return options
 
 
 def describe_machine(hw) -> str:

@@ -10,9 +10,10 @@ from .quant_table import QuantTable
 from .task import Task, stop_and_wait
 
 
-def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine) -> dict:
+def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine, options: dict) -> dict:
     from engine.estimate import QUANTS, estimate
-    return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes) for q in QUANTS}
+    return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes,
+                        vram_budget=options["vram_budget"], ram_cache=options["ram_cache"]) for q in QUANTS}
 
 
 def verdict_html(est) -> str:
@@ -93,17 +94,17 @@ class EstimatePage(QWizardPage):
         for label in (self.model_label, self.family_label, self.params_label, self.files_label):
             label.clear()
         self.status.setText(f"Reading {repo_id}'s config.json and file list…")
-        models_dir = self.models_dir
+        models_dir, options = self.models_dir, self.wizard().engine_options
 
         def work(report, stop):
             info = repo_info(repo_id, revision)
             if not info.is_supported:
                 return info, None, None
-            machine, hw = machine_for(models_dir)
+            machine, hw = machine_for(models_dir, options["device"])
             files = info.model_files()
             total = sum(f.size for f in files)
             missing = missing_bytes(info, snapshot_dir(models_dir, repo_id), files)
-            return info, estimates_for(info.config, total, missing, machine), hw
+            return info, estimates_for(info.config, total, missing, machine, options), hw
 
         stop_and_wait(self.task)
         self.task = Task(work, self)

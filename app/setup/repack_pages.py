@@ -83,13 +83,13 @@ class RepackOptionsPage(QWizardPage):
         self.quants.setVisible(False)
         self.verdict.clear()
         src = Path(path)
-        models_dir = self.models_dir
+        models_dir, options = self.models_dir, self.wizard().engine_options
 
         def work(report, stop):
             config = load_config_dict(src)          # SluiceError: no config.json
             read_spec(config)                       # SluiceError: unsupported family
-            machine, hw = machine_for(models_dir)
-            return config, estimates_for(config, 0, 0, machine), hw
+            machine, hw = machine_for(models_dir, options["device"])
+            return config, estimates_for(config, 0, 0, machine, options), hw
 
         if not path:
             return

@@ -7,6 +7,7 @@ from pathlib import Path
 from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QWizard
 
+from .common import engine_options
 from .download_page import DownloadPage
 from .estimate_page import EstimatePage
 from .repack_pages import DonePage, RepackOptionsPage, RepackProgressPage
@@ -20,6 +21,7 @@ class _SetupWizard(QWizard):
     def __init__(self, models_dir, parent=None):
         super().__init__(parent)
         self.models_dir = Path(models_dir)
+        self.engine_options = engine_options(parent)   # device and budgets the app will load with
         self.quant = "fp8"
         self.repo_ref = self.repo_info = self.estimate = self.snapshot_dir = None
         self.repack_src = self.repack_dst = self.model_dir = None

@@ -49,6 +49,8 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     window = MainWindow(store=Store(tmp_path / "chat.db"), autoload=False)
     qtbot.addWidget(window)
     window.show()
+    # budgets small enough that experts stream: the estimate must use the same ones the app loads with
+    window.settings.device, window.settings.vram_budget, window.settings.ram_cache = "cpu", "700KB", "300KB"
     models_dir = window.settings.models_path()
     window.open_download_wizard()                           # the app's own menu action
     wizard = window.findChild(DownloadWizard)
@@ -65,6 +67,8 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     assert "total" in est_page.params_label.text() and "active per token" in est_page.params_label.text()
     assert "tok/s" in est_page.verdict.text() and "moved per token" in est_page.verdict.text()
     assert wizard.estimate.verdict == "fits fast"
+    assert wizard.estimate.ram_cache_bytes == 300_000 and wizard.estimate.vram_budget_bytes == 700_000
+    assert 0 < wizard.estimate.slot_hit < 1 and wizard.estimate.bytes_per_token > 0
     assert hub.weight_requests() == []                     # the estimate came from config.json + file list
     est_page.quants.select("bf16")
     assert wizard.quant == "bf16"
@@ -82,7 +86,8 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     assert (model_dir / "sluice.json").is_file()
     with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS) as loaded:
         qtbot.mouseClick(wizard.button(QWizard.WizardButton.FinishButton), Qt.MouseButton.LeftButton)
-    assert loaded.args[0]["family"] == "qwen3_moe"
+    assert loaded.args[0]["family"] == "qwen3_moe" and loaded.args[0]["ram_cache_bytes"] <= 300_000
+    assert loaded.args[0]["slots_per_bank"] * 2 == round(wizard.estimate.slot_hit * 2 * 16)
     assert window.model_picker.findData(str(model_dir)) > 0  # listed in the model picker
 
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=12, temperature=0.0))
