@@ -49,6 +49,11 @@ class RamCache:
         self.telemetry.add(ram_hits=1)
         return slot
 
+    def can_insert(self) -> bool:
+        """Whether `insert` would find a slot (free, not yet created, or an unlocked entry to evict)."""
+        return bool(self._free) or self._num_created < self.num_slots or \
+            any(not self._locks.get(k) for k in self._entries)
+
     def insert(self, key: Key) -> int:
         """A slot for a new block (evicting the least recently used unlocked one). Fill it, then use it."""
         if self._free:

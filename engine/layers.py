@@ -43,12 +43,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
     if q.is_cuda:
         # Fused attention: never materialises the [Hq, T, S] scores (a 2048-token prompt of a
         # 32-head model would need 0.5 GB for them), and is CUDA-graph capturable.
-        key_positions = torch.arange(k.shape[0], device=q.device)
-        visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
-        if window:
-            visible &= key_positions[None, :] > q_positions[:, None] - window
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                             attn_mask=visible, enable_gqa=True)   # [Hq, T, D]
+        qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        if q.shape[0] == k.shape[0] and not window:
+            # A prompt from position 0: plain causal (flash kernel, no mask tensor at all). Callers
+            # pass q_positions = 0..T-1 here; decode steps and windows take the masked path.
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+        else:
+            key_positions = torch.arange(k.shape[0], device=q.device)
+            visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
+            if window:
+                visible &= key_positions[None, :] > q_positions[:, None] - window
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, enable_gqa=True)   # [Hq, T, D]
         return out.transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
     group = num_q_heads // k.shape[1]
     k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]

@@ -37,8 +37,10 @@ class DecodeConfig:
 def default_config(fmt: str) -> DecodeConfig:
     """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (BENCHMARKS.md)."""
     if fmt == "fp8":
-        return DecodeConfig(block_i=8, block_h=4, block_k=1024)
-    return DecodeConfig(block_i=16, block_h=8, block_k=512)
+        return DecodeConfig(block_i=8, block_h=16, block_k=512, split_down=True)
+    if fmt == "nvfp4":
+        return DecodeConfig(block_i=4, block_h=8, block_k=512, num_warps=2, split_down=True)
+    return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
 
 @triton.jit

@@ -144,6 +144,7 @@ def stage_tests():
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels", "tests/streaming", "-q",
                            "-p", "no:cacheprovider", "-k", "not bench"], cwd=ROOT, capture_output=True, text=True)
+    (OUT / "pytest.txt").write_text(proc.stdout[-200000:] + "\n" + proc.stderr[-20000:])
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
     RESULTS["tests"] = {"rc": proc.returncode, "tail": tail, "stderr": proc.stderr[-2000:],
                         "seconds": time.perf_counter() - start}
@@ -280,7 +281,8 @@ STAGES = {
     "bench-qwen3": lambda: bench("qwen3-fp8-streaming", [
         "--preset", "qwen3-30b-a3b", "--quant", "fp8", "--vram-budget", "7GiB", "--ram-cache", "2GiB",
         "--prompt-tokens", "2048", "--new-tokens", "24"]),
-    "baseline": lambda: bench("olmoe-bf16-vs-accelerate", [
+    "rm-qwen3": lambda: [__import__("shutil").rmtree(p, ignore_errors=True) for p in WORK.glob("qwen3-*")],
+    "baseline": lambda: bench("olmoe-fp8-vs-accelerate", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB", "--ram-cache", "2GiB",
         "--prompt-tokens", "32", "--new-tokens", "64", "--baseline", "accelerate", "--baseline-new-tokens", "6"]),
 }

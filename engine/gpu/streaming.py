@@ -170,6 +170,8 @@ class StreamingMoe:
         return placed
 
     def _start_read(self, key: Key) -> tuple[int, Future]:
+        if not self.cache.can_insert():      # every RAM block is locked by a copy in flight: let them land
+            self._wait_copies()
         ram_slot = self.cache.insert(key)
         self.cache.lock(key)
         return ram_slot, self.store.submit(*key, self.cache.block(ram_slot).numpy())
@@ -206,6 +208,11 @@ class StreamingMoe:
         self._inflight.append((start, end, key))
         return slot
 
+    def _wait_copies(self) -> None:
+        for _, end, _ in self._inflight:
+            end.synchronize()
+        self._release_finished_copies()
+
     def _release_finished_copies(self) -> None:
         still = []
         for start, end, key in self._inflight:
@@ -231,8 +238,10 @@ class StreamingMoe:
             if ram_slot is not None:
                 self.cache.lock(key)
                 self._copy(layer, expert, ram_slot, protected=keys)
-            else:
+            elif self.cache.can_insert():     # a prefetch never waits: with a full, locked cache it is skipped
                 self._reads[key] = self._start_read(key)
+            else:
+                continue
             issued.add(expert)
         self._prefetched[layer] = issued
         self.telemetry.add(prefetch_issued=len(issued))
