@@ -39,8 +39,11 @@ def run(args: argparse.Namespace) -> int:
                               f"(it runs {', '.join(_families())}); nothing was downloaded.")
         dst = Path(args.dst_dir) if args.dst_dir else default_download_dir(repo_id)
         files = info.model_files()
+        total = sum(f.size for f in files)
         print(f"{repo_id} @ {info.revision[:12]}: {info.family}, {len(files)} files, "
-              f"{format_size(sum(f.size for f in files))} -> {dst}", file=sys.stderr)
+              f"{format_size(total)} -> {dst}", file=sys.stderr)
+        for line in _estimate_lines(info, total, dst):
+            print(line, file=sys.stderr)
         with tqdm(total=sum(f.size for f in files), unit="B", unit_scale=True, unit_divisor=1024,
                   file=sys.stderr, desc="download", dynamic_ncols=True) as bar:
             def on_progress(p):
@@ -53,6 +56,24 @@ def run(args: argparse.Namespace) -> int:
         return 130
     print(dst)
     return 0
+
+
+def _estimate_lines(info, download_bytes: int, dst: Path) -> list[str]:
+    """What the wizard shows before downloading: parameters, and per quant size and predicted speed here."""
+    from .estimate import QUANTS, Machine, estimate, format_params, model_shape
+    from .hardware import probe
+    from .hub_download import free_disk_bytes
+    from .sizes import format_size
+    shape = model_shape(info.config)
+    hw = probe(dst.parent if not dst.exists() else dst, disk_test_bytes=64 << 20)
+    machine = Machine.from_hardware(hw, free_disk_bytes(dst))
+    lines = [f"{format_params(shape.total_params)} parameters, {format_params(shape.active_params)} active per token; "
+             f"predicted on this machine ({machine.device}, disk {format_size(hw.disk_read_bps)}/s):"]
+    for quant in QUANTS:
+        est = estimate(info.config, download_bytes, machine, quant)
+        lines.append(f"  {quant:>5}: {format_size(est.repacked_bytes)} repacked, "
+                     f"{format_size(est.bytes_per_token)} moved per token, {est.tok_s:.1f} tok/s: {est.verdict}")
+    return lines
 
 
 def _families() -> tuple[str, ...]:

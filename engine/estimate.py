@@ -90,6 +90,14 @@ def model_shape(config: dict) -> ModelShape:
     return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
 
 
+def format_params(n: int) -> str:
+    """30532122624 -> '30.5B'."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
 def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
     skip = set(config.get("mlp_only_layers") or [])
     step = config.get("decoder_sparse_step") or 1

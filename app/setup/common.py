@@ -67,13 +67,6 @@ def describe_machine(hw) -> str:
     return f"This computer: {format_size(hw.ram_total_bytes)} RAM, {gpu}, {disk} (measured)."
 
 
-def format_params(n: int) -> str:
-    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f}{unit}"
-    return str(n)
-
-
 def format_rate(bps: float) -> str:
     from engine.sizes import format_size
     return f"{format_size(bps)}/s"

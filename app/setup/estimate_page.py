@@ -5,7 +5,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
                                QWizardPage)
 
-from .common import VERDICT_COLORS, describe_machine, format_params, format_speed, machine_for, snapshot_dir
+from .common import VERDICT_COLORS, describe_machine, format_speed, machine_for, snapshot_dir
 from .quant_table import QuantTable
 from .task import Task, stop_and_wait
 
@@ -113,7 +113,7 @@ class EstimatePage(QWizardPage):
         self.task.start()
 
     def _on_info(self, result) -> None:
-        from engine.estimate import model_shape
+        from engine.estimate import format_params, model_shape
         from engine.hub import supported_families
         from engine.sizes import format_size
         info, estimates, hw = result

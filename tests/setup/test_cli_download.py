@@ -32,6 +32,7 @@ def test_download_headless_with_progress_bar(hub, model_folders, tmp_path):
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(dst)
     assert "qwen3_moe" in run.stderr and "100%" in run.stderr and "download" in run.stderr
+    assert "fp8: " in run.stderr and "tok/s: fits fast" in run.stderr           # the estimate, before the bytes
     names = [p.name for p in model_folders[SUPPORTED_REPO].iterdir()]
     assert same_files(model_folders[SUPPORTED_REPO], dst, names)
 

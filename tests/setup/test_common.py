@@ -1,7 +1,8 @@
 """Qt-free wizard helpers: where downloads and models go, and the numbers the pages show."""
 from __future__ import annotations
 
-from app.setup.common import format_duration, format_params, model_dir_name, snapshot_dir
+from app.setup.common import format_duration, model_dir_name, snapshot_dir
+from engine.estimate import format_params
 
 
 def test_snapshots_are_hidden_beside_the_models(tmp_path):
