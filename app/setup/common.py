@@ -17,6 +17,24 @@ def snapshot_dir(models_dir: Path, repo_id: str) -> Path:
     return Path(models_dir) / DOWNLOADS_SUBDIR / repo_id.replace("/", "--")
 
 
+def unfinished_downloads(models_dir: Path) -> list[tuple[str, str, int]]:
+    """(repo_id, revision, bytes on disk) of downloads that were stopped before the end, newest first."""
+    import json
+    from engine.hub_download import STATE_DIR
+    found = []
+    for manifest_path in (Path(models_dir) / DOWNLOADS_SUBDIR).glob(f"*/{STATE_DIR}/manifest.json"):
+        try:
+            manifest = json.loads(manifest_path.read_text())
+        except (OSError, ValueError):
+            continue
+        if not manifest.get("parts"):
+            continue
+        snapshot = manifest_path.parent.parent
+        on_disk = sum(p.stat().st_size for p in snapshot.rglob("*") if p.is_file() and p.name != "manifest.json")
+        found.append((manifest_path.stat().st_mtime, manifest["repo_id"], manifest["revision"], on_disk))
+    return [(repo_id, revision, size) for _, repo_id, revision, size in sorted(found, reverse=True)]
+
+
 def model_dir_name(source_name: str, quant: str) -> str:
     base = source_name.split("--")[-1] if "--" in source_name else source_name
     safe = re.sub(r"[^\w.]+", "-", base).strip("-")

@@ -11,8 +11,9 @@ COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
 
 
 class SearchPage(QWizardPage):
-    def __init__(self, parent=None):
+    def __init__(self, models_dir, parent=None):
         super().__init__(parent)
+        self.models_dir = models_dir
         self.setTitle("Find a model")
         self.setSubTitle("Search the Hugging Face hub, or paste a model name (owner/name) or its address.")
         self.task: Task | None = None
@@ -57,6 +58,25 @@ class SearchPage(QWizardPage):
         self.results.itemSelectionChanged.connect(self.completeChanged)
         self.results.itemDoubleClicked.connect(lambda *_: self.wizard().next())
         self.token_button.clicked.connect(self.ask_token)
+
+    def initializePage(self) -> None:
+        self._list_unfinished()
+
+    def _list_unfinished(self) -> None:
+        """Downloads stopped earlier (paused, app closed, network lost) come first: one click continues."""
+        from engine.sizes import format_size
+        from .common import unfinished_downloads
+        unfinished = unfinished_downloads(self.models_dir)
+        for repo_id, revision, on_disk in unfinished:
+            item = QTreeWidgetItem([f"{repo_id} — unfinished, {format_size(on_disk)} downloaded", "", "yes", "", ""])
+            item.setData(0, Qt.ItemDataRole.UserRole, repo_id)
+            item.setData(1, Qt.ItemDataRole.UserRole, revision)
+            item.setToolTip(0, "Continue this download where it stopped")
+            self.results.addTopLevelItem(item)
+        if unfinished:
+            self.results.setCurrentItem(self.results.topLevelItem(0))
+            self.status.setText(f"{len(unfinished)} unfinished download(s): pick one and press Next to continue, "
+                                "or search for another model.")
 
     # --- search ------------------------------------------------------------------------------------
     def search(self) -> None:
@@ -110,7 +130,7 @@ class SearchPage(QWizardPage):
         revision = self.revision.text().strip() or None
         item = self.results.currentItem()
         if item is not None and item.isSelected():
-            return item.data(0, Qt.ItemDataRole.UserRole), revision
+            return item.data(0, Qt.ItemDataRole.UserRole), revision or item.data(1, Qt.ItemDataRole.UserRole)
         try:
             repo_id, rev = parse_repo_ref(self.query.text())
         except SluiceError:

@@ -45,7 +45,7 @@ class DownloadWizard(_SetupWizard):
     def __init__(self, models_dir, parent=None):
         super().__init__(models_dir, parent)
         self.setWindowTitle("Download a model")
-        self.search_page = SearchPage()
+        self.search_page = SearchPage(self.models_dir)
         self.estimate_page = EstimatePage(self.models_dir)
         self.download_page = DownloadPage(self.models_dir)
         self.options_page = RepackOptionsPage(self.models_dir, source_editable=False)

@@ -153,7 +153,8 @@ def test_pasted_name_lost_network_retry_then_pause_and_reopened_wizard_resumes(q
     again = DownloadWizard(models_dir)                     # opened again later
     qtbot.addWidget(again)
     again.show()
-    qtbot.keyClicks(again.search_page.query, SUPPORTED_REPO)
+    first = again.search_page.results.topLevelItem(0)      # offered first, already selected
+    assert first.text(0).startswith(f"{SUPPORTED_REPO} — unfinished") and first.isSelected()
     _next(qtbot, again)
     _next(qtbot, again)
     qtbot.waitUntil(lambda: again.currentPage() is again.options_page, timeout=WAIT_MS)
