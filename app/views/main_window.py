@@ -8,7 +8,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
-                               QProgressDialog, QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
+                               QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
 from engine.sizes import parse_size
@@ -41,7 +41,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.model_info: dict | None = None
         self.loading_path: str | None = None
         self.last_dialog = None          # the latest error dialog or job progress dialog (tests read it)
-        self._job_dialogs: dict[int, QProgressDialog] = {}
+        self._job_dialogs: dict = {}     # job id -> JobDialog
         self._job_then_load: dict[int, bool] = {}
         self._stream_started_s: float | None = None
         self._is_shut_down = False

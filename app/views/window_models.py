@@ -5,12 +5,12 @@ from __future__ import annotations
 import gc
 from pathlib import Path
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QFileDialog, QProgressDialog
+from PySide6.QtWidgets import QFileDialog
 
 from engine.sizes import parse_size
 
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
+from .dialogs import JobDialog
 
 DEMO_DIR_NAME = "sluice-demo-random-moe"
 
@@ -155,12 +155,7 @@ class ModelActionsMixin:
     # jobs (repack, demo) ------------------------------------------------------------------------------
     def run_job(self, kind: str, label: str, load_after: bool = False, **args) -> int:
         job_id = self.host.run_job(kind, **args)
-        dialog = QProgressDialog(label, "Cancel", 0, 0, self)
-        dialog.setWindowTitle("Sluice")
-        dialog.setWindowModality(Qt.WindowModality.WindowModal)
-        dialog.setMinimumDuration(0)
-        dialog.setAutoClose(False)
-        dialog.setAutoReset(False)
+        dialog = JobDialog(label, self)
         dialog.canceled.connect(lambda: self.host.cancel_job(job_id))
         dialog.show()
         self._job_dialogs[job_id] = dialog
@@ -170,20 +165,15 @@ class ModelActionsMixin:
 
     def _on_job_progress(self, job_id: int, done: int, total: int, message: str) -> None:
         dialog = self._job_dialogs.get(job_id)
-        if dialog is not None and total > 0:
-            if message:
-                dialog.setLabelText(message)
-            dialog.setMaximum(total)
-            # Last: on a modal progress dialog setValue() processes events, which may finish the job
-            # and delete this dialog.
-            dialog.setValue(min(done, total))
+        if dialog is not None:
+            dialog.set_progress(done, total, message)
 
     def _close_job(self, job_id: int) -> None:
         dialog = self._job_dialogs.pop(job_id, None)
         if dialog is not None:
             if self.last_dialog is dialog:
                 self.last_dialog = None
-            dialog.close()
+            dialog.hide()                    # not close(): that would reject(), i.e. cancel the job
             dialog.deleteLater()
 
     def _on_job_finished(self, job_id: int, result: str) -> None:
