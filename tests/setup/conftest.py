@@ -1,7 +1,6 @@
 """Fixtures for the model-setup tests: small random-weight repos served by a local mock hub."""
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -12,19 +11,7 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))   # tests/hubserver.py
 
 from hubserver import HubServer  # noqa: E402
-
-SUPPORTED_REPO = "tiny-moe/Qwen3-MoE-tiny"
-MIXTRAL_REPO = "tiny-moe/Mixtral-tiny"
-UNSUPPORTED_REPO = "tiny-dense/Llama-tiny"
-
-
-def build_llama(dst: Path) -> Path:
-    """A dense llama (not a MoE): Sluice must refuse it from config.json alone."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-    cfg = AutoConfig.for_model("llama", vocab_size=256, hidden_size=64, intermediate_size=512, num_hidden_layers=2,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=16)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(str(dst))
-    return dst
+from setup_support import MIXTRAL_REPO, SUPPORTED_REPO, UNSUPPORTED_REPO, build_llama  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -54,11 +41,3 @@ def hub(model_folders, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     yield server
     server.stop()
-
-
-def same_files(src: Path, dst: Path, names) -> bool:
-    return all((src / n).read_bytes() == (dst / n).read_bytes() for n in names)
-
-
-def config_of(folder: Path) -> dict:
-    return json.loads((folder / "config.json").read_text())

@@ -23,7 +23,7 @@ from hubserver import HubServer  # noqa: E402
 def build_models(root: Path) -> dict[str, tuple[Path, int, int]]:
     from engine.demo import build_hf_model
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from conftest import build_llama
+    from setup_support import build_llama
     return {
         "sluice-test/Qwen3-MoE-small-random": (build_hf_model(
             "qwen3_moe", root / "small", num_layers=12, num_experts=64, num_experts_per_tok=4, hidden_size=256,

@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import SUPPORTED_REPO, UNSUPPORTED_REPO, same_files
+from setup_support import SUPPORTED_REPO, UNSUPPORTED_REPO, same_files
 from engine.hub_download import STATE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -68,7 +68,7 @@ def test_bytes_per_token_and_speed_follow_the_roofline_by_hand():
 
 
 def test_budget_split_and_block_size_match_the_engine(model_folders, tmp_path):
-    from conftest import SUPPORTED_REPO, config_of
+    from setup_support import SUPPORTED_REPO, config_of
     from engine import load
     from engine.repack import repack
     src = model_folders[SUPPORTED_REPO]

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from conftest import MIXTRAL_REPO, SUPPORTED_REPO, UNSUPPORTED_REPO, same_files
+from setup_support import MIXTRAL_REPO, SUPPORTED_REPO, UNSUPPORTED_REPO, same_files
 from engine import SluiceError
 from engine.hub import parse_repo_ref, repo_info, search
 from engine.hub_download import STATE_DIR, DownloadStopped, download, missing_bytes

@@ -10,7 +10,7 @@ pytest.importorskip("pytestqt")
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QWizard  # noqa: E402
 
-from conftest import SUPPORTED_REPO, UNSUPPORTED_REPO  # noqa: E402
+from setup_support import SUPPORTED_REPO, UNSUPPORTED_REPO  # noqa: E402
 
 WAIT_MS = 60_000
 
