@@ -147,6 +147,8 @@ class EngineWorker(QObject):
                 self.chunk.emit(request_id, pending, stats["num_tokens"])
         except Exception as exc:
             _log_failure(exc, "generation failed")
+            if pending:                                  # keep what was generated before the failure
+                self.chunk.emit(request_id, pending, stats["num_tokens"])
             self.failed.emit(request_id, user_message(exc))
             return
         finally:

@@ -179,3 +179,19 @@ def test_a_budget_too_small_is_one_sentence_in_a_dialog_and_the_app_stays_usable
     with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS):
         window.load_model(demo_model)
     assert window.shutdown()
+
+
+def test_a_prompt_longer_than_the_context_is_one_sentence_and_the_next_chat_works(qtbot, loaded_window):
+    window = loaded_window
+    window.controller.new_conversation()
+    with qtbot.waitSignal(window.controller.message_finished, timeout=WAIT_MS) as failed:
+        window.send("experts " * 600)                      # the demo model's context is 512 tokens
+    assert failed.args[0].state == "error"
+    text = window.last_dialog.text()
+    assert "exceeds this model's context" in text and "\n" not in text
+    window.last_dialog.accept()
+    window.controller.new_conversation()
+    window.controller.set_chat_settings(ChatSettings(max_new_tokens=8))
+    with qtbot.waitSignal(window.controller.message_finished, timeout=WAIT_MS) as answered:
+        window.send("short")
+    assert answered.args[0].state == "done" and answered.args[0].content

@@ -90,3 +90,28 @@ def test_gui_never_stalls_and_keeps_up_with_a_400_tok_s_stream(qtbot, data_dir):
     qtbot.mouseClick(widget.copy_button, Qt.MouseButton.LeftButton)
     assert QGuiApplication.clipboard().text() == answer.content                     # the message's copy button
     assert window.shutdown()
+
+
+class BrokenEngine(FastFakeEngine):
+    """Fails after a few tokens, as a driver or disk error would."""
+
+    def generate(self, messages, params):
+        for i, event in enumerate(super().generate(messages, params)):
+            if i == 5:
+                raise RuntimeError("device lost")
+            yield event
+
+
+def test_an_engine_failure_keeps_the_partial_answer_and_says_so_in_one_sentence(qtbot, data_dir):
+    window = make_window(qtbot, data_dir)
+    window.host.worker._load_fn = lambda *_a, **_k: BrokenEngine(tok_s=200)
+    with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS):
+        window.load_model("/fake")
+    with qtbot.waitSignal(window.controller.message_finished, timeout=WAIT_MS) as finished:
+        window.send("go")
+    answer = finished.args[0]
+    assert answer.state == "error" and answer.content == "".join(ANSWER_PIECES[:5])
+    assert window.store.messages(answer.conversation_id)[-1].content == answer.content      # saved
+    assert window.last_dialog.text() == "The engine failed (device lost); the details are in the log file."
+    assert window.composer.send_button.text() == "Send"                                       # usable again
+    assert window.shutdown()
