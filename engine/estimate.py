@@ -254,3 +254,14 @@ def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_
         return "fits fast", f"About {tok_s:.1f} tokens per second: faster than you read."
     return "fits but slow", (f"About {tok_s:.2f} tokens per second: it runs, but answers will take a while "
                              "(a smaller quant or more RAM makes it faster).")
+
+
+def estimate_model_dir(model_dir, machine: Machine, vram_budget: int | None = None, ram_cache: int | None = None,
+                       hit_rates: tuple[float, float] | None = None) -> Estimate:
+    """The prediction for an installed Sluice model dir (its config and quant from sluice.json): what the
+    app shows beside the measured speed after a chat, with hit_rates from the engine's telemetry."""
+    import json
+    from pathlib import Path
+    manifest = json.loads((Path(model_dir) / "sluice.json").read_text())
+    return estimate(manifest["config"], 0, machine, manifest["quant"], vram_budget=vram_budget,
+                    ram_cache=ram_cache, hit_rates=hit_rates)

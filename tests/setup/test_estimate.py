@@ -6,7 +6,8 @@ import json
 import pytest
 
 from engine import SluiceError
-from engine.estimate import FAST_TOK_S, LAYER_OVERHEAD_S, Machine, estimate, expert_block_bytes, model_shape
+from engine.estimate import (FAST_TOK_S, LAYER_OVERHEAD_S, Machine, estimate, estimate_model_dir, expert_block_bytes,
+                             model_shape)
 from engine.layout import block_layout
 
 GB = 10**9
@@ -81,6 +82,8 @@ def test_budget_split_and_block_size_match_the_engine(model_folders, tmp_path):
     finally:
         engine.close()
     assert est.block_bytes == info["expert_bytes"]
+    installed = estimate_model_dir(model_dir, _machine(), vram_budget=vram_budget, ram_cache=ram_cache)
+    assert (installed.quant, installed.tok_s) == ("bf16", est.tok_s)
     assert est.expert_bytes == info["expert_bytes_total"]
     num_blocks = info["num_experts"] * est.shape.num_moe_layers
     assert est.slot_hit == pytest.approx(2 * info["slots_per_bank"] / num_blocks) and 0 < est.slot_hit < 1
