@@ -87,11 +87,6 @@ def download(info: RepoInfo, dst_dir: str | Path, files: list[HubFile] | None = 
     return dst
 
 
-def discard(dst_dir: str | Path) -> None:
-    """Forget partial downloads in dst_dir (finished files stay)."""
-    shutil.rmtree(Path(dst_dir) / STATE_DIR, ignore_errors=True)
-
-
 class _Job:
     def __init__(self, info: RepoInfo, dst: Path, files: list[HubFile], token=None, progress=None, stop_event=None):
         self.info, self.dst, self.files = info, dst, files
@@ -149,7 +144,7 @@ class _Job:
         self._report("", force=True)
 
     def _fetch_verified(self, f: HubFile) -> None:
-        for attempt in range(MAX_CORRUPT_REFETCHES + 1):
+        for _ in range(MAX_CORRUPT_REFETCHES + 1):
             self._fetch(f)
             if _file_hash(self._part(f), f) == _expected_hash(f):
                 target = self.dst / f.path
@@ -179,7 +174,7 @@ class _Job:
             if have == f.size:
                 return
             if have > f.size:                      # stale or foreign part: start over
-                self._bytes_done -= have
+                self._bytes_done -= f.size         # bytes_on_disk counted at most f.size of it
                 part.unlink()
                 continue
             error = None
