@@ -4,7 +4,7 @@ from __future__ import annotations
 import shutil
 
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout, QWizardPage
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWizardPage
 
 from .common import format_duration, format_rate, snapshot_dir
 from .task import Task, stop_and_wait
@@ -110,6 +110,10 @@ class DownloadPage(QWizardPage):
             self.start()
 
     def discard(self) -> None:
+        answer = QMessageBox.question(self, "Cancel download",
+                                      "Stop and delete everything downloaded of this model so far?")
+        if answer != QMessageBox.StandardButton.Yes:
+            return
         stop_and_wait(self.task)
         if self.dst is not None:
             shutil.rmtree(self.dst, ignore_errors=True)

@@ -238,3 +238,25 @@ def test_too_little_disk_is_shown_on_the_estimate_page_and_blocks_the_download(q
     assert "of disk for download and repack" in page.verdict.text() and "97.66 KiB is free" in page.verdict.text()
     assert not wizard.button(QWizard.WizardButton.NextButton).isEnabled()
     assert hub.weight_requests() == []
+
+
+def test_cancel_download_asks_then_deletes_the_partial_download(qtbot, hub, tmp_path, monkeypatch):
+    from PySide6.QtWidgets import QMessageBox
+    from app.setup.wizards import DownloadWizard
+    models_dir = tmp_path / "models"
+    wizard = DownloadWizard(models_dir)
+    qtbot.addWidget(wizard)
+    wizard.show()
+    _search_and_pick(qtbot, wizard, "tiny", SUPPORTED_REPO)
+    _next(qtbot, wizard)
+    hub.throttle_bps = 300_000
+    _next(qtbot, wizard)
+    page = wizard.download_page
+    qtbot.waitUntil(lambda: page.bar.value() > 0, timeout=WAIT_MS)
+    answers = iter([QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes])
+    monkeypatch.setattr(QMessageBox, "question", lambda *args, **kw: next(answers))
+    qtbot.mouseClick(page.discard_button, Qt.MouseButton.LeftButton)        # "No": nothing happens
+    assert page.task.isRunning() and wizard.currentPage() is page
+    qtbot.mouseClick(page.discard_button, Qt.MouseButton.LeftButton)        # "Yes"
+    assert wizard.currentPage() is wizard.estimate_page
+    assert not (models_dir / ".downloads" / SUPPORTED_REPO.replace("/", "--")).exists()
