@@ -41,19 +41,24 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     if q.is_cuda:
-        # Fused attention: never materialises the [Hq, T, S] scores (a 2048-token prompt of a
-        # 32-head model would need 0.5 GB for them), and is CUDA-graph capturable.
+        # Fused attention: never materialises the [Hq, T, S] scores. Prompts (T > 1) expand grouped KV
+        # heads first, because SDPA with enable_gqa falls back to the math kernel, which does
+        # materialise them (1 GB for a 2048-token Qwen3-30B prompt, measured); one decode token
+        # (T = 1, the CUDA-graphed step) keeps enable_gqa: its scores are one row.
+        group = num_q_heads // k.shape[1]
+        if q.shape[0] > 1 and group > 1:
+            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        gqa = k.shape[1] != num_q_heads
         if q.shape[0] == k.shape[0] and not window:
-            # A prompt from position 0: plain causal (flash kernel, no mask tensor at all). Callers
-            # pass q_positions = 0..T-1 here; decode steps and windows take the masked path.
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True)
+            # A prompt from position 0: plain causal (flash kernel, no mask tensor at all).
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
         else:
             key_positions = torch.arange(k.shape[0], device=q.device)
             visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
             if window:
                 visible &= key_positions[None, :] > q_positions[:, None] - window
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, enable_gqa=True)   # [Hq, T, D]
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, enable_gqa=gqa)   # [Hq, T, D]
         return out.transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
     group = num_q_heads // k.shape[1]
     k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]

@@ -278,6 +278,9 @@ STAGES = {
         bench("olmoe-fp8-cap4g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB",
                                   "--ram-cache", "1536MiB", "--prompt-tokens", "512", "--new-tokens", "64"],
               cgroup_bytes=4 << 30)],
+    "bench-olmoe-4g": lambda: bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget",
+                                                          "4GiB", "--ram-cache", "2GiB", "--prompt-tokens", "2048",
+                                                          "--new-tokens", "64"]),
     "bench-qwen3": lambda: bench("qwen3-fp8-streaming", [
         "--preset", "qwen3-30b-a3b", "--quant", "fp8", "--vram-budget", "7GiB", "--ram-cache", "2GiB",
         "--prompt-tokens", "2048", "--new-tokens", "24"]),

@@ -82,6 +82,11 @@ class CudaModel:
         self.telemetry.info["device"] = str(self.device)
         inv_freq, scaling = rope_inv_freq(self.model_dir.manifest["config"], spec)
         self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(self.device), scaling, dtype)
+        offsets = {f.name: f.offset for f in layout.fields}
+        self.kernel_verdict = None
+        # The self-check's scratch bank (top_k + 1 blocks) comes and goes before KV and slots exist,
+        # so it never adds to the peak.
+        kernel = self._choose_kernel(layout, offsets, use_kernels)
         self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_tokens, dtype, self.device,
                           initial_tokens=max_tokens)
         for store in (self.kv.k, self.kv.v):
@@ -93,9 +98,6 @@ class CudaModel:
                               **({"allocate": allocate} if allocate else {}))
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, self.telemetry)
         self.scheduler = ExpertScheduler(self.store, self.cache, self.banks, self.telemetry)
-        offsets = {f.name: f.offset for f in layout.fields}
-        self.kernel_verdict = None
-        kernel = self._choose_kernel(layout, offsets, use_kernels)
         self.moe = StreamingMoe(self.store, self.cache, self.banks, self.telemetry, kernel, layout.fmt, offsets,
                                 layout.intermediate, self.device)
         self.dense_decode = DenseDecode(self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
