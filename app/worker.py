@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 import weakref
+from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
@@ -56,6 +57,7 @@ class EngineWorker(QObject):
     job_progress = Signal(int, int, int, str)      # job id, done, total, message
     job_finished = Signal(int, str)                # job id, result path
     job_failed = Signal(int, str)                  # job id, one sentence ("" when cancelled)
+    estimated = Signal(dict)                       # {"tok_s", "verdict", "reason"}: the roofline prediction
 
     def __init__(self, load_fn=None):
         super().__init__()
@@ -207,6 +209,26 @@ class EngineWorker(QObject):
         finally:
             self._job_cancels.pop(job_id, None)
 
+    @Slot(list)
+    def estimate_speed(self, hit_rates: list) -> None:
+        """The roofline prediction (engine.estimate) for the loaded model with its real budgets and the hit
+        rates measured so far, to show beside the measured speed. Probes the disk once per run (~1 s)."""
+        engine = self.engine
+        if engine is None or "path" not in engine.info:
+            return
+        try:
+            from engine.estimate import estimate_model_dir
+            from .setup.common import machine_for
+            info = engine.info
+            device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"
+            machine, _hardware = machine_for(Path(info["path"]).parent, device)
+            prediction = estimate_model_dir(info["path"], machine, vram_budget=info.get("vram_budget_bytes"),
+                                            ram_cache=info.get("ram_cache_bytes"), hit_rates=tuple(hit_rates))
+        except Exception:      # a prediction is a nicety: never an error dialog for it
+            log.exception("speed estimate failed")
+            return
+        self.estimated.emit({"tok_s": prediction.tok_s, "verdict": prediction.verdict, "reason": prediction.reason})
+
     @Slot()
     def shutdown(self) -> None:
         self._close_engine()
@@ -249,11 +271,13 @@ class EngineHost(QObject):
     job_progress = Signal(int, int, int, str)
     job_finished = Signal(int, str)
     job_failed = Signal(int, str)
+    estimated = Signal(dict)
 
     _request_load = Signal(str, dict)
     _request_generate = Signal(int, list, dict)
     _request_job = Signal(int, str, dict)
     _request_shutdown = Signal()
+    _request_estimate = Signal(list)
 
     def __init__(self, parent: QObject | None = None, load_fn=None):
         super().__init__(parent)
@@ -262,12 +286,13 @@ class EngineHost(QObject):
         self.worker = EngineWorker(load_fn)
         self.worker.moveToThread(self.thread)
         for name in ("started", "load_progress", "loaded", "load_failed", "chunk", "finished", "failed",
-                     "job_progress", "job_finished", "job_failed"):
+                     "job_progress", "job_finished", "job_failed", "estimated"):
             getattr(self.worker, name).connect(getattr(self, name))     # signal -> signal, queued to GUI
         self._request_load.connect(self.worker.load_model)
         self._request_generate.connect(self.worker.generate)
         self._request_job.connect(self.worker.run_job)
         self._request_shutdown.connect(self.worker.shutdown)
+        self._request_estimate.connect(self.worker.estimate_speed)
         self.thread.started.connect(self.worker.start)
         self.thread.finished.connect(self.worker.deleteLater)
         self._next_id = 0
@@ -299,6 +324,9 @@ class EngineHost(QObject):
         self._active_jobs.add(job_id)
         self._request_job.emit(job_id, kind, args)
         return job_id
+
+    def estimate_speed(self, slot_hit_rate: float, ram_hit_rate: float) -> None:
+        self._request_estimate.emit([slot_hit_rate, ram_hit_rate])
 
     def cancel_generation(self, request_id: int) -> None:
         self.worker.cancel_generation(request_id)

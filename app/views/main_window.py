@@ -44,6 +44,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self._job_dialogs: dict = {}     # job id -> JobDialog
         self._job_then_load: dict[int, bool] = {}
         self._stream_started_s: float | None = None
+        self._last_stats: dict | None = None
         self._is_shut_down = False
 
         self.setWindowTitle(paths.APP_NAME)
@@ -173,6 +174,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         h.load_failed.connect(self._on_load_failed)
         h.chunk.connect(self._on_chunk)
         h.finished.connect(self._on_finished)
+        h.estimated.connect(self._on_estimated)
         h.job_progress.connect(self._on_job_progress)
         h.job_finished.connect(self._on_job_finished)
         h.job_failed.connect(self._on_job_failed)
@@ -219,8 +221,29 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             self.speed_label.setText(f"{rate:.1f} tok/s")
 
     def _on_finished(self, _request_id: int, stats: dict) -> None:
+        self._last_stats = stats
         if stats.get("tok_s"):
             self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s · TTFT {stats.get('ttft_s') or 0:.2f} s")
+            self._request_prediction()
+
+    def _request_prediction(self) -> None:
+        """Ask for the roofline prediction with the hit rates measured so far (shown beside the measured speed)."""
+        snapshot = self.host.telemetry() or {}
+
+        def hit_rate(section: str) -> float:
+            counts = snapshot.get(section) or {}
+            lookups = counts.get("hits", 0) + counts.get("misses", 0)
+            return counts.get("hits", 0) / lookups if lookups else 0.0
+        self.host.estimate_speed(hit_rate("vram"), hit_rate("ram_cache"))
+
+    def _on_estimated(self, prediction: dict) -> None:
+        self.panels.predicted_tok_s = prediction["tok_s"]
+        stats = self._last_stats or {}
+        if stats.get("tok_s"):
+            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s (predicted {prediction['tok_s']:.1f}) · "
+                                     f"TTFT {stats.get('ttft_s') or 0:.2f} s")
+            self.speed_label.setToolTip(f"Predicted by the roofline from this computer's measured disk and memory "
+                                        f"speeds and the cache hit rates so far: {prediction['reason']}")
 
     def edit_chat_settings(self) -> None:
         if self.controller.conversation is None:

@@ -37,6 +37,7 @@ class LivePanels(QWidget):
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
+        self.predicted_tok_s: float | None = None      # the roofline prediction (engine.estimate), when known
         self._ticks = 0
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -169,8 +170,9 @@ class LivePanels(QWidget):
         else:
             self.core_label.setText("—")
         speed = snapshot.get("speed") or {}
+        predicted = f" · predicted {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
         self.speed_label.setText(f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
-                                 f"{speed.get('prefill_tok_s', 0.0):.1f}")
+                                 f"{speed.get('prefill_tok_s', 0.0):.1f}{predicted}")
         spec = snapshot.get("speculation") or {}
         recall = h.speculation_recall()
         self.speculation_label.setText(f"{_percent(recall)} ({spec.get('correct', 0)} of {spec.get('predicted', 0)})")

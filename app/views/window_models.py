@@ -64,6 +64,7 @@ class ModelActionsMixin:
         self.controller.stop()
         self.loading_path = str(path)
         self.model_info = None
+        self.panels.predicted_tok_s = None
         self.controller.model_name = None
         self.model_label.setText(f"Loading {Path(path).name}…")
         self.load_bar.setRange(0, 0)

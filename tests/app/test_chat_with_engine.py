@@ -120,7 +120,7 @@ def _numbers(text: str) -> dict:
 def test_panels_show_cache_hits_misses_and_disk_bytes_after_a_generation(qtbot, loaded_window):
     window = loaded_window
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=24))
-    with qtbot.waitSignal(window.controller.message_finished, timeout=WAIT_MS):
+    with qtbot.waitSignals([window.controller.message_finished, window.host.estimated], timeout=WAIT_MS):
         window.send("Fill the cache")
     qtbot.wait(300)                                         # a few 10 Hz refreshes
     panels = window.panels
@@ -133,6 +133,9 @@ def test_panels_show_cache_hits_misses_and_disk_bytes_after_a_generation(qtbot, 
     assert "layer" in panels.slot_map.describe(next(s for s in panels.slot_map.slots if s["state"] != "empty"))
     assert panels.core_label.text() != "—"
     assert window.model_label.text().startswith("Sluice demo")
+    # the roofline prediction for this machine and these hit rates, beside the measured speed
+    assert re.search(r"tok/s \(predicted \d+\.\d\)", window.speed_label.text())
+    assert re.search(r"predicted \d+\.\d", panels.speed_label.text())
 
 
 def test_switching_model_while_generating_keeps_the_partial_answer(qtbot, loaded_window, demo_model):
