@@ -100,6 +100,7 @@ def take_screenshots() -> int:
     pump(6.0)                            # ~150 tokens in: the plots have history
     shot("panels")
     wait_until(lambda: not window.controller.is_generating, 120)
+    wait_until(lambda: "roofline" in window.speed_label.text(), 60)    # the roofline, beside the measured
     window.panels_dock.setVisible(False)
     shot("chat")
     window.panels_dock.setVisible(True)

@@ -240,10 +240,12 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.panels.predicted_tok_s = prediction["tok_s"]
         stats = self._last_stats or {}
         if stats.get("tok_s"):
-            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s (predicted {prediction['tok_s']:.1f}) · "
+            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s (roofline {prediction['tok_s']:.1f}) · "
                                      f"TTFT {stats.get('ttft_s') or 0:.2f} s")
-            self.speed_label.setToolTip(f"Predicted by the roofline from this computer's measured disk and memory "
-                                        f"speeds and the cache hit rates so far: {prediction['reason']}")
+            self.speed_label.setToolTip("Roofline: the speed this computer's measured disk and memory bandwidths "
+                                        "allow at the cache hit rates seen so far (the setup wizard's estimate). "
+                                        "The gap to the measured speed is per-read and per-layer overhead, "
+                                        "largest on tiny models.")
 
     def edit_chat_settings(self) -> None:
         if self.controller.conversation is None:

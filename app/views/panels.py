@@ -170,7 +170,7 @@ class LivePanels(QWidget):
         else:
             self.core_label.setText("—")
         speed = snapshot.get("speed") or {}
-        predicted = f" · predicted {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
+        predicted = f" · roofline {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
         self.speed_label.setText(f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
                                  f"{speed.get('prefill_tok_s', 0.0):.1f}{predicted}")
         spec = snapshot.get("speculation") or {}
