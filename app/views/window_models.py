@@ -65,6 +65,9 @@ class ModelActionsMixin:
         self.loading_path = str(path)
         self.model_info = None
         self.panels.predicted_tok_s = None
+        self.speed_label.setText("")
+        self.speed_label.setToolTip("")
+        self._last_stats = None
         self.controller.model_name = None
         self.model_label.setText(f"Loading {Path(path).name}…")
         self.load_bar.setRange(0, 0)
