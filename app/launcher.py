@@ -111,11 +111,11 @@ def install_macos(command: list[str] | None = None, applications_dir: Path | Non
 
 
 def install_windows(command: list[str] | None = None) -> list[Path]:
-    command = command or sluice_command()
+    pythonw = Path(sys.executable).with_name("pythonw.exe")
+    # pythonw: a GUI start without a console window (sluice.exe is a console program)
+    command = command or ([str(pythonw), "-m", "app.main"] if pythonw.exists() else sluice_command())
     target = command[0]
     arguments = subprocess.list2cmdline(command[1:])
-    if target.lower().endswith("python.exe"):                       # no console window for the GUI
-        target = str(Path(target).with_name("pythonw.exe"))
     ps1 = PACKAGING_DIR / "windows" / "install-shortcut.ps1"
     subprocess.run(["powershell", "-NoProfile", "-ExecutionPolicy", "Bypass", "-File", str(ps1),
                     "-Target", target, "-Arguments", arguments or " ",

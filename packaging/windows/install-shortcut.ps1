@@ -2,14 +2,15 @@
 # Usage (from the repository, with Sluice installed in .venv):
 #   powershell -ExecutionPolicy Bypass -File packaging\windows\install-shortcut.ps1
 # or with an explicit target:
-#   ... -Target C:\path\to\.venv\Scripts\sluice.exe
+#   ... -Target C:\path\to\.venv\Scripts\pythonw.exe -Arguments "-m app.main"
+# pythonw starts the GUI without a console window.
 param(
     [string]$Target = "",
     [string]$Arguments = "",
     [string]$Icon = ""
 )
 $root = Resolve-Path (Join-Path $PSScriptRoot "..\..")
-if (-not $Target) { $Target = Join-Path $root ".venv\Scripts\sluice.exe" }
+if (-not $Target) { $Target = Join-Path $root ".venv\Scripts\pythonw.exe"; $Arguments = "-m app.main" }
 if (-not (Test-Path $Target)) { Write-Error "Sluice is not installed at $Target; run the installer first."; exit 1 }
 if (-not $Icon) { $Icon = Join-Path $root "resources\io.github.sluice.Sluice.ico" }
 $shell = New-Object -ComObject WScript.Shell
