@@ -38,7 +38,7 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
         raise SluiceError(
             f"The VRAM budget of {format_size(vram_budget)} is too small for this model: it needs at least "
             f"{format_size(min_vram)} ({min_vram} bytes: dense weights {format_size(dense_bytes)}, KV cache "
-            f"{format_size(kv_bytes)}, two banks of {top_k} expert slots); raise --vram-budget to at least that.")
+            f"{format_size(kv_bytes)}, two banks of {top_k} expert slots); raise the VRAM budget (--vram-budget, or Settings in the app) to at least that.")
     slots_per_bank = min((vram_budget - fixed) // (2 * block_bytes), all_slots)
     min_ram = top_k * block_bytes
     if ram_cache is None:
@@ -46,5 +46,5 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
     if ram_cache < min_ram:
         raise SluiceError(
             f"The RAM cache of {format_size(ram_cache)} is too small for this model: it needs at least "
-            f"{format_size(min_ram)} ({min_ram} bytes, one token's {top_k} experts); raise --ram-cache to at least that.")
+            f"{format_size(min_ram)} ({min_ram} bytes, one token's {top_k} experts); raise the RAM cache (--ram-cache, or Settings in the app) to at least that.")
     return Plan(vram_budget, dense_bytes, kv_bytes, workspace_bytes, slots_per_bank, ram_cache, block_bytes)
