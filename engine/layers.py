@@ -42,13 +42,14 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     if q.is_cuda:
         # Fused attention: never materialises the [Hq, T, S] scores. Prompts (T > 1) expand grouped KV
-        # heads first, because SDPA with enable_gqa falls back to the math kernel, which does
-        # materialise them (1 GB for a 2048-token Qwen3-30B prompt, measured); one decode token
-        # (T = 1, the CUDA-graphed step) keeps enable_gqa: its scores are one row.
+        # heads first (SDPA with enable_gqa may take the math kernel); one decode token (T = 1, the
+        # CUDA-graphed step) keeps enable_gqa: its scores are one row.
         group = num_q_heads // k.shape[1]
         if q.shape[0] > 1 and group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        qt, kt, vt = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1)
+        # 4-D [1, heads, tokens, D]: with 3-D inputs SDPA silently takes the math kernel, which
+        # materialises the scores (measured: +0.37 GB at 2048 tokens on OLMoE, +1 GB on Qwen3-30B).
+        qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
         gqa = k.shape[1] != num_q_heads
         if q.shape[0] == k.shape[0] and not window:
             # A prompt from position 0: plain causal (flash kernel, no mask tensor at all).
@@ -59,7 +60,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
             if window:
                 visible &= key_positions[None, :] > q_positions[:, None] - window
             out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, enable_gqa=gqa)   # [Hq, T, D]
-        return out.transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
+        return out[0].transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
     group = num_q_heads // k.shape[1]
     k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]
     v = v.repeat_interleave(group, dim=1)

@@ -64,44 +64,61 @@ class CudaModel:
         spec, layout = self.model_dir.spec, self.model_dir.layout
         self.spec, self.dtype = spec, dtype
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
-        if self.device.type == "cuda":
+        is_cuda = self.device.type == "cuda"
+        base_bytes = 0
+        if is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+            base_bytes = torch.cuda.memory_allocated(self.device)      # not ours (e.g. other models in a test)
         dense = load_file(str(self.model_dir.path / DENSE_FILE), device="cpu")
         weights = {k: v.to(self.device, dtype) for k, v in dense.items()}
         del dense
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         kv_bytes = 2 * spec.num_layers * max_tokens * spec.num_kv_heads * spec.head_dim * dtype_bytes
         work = workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes, self.device.type)
-        self.plan = plan_budgets(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
-                                 num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
-                                 workspace_bytes=work, vram_budget=parse_size(vram_budget),
-                                 ram_cache=parse_size(ram_cache), default_vram=default_vram,
-                                 default_ram=default_ram)
-        self.telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes,
-                           vram_slot_bytes=self.plan.slot_bytes, kv_tokens=max_tokens)
-        self.telemetry.info["device"] = str(self.device)
+        budgets = dict(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
+                       num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                       vram_budget=parse_size(vram_budget), ram_cache=parse_size(ram_cache),
+                       default_vram=default_vram, default_ram=default_ram)
+        plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
         inv_freq, scaling = rope_inv_freq(self.model_dir.manifest["config"], spec)
         self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(self.device), scaling, dtype)
         offsets = {f.name: f.offset for f in layout.fields}
         self.kernel_verdict = None
-        # The self-check's scratch bank (top_k + 1 blocks) comes and goes before KV and slots exist,
-        # so it never adds to the peak.
+        # The self-check's scratch bank (top_k + 1 blocks) comes and goes before KV and slots exist.
         kernel = self._choose_kernel(layout, offsets, use_kernels)
         self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_tokens, dtype, self.device,
                           initial_tokens=max_tokens)
         for store in (self.kv.k, self.kv.v):
             for t in store:
                 t.zero_()
+        self.dense_decode = DenseDecode(self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
+        self._captured = False
+        graph_bytes = 0
+        if is_cuda:
+            # Capture the decode graphs now, before the slot banks exist, and charge what they really
+            # hold (their memory pool, library workspaces of their capture streams) and the peak they
+            # reached to the budget: measured, not estimated. The banks get what is left.
+            if self.dense_decode.use_graphs:
+                with torch.inference_mode():
+                    self.dense_decode.capture()
+                self._captured = True
+            torch.cuda.synchronize(self.device)
+            held = torch.cuda.memory_allocated(self.device) - base_bytes
+            peak = torch.cuda.max_memory_allocated(self.device) - base_bytes
+            graph_bytes = max(held - dense_bytes - kv_bytes, 0)
+            work = max(work, peak - held)
+        self.plan = plan_budgets(workspace_bytes=work + graph_bytes, **budgets)
+        self.telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes,
+                           kv_tokens=max_tokens, vram_graph_bytes=graph_bytes)
+        self.telemetry.info["device"] = str(self.device)
         self.store = ExpertStore(self.model_dir, self.telemetry)
-        allocate = pinned_buffer if self.device.type == "cuda" else None
+        allocate = pinned_buffer if is_cuda else None
         self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, self.telemetry,
                               **({"allocate": allocate} if allocate else {}))
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, self.telemetry)
         self.scheduler = ExpertScheduler(self.store, self.cache, self.banks, self.telemetry)
         self.moe = StreamingMoe(self.store, self.cache, self.banks, self.telemetry, kernel, layout.fmt, offsets,
                                 layout.intermediate, self.device)
-        self.dense_decode = DenseDecode(self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
-        self._captured = False
 
     def _choose_kernel(self, layout, offsets, use_kernels):
         from kernels.moe_decode import moe_decode_ref

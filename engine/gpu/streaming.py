@@ -48,6 +48,7 @@ class StreamingMoe:
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(4)]
         self._stage_next = 0
         self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None   # one pool for all layers
 
     # ------------------------------------------------------------------ one layer
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor,
@@ -138,7 +139,7 @@ class StreamingMoe:
                                       self.offsets, self.intermediate)
             run()                                                 # compile / warm up outside the capture
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, pool=self._graph_pool):
                 out = run()
             entry = self._graphs[layer] = (graph, static_slots, out)
         graph, static_slots, out = entry
