@@ -119,7 +119,7 @@ def test_verdicts():
     no_ram = estimate(MIXTRAL_8X7B, 93 * GB, _machine(ram_available_bytes=4 * 2**30), "bf16")
     assert no_ram.verdict == "will not run" and "memory" in no_ram.reason
     too_small = estimate(MIXTRAL_8X7B, 93 * GB, _machine(), "bf16", vram_budget=2 * 2**30)
-    assert too_small.verdict == "will not run" and "raise --vram-budget" in too_small.reason   # the engine's words
+    assert too_small.verdict == "will not run" and "--vram-budget" in too_small.reason   # the engine's words
     tiny_gpu = estimate(MIXTRAL_8X7B, 93 * GB, _machine(device="cuda", vram_bytes=2 * 2**30, pcie_bps=25 * GB), "bf16")
     assert tiny_gpu.verdict == "will not run" and "GPU memory" in tiny_gpu.reason
 
