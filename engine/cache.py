@@ -49,6 +49,16 @@ class RamCache:
         self.telemetry.add(ram_hits=1)
         return slot
 
+    def demote(self, key: Key) -> None:
+        """Make a cached block the first to be evicted (it now also sits in a VRAM slot)."""
+        if key in self._entries:
+            self._entries.move_to_end(key, last=False)
+
+    def touch(self, key: Key) -> None:
+        """Make a cached block the most recent, without counting a hit or a miss."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
     def can_insert(self) -> bool:
         """Whether `insert` would find a slot (free, not yet created, or an unlocked entry to evict)."""
         return bool(self._free) or self._num_created < self.num_slots or \

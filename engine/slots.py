@@ -44,9 +44,11 @@ class SlotBanks:
         resident = self._resident[bank]
         used = set(resident.values())
         slot = next((s for s in range(self.slots_per_bank) if s not in used), None)
+        self.last_evicted: tuple[Key, int] | None = None     # (key, slot) whose bytes are about to be replaced
         if slot is None:
             victim = next(k for k in resident if k not in protected)
             slot = resident.pop(victim)
+            self.last_evicted = (victim, slot)
         resident[key] = slot
         self._key[bank][slot] = key
         self._state[bank][slot] = "loading"

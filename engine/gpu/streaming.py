@@ -30,11 +30,16 @@ Key = tuple[int, int]
 
 class StreamingMoe:
     def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry,
-                 kernel: Callable, fmt: str, offsets: dict[str, int], intermediate: int, device: torch.device):
+                 kernel: Callable, fmt: str, offsets: dict[str, int], intermediate: int, device: torch.device,
+                 exclusive: bool = True):
         self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
         self.kernel, self.fmt, self.offsets, self.intermediate = kernel, fmt, offsets, intermediate
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
+        # Exclusive tiers: a block copied into VRAM is demoted in RAM, and a block evicted from VRAM is
+        # written back to RAM (device -> host, 0.1 ms for 6 MB), so RAM holds what VRAM does not and
+        # the two caches add up instead of duplicating each other (measured: RAM hit rate 5% when inclusive).
+        self.exclusive = exclusive
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
         self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last kernel reading the bank
@@ -190,15 +195,27 @@ class StreamingMoe:
         key = (layer, expert)
         bank = self.banks.bank_of(layer)
         slot = self.banks.acquire(key, protected)
+        evicted = getattr(self.banks, "last_evicted", None)
+        write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
         dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
         self.telemetry.add(h2d_bytes=self.cache.block_bytes)
+        if self.exclusive:
+            self.cache.demote(key)
         if not self.is_cuda:
+            if write_back is not None:
+                self.cache.block(write_back).copy_(dst)
+                self.cache.unlock(evicted[0])
             start = time.perf_counter()
             dst.copy_(src)
             self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
             self.cache.unlock(key)
             return slot
         with torch.cuda.stream(self.copy_stream):
+            if write_back is not None:           # same stream: the victim's bytes leave before new ones land
+                back = torch.cuda.Event()
+                self.cache.block(write_back).copy_(dst, non_blocking=True)
+                back.record()
+                self._inflight.append((back, back, evicted[0]))
             if self._bank_free[bank] is not None:
                 self.copy_stream.wait_event(self._bank_free[bank])
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -209,6 +226,19 @@ class StreamingMoe:
         self._inflight.append((start, end, key))
         return slot
 
+    def _victim_slot(self, victim: Key) -> int | None:
+        """RAM slot to write an evicted VRAM block back into (locked), or None: already in RAM (made
+        recent instead), or no RAM slot can be freed right now."""
+        if victim in self.cache:
+            self.cache.touch(victim)
+            return None
+        if not self.cache.can_insert():
+            return None
+        ram_slot = self.cache.insert(victim)
+        self.cache.lock(victim)
+        self.telemetry.add(d2h_bytes=self.cache.block_bytes)
+        return ram_slot
+
     def _wait_copies(self) -> None:
         for _, end, _ in self._inflight:
             end.synchronize()
@@ -218,7 +248,8 @@ class StreamingMoe:
         still = []
         for start, end, key in self._inflight:
             if end.query():
-                self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
+                if start is not end:                   # write-backs are not timed
+                    self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
                 self.cache.unlock(key)
             else:
                 still.append((start, end, key))

@@ -1,0 +1,50 @@
+"""Exclusive RAM/VRAM tiers: with RAM holding what VRAM does not (VRAM victims written back, RAM
+copies of resident experts evicted first), the two caches add up and fewer blocks come from disk."""
+import random
+
+import pytest
+import torch
+
+from engine.gpu import presets
+from engine.gpu.runtime import CudaModel
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TINY = dict(model_type="olmoe", vocab_size=300, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
+            num_attention_heads=4, num_key_value_heads=4, num_experts=16, num_experts_per_tok=4,
+            max_position_embeddings=512, tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    presets.PRESETS["tiny-olmoe-tiers"] = TINY
+    try:
+        return presets.write_sluice_dir("tiny-olmoe-tiers", tmp_path_factory.mktemp("tiers") / "m", "fp8",
+                                        device="cpu", progress=lambda msg: None)
+    finally:
+        del presets.PRESETS["tiny-olmoe-tiers"]
+
+
+def _decode_disk_reads(path, exclusive: bool) -> tuple[int, list[int]]:
+    probe = CudaModel(path, device=DEVICE, dtype=torch.float32, max_tokens=96)
+    plan = probe.plan
+    probe.close()
+    # 6 slots a bank (12 of 64 experts in VRAM) and 12 blocks of RAM: 24 distinct blocks if exclusive
+    vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * 6 * plan.block_bytes
+    model = CudaModel(path, device=DEVICE, dtype=torch.float32, max_tokens=96, vram_budget=vram,
+                      ram_cache=12 * plan.block_bytes)
+    model.moe.exclusive = exclusive
+    rng = random.Random(0)
+    prompt, feed = [rng.randrange(300) for _ in range(16)], [rng.randrange(300) for _ in range(64)]
+    try:
+        timings = model.generate(prompt, 60, feed_ids=feed)
+        reads = model.telemetry.snapshot()["disk"]["reads"] - timings.after_prefill["disk"]["reads"]
+    finally:
+        model.close()
+    return reads, timings.token_ids
+
+
+def test_exclusive_tiers_read_less_from_disk_and_compute_the_same(model_dir):
+    inclusive_reads, inclusive_tokens = _decode_disk_reads(model_dir, exclusive=False)
+    exclusive_reads, exclusive_tokens = _decode_disk_reads(model_dir, exclusive=True)
+    assert exclusive_tokens == inclusive_tokens                # the policy moves bytes, never changes math
+    assert exclusive_reads < 0.9 * inclusive_reads, (exclusive_reads, inclusive_reads)
