@@ -1,0 +1,49 @@
+"""Small pure pieces of the CUDA runtime: speculation scoring, pinned buffers, cache tier moves."""
+import pytest
+import torch
+
+from engine.cache import RamCache
+from engine.gpu.pinned import pinned_buffer, pinned_bytes
+from engine.gpu.speculation import predict_experts, score
+from engine.telemetry import Telemetry
+
+
+def test_prediction_ranks_by_router_logit():
+    router = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.5, 0.5], [-1.0, 0.0]])   # 4 experts, hidden 2
+    x = torch.tensor([[2.0, 1.0], [0.0, 3.0]])
+    assert predict_experts(router, x, 2).tolist() == [[1, 2], [0, 2]]
+    assert predict_experts(router, x, 9).shape == (2, 4)                        # never more than E
+
+
+def test_score_is_recall_of_the_used_experts():
+    assert score({1, 2, 3}, {2, 3, 4, 5}) == (2, 4)
+    assert score(set(), {7}) == (0, 1)
+
+
+def test_cache_demote_and_touch_order_evictions():
+    cache = RamCache(3 * 4096, 4096, Telemetry())
+    for key in [(0, 0), (0, 1), (0, 2)]:
+        cache.insert(key)
+    cache.demote((0, 2))                   # now also in VRAM: evict first
+    cache.touch((0, 0))                    # a VRAM victim already in RAM: keep longest
+    cache.insert((0, 3))
+    assert (0, 2) not in cache and (0, 0) in cache and (0, 1) in cache
+    cache.lock((0, 0)), cache.lock((0, 1)), cache.lock((0, 3))
+    assert not cache.can_insert()
+
+
+@pytest.mark.gpu
+def test_pinned_buffer_pins_exactly_what_is_asked():
+    before = pinned_bytes()
+    buf = pinned_buffer(5 * 4096 + 4096)
+    assert pinned_bytes() - before == 6 * 4096                 # no power-of-two rounding
+    assert buf.data_ptr() % 4096 == 0 and buf.is_pinned()       # O_DIRECT-aligned and page-locked
+    dev = torch.empty(buf.numel(), dtype=torch.uint8, device="cuda")
+    buf.fill_(7)
+    dev.copy_(buf, non_blocking=True)
+    torch.cuda.synchronize()
+    assert int(dev.sum()) == 7 * buf.numel()
+    del buf
+    import gc
+    gc.collect()
+    assert pinned_bytes() == before
