@@ -88,7 +88,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     spec, block_bytes = md.spec, md.layout.block_bytes
     disk_bps = bandwidth.disk_read_bps(md.path / EXPERTS_FILE, block_bytes)
     is_cuda = args.device.startswith("cuda")
-    h2d_bps = bandwidth.h2d_bps(args.device)
+    h2d_bps = bandwidth.h2d_bps(args.device, num_bytes=(256 << 20) if is_cuda else (32 << 20))
     hbm_bps = bandwidth.hbm_copy_bps(args.device, num_bytes=(2 << 30) if is_cuda else (64 << 20))
     log(f"bandwidths: disk {disk_bps / 1e9:.2f} GB/s (O_DIRECT, 4 threads), h2d {h2d_bps / 1e9:.1f} GB/s, "
         f"HBM copy {hbm_bps / 1e12:.2f} TB/s")
