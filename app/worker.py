@@ -178,21 +178,16 @@ class EngineWorker(QObject):
 
     @Slot(int, str, dict)
     def run_job(self, job_id: int, kind: str, args: dict) -> None:
-        """Long jobs on the engine thread: "repack" (HF snapshot -> model dir) or "demo" (build demo model)."""
+        """Long jobs on the engine thread: "demo" (build the demo model)."""
         cancel = self._job_cancels.setdefault(job_id, threading.Event())
 
         def progress(done, total, message: str = "") -> None:
-            if cancel.is_set() and kind == "demo":
+            if cancel.is_set():
                 raise LoadCancelled()
             self.job_progress.emit(job_id, int(done), int(total), str(message))
 
         try:
-            if kind == "repack":
-                from engine.repack import repack
-                result = repack(args["src"], args["dst"], quant=args.get("quant", "bf16"),
-                                progress=progress, cancel_event=cancel)
-                result = result or args["dst"]
-            elif kind == "demo":
+            if kind == "demo":
                 from engine.demo import build_demo_model
                 result = build_demo_model(args["dst"], progress=progress)
             else:

@@ -41,6 +41,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.model_info: dict | None = None
         self.loading_path: str | None = None
         self.last_dialog = None          # the latest error dialog or job progress dialog (tests read it)
+        self.last_wizard = None          # the latest setup wizard (download or repack)
         self._job_dialogs: dict = {}     # job id -> JobDialog
         self._job_then_load: dict[int, bool] = {}
         self._stream_started_s: float | None = None

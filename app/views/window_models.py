@@ -7,7 +7,9 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QFileDialog
 
+from engine.errors import SluiceError
 from engine.sizes import parse_size
+from engine.spec import read_spec
 
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
 from .dialogs import JobDialog
@@ -121,9 +123,7 @@ class ModelActionsMixin:
         if is_sluice_model(path):
             self.load_model(path)
         elif is_hf_snapshot(path):
-            destination = self._free_destination(path.name)
-            self.run_job("repack", f"Repacking {path.name} into your models folder…", load_after=True,
-                         src=str(path), dst=str(destination), quant="bf16")
+            self.open_repack_wizard(path)
         else:
             self.show_error(f"'{path.name}' holds neither a Sluice model nor a Hugging Face snapshot; choose the "
                             f"folder that contains sluice.json, or config.json and .safetensors files.")
@@ -136,27 +136,21 @@ class ModelActionsMixin:
         self.run_job("demo", "Building the demo model (random weights: it produces noise)…",
                      load_after=True, dst=str(destination))
 
-    def _free_destination(self, name: str) -> Path:
-        base = self.settings.models_path()
-        destination, n = base / name, 2
-        while destination.exists() and any(destination.iterdir()) and not (destination / ".sluice-repack").exists():
-            destination, n = base / f"{name}-{n}", n + 1
-        return destination
-
     def open_download_wizard(self) -> None:
-        """The download wizard lives in app/setup (its own issue); until it lands, say so."""
-        try:
-            import app.setup as setup
-        except ImportError:
-            setup = None
-        opener = getattr(setup, "open_download_wizard", None) if setup else None
-        if opener is None:
-            self.show_error("The download wizard is coming soon; for now use Open folder… with a downloaded "
-                            "model, or try the demo model.", title="Download a model")
-            return
-        opener(self, self.settings.models_path(), self.load_model)
+        from app.setup import open_download_wizard
+        self.last_wizard = open_download_wizard(self, self.settings.models_path(), self.load_model)
 
-    # jobs (repack, demo) ------------------------------------------------------------------------------
+    def open_repack_wizard(self, snapshot: Path) -> None:
+        """Quant choice with the size and predicted speed of each, then repack into the models folder and load."""
+        try:
+            read_spec(snapshot)                 # an unsupported family is one sentence before any wizard
+        except SluiceError as exc:
+            self.show_error(str(exc))
+            return
+        from app.setup import open_repack_wizard
+        self.last_wizard = open_repack_wizard(self, snapshot, self.settings.models_path(), self.load_model)
+
+    # jobs (demo) ------------------------------------------------------------------------------
     def run_job(self, kind: str, label: str, load_after: bool = False, **args) -> int:
         job_id = self.host.run_job(kind, **args)
         dialog = JobDialog(label, self)

@@ -110,18 +110,23 @@ def test_first_run_page_builds_the_demo_model_and_opens_the_chat(qtbot, data_dir
     assert window.shutdown()
 
 
-def test_open_folder_repacks_a_hugging_face_snapshot_with_progress(qtbot, data_dir, tmp_path):
+def test_open_folder_on_a_snapshot_opens_the_repack_wizard_then_loads_the_model(qtbot, data_dir, tmp_path):
+    from PySide6.QtWidgets import QWizard
     from engine.demo import build_hf_model
     snapshot = build_hf_model("olmoe", tmp_path / "tiny-olmoe", num_layers=2)
     window = make_window(qtbot, data_dir, vram_budget="1100KB", ram_cache="400KB")
-    progress_values = []
-    window.host.job_progress.connect(lambda _job, done, total, _msg: progress_values.append((done, total)))
+    window.open_folder(snapshot)
+    wizard = window.last_wizard
+    assert wizard.isVisible()
+    table = wizard.options_page.quants
+    qtbot.waitUntil(lambda: table.rowCount() == 3, timeout=WAIT_MS)      # bf16, fp8, nvfp4 with size and speed
+    table.select("fp8")
+    qtbot.mouseClick(wizard.button(QWizard.WizardButton.NextButton), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: wizard.currentPage() is wizard.done_page, timeout=60_000)
     with qtbot.waitSignal(window.model_loaded, timeout=60_000) as loaded:
-        window.open_folder(snapshot)
-        assert window.last_dialog is not None and window.last_dialog.isVisible()        # the progress dialog
-    assert progress_values and max(progress_values) == (3, 3)       # dense weights + 2 layers
-    assert loaded.args[0]["family"] == "olmoe"
-    assert loaded.args[0]["path"] == str(window.settings.models_path() / "tiny-olmoe")
+        qtbot.mouseClick(wizard.button(QWizard.WizardButton.FinishButton), Qt.MouseButton.LeftButton)
+    assert loaded.args[0]["family"] == "olmoe" and loaded.args[0]["quant"] == "fp8"
+    assert loaded.args[0]["path"] == str(window.settings.models_path() / "tiny-olmoe-fp8")
     assert window.model_picker.findData(loaded.args[0]["path"]) > 0
     assert window.shutdown()
 
@@ -141,8 +146,7 @@ def test_an_unsupported_model_family_is_one_sentence(qtbot, data_dir, tmp_path):
     (snapshot / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     (snapshot / "model.safetensors").write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     window = make_window(qtbot, data_dir)
-    with qtbot.waitSignal(window.host.job_failed, timeout=WAIT_MS):
-        window.open_folder(snapshot)
+    window.open_folder(snapshot)
     text = window.last_dialog.text()
     assert "llama" in text and "Traceback" not in text and "\n" not in text
     assert window.shutdown()
