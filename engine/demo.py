@@ -93,8 +93,29 @@ def build_demo_model(dst_dir: str | Path, progress=None) -> Path:
         if progress:
             progress(0, 1, "Building a small random-weight model")
         build_hf_model("qwen3_moe", tmp, num_layers=4, num_experts=16, num_experts_per_tok=4)
+        _mute_unprintable_tokens(Path(tmp))
         repack(tmp, dst, quant="bf16", progress=progress, display_name=DEMO_NAME)
     return dst
+
+
+def _mute_unprintable_tokens(model_dir: Path) -> None:
+    """Zero the output rows of tokens that are half a character or a control byte on their own.
+
+    Noise is what the demo promises, but noise made of '\ufffd' looks like a bug; with a zero row
+    such a token's logit is 0 while the printable tokens' top logits are several units above it.
+    """
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    head = tensors["lm_head.weight"]
+    for token_id in range(min(len(tok), head.shape[0])):
+        text = tok.decode([token_id])
+        if "\ufffd" in text or not (text.isprintable() or text == "\n") or token_id in tok.all_special_ids:
+            head[token_id] = 0
+    save_file(tensors, str(path), metadata={"format": "pt"})
 
 
 def remove_tree(path: str | Path) -> None:
