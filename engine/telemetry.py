@@ -69,11 +69,13 @@ class Telemetry:
                           "hit_rate": hits / (hits + misses) if hits + misses else 0.0},
             "vram": {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
                      "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
+                     "graph_bytes": i("vram_graph_bytes"), "kv_tokens": i("kv_tokens"),
                      "hits": i("vram_hits"), "misses": i("vram_misses"), "slots": slots},
             "disk": {"bytes_read": i("disk_bytes_read"), "reads": i("disk_reads"),
                      "read_gbps": rate("disk_bytes_read", "disk_busy_s"),
                      "max_reads_per_expert_in_prefill": i("prefill_max_expert_reads")},
             "h2d": {"bytes": i("h2d_bytes"), "gbps": rate("h2d_bytes", "h2d_busy_s")},
+            "d2h": {"bytes": i("d2h_bytes")},     # VRAM victims written back to the RAM cache (exclusive tiers)
             "speculation": {"predicted": i("spec_predicted"), "correct": i("spec_correct")},
             "prefetch": {"issued": i("prefetch_issued"), "used": i("prefetch_used")},
             "device": self.info.get("device", "cpu"),
