@@ -10,6 +10,11 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if not args:
+        from .display_check import display_problem
+        problem = display_problem()
+        if problem:
+            print(f"sluice: {problem}", file=sys.stderr)
+            return 2
         from .gui import run_gui
         return run_gui()
     if args == ["install-launcher"]:
