@@ -20,7 +20,7 @@ from .cache import RamCache, anonymous_buffer
 from .detokenize import IncrementalDetokenizer
 from .errors import SluiceError
 from .layers import KVCache
-from .models.moe_decoder import MoeDecoder
+from .models.moe_decoder import MoeDecoder, decoded_expert_bytes
 from .params import GenerationParams, TokenEvent
 from .sampling import sample
 from .scheduler import ExpertScheduler
@@ -69,7 +69,8 @@ class Engine:
             block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
             num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes, workspace_bytes=0,
             vram_budget=vram_budget, ram_cache=ram_cache,
-            default_vram=available // 4, default_ram=available // 2)
+            default_vram=available // 4, default_ram=available // 2,
+            device_slot_bytes=layout.block_bytes + decoded_expert_bytes(layout, dtype))
 
         t = self.telemetry_source
         t.info.update(device=str(device))

@@ -191,12 +191,15 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     kv_bytes = 2 * shape.num_layers * context * _kv_width(config) * elem
     available = machine.ram_available_bytes
 
+    # the CPU device keeps each resident expert decoded to float32 beside its block (engine.models.moe_decoder)
+    decoded = 0 if on_gpu else 3 * shape.expert_intermediate * shape.hidden * elem
+
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
                             num_moe_layers=shape.num_moe_layers, dense_bytes=dense_bytes, kv_bytes=kv_bytes,
                             workspace_bytes=0, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
                             default_vram=machine.vram_bytes * 9 // 10 if on_gpu else available // 4,
-                            default_ram=available // 2)
+                            default_ram=available // 2, device_slot_bytes=block + decoded)
     try:
         plan, problem = plan_for(ram_cache), None
         in_ram = plan.ram_cache_bytes + (0 if on_gpu else plan.vram_budget_bytes)

@@ -90,7 +90,7 @@ def take_screenshots() -> int:
     shot("first-run")
 
     # Small budgets so the demo really streams experts (RAM cache hits and misses, disk reads).
-    window.settings.vram_budget, window.settings.ram_cache = "1100KB", "400KB"
+    window.settings.vram_budget, window.settings.ram_cache = "1400KB", "400KB"
     window.start_demo()
     wait_until(lambda: window.model_info is not None, 120)
     window.controller.new_conversation()

@@ -17,12 +17,33 @@ from ..scheduler import ExpertScheduler
 from ..spec import ModelSpec
 
 
+def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
+    """Bytes of one expert's gate, up and down decoded to the compute dtype (0 when the block already is)."""
+    if layout.fmt == "bf16" and dtype == torch.bfloat16:
+        return 0
+    return 3 * layout.intermediate * layout.hidden * torch.empty((), dtype=dtype).element_size()
+
+
 class MoeDecoder:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], layout: Layout,
                  inv_freq: torch.Tensor, rope_scaling: float, dtype: torch.dtype):
         self.spec, self.w, self.layout, self.dtype = spec, weights, layout, dtype
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
         self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
+        # Decoded weights per device slot (keyed by the slot's address): an expert that stays resident is
+        # decoded once, not once per token. Counted in the VRAM budget (decoded_expert_bytes per slot).
+        self._decoded: dict[int, tuple[tuple[int, int], tuple[torch.Tensor, ...]]] = {}
+
+    def _expert_weights(self, layer: int, expert: int, block: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """gate, up, down of the expert in this slot, in the compute dtype."""
+        cached = self._decoded.get(block.data_ptr())
+        if cached is not None and cached[0] == (layer, expert):
+            return cached[1]          # a block's bytes are fixed per (layer, expert): still valid after a reload
+        views = self.layout.views(block)
+        weights = tuple(dequantize({k.split(".")[1]: t for k, t in views.items() if k.startswith(proj + ".")},
+                                   self.layout.fmt, self.dtype) for proj in ("gate", "up", "down"))
+        self._decoded[block.data_ptr()] = ((layer, expert), weights)
+        return weights
 
     def forward(self, token_ids: torch.Tensor, start: int, kv: KVCache, scheduler: ExpertScheduler) -> torch.Tensor:
         """token_ids [T] at positions start..start+T-1 -> logits of the last token [V] (float32)."""
@@ -84,9 +105,7 @@ class MoeDecoder:
         def compute(expert: int, block: torch.Tensor) -> None:
             flat = torch.tensor(tokens_of[expert], device=x.device)
             token_idx, k_idx = flat // self.spec.top_k, flat % self.spec.top_k
-            views = self.layout.views(block)
-            gate, up, down = (dequantize({k.split(".")[1]: t for k, t in views.items() if k.startswith(proj + ".")},
-                                         self.layout.fmt, self.dtype) for proj in ("gate", "up", "down"))
+            gate, up, down = self._expert_weights(layer, expert, block)
             y = swiglu_mlp(x[token_idx], gate, up, down) * weights[token_idx, k_idx, None]
             out.index_add_(0, token_idx, y)
 

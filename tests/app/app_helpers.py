@@ -2,7 +2,7 @@
 
 # Budgets that make the demo model (4 layers x 16 experts of 12 KiB, top-4) really stream:
 # 6 device slots per bank and a 32-block RAM cache, against 64 experts.
-SMALL_BUDGETS = {"vram_budget": "1100KB", "ram_cache": "400KB"}
+SMALL_BUDGETS = {"vram_budget": "1400KB", "ram_cache": "400KB"}
 WAIT_MS = 30_000
 
 

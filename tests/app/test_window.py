@@ -98,7 +98,7 @@ def test_a_bad_size_in_settings_is_refused_with_one_sentence(qtbot, data_dir):
 
 
 def test_first_run_page_builds_the_demo_model_and_opens_the_chat(qtbot, data_dir):
-    window = make_window(qtbot, data_dir, vram_budget="1100KB", ram_cache="400KB")
+    window = make_window(qtbot, data_dir, vram_budget="1400KB", ram_cache="400KB")
     assert window.pages.currentWidget() is window.first_run
     assert "produces noise" in window.first_run.demo_button.text()
     with qtbot.waitSignal(window.model_loaded, timeout=60_000) as loaded:
@@ -114,7 +114,7 @@ def test_open_folder_on_a_snapshot_opens_the_repack_wizard_then_loads_the_model(
     from PySide6.QtWidgets import QWizard
     from engine.demo import build_hf_model
     snapshot = build_hf_model("olmoe", tmp_path / "tiny-olmoe", num_layers=2)
-    window = make_window(qtbot, data_dir, vram_budget="1100KB", ram_cache="400KB")
+    window = make_window(qtbot, data_dir, vram_budget="1400KB", ram_cache="400KB")
     window.open_folder(snapshot)
     wizard = window.last_wizard
     assert wizard.isVisible()

@@ -13,9 +13,9 @@ NEW_TOKENS = 32
 def streaming_budgets(model_dir):
     """RAM cache ~ a third of the expert bytes; device slots for about two layers' active experts."""
     probe = engine.load(model_dir, vram_budget=None, ram_cache=None)
-    plan, block = probe.plan, probe.model.layout.block_bytes
+    plan = probe.plan
     ram = probe.model.expert_bytes_total // 3
-    vram = plan.dense_bytes + plan.kv_bytes + 2 * probe.spec.top_k * block
+    vram = plan.dense_bytes + plan.kv_bytes + 2 * probe.spec.top_k * plan.device_slot_bytes
     probe.close()
     return vram, ram
 

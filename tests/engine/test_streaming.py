@@ -13,8 +13,8 @@ LONG_PROMPT = [(i * 37) % 300 + 3 for i in range(160)]
 
 def tight_engine(model_dir, **kw):
     probe = engine.load(model_dir)
-    ram, block = probe.model.expert_bytes_total // 3, probe.model.layout.block_bytes
-    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * block
+    ram = probe.model.expert_bytes_total // 3
+    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * probe.plan.device_slot_bytes
     probe.close()
     return engine.load(model_dir, vram_budget=vram, ram_cache=ram, **kw)
 

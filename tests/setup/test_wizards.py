@@ -50,7 +50,7 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     qtbot.addWidget(window)
     window.show()
     # budgets small enough that experts stream: the estimate must use the same ones the app loads with
-    window.settings.device, window.settings.vram_budget, window.settings.ram_cache = "cpu", "700KB", "300KB"
+    window.settings.device, window.settings.vram_budget, window.settings.ram_cache = "cpu", "950KB", "300KB"
     models_dir = window.settings.models_path()
     window.open_download_wizard()                           # the app's own menu action
     wizard = window.findChild(DownloadWizard)
@@ -67,7 +67,7 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     assert "total" in est_page.params_label.text() and "active per token" in est_page.params_label.text()
     assert "tok/s" in est_page.verdict.text() and "moved per token" in est_page.verdict.text()
     assert wizard.estimate.verdict == "fits fast"
-    assert wizard.estimate.ram_cache_bytes == 300_000 and wizard.estimate.vram_budget_bytes == 700_000
+    assert wizard.estimate.ram_cache_bytes == 300_000 and wizard.estimate.vram_budget_bytes == 950_000
     assert 0 < wizard.estimate.slot_hit < 1 and wizard.estimate.bytes_per_token > 0
     assert hub.weight_requests() == []                     # the estimate came from config.json + file list
     est_page.quants.select("bf16")
