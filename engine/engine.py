@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import os
 import threading
 import time
 from pathlib import Path
@@ -91,8 +92,10 @@ class Engine:
         slot banks with speculative prefetch, self-checked Triton kernels, CUDA-graph decode."""
         from .gpu.runtime import CudaModel
         available = psutil.virtual_memory().available
+        eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
         gpu = CudaModel(model.path, device=device, vram_budget=vram_budget, ram_cache=ram_cache, dtype=dtype,
                         max_tokens=self.max_context, telemetry=self.telemetry_source,
+                        use_graphs=not eager, use_kernels=not eager,
                         default_vram=torch.cuda.mem_get_info(device)[0] * 9 // 10, default_ram=available // 2)
         self.gpu, self.plan, self.decoder, self.kv = gpu, gpu.plan, gpu.decoder, gpu.kv
         self.store, self.cache, self.slots, self.scheduler = gpu.store, gpu.cache, gpu.banks, gpu.scheduler
