@@ -83,6 +83,14 @@ class Checkpoint:
             self._handles[file] = safe_open(str(self.dir / file), framework="pt")
         return self._handles[file].get_tensor(name)
 
+    def get_float(self, name: str) -> torch.Tensor:
+        """The tensor with block-FP8 storage undone (float32), or as stored when it is not block-FP8."""
+        tensor = self.get(name)
+        scale_name = name + "_scale_inv"
+        if scale_name not in self.file_of:
+            return tensor
+        return dequantize_fp8_blocks(tensor, self.get(scale_name))
+
     def fingerprint(self) -> dict[str, dict]:
         """Per shard: size, modification time and a hash of its header: detects a changed snapshot cheaply."""
         out = {}
@@ -91,3 +99,15 @@ class Checkpoint:
             stat = os.stat(self.dir / name)
             out[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "header_sha256": digest}
         return out
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """FP8 weight [R, C] with one scale per block (scale grid [R/bm, C/bn], DeepSeek-V3 / Qwen-FP8 style) -> float32."""
+    rows, cols = weight.shape
+    grid_rows, grid_cols = scale_inv.shape if scale_inv.dim() == 2 else (1, 1)
+    if rows % grid_rows or cols % grid_cols:
+        raise SluiceError(f"An FP8 weight of shape {rows}x{cols} does not divide into its {grid_rows}x{grid_cols} "
+                          "scale blocks; the checkpoint is damaged or of an unknown FP8 layout.")
+    blocks = weight.float().reshape(grid_rows, rows // grid_rows, grid_cols, cols // grid_cols)
+    scales = scale_inv.float().reshape(grid_rows, 1, grid_cols, 1)
+    return (blocks * scales).reshape(rows, cols)

@@ -57,16 +57,31 @@ class ExpertSource:
 
     def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         if self.spec.expert_tensor_name(layer, expert, "gate") in self.ckpt:
-            return {p: self.ckpt.get(self.spec.expert_tensor_name(layer, expert, p)) for p in ("gate", "up", "down")}
+            return {p: self.ckpt.get_float(self.spec.expert_tensor_name(layer, expert, p)) for p in ("gate", "up", "down")}
         if self._fused is None or self._fused[0] != layer:
             gate_up_name, down_name = self.spec.fused_expert_names(layer)
-            self._fused = (layer, self.ckpt.get(gate_up_name), self.ckpt.get(down_name))
+            self._fused = (layer, self.ckpt.get_float(gate_up_name), self.ckpt.get_float(down_name))
         _, gate_up, down = self._fused
         gate, up = gate_up[expert].chunk(2, dim=0)
         return {"gate": gate, "up": up, "down": down[expert]}
 
     def is_expert_tensor(self, name: str) -> bool:
         return ".experts." in name
+
+
+def check_source_quantization(config: dict) -> None:
+    """Block-FP8 checkpoints are read as they are; other quantized formats are refused in one sentence."""
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method not in (None, "fp8"):
+        raise SluiceError(f"This checkpoint is quantized with '{method}', which Sluice cannot read; download the "
+                          "unquantized (bf16) or FP8 version of the model instead.")
+
+
+def dense_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
+    """A dense tensor in its source dtype; block-FP8 weights are stored dequantized in bf16."""
+    if name + "_scale_inv" in ckpt:
+        return ckpt.get_float(name).to(torch.bfloat16)
+    return ckpt.get(name)
 
 
 def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progress=None,
@@ -79,6 +94,7 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
         raise SluiceError(f"Unknown quant format '{quant}': choose one of {', '.join(FORMATS)}.")
     config = load_config_dict(src)
     spec = read_spec(config)
+    check_source_quantization(config)
     ckpt = Checkpoint(src)
     experts = ExpertSource(ckpt, spec)
     experts.check()
@@ -89,8 +105,8 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
 
     layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
     layer_bytes = spec.num_experts * layout.block_bytes
-    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n)]
-    dense_bytes = sum(ckpt.nbytes(n) for n in dense_names)
+    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")]
+    dense_bytes = sum(ckpt.nbytes(n) * (2 if n + "_scale_inv" in ckpt else 1) for n in dense_names)
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
 
     work = dst.with_name(dst.name + ".partial")
@@ -109,7 +125,7 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
             progress(len(state["layers"]) + int(state["dense"]), total_steps, message)
 
     if not state["dense"]:
-        tensors = {canonical_dense_name(spec.family, n): ckpt.get(n).contiguous() for n in dense_names}
+        tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
         save_file(tensors, str(work / modeldir.DENSE_FILE), metadata={"format": "pt"})
         state["dense"] = True
         _save_state(work, state)
@@ -144,7 +160,8 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
             shutil.copy2(src / name, work / name)
             tokenizer_files.append(name)
     manifest = modeldir.build_manifest(
-        name=display_name or src.name, spec=spec, config=config, quant=quant, layout=layout,
+        name=display_name or src.name, spec=spec, quant=quant, layout=layout,
+        config={k: v for k, v in config.items() if k != "quantization_config"},   # weights are plain now
         layer_checksums={int(k): v for k, v in state["layers"].items()},
         dense_tensors={canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names},
         tokenizer_files=tokenizer_files, source={"path": str(src.resolve()), "files": ckpt.fingerprint()})

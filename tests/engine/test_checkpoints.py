@@ -89,3 +89,48 @@ def test_changed_snapshot_is_repacked_again(hf_models, tmp_path, monkeypatch):
     shutil.copy(tmp_path / "other" / "model.safetensors", src / "model.safetensors")
     after = greedy(src)
     assert after != before and after == greedy(tmp_path / "other")
+
+
+def write_block_fp8_checkpoint(src, dst, block=16):
+    """src's projection weights stored as float8_e4m3fn with a float32 scale per block x block tile, the way
+    DeepSeek-V3 / Qwen3-FP8 checkpoints ship (`weight_scale_inv`, `quantization_config.weight_block_size`)."""
+    from safetensors.torch import load_file, save_file
+    shutil.copytree(src, dst)
+    tensors = {}
+    for name, w in load_file(str(dst / "model.safetensors")).items():
+        if name.endswith("proj.weight"):
+            rows, cols = w.shape
+            tiles = w.float().reshape(rows // block, block, cols // block, block)
+            scale = tiles.abs().amax(dim=(1, 3)) / 448
+            tensors[name] = (tiles / scale[:, None, :, None]).reshape(rows, cols).to(torch.float8_e4m3fn)
+            tensors[name + "_scale_inv"] = scale
+        else:
+            tensors[name] = w
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [block, block]}
+    (dst / "config.json").write_text(json.dumps(config))
+    return dst
+
+
+def test_block_fp8_source_checkpoint_matches_transformers(hf_models, tmp_path):
+    from transformers import AutoModelForCausalLM
+    from tests.engine.reference import reference_greedy
+    src = write_block_fp8_checkpoint(hf_models("qwen3_moe"), tmp_path / "fp8")
+    # transformers dequantizes FP8 checkpoints to bf16 without a GPU; compare in float32 from there
+    reference = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.bfloat16, experts_implementation="eager",
+                                                     attn_implementation="eager").float().eval()
+    assert greedy(repack(src, tmp_path / "out")) == reference_greedy(reference, PROMPT, 12)
+
+
+def test_other_quantized_checkpoints_are_refused_in_one_sentence(hf_models, tmp_path):
+    import pytest
+    from engine.errors import SluiceError
+    src = shutil.copytree(hf_models("mixtral"), tmp_path / "awq")
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "awq", "bits": 4}
+    (src / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SluiceError, match="quantized with 'awq'"):
+        repack(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
