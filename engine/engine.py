@@ -163,7 +163,7 @@ class Engine:
             raise SluiceError("The prompt is empty; type something to send.")
         if len(prompt_ids) + params.max_new_tokens > self.max_context:
             raise SluiceError(f"The prompt ({len(prompt_ids)} tokens) plus {params.max_new_tokens} new tokens exceeds "
-                              f"this model's context of {self.max_context} tokens; shorten the conversation.")
+                              f"the {self.max_context}-token context Sluice keeps for this model; start a new chat or shorten it.")
         if not self._lock.acquire(blocking=False):
             raise SluiceError("The engine is already generating; wait for it or stop it first.")
         try:

@@ -191,7 +191,7 @@ def test_a_prompt_longer_than_the_context_is_one_sentence_and_the_next_chat_work
         window.send("experts " * 600)                      # the demo model's context is 512 tokens
     assert failed.args[0].state == "error"
     text = window.last_dialog.text()
-    assert "exceeds this model's context" in text and "\n" not in text
+    assert "-token context Sluice keeps for this model" in text and "\n" not in text
     window.last_dialog.accept()
     window.controller.new_conversation()
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=8))
