@@ -155,29 +155,11 @@ def _probe_gpu() -> tuple[list[GpuInfo], float | None, float | None]:
     for i in range(torch.cuda.device_count()):
         free, total = torch.cuda.mem_get_info(i)
         gpus.append(GpuInfo(torch.cuda.get_device_name(i), total, free))
-    nbytes = 256 * MiB
-    host = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    dev = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dev2 = torch.empty_like(dev)
-    pcie = _best_cuda_copy_bps(torch, lambda: dev.copy_(host, non_blocking=True), nbytes)
-    gpu_mem = _best_cuda_copy_bps(torch, lambda: dev2.copy_(dev), 2 * nbytes)   # read + write
-    del host, dev, dev2
+    from .gpu.bandwidth import h2d_bps, hbm_copy_bps      # the same probes `sluice bench` measures with
+    pcie = h2d_bps("cuda", 256 * MiB)
+    gpu_mem = hbm_copy_bps("cuda", 256 * MiB)                 # read + write
     torch.cuda.empty_cache()
     return gpus, pcie, gpu_mem
-
-
-def _best_cuda_copy_bps(torch, copy, nbytes: int, repeats: int = 5) -> float:
-    copy()
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        copy()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / 1e3)
-    return nbytes / best
 
 
 # --- performance cores -------------------------------------------------------------------------------
