@@ -5,7 +5,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if ! command -v "$PY" >/dev/null 2>&1; then
+    echo "Sluice needs Python 3.10 or newer ($PY was not found): install it, or set PYTHON=/path/to/python3." >&2
+    exit 1
+fi
+if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "Sluice needs Python 3.10 or newer; $("$PY" --version 2>&1) was found. Set PYTHON=/path/to/python3.11 or newer." >&2
+    exit 1
+fi
+if [ ! -x .venv/bin/python ] && ! "$PY" -m venv .venv >/dev/null 2>&1; then
+    rm -rf .venv
+    echo "Could not create a virtual environment: install Python's venv module (Debian/Ubuntu: sudo apt install python3-venv) and run this again." >&2
+    exit 1
+fi
 PIP=".venv/bin/python -m pip"
 $PIP install -q --upgrade pip >/dev/null 2>&1 || true
 if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
