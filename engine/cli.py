@@ -126,8 +126,6 @@ def _generate(args) -> int:
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
                       dtype=args.dtype)
     try:
-        if eng.tokenizer is None and isinstance(prompt, (str, dict)) or (eng.tokenizer is None and args.chat):
-            raise SluiceError("This model has no tokenizer files; use --prompt-ids instead of --prompt.")
         token_ids, pieces = [], []
         for event in eng.generate(prompt, params):
             if event.token_id is not None and event.finish_reason not in ("eos",):

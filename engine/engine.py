@@ -205,7 +205,7 @@ class Engine:
             logits = self.decoder.forward(torch.tensor(prompt_ids, device=self.device), 0, self.kv, self.scheduler)
         self.scheduler.end_pass()
         prefill_s = time.perf_counter() - start
-        t.set(prefill_tok_s=len(prompt_ids) / prefill_s, ttft_s=prefill_s)
+        t.set(prefill_tok_s=len(prompt_ids) / prefill_s, ttft_s=prefill_s, decode_thread_core=current_cpu())
 
         position, generated, decode_start = len(prompt_ids), 0, time.perf_counter()
         while True:
@@ -214,7 +214,7 @@ class Engine:
                 return
             token = sample(logits, params, generator)
             generated += 1
-            t.set(generated_tokens=generated, decode_thread_core=current_cpu())
+            t.set(generated_tokens=generated)
             if generated > 1:
                 t.set(decode_tok_s=(generated - 1) / (time.perf_counter() - decode_start))
             else:

@@ -172,7 +172,10 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
              vram_budget: int | None = None, ram_cache: int | None = None,
              hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
     """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
+    import torch
     from .budget import plan_budgets
+    from .layout import block_layout
+    from .models.moe_decoder import decoded_expert_bytes
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
@@ -192,7 +195,8 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     available = machine.ram_available_bytes
 
     # the CPU device keeps each resident expert decoded to float32 beside its block (engine.models.moe_decoder)
-    decoded = 0 if on_gpu else 3 * shape.expert_intermediate * shape.hidden * elem
+    decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
+                                                    torch.float32)
 
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,

@@ -10,30 +10,24 @@ from __future__ import annotations
 
 import torch
 
+from kernels.formats import E2M1_VALUES as _E2M1, FORMATS, NVFP4_GROUP, part_specs as kernel_part_specs
+
 from .errors import SluiceError
 
-FORMATS = ("bf16", "fp8", "nvfp4")
 FP8_MAX = 448.0
 E2M1_MAX = 6.0
-NVFP4_GROUP = 16
-E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+E2M1_VALUES = torch.tensor(_E2M1)
 # Every e4m3 byte's value: on the CPU a table lookup is ~2.5x faster than the float8 -> float32 cast.
 _FP8_TABLE = torch.nan_to_num(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float())
 
 
 def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    """(name, dtype, shape) of each part, in storage order."""
-    if fmt == "bf16":
-        return [("w", torch.bfloat16, (out_features, in_features))]
-    if fmt == "fp8":
-        return [("w", torch.float8_e4m3fn, (out_features, in_features)), ("scale", torch.float32, (out_features,))]
-    if fmt == "nvfp4":
-        if in_features % NVFP4_GROUP:
-            raise SluiceError(f"nvfp4 needs tensor widths divisible by {NVFP4_GROUP} (this model has {in_features}); choose fp8 or bf16.")
-        return [("w", torch.uint8, (out_features, in_features // 2)),
-                ("scale", torch.float8_e4m3fn, (out_features, in_features // NVFP4_GROUP)),
-                ("gscale", torch.float32, (1,))]
-    raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
+    """(name, dtype, shape) of each part, in storage order: the kernels' own definition, with user-facing errors."""
+    if fmt not in FORMATS:
+        raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
+    if fmt == "nvfp4" and in_features % NVFP4_GROUP:
+        raise SluiceError(f"nvfp4 needs tensor widths divisible by {NVFP4_GROUP} (this model has {in_features}); choose fp8 or bf16.")
+    return kernel_part_specs(fmt, out_features, in_features)
 
 
 def _fp8_to_float(w: torch.Tensor) -> torch.Tensor:

@@ -145,7 +145,7 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
                 weights = experts.get(layer, expert)
                 parts = {f"{proj}.{k}": v for proj, w in weights.items() for k, v in quantize(w, quant).items()}
                 block = layout.pack(parts).numpy()
-                os.pwrite(fd, block.tobytes(), index * layer_bytes + expert * layout.block_bytes)
+                os.pwrite(fd, block, index * layer_bytes + expert * layout.block_bytes)
                 checksums.append(zlib.crc32(block))
             os.fsync(fd)
             state["layers"][str(layer)] = checksums

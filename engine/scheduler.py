@@ -48,6 +48,7 @@ class ExpertScheduler:
 
     def _run_batch(self, layer: int, experts: list[int], compute) -> None:
         keys = [(layer, e) for e in experts]
+        protected = set(keys)              # a batch never evicts its own blocks from the device slots
         pending = {}
         for key in keys:
             slot = self.cache.lookup(key)
@@ -70,7 +71,7 @@ class ExpertScheduler:
                     raise
                 finally:
                     self.cache.unlock(key)
-                dev_slot = self.slots.acquire(key, protected=set(keys))
+                dev_slot = self.slots.acquire(key, protected=protected)
                 start = time.perf_counter()
                 self.slots.block(key, dev_slot).copy_(self.cache.block(ram_slot))
                 self.telemetry.add(h2d_bytes=self.cache.block_bytes, h2d_busy_s=time.perf_counter() - start)

@@ -1,8 +1,8 @@
 """Expert-block formats as the kernels see them: plain-torch views and dequantization of the bytes
 in a slot, and random valid blocks for self-checks.
 
-This mirrors engine/quant.py and engine/layout.py (kernels import no engine; a test checks the two
-agree). A block is a uint8 buffer; `offsets` maps field names ("gate.w", "gate.scale", "gate.gscale",
+engine/quant.py takes its part layouts from here and adds the quantizers (kernels import no engine;
+a test checks that engine/layout.py places the fields where the kernels read them). A block is a uint8 buffer; `offsets` maps field names ("gate.w", "gate.scale", "gate.gscale",
 "up.*", "down.*") to byte offsets from the block start, each 256-byte aligned.
   bf16 : w bf16 [out, in]
   fp8  : w float8_e4m3fn [out, in], scale fp32 [out]               W = w * scale[:, None]
