@@ -47,7 +47,7 @@ def _log_failure(exc: BaseException, message: str, *args) -> None:
 
 
 class EngineWorker(QObject):
-    started = Signal(object, int)                  # pinned core id or None, native thread id
+    started = Signal(object, int)                  # pinned cores (list) or None, native thread id
     load_progress = Signal(int, int, str)          # done, total, message
     loaded = Signal(dict)                          # engine.info
     load_failed = Signal(str)                      # one sentence ("" when cancelled)
@@ -64,7 +64,7 @@ class EngineWorker(QObject):
         self._load_fn = load_fn                    # engine.load, injectable for tests of the thread itself
         self.engine = None
         self.native_thread_id: int | None = None
-        self.pinned_core: int | None = None
+        self.pinned_cores: list[int] | None = None
         self._cancel_load = threading.Event()
         self._cancelled_requests: set[int] = set()
         self._running_request: int | None = None
@@ -76,11 +76,10 @@ class EngineWorker(QObject):
         self.native_thread_id = threading.get_native_id()
         try:
             from engine import hardware
-            pin = getattr(hardware, "pin_current_thread_to_performance_core", None)
-            self.pinned_core = pin() if pin else None
+            self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
         except Exception:   # pinning is an optimisation: never fail the app for it
             log.exception("pinning the engine thread failed")
-        self.started.emit(self.pinned_core, self.native_thread_id)
+        self.started.emit(self.pinned_cores, self.native_thread_id)
 
     @Slot(str, dict)
     def load_model(self, model_dir: str, options: dict) -> None:

@@ -174,6 +174,17 @@ def parse_cpu_list(text: str) -> list[int]:
     return cpus
 
 
+def format_cpu_list(cpus: list[int]) -> str:
+    """[0, 1, 2, 3, 8, 10, 11] -> '0-3,8,10-11' (the kernel's cpulist format)."""
+    runs: list[list[int]] = []
+    for cpu in sorted(cpus):
+        if runs and cpu == runs[-1][1] + 1:
+            runs[-1][1] = cpu
+        else:
+            runs.append([cpu, cpu])
+    return ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def performance_cores(sysfs_root: str | Path = "/sys") -> list[int]:
     """The fastest cores: Intel hybrid P-cores (/sys/devices/cpu_core/cpus); else the cores with the
     highest cpufreq/cpuinfo_max_freq (ARM big.LITTLE, AMD preferred cores); else every core."""
@@ -197,17 +208,21 @@ def performance_cores(sysfs_root: str | Path = "/sys") -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def pin_current_thread_to_performance_core(sysfs_root: str | Path = "/sys") -> int | None:
-    """Pin the calling thread to one performance core it may run on; returns the core, or None where
-    the OS offers no affinity call (macOS, Windows: best effort = leave it to the scheduler)."""
+def pin_current_thread_to_performance_cores(sysfs_root: str | Path = "/sys") -> list[int] | None:
+    """Keep the calling (decode) thread on the performance cores it may run on; returns them, or None
+    where the OS offers no affinity call (macOS, Windows: best effort = leave it to the scheduler).
+
+    Threads started from here inherit the set (torch's intra-op pool, the expert reader threads), so
+    torch's pool is sized to it: more compute threads than cores made decoding ~170x slower here.
+    """
     if not hasattr(os, "sched_setaffinity") or sys.platform != "linux":
         return None
     allowed = os.sched_getaffinity(0)
-    candidates = [c for c in performance_cores(sysfs_root) if c in allowed] or sorted(allowed)
-    # core 0 takes most interrupts; prefer another one when there is a choice
-    core = next((c for c in candidates if c != 0), candidates[0])
+    cores = [c for c in performance_cores(sysfs_root) if c in allowed] or sorted(allowed)
     try:
-        os.sched_setaffinity(0, {core})   # pid 0 = the calling thread on Linux
+        os.sched_setaffinity(0, set(cores))   # pid 0 = the calling thread on Linux
     except OSError:
         return None
-    return core
+    import torch
+    torch.set_num_threads(min(torch.get_num_threads(), len(cores)))
+    return cores

@@ -10,6 +10,7 @@ from PySide6.QtCore import QTimer, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
 
+from engine.hardware import format_cpu_list
 from engine.sizes import format_size
 
 from ..gpu_info import GpuInfo
@@ -26,14 +27,14 @@ def _percent(value: float | None) -> str:
 
 
 class LivePanels(QWidget):
-    def __init__(self, telemetry_source, thread_id_source=lambda: None, pinned_core_source=lambda: None,
+    def __init__(self, telemetry_source, thread_id_source=lambda: None, pinned_cores_source=lambda: None,
                  parent: QWidget | None = None):
         """telemetry_source() -> snapshot dict or None (no model); thread_id_source() -> the engine thread's
-        native id; pinned_core_source() -> the core it was pinned to, or None."""
+        native id; pinned_cores_source() -> the cores it is pinned to, or None."""
         super().__init__(parent)
         self._telemetry_source = telemetry_source
         self._thread_id_source = thread_id_source
-        self._pinned_core_source = pinned_core_source
+        self._pinned_cores_source = pinned_cores_source
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
@@ -159,11 +160,12 @@ class LivePanels(QWidget):
                                        f"{format_size(sample['mem_total_bytes'])}")
             else:
                 self.gpu_label.setText("none: running on the CPU")
-        reported = snapshot.get("decode_thread_core")
-        pinned = reported if reported is not None and reported >= 0 else self._pinned_core_source()
+        pinned = self._pinned_cores_source()
         running_on = thread_last_core(self._thread_id_source())
-        if pinned is not None:
-            self.core_label.setText(f"pinned to core {int(pinned)}"
+        if running_on is None and (snapshot.get("decode_thread_core") or -1) >= 0:
+            running_on = int(snapshot["decode_thread_core"])
+        if pinned:
+            self.core_label.setText(f"pinned to cores {format_cpu_list(pinned)}"
                                     + (f", running on core {running_on}" if running_on is not None else ""))
         elif running_on is not None:
             self.core_label.setText(f"core {running_on} (not pinned)")

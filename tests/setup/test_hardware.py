@@ -6,9 +6,10 @@ import sys
 import threading
 
 import pytest
+import torch
 
 from engine import hardware
-from engine.hardware import parse_cpu_list, performance_cores, pin_current_thread_to_performance_core
+from engine.hardware import format_cpu_list, parse_cpu_list, performance_cores, pin_current_thread_to_performance_cores
 
 
 def _write(root, rel, text):
@@ -50,8 +51,16 @@ def test_no_frequency_information_falls_back_to_online_cores(tmp_path):
     assert performance_cores(tmp_path / "missing") == list(range(os.cpu_count()))
 
 
+@pytest.fixture(autouse=True)
+def _keep_torch_threads():
+    """Pinning sizes torch's (process-wide) thread pool; later tests get it back as it was."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="thread affinity is a Linux call")
-def test_pinning_moves_only_the_calling_thread_to_an_allowed_performance_core(tmp_path):
+def test_pinning_moves_only_the_calling_thread_to_the_allowed_performance_cores(tmp_path):
     allowed = sorted(os.sched_getaffinity(0))
     fastest = allowed[-1]
     _cpufreq(tmp_path, {c: (3600000 if c == fastest else 2400000) for c in allowed})
@@ -59,12 +68,14 @@ def test_pinning_moves_only_the_calling_thread_to_an_allowed_performance_core(tm
     result = {}
 
     def worker():
-        result["core"] = pin_current_thread_to_performance_core(tmp_path)
+        result["cores"] = pin_current_thread_to_performance_cores(tmp_path)
         result["affinity"] = os.sched_getaffinity(0)
+        result["torch_threads"] = torch.get_num_threads()
     thread = threading.Thread(target=worker)
     thread.start()
     thread.join()
-    assert result["core"] == fastest and result["affinity"] == {fastest}
+    assert result["cores"] == [fastest] and result["affinity"] == {fastest}
+    assert result["torch_threads"] == 1                           # no more compute threads than pinned cores
     assert os.sched_getaffinity(0) == before                      # the test's own thread is untouched
 
 
@@ -73,10 +84,15 @@ def test_pinning_falls_back_to_allowed_cores_when_performance_cores_are_off_limi
     allowed = sorted(os.sched_getaffinity(0))
     _write(tmp_path, "devices/cpu_core/cpus", f"{max(allowed) + 100}\n")   # a P-core this process may not use
     result = {}
-    thread = threading.Thread(target=lambda: result.update(core=pin_current_thread_to_performance_core(tmp_path)))
+    thread = threading.Thread(target=lambda: result.update(cores=pin_current_thread_to_performance_cores(tmp_path)))
     thread.start()
     thread.join()
-    assert result["core"] in allowed
+    assert result["cores"] == allowed
+
+
+def test_cpu_list_round_trips():
+    assert format_cpu_list([0, 1, 2, 3, 8, 10, 11]) == "0-3,8,10-11"
+    assert parse_cpu_list(format_cpu_list([5, 1, 2])) == [1, 2, 5]
 
 
 def test_disk_self_test_measures_a_plausible_speed_and_cleans_up(tmp_path):
