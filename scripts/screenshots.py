@@ -58,9 +58,8 @@ def main() -> int:
 
 
 def take_screenshots() -> int:
-    from PySide6.QtCore import QTimer
+    from PySide6.QtCore import QEvent, QEventLoop, QTimer
     from PySide6.QtGui import QGuiApplication
-    from PySide6.QtTest import QTest
 
     from app.gui import create_application
     from app.store import ChatSettings
@@ -69,7 +68,11 @@ def take_screenshots() -> int:
     app = create_application()
 
     def pump(seconds: float) -> None:
-        QTest.qWait(int(seconds * 1000))     # a real event loop: also runs deferred deletes
+        # a real event loop, as app.exec() runs it (QTest.qWait holds the GIL and starves the engine thread)
+        loop = QEventLoop()
+        QTimer.singleShot(int(seconds * 1000), loop.quit)
+        loop.exec()
+        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
     def wait_until(predicate, timeout_s: float = 60.0) -> None:
         end = time.monotonic() + timeout_s
@@ -97,7 +100,7 @@ def take_screenshots() -> int:
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=440, temperature=0.8, seed=7))
     window.composer.edit.setPlainText("Explain how a mixture-of-experts model picks its experts.")
     window.composer.submit()
-    pump(6.0)                            # ~150 tokens in: the plots have history
+    pump(1.5)                            # mid-answer (~250 tokens at ~200 tok/s): the plots have history
     shot("panels")
     wait_until(lambda: not window.controller.is_generating, 120)
     wait_until(lambda: "roofline" in window.speed_label.text(), 60)    # the roofline, beside the measured
