@@ -229,6 +229,57 @@ def stage_profile():
     save()
 
 
+def _dig(snap, path):
+    for key in path:
+        snap = snap.get(key, 0) if isinstance(snap, dict) else 0
+    return snap or 0
+
+
+def stage_profile_stream():
+    """Where a decode token's time goes while experts stream (OLMoE fp8, 4 GB VRAM, RAM unconstrained):
+    telemetry per token, cProfile (host) and torch.profiler (device) over the same tokens."""
+    import cProfile
+    import io
+    import pstats
+    import random
+
+    import torch
+
+    from engine.gpu.presets import write_sluice_dir
+    from engine.gpu.runtime import CudaModel
+    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
+    m = CudaModel(path, vram_budget="4GB", ram_cache="16GB", max_tokens=1024, max_prompt_tokens=512)
+    rng = random.Random(0)
+    prompt, feed = [rng.randrange(50000) for _ in range(512)], [rng.randrange(50000) for _ in range(400)]
+    m.generate(prompt, 96, feed_ids=feed)                           # fill RAM and banks
+    t = m.generate(prompt[:64], 64, feed_ids=feed[100:])
+    before, after = t.after_prefill, m.telemetry.snapshot()       # decode only
+    ms = t.decode_s / 63 * 1e3
+    print(f"streaming decode: {ms:.2f} ms/token ({1e3 / ms:.1f} tok/s); slots/bank {m.plan.slots_per_bank}, "
+          f"RAM slots {m.cache.num_slots}")
+    d = lambda *path: _dig(after, path) - _dig(before, path)      # noqa: E731 - per-run deltas
+    print(f"  per token: VRAM hits {d('vram', 'hits') / 63:.1f} misses {d('vram', 'misses') / 63:.1f}, "
+          f"RAM hits {d('ram_cache', 'hits') / 63:.1f}, h2d {d('h2d', 'bytes') / 63 / 1e6:.0f} MB, "
+          f"d2h {d('d2h', 'bytes') / 63 / 1e6:.0f} MB, disk {d('disk', 'bytes_read') / 63 / 1e6:.0f} MB, "
+          f"recall {d('speculation', 'correct') / max(d('speculation', 'predicted'), 1):.2f}, "
+          f"prefetch used {d('prefetch', 'used')}/{d('prefetch', 'issued')}")
+    prof = cProfile.Profile()
+    prof.enable()
+    t = m.generate(prompt[:64], 32, feed_ids=feed[200:])
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+    print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
+        t = m.generate(prompt[:64], 32, feed_ids=feed[300:])
+    print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=50))
+    print(f"profiled run: {t.decode_s / 31 * 1e3:.2f} ms/token")
+    RESULTS["profile_stream"] = {"ms_per_token": ms}
+    m.close()
+    save()
+
+
 def bench(name, argv, cgroup_bytes=None):
     """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache)."""
     cmd = [sys.executable, "-m", "engine.cli", "bench", *argv, "--json", "--work-dir", str(WORK)]
@@ -270,6 +321,7 @@ STAGES = {
     "tests": stage_tests,
     "logits": stage_logits,
     "profile": stage_profile,
+    "profile-stream": stage_profile_stream,
     "bench-olmoe": lambda: [
         bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
                                   "--ram-cache", "2GiB", "--prompt-tokens", "2048", "--new-tokens", "64"]),
