@@ -24,6 +24,8 @@ class SlotBanks:
         self._resident: list[OrderedDict[Key, int]] = [OrderedDict(), OrderedDict()]
         self._state = [["empty"] * slots_per_bank for _ in range(2)]
         self._key = [[None] * slots_per_bank for _ in range(2)]
+        self._free = [list(range(slots_per_bank - 1, -1, -1)) for _ in range(2)]   # pop() gives slot 0 first
+        self.last_evicted: tuple[Key, int] | None = None
         self.telemetry = telemetry
         telemetry.attach_slots(self.describe)
 
@@ -42,10 +44,10 @@ class SlotBanks:
         """A slot in key's bank for a new block, evicting the least recently used unprotected block."""
         bank = self.bank_of(key[0])
         resident = self._resident[bank]
-        used = set(resident.values())
-        slot = next((s for s in range(self.slots_per_bank) if s not in used), None)
-        self.last_evicted: tuple[Key, int] | None = None     # (key, slot) whose bytes are about to be replaced
-        if slot is None:
+        self.last_evicted = None                             # (key, slot) whose bytes are about to be replaced
+        if self._free[bank]:
+            slot = self._free[bank].pop()
+        else:
             victim = next(k for k in resident if k not in protected)
             slot = resident.pop(victim)
             self.last_evicted = (victim, slot)

@@ -173,7 +173,8 @@ def stage_logits():
             t = m.generate(prompt, 8)
             tokens = tokens or t.token_ids[:4]
             with torch.inference_mode():
-                logits[dtype] = torch.stack([m.decode_step(tok, len(prompt) + i) for i, tok in enumerate(tokens)])
+                logits[dtype] = torch.stack([m.decode_step(tok, len(prompt) + i).clone()
+                                             for i, tok in enumerate(tokens)])
             m.close()
         a, b = logits[torch.float32].double(), logits[torch.bfloat16].double()
         rel = ((a - b).norm() / a.norm()).item()

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 from ..budget import plan_budgets
 from ..cache import RamCache
-from ..layers import KVCache, linear, rms_norm
+from ..layers import KVCache
 from ..modeldir import DENSE_FILE, open_model_dir
 from ..models.moe_decoder import MoeDecoder
 from ..scheduler import ExpertScheduler
@@ -161,8 +161,8 @@ class CudaModel:
         position = len(prompt_ids)
         with torch.inference_mode():
             for step in range(max_new_tokens - 1):
-                logits = self.decode_step(token if feed_ids is None else feed_ids[step], position)
-                token = int(torch.argmax(logits))         # the per-token host sync
+                self.decode_step(token if feed_ids is None else feed_ids[step], position)
+                token = int(self.dense_decode.token_out)    # the per-token host sync
                 timings.token_ids.append(token)
                 position += 1
                 if on_token:
@@ -181,30 +181,23 @@ class CudaModel:
         self.moe.synchronize()
 
     def decode_step(self, token: int, position: int) -> torch.Tensor:
-        """One token at `position` -> logits [V] float32 (graphs are captured at the first call)."""
-        d, spec, w = self.dense_decode, self.spec, self.decoder.w
-        if not self._captured:
-            d.position.fill_(position)
+        """One token at `position` -> logits [V] float32, a static buffer: valid until the next step
+        (clone it to keep it). The greedy token is in `self.dense_decode.token_out`."""
+        d, spec = self.dense_decode, self.spec
+        if not self._captured:                        # graphs are captured at the first call
+            d.set_step(token, position)
             d.capture()
             self._captured = True
-        d.position.fill_(position)
-        d.x.copy_(w["model.embed_tokens.weight"][token].view(1, -1))
+        d.set_step(token, position)
         for layer in range(spec.num_layers):
             o = d.run_layer(layer)
-            if not spec.is_moe_layer(layer):
-                d.x.copy_(o.x_attn)
-                continue
-            nxt = d.next_moe[layer]
-            moe_out = self.moe.run(layer, o.h, o.route_weights, o.route_ids, nxt, o.next_ids,
-                                   static_inputs=d.use_graphs)
-            x = o.x_attn + moe_out
-            if o.shared is not None:
-                x = x + o.shared
-            d.x.copy_(x)
-        x = rms_norm(d.x, w["model.norm.weight"], spec.rms_eps)
+            if spec.is_moe_layer(layer):
+                self.moe.run(layer, o.h, o.route_weights, o.ids, d.moe_out[layer], d.next_moe[layer],
+                             static_inputs=d.use_graphs)
+        d.run_head()
         if self.device.type == "cuda":
             self.telemetry.set(vram_peak_bytes=torch.cuda.max_memory_allocated(self.device))   # host-side counter
-        return linear(x, self.decoder.lm_head)[0].float()
+        return d.logits
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

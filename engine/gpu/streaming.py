@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Callable
 
 import torch
@@ -43,28 +44,28 @@ class StreamingMoe:
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
         self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last kernel reading the bank
-        self._inflight: list[tuple[torch.cuda.Event, torch.cuda.Event, Key]] = []   # (start, end, RAM key)
+        self._inflight: list[tuple[torch.cuda.Event, Key]] = []     # (copy done, RAM block it reads/writes)
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
         self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
         self._predicted: dict[int, set[int]] = {}
         self._prefetched: dict[int, set[int]] = {}
         # Index staging: pinned host rows -> device rows (stream-ordered, so reuse after the next
         # layer's host sync is safe: that sync waits for every copy enqueued before it).
-        self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(4)]
-        self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(4)]
+        self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(8)]
+        self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
-        self._graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor]] = {}
+        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see _replay
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None   # one pool for all layers
 
     # ------------------------------------------------------------------ one layer
-    def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, expert_ids: torch.Tensor,
-            next_layer: int | None = None, next_ids: torch.Tensor | None = None,
-            static_inputs: bool = False) -> torch.Tensor:
-        """x [T, H], weights [T, K], expert_ids [T, K] (device) -> MoE output [T, H] float32.
-        next_ids [T, P]: the speculated experts of `next_layer`, prefetched while this layer runs.
-        static_inputs: x and weights are the same tensors at every call for this layer (CUDA-graph
-        outputs), so a one-token launch over all K experts is replayed from a graph."""
-        num_tokens, top_k = expert_ids.shape
-        ids = expert_ids.flatten() if next_ids is None else torch.cat([expert_ids.flatten(), next_ids.flatten()])
+    def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
+            next_layer: int | None = None, static_inputs: bool = False) -> torch.Tensor:
+        """x [T, H], weights [T, K] (device) -> the MoE output [T, H] float32, written into `out`.
+        ids: [T*K (+ T*P)] device ints: the routed expert ids, then the speculated experts of
+        `next_layer` (prefetched while this layer runs).
+        static_inputs: x, weights and out are the same tensors at every call for this layer (CUDA-graph
+        buffers), so one-token launches are replayed from graphs."""
+        num_tokens, top_k = weights.shape
         ids = ids.tolist()                                                   # the one host sync of the layer
         routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
         self._release_finished_copies()
@@ -72,7 +73,6 @@ class StreamingMoe:
         self._score_speculation(layer, set(wanted))
 
         bank = self.banks.bank_of(layer)
-        keys = {(layer, e) for e in wanted}
         slot_of, late = {}, []
         for expert in wanted:
             slot = self.banks.find((layer, expert))
@@ -82,10 +82,10 @@ class StreamingMoe:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
         early = list(slot_of)
-        for expert, slot in self._bring_in(layer, late, protected=keys):
-            slot_of[expert] = slot
+        if late:
+            slot_of.update(self._bring_in(layer, late, protected={(layer, e) for e in wanted}))
 
-        out = self._compute(layer, x, weights, routed, top_k, bank, slot_of, early, late, static_inputs)
+        self._compute(layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs)
         if self.is_cuda:
             done = torch.cuda.Event()
             done.record()
@@ -97,64 +97,83 @@ class StreamingMoe:
         return out
 
     # ------------------------------------------------------------------ compute
-    def _compute(self, layer, x, weights, routed, top_k, bank, slot_of, early, late, static_inputs) -> torch.Tensor:
-        """Fused-kernel launches: resident experts first, then (after their copy events) the rest.
-        A single token splits by expert; several tokens run in one launch once everything is in."""
+    def _compute(self, layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs) -> None:
+        """Fused-kernel launches: resident experts first, then (after their copy events) the rest,
+        added into `out`. A single token splits by expert; several tokens run in one launch once
+        everything is in."""
         num_tokens = x.shape[0]
         groups = [early, late] if num_tokens == 1 and early and late else [early + late]
-        out = None
-        for group in groups:
+        if self.is_cuda:
+            stream = torch.cuda.current_stream(self.device)
+        for i, group in enumerate(groups):
             members = set(group)
             cols = [k for k in range(top_k) if routed[k] in members] if num_tokens == 1 else list(range(top_k))
             slots = [slot_of[routed[t * top_k + k]] for t in range(num_tokens) for k in cols]
-            index = self._upload(slots + ([] if len(cols) == top_k else cols))
+            all_k = len(cols) == top_k
             if self.is_cuda:
                 for expert in group:
                     event = self._slot_ready.pop((bank, slot_of[expert]), None)
                     if event is not None:
-                        torch.cuda.current_stream().wait_event(event)
+                        stream.wait_event(event)
+            if static_inputs and self.is_cuda and num_tokens == 1:
+                self._replay(layer, x, weights, slots, None if all_k else cols, bank, out, accumulate=i > 0)
+                continue
+            index = self._upload(slots + ([] if all_k else cols))
             group_slots = index[:len(slots)].view(num_tokens, len(cols))
-            if len(cols) == top_k and static_inputs and self.is_cuda and num_tokens == 1:
-                part = self._replay(layer, x, weights, group_slots, bank)
+            group_weights = weights.float() if all_k else weights.float().index_select(1, index[len(slots):])
+            args = (x, self.banks.banks[bank], group_slots, group_weights.contiguous(), self.fmt, self.offsets,
+                    self.intermediate)
+            if i == 0:
+                self.kernel(*args, out=out)
             else:
-                group_weights = weights.float() if len(cols) == top_k else \
-                    weights.float().index_select(1, index[len(slots):].long())
-                part = self.kernel(x, self.banks.banks[bank], group_slots, group_weights.contiguous(), self.fmt,
-                                   self.offsets, self.intermediate)
-            out = part if out is None else out + part
-        return out
+                out.add_(self.kernel(*args))
 
-    def _upload(self, values: list[int]) -> torch.Tensor:
-        """int32 values on the device (through a pinned staging row on CUDA)."""
+    def _upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
+        """int32 values on the device (through a pinned staging row on CUDA), into `dst` if given."""
         if not self.is_cuda:
             return torch.tensor(values, dtype=torch.int32)
         i = self._stage_next
         self._stage_next = (i + 1) % len(self._stage)
         n = len(values)
         self._stage[i].numpy()[:n] = values
-        return self._stage_dev[i][:n].copy_(self._stage[i][:n], non_blocking=True)
+        dst = self._stage_dev[i][:n] if dst is None else dst
+        return dst.copy_(self._stage[i][:n], non_blocking=True)
 
-    def _replay(self, layer, x, weights, slots, bank) -> torch.Tensor:
-        """One-token, all-K launch of `layer` from a CUDA graph (captured on first use); the slot
-        indices are copied into the graph's static input first."""
-        entry = self._graphs.get(layer)
+    def _replay(self, layer, x, weights, slots, cols, bank, out, accumulate) -> None:
+        """A one-token launch over `cols` (None: all K) of `layer`'s experts from a CUDA graph, captured
+        on first use per (layer, number of experts, accumulate); the graph's static index row (slots,
+        then cols) is uploaded first. accumulate: add into `out` instead of overwriting it."""
+        n = len(slots)
+        key = (layer, n, cols is None, accumulate)
+        entry = self._graphs.get(key)
         if entry is None:
-            static_slots = slots.clone()
-            run = lambda: self.kernel(x, self.banks.banks[bank], static_slots, weights.float(), self.fmt,  # noqa: E731
-                                      self.offsets, self.intermediate)
-            run()                                                 # compile / warm up outside the capture
+            index = torch.zeros(2 * n, dtype=torch.int32, device=self.device)
+            static_slots, static_cols = index[:n].view(1, n), index[n:]
+            self._upload(slots + ([] if cols is None else cols), index[:n if cols is None else 2 * n])
+            scratch = torch.empty_like(out) if accumulate else None
+
+            def launch():
+                w = weights.float() if cols is None else weights.float().index_select(1, static_cols).contiguous()
+                args = (x, self.banks.banks[bank], static_slots, w, self.fmt, self.offsets, self.intermediate)
+                if accumulate:
+                    out.add_(self.kernel(*args, out=scratch))
+                else:
+                    self.kernel(*args, out=out)
+
+            before = out.clone()
+            launch()                                              # compile / warm up outside the capture
+            out.copy_(before)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._graph_pool):
-                out = run()
-            entry = self._graphs[layer] = (graph, static_slots, out)
-        graph, static_slots, out = entry
-        static_slots.copy_(slots)
+                launch()
+            entry = self._graphs[key] = (graph, index)
+        graph, index = entry
+        self._upload(slots + ([] if cols is None else cols), index[:n if cols is None else 2 * n])
         graph.replay()
-        return out
 
     # ------------------------------------------------------------------ transfers
-    def _bring_in(self, layer: int, experts: list[int], protected: set[Key]) -> list[tuple[int, int]]:
-        """Make experts resident in layer's bank; returns (expert, slot). RAM hits are copied first,
+    def _bring_in(self, layer: int, experts: list[int], protected: set[Key]) -> dict[int, int]:
+        """Make experts resident in layer's bank; returns {expert: slot}. RAM hits are copied first,
         disk reads are all in flight before the first wait."""
         in_ram, from_disk = [], []
         for expert in experts:
@@ -169,10 +188,14 @@ class StreamingMoe:
                 in_ram.append((expert, ram_slot))
             else:
                 from_disk.append((expert, *self._start_read(key)))
-        placed = [(expert, self._copy(layer, expert, ram_slot, protected)) for expert, ram_slot in in_ram]
+        placed = {}
+        with self._copy_batch(layer):
+            for expert, ram_slot in in_ram:
+                placed[expert] = self._copy(layer, expert, ram_slot, protected)
         for expert, ram_slot, future in from_disk:
             self._finish_read((layer, expert), future)
-            placed.append((expert, self._copy(layer, expert, ram_slot, protected)))
+            with self._copy_batch(layer):
+                placed[expert] = self._copy(layer, expert, ram_slot, protected)
         return placed
 
     def _start_read(self, key: Key) -> tuple[int, Future]:
@@ -190,14 +213,33 @@ class StreamingMoe:
             self.cache.discard(key)
             raise
 
+    @contextmanager
+    def _copy_batch(self, layer: int):
+        """Copies into layer's bank issued inside run on the copy stream, after the last kernel that
+        read the bank; the batch is timed as a whole (h2d busy time) by one pair of events."""
+        if not self.is_cuda:
+            yield
+            return
+        bank = self.banks.bank_of(layer)
+        with torch.cuda.stream(self.copy_stream):
+            if self._bank_free[bank] is not None:
+                self.copy_stream.wait_event(self._bank_free[bank])
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.copy_stream)
+            yield
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.copy_stream)
+        self._timed.append((start, end))
+
     def _copy(self, layer: int, expert: int, ram_slot: int, protected: set[Key]) -> int:
-        """Copy a locked RAM block into a slot of layer's bank; the RAM lock is released when the copy is done."""
+        """Copy a locked RAM block into a slot of layer's bank (inside `_copy_batch`); the RAM lock is
+        released when the copy is done."""
         key = (layer, expert)
         bank = self.banks.bank_of(layer)
         slot = self.banks.acquire(key, protected)
-        evicted = getattr(self.banks, "last_evicted", None)
+        evicted = self.banks.last_evicted
         write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
-        dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
+        dst, src = self.banks.banks[bank][slot], self.cache.block(ram_slot)
         self.telemetry.add(h2d_bytes=self.cache.block_bytes)
         if self.exclusive:
             self.cache.demote(key)
@@ -210,20 +252,16 @@ class StreamingMoe:
             self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
             self.cache.unlock(key)
             return slot
-        with torch.cuda.stream(self.copy_stream):
-            if write_back is not None:           # same stream: the victim's bytes leave before new ones land
-                back = torch.cuda.Event()
-                self.cache.block(write_back).copy_(dst, non_blocking=True)
-                back.record()
-                self._inflight.append((back, back, evicted[0]))
-            if self._bank_free[bank] is not None:
-                self.copy_stream.wait_event(self._bank_free[bank])
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            dst.copy_(src, non_blocking=True)
-            end.record()
+        if write_back is not None:           # same stream: the victim's bytes leave before new ones land
+            self.cache.block(write_back).copy_(dst, non_blocking=True)
+            back = torch.cuda.Event()
+            back.record(self.copy_stream)
+            self._inflight.append((back, evicted[0]))
+        dst.copy_(src, non_blocking=True)
+        end = torch.cuda.Event()
+        end.record(self.copy_stream)
         self._slot_ready[(bank, slot)] = end
-        self._inflight.append((start, end, key))
+        self._inflight.append((end, key))
         return slot
 
     def _victim_slot(self, victim: Key) -> int | None:
@@ -240,20 +278,26 @@ class StreamingMoe:
         return ram_slot
 
     def _wait_copies(self) -> None:
-        for _, end, _ in self._inflight:
+        for end, _ in self._inflight:
             end.synchronize()
         self._release_finished_copies()
 
     def _release_finished_copies(self) -> None:
+        """Unlock the RAM blocks whose copies have finished; add finished batches' h2d busy time."""
         still = []
-        for start, end, key in self._inflight:
+        for end, key in self._inflight:
             if end.query():
-                if start is not end:                   # write-backs are not timed
-                    self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
                 self.cache.unlock(key)
             else:
-                still.append((start, end, key))
+                still.append((end, key))
         self._inflight = still
+        timed = []
+        for start, end in self._timed:
+            if end.query():
+                self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
+            else:
+                timed.append((start, end))
+        self._timed = timed
 
     # ------------------------------------------------------------------ speculation
     def _prefetch(self, layer: int, experts: list[int]) -> None:
@@ -262,6 +306,7 @@ class StreamingMoe:
         self._predicted[layer] = set(experts)
         issued = set()
         keys = {(layer, e) for e in experts}
+        to_copy = []
         for expert in experts:
             key = (layer, expert)
             if self.banks.find(key) is not None or key in self._reads:
@@ -269,12 +314,16 @@ class StreamingMoe:
             ram_slot = self.cache.lookup(key)
             if ram_slot is not None:
                 self.cache.lock(key)
-                self._copy(layer, expert, ram_slot, protected=keys)
+                to_copy.append((expert, ram_slot))
             elif self.cache.can_insert():     # a prefetch never waits: with a full, locked cache it is skipped
                 self._reads[key] = self._start_read(key)
             else:
                 continue
             issued.add(expert)
+        if to_copy:
+            with self._copy_batch(layer):
+                for expert, ram_slot in to_copy:
+                    self._copy(layer, expert, ram_slot, protected=keys)
         self._prefetched[layer] = issued
         self.telemetry.add(prefetch_issued=len(issued))
 
