@@ -313,6 +313,13 @@ def bench(name, argv, cgroup_bytes=None):
               + (f"  [cgroup memory.max {cgroup_bytes >> 20} MiB]" if cgroup_bytes else ""))
         print(report(result))
     result["argv"], result["cgroup_bytes"] = argv, cgroup_bytes
+    if prefix:
+        try:
+            peak = int((cg / "memory.peak").read_text())
+            result["cgroup_peak_bytes"] = peak
+            print(f"  cgroup memory.peak {peak / 2**30:.2f} GiB of {cgroup_bytes / 2**30:.2f} GiB")
+        except (OSError, ValueError):
+            pass
     RESULTS.setdefault("bench", {})[name] = result
     save()
 
@@ -331,6 +338,13 @@ STAGES = {
         bench("olmoe-fp8-cap4g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB",
                                   "--ram-cache", "1536MiB", "--prompt-tokens", "512", "--new-tokens", "64"],
               cgroup_bytes=4 << 30)],
+    "bench-olmoe-cap": lambda: [
+        bench(f"olmoe-fp8-cap4g-ram{ram}", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB",
+                                            "--ram-cache", ram, "--prompt-tokens", "512", "--new-tokens", "64"],
+              cgroup_bytes=4 << 30) for ram in ("1536MiB", "2GiB", "2560MiB")],
+    "bench-olmoe-free": lambda: bench("olmoe-fp8-ram-unconstrained", [
+        "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "16GB",
+        "--prompt-tokens", "512", "--new-tokens", "128"]),
     "bench-olmoe-4g": lambda: bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget",
                                                           "4GiB", "--ram-cache", "2GiB", "--prompt-tokens", "2048",
                                                           "--new-tokens", "64"]),
@@ -338,6 +352,14 @@ STAGES = {
         "--preset", "qwen3-30b-a3b", "--quant", "fp8", "--vram-budget", "7GiB", "--ram-cache", "2GiB",
         "--prompt-tokens", "2048", "--new-tokens", "24"]),
     "rm-qwen3": lambda: [__import__("shutil").rmtree(p, ignore_errors=True) for p in WORK.glob("qwen3-*")],
+    # accelerate and Sluice under one cgroup cap (page cache included); the checkpoint is built uncapped first
+    "baseline-cap": lambda: [
+        bench("olmoe-build-hf", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--via-repack", "--vram-budget", "4GB",
+                                 "--ram-cache", "1536MiB", "--prompt-tokens", "32", "--new-tokens", "8"]),
+        bench("olmoe-fp8-vs-accelerate-cap4g", [
+            "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "1536MiB",
+            "--prompt-tokens", "32", "--new-tokens", "64", "--baseline", "accelerate", "--baseline-new-tokens", "4"],
+            cgroup_bytes=4 << 30)],
     "baseline": lambda: bench("olmoe-fp8-vs-accelerate", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB", "--ram-cache", "2GiB",
         "--prompt-tokens", "32", "--new-tokens", "64", "--baseline", "accelerate", "--baseline-new-tokens", "6"]),
