@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-import psutil
 import torch
 from safetensors import safe_open
 
@@ -20,6 +19,7 @@ from .budget import plan_budgets
 from .cache import RamCache, anonymous_buffer
 from .detokenize import IncrementalDetokenizer
 from .errors import SluiceError
+from .hardware import available_memory
 from .layers import KVCache
 from .models.moe_decoder import MoeDecoder, decoded_expert_bytes
 from .params import GenerationParams, TokenEvent
@@ -65,7 +65,7 @@ class Engine:
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         elem = torch.empty((), dtype=dtype).element_size()
         kv_bytes = 2 * spec.num_layers * self.max_context * spec.num_kv_heads * spec.head_dim * elem
-        available = psutil.virtual_memory().available
+        available = available_memory()
         self.plan = plan_budgets(
             block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
             num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes, workspace_bytes=0,
@@ -91,7 +91,7 @@ class Engine:
         """The CUDA path (engine.gpu): pinned RAM cache of exact size, overlapped streaming into two
         slot banks with speculative prefetch, self-checked Triton kernels, CUDA-graph decode."""
         from .gpu.runtime import CudaModel
-        available = psutil.virtual_memory().available
+        available = available_memory()
         eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
         gpu = CudaModel(model.path, device=device, vram_budget=vram_budget, ram_cache=ram_cache, dtype=dtype,
                         max_tokens=self.max_context, telemetry=self.telemetry_source,

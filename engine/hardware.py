@@ -47,12 +47,36 @@ def probe(models_dir: str | Path | None = None, disk_test_bytes: int = 256 * MiB
     import psutil
     vm = psutil.virtual_memory()
     hw = Hardware(cpu_name=_cpu_name(), num_cpus=os.cpu_count() or 1, performance_cores=performance_cores(),
-                  ram_total_bytes=vm.total, ram_available_bytes=vm.available, mem_bw_bps=memory_bandwidth())
+                  ram_total_bytes=vm.total, ram_available_bytes=available_memory(), mem_bw_bps=memory_bandwidth())
     if measure_gpu:
         hw.gpus, hw.pcie_bps, hw.gpu_mem_bw_bps = _probe_gpu()
     if models_dir is not None:
         hw.disk_read_bps = disk_read_bandwidth(models_dir, disk_test_bytes)
     return hw
+
+
+def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup") -> int:
+    """Bytes of RAM this process can still take: the system's available memory, or less when the
+    process runs inside a cgroup v2 with a `memory.max` (a container, a systemd slice): there the
+    limit minus what the group already uses (page cache included), the tightest of its ancestors."""
+    import psutil
+    available = psutil.virtual_memory().available
+    try:
+        line = next(l for l in Path(proc_cgroup).read_text().splitlines() if l.startswith("0::"))
+    except (OSError, StopIteration):
+        return available
+    group = Path(cgroup_root) / line[3:].strip().lstrip("/")
+    root = Path(cgroup_root)
+    while True:
+        try:
+            limit = (group / "memory.max").read_text().strip()
+            if limit != "max":
+                available = min(available, max(int(limit) - int((group / "memory.current").read_text()), 0))
+        except (OSError, ValueError):
+            pass
+        if group == root or root not in group.parents:
+            return available
+        group = group.parent
 
 
 def _cpu_name() -> str:

@@ -106,3 +106,29 @@ def test_probe_reports_ram_cpus_and_measured_bandwidths(tmp_path):
     assert hw.ram_total_bytes >= hw.ram_available_bytes > 0
     assert hw.num_cpus == os.cpu_count() and set(hw.performance_cores) <= set(range(4096))
     assert hw.mem_bw_bps > 1e8 and hw.disk_read_bps > 1e6 and not hw.has_gpu
+
+
+def _cgroup_tree(tmp_path, limits: dict[str, tuple[str, int]]):
+    """A fake cgroup v2 tree: {relative group: (memory.max, memory.current)} and /proc/self/cgroup."""
+    root = tmp_path / "cgroup"
+    for group, (limit, current) in limits.items():
+        d = root / group if group else root
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "memory.max").write_text(f"{limit}\n")
+        (d / "memory.current").write_text(f"{current}\n")
+    return root
+
+
+def test_available_memory_honours_the_tightest_cgroup_limit(tmp_path):
+    gib = 2**30
+    root = _cgroup_tree(tmp_path, {"": ("max", 0), "box": (str(6 * gib), 1 * gib),
+                                   "box/app": (str(4 * gib), int(2.5 * gib))})
+    proc = tmp_path / "cgroup.txt"
+    proc.write_text("0::/box/app\n")
+    assert hardware.available_memory(root, proc) == int(1.5 * gib)        # 4 GiB cap, 2.5 GiB already in use
+    (root / "box/app/memory.max").write_text("max\n")
+    assert hardware.available_memory(root, proc) == 5 * gib                # the parent's cap applies
+    import psutil
+    (root / "box/memory.max").write_text("max\n")
+    assert hardware.available_memory(root, proc) <= psutil.virtual_memory().available
+    assert hardware.available_memory(root, tmp_path / "missing") > 0      # no cgroup file: the system's figure
