@@ -50,7 +50,7 @@ import triton.language as tl
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .tiles import _e2m1, partial_dot, row_scale
 
-KERNEL_VERSION = 3     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 4     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -82,15 +82,17 @@ def _gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_by
                   BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
     """h[pair, rows] = silu(gate_e x_t) * (up_e x_t) for pair = t * K + k (stored to h_ptr)."""
     token = pair // K
-    base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
+    slot = tl.load(slot_ptr + pair)
+    n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = 0
+    base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
     acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
     x_row = x_ptr + token * H
     for k0 in range(0, H, BLOCK_K):
-        acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, I, H, x_row, FMT, BLOCK_I, BLOCK_K)
-        acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, I, H, x_row, FMT, BLOCK_I, BLOCK_K)
-    acc_gate *= row_scale(bank_f32, base + GS, base + GG, rows, I, FMT)
-    acc_up *= row_scale(bank_f32, base + US, base + UG, rows, I, FMT)
+        acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
+        acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
+    acc_gate *= row_scale(bank_f32, base + GS, base + GG, rows, n, FMT)
+    acc_up *= row_scale(bank_f32, base + US, base + UG, rows, n, FMT)
     hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up   # silu(gate) * up
     tl.store(h_ptr + pair * I + rows, hidden, mask=rows < I)
 
@@ -115,30 +117,37 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f3
 @triton.jit
 def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
-                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr):
+                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
-    gate_up). Else grid (T, H/BLOCK_H), the K experts summed in a loop, plain store."""
+    gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
+    (added to out when ACCUMULATE)."""
     rows = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     if SPLIT:
         pair = tl.program_id(0)
-        base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
+        slot = tl.load(slot_ptr + pair)
+        n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
+        base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
         part = tl.zeros([BLOCK_H], dtype=tl.float32)
         for i0 in range(0, I, BLOCK_K):
-            part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, H, I, h_ptr + pair * I,
+            part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
                                 FMT, BLOCK_H, BLOCK_K)
-        part *= row_scale(bank_f32, base + DS, base + DG, rows, H, FMT) * tl.load(weight_ptr + pair)
-        tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < H, sem="relaxed")
+        part *= row_scale(bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+        tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
     else:
         token = tl.program_id(0)
         acc = tl.zeros([BLOCK_H], dtype=tl.float32)
         for k in range(0, K):
             pair = token * K + k
-            base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
+            slot = tl.load(slot_ptr + pair)
+            n = tl.where(slot >= 0, H, 0)
+            base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
             part = tl.zeros([BLOCK_H], dtype=tl.float32)
             for i0 in range(0, I, BLOCK_K):
-                part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, H, I, h_ptr + pair * I,
+                part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
                                     FMT, BLOCK_H, BLOCK_K)
-            acc += part * row_scale(bank_f32, base + DS, base + DG, rows, H, FMT) * tl.load(weight_ptr + pair)
+            acc += part * row_scale(bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+        if ACCUMULATE:
+            acc += tl.load(out_ptr + token * H + rows, mask=rows < H, other=0.0)
         tl.store(out_ptr + token * H + rows, acc, mask=rows < H)
 
 
@@ -247,14 +256,16 @@ def _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank
     pair = q // down_per_pair, times the routing weight, atomically added into out[token]."""
     pair = q // down_per_pair
     rows = (q % down_per_pair) * BLOCK_H + tl.arange(0, BLOCK_H)
-    base = tl.load(slot_ptr + pair).to(tl.int64) * block_bytes
+    slot = tl.load(slot_ptr + pair)
+    n = tl.where(slot >= 0, H, 0)                             # skipped pair: no reads, nothing added
+    base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
     # 1. Everything that does not depend on h: the down weight words of columns [0, PRE_A + PRE_B)
     #    (all of I unless config.preload caps it), the row scale and the routing weight.
     if PRE_A > 0:
-        words_a, scales_a = _raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, 0, H, I, FMT, BLOCK_H, PRE_A)
+        words_a, scales_a = _raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, 0, n, I, FMT, BLOCK_H, PRE_A)
     if PRE_B > 0:
-        words_b, scales_b = _raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, PRE_A, H, I, FMT, BLOCK_H, PRE_B)
-    factor = row_scale(bank_f32, base + DS, base + DG, rows, H, FMT) * tl.load(weight_ptr + pair)
+        words_b, scales_b = _raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, PRE_A, n, I, FMT, BLOCK_H, PRE_B)
+    factor = row_scale(bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
     # 2. Wait for the pair's gate_up producers (gu_per_pair release increments).
     factor = _wait_for(counter_ptr + pair, gu_per_pair, factor, INTERPRET)
     # 3. Decode, dot with h, then the columns that were not preloaded, BLOCK_K at a time.
@@ -266,9 +277,9 @@ def _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank
         part += _raw_dot(words_b, scales_b, h_row, PRE_A, I, FMT, BLOCK_H, PRE_B)
     if TAIL:
         for i0 in range(PRE_A + PRE_B, I, BLOCK_K):
-            words, scales = _raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, H, I, FMT, BLOCK_H, BLOCK_K)
+            words, scales = _raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, FMT, BLOCK_H, BLOCK_K)
             part += _raw_dot(words, scales, h_row, i0, I, FMT, BLOCK_H, BLOCK_K)
-    tl.atomic_add(out_ptr + (pair // K) * H + rows, part * factor, mask=rows < H, sem="relaxed")
+    tl.atomic_add(out_ptr + (pair // K) * H + rows, part * factor, mask=rows < n, sem="relaxed")
     # 4. Self-cleaning counter, counted last: after its wait the count is off the critical path
     #    (on an H200 that saved 1.6 us of 19.7 against counting right after the wait).
     _check_out(counter_ptr + pair, gu_per_pair + down_per_pair)
@@ -374,12 +385,17 @@ def _preload_split(fmt: str, intermediate: int, block_h: int, num_warps: int, pr
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
-               counters: torch.Tensor | None = None) -> torch.Tensor:
+               counters: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
     """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] float32 (the caller adds it to its
-    residual). `out` ([T, H] fp32) and `h_buf` ([T*K, I] fp32) may be given so that the call
-    allocates nothing (CUDA graphs). `counters` (fused only): a zeroed int32 buffer of >= T*K
-    elements that the kernel leaves zeroed; default the shared per-device one (fused_counters)."""
+    residual). A negative slot skips that (token, choice): no bytes are read for it (a launch over
+    the experts that are resident while the others are still copying). `out` ([T, H] fp32) and
+    `h_buf` ([T*K, I] fp32) may be given so that the call allocates nothing (CUDA graphs);
+    accumulate=True adds into `out` instead of overwriting it. `counters` (fused only): a zeroed
+    int32 buffer of >= T*K elements that the kernel leaves zeroed; default the shared per-device
+    one (fused_counters)."""
     _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate)
+    if accumulate and out is None:
+        raise ValueError("moe_decode(accumulate=True) needs the out= tensor to add into")
     cfg = config or default_config(fmt)
     num_tokens, hidden = x.shape
     top_k = slots.shape[1]
@@ -413,7 +429,8 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
         # The consumers add into out. Zeroing it in the kernel instead (the producers of each
         # token's k = 0 pair zero it before their release; consumers of the token's other pairs
         # also wait for that pair) measured 0.3-2 us slower on an H200 than this memset node.
-        out.zero_()
+        if not accumulate:
+            out.zero_()
         _fused_kernel[(pairs * (gu_per_pair + down_per_pair),)](
             x, h_buf, out, slots, weights, counters, *views, block_bytes, hidden, intermediate, top_k,
             pairs * gu_per_pair, gu_per_pair, down_per_pair,
@@ -425,23 +442,29 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     _gate_up_kernel[(pairs, triton.cdiv(intermediate, cfg.block_i))](
         x, h_buf, out, slots, *views, block_bytes, hidden, intermediate, top_k,
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
-        fmt_id, cfg.block_i, cfg.block_k, cfg.split_down, **launch)
+        fmt_id, cfg.block_i, cfg.block_k, cfg.split_down and not accumulate, **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
         h_buf, out, slots, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"],
-        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, **launch)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, **launch)
     return out
 
 
 def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                    offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
-                   out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
+                   counters: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
     """Plain-torch specification (and fallback, same signature): float32 math and result, each
-    distinct expert dequantized once. `config` and `h_buf` are accepted and ignored."""
+    distinct expert dequantized once; negative slots are skipped; accumulate adds into `out`.
+    `config`, `h_buf` and `counters` are accepted and ignored."""
+    if accumulate and out is None:
+        raise ValueError("moe_decode_ref(accumulate=True) needs the out= tensor to add into")
     hidden = x.shape[1]
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     xf = x.float()
     for slot in slots.unique().tolist():
+        if slot < 0:
+            continue
         w = dequantize_block(bank[slot], fmt, offsets, intermediate, hidden)
         token_ids, choice = (slots == slot).nonzero(as_tuple=True)
         xs = xf[token_ids]                                                          # [n, H]
@@ -449,4 +472,4 @@ def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, wei
         acc.index_add_(0, token_ids, (h @ w["down"].T) * weights[token_ids, choice][:, None])
     if out is None:
         return acc
-    return out.copy_(acc)
+    return out.add_(acc) if accumulate else out.copy_(acc)

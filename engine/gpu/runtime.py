@@ -119,6 +119,12 @@ class CudaModel:
         self.scheduler = ExpertScheduler(self.store, self.cache, self.banks, self.telemetry)
         self.moe = StreamingMoe(self.store, self.cache, self.banks, self.telemetry, kernel, layout.fmt, offsets,
                                 layout.intermediate, self.device)
+        if self._captured and self.kernel_verdict is not None and self.kernel_verdict.ok:
+            # (the torch reference reads slot ids on the host: it cannot be captured, and runs eagerly)
+            d = self.dense_decode
+            with torch.inference_mode():
+                self.moe.capture({layer: (d.out[layer].h, d.out[layer].route_weights, d.moe_out[layer])
+                                  for layer in spec.moe_layers})
 
     def _choose_kernel(self, layout, offsets, use_kernels):
         from kernels.moe_decode import moe_decode_ref

@@ -54,7 +54,7 @@ class StreamingMoe:
         self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(8)]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
-        self._graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see _replay
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None   # one pool for all layers
 
     # ------------------------------------------------------------------ one layer
@@ -98,35 +98,27 @@ class StreamingMoe:
 
     # ------------------------------------------------------------------ compute
     def _compute(self, layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs) -> None:
-        """Fused-kernel launches: resident experts first, then (after their copy events) the rest,
-        added into `out`. A single token splits by expert; several tokens run in one launch once
-        everything is in."""
+        """Fused-kernel launches into `out`: for one token the resident experts first (the others'
+        slots are -1: the kernel reads nothing for them), then, after their copy events, the late
+        ones added on top. Several tokens run in one launch once everything is in."""
         num_tokens = x.shape[0]
         groups = [early, late] if num_tokens == 1 and early and late else [early + late]
         if self.is_cuda:
             stream = torch.cuda.current_stream(self.device)
         for i, group in enumerate(groups):
-            members = set(group)
-            cols = [k for k in range(top_k) if routed[k] in members] if num_tokens == 1 else list(range(top_k))
-            slots = [slot_of[routed[t * top_k + k]] for t in range(num_tokens) for k in cols]
-            all_k = len(cols) == top_k
+            members = set(group) if len(groups) > 1 else None
+            slots = [slot_of[e] if members is None or e in members else -1 for e in routed]
             if self.is_cuda:
                 for expert in group:
                     event = self._slot_ready.pop((bank, slot_of[expert]), None)
                     if event is not None:
                         stream.wait_event(event)
-            if static_inputs and self.is_cuda and num_tokens == 1:
-                self._replay(layer, x, weights, slots, None if all_k else cols, bank, out, accumulate=i > 0)
+            if static_inputs and num_tokens == 1 and (layer, i > 0) in self._graphs:
+                self._replay(layer, slots, accumulate=i > 0)
                 continue
-            index = self._upload(slots + ([] if all_k else cols))
-            group_slots = index[:len(slots)].view(num_tokens, len(cols))
-            group_weights = weights.float() if all_k else weights.float().index_select(1, index[len(slots):])
-            args = (x, self.banks.banks[bank], group_slots, group_weights.contiguous(), self.fmt, self.offsets,
-                    self.intermediate)
-            if i == 0:
-                self.kernel(*args, out=out)
-            else:
-                out.add_(self.kernel(*args))
+            index = self._upload(slots).view(num_tokens, top_k)
+            self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt, self.offsets,
+                        self.intermediate, out=out, accumulate=i > 0)
 
     def _upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
         """int32 values on the device (through a pinned staging row on CUDA), into `dst` if given."""
@@ -139,36 +131,30 @@ class StreamingMoe:
         dst = self._stage_dev[i][:n] if dst is None else dst
         return dst.copy_(self._stage[i][:n], non_blocking=True)
 
-    def _replay(self, layer, x, weights, slots, cols, bank, out, accumulate) -> None:
-        """A one-token launch over `cols` (None: all K) of `layer`'s experts from a CUDA graph, captured
-        on first use per (layer, number of experts, accumulate); the graph's static index row (slots,
-        then cols) is uploaded first. accumulate: add into `out` instead of overwriting it."""
-        n = len(slots)
-        key = (layer, n, cols is None, accumulate)
-        entry = self._graphs.get(key)
-        if entry is None:
-            index = torch.zeros(2 * n, dtype=torch.int32, device=self.device)
-            static_slots, static_cols = index[:n].view(1, n), index[n:]
-            self._upload(slots + ([] if cols is None else cols), index[:n if cols is None else 2 * n])
-            scratch = torch.empty_like(out) if accumulate else None
+    def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Capture the one-token MoE launches of each layer in CUDA graphs, two per layer (write
+        `out`, add into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])}
+        (the decode graphs' buffers). The expert slots are a static int32 row per layer, uploaded
+        before each replay. Done once at load, so no capture happens while tokens are timed."""
+        for layer, (x, weights, out) in layers.items():
+            bank = self.banks.bank_of(layer)
+            top_k = weights.shape[1]
+            index = torch.zeros(1, top_k, dtype=torch.int32, device=self.device)    # slot 0: valid bytes to read
+            saved = out.clone()
+            for accumulate in (False, True):
+                launch = lambda: self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt,  # noqa: E731
+                                             self.offsets, self.intermediate, out=out, accumulate=accumulate)
+                launch()                                          # compile / warm up outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._graph_pool):
+                    launch()
+                self._graphs[(layer, accumulate)] = (graph, index)
+            out.copy_(saved)
+        torch.cuda.synchronize(self.device)
 
-            def launch():
-                w = weights.float() if cols is None else weights.float().index_select(1, static_cols).contiguous()
-                args = (x, self.banks.banks[bank], static_slots, w, self.fmt, self.offsets, self.intermediate)
-                if accumulate:
-                    out.add_(self.kernel(*args, out=scratch))
-                else:
-                    self.kernel(*args, out=out)
-
-            before = out.clone()
-            launch()                                              # compile / warm up outside the capture
-            out.copy_(before)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                launch()
-            entry = self._graphs[key] = (graph, index)
-        graph, index = entry
-        self._upload(slots + ([] if cols is None else cols), index[:n if cols is None else 2 * n])
+    def _replay(self, layer: int, slots: list[int], accumulate: bool) -> None:
+        graph, index = self._graphs[(layer, accumulate)]
+        self._upload(slots, index[0])
         graph.replay()
 
     # ------------------------------------------------------------------ transfers

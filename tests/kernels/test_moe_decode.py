@@ -210,3 +210,24 @@ def test_fused_in_cuda_graph_replays(fmt):
         torch.cuda.synchronize()
         assert _rel(out, moe_decode_ref(*args)) < 1e-4
     assert not fused_counters("cuda").any()
+
+
+@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT, SMALL_FUSED], ids=["loop", "split", "fused"])
+def test_resident_first_then_late_experts_add_up_to_one_launch(fmt, config, device):
+    """The streaming decode's split: a launch over the resident experts (the others' slots -1, no
+    bytes read for them), then one over the late ones that adds into the same output."""
+    intermediate, hidden = _dims(fmt, 29, 43)
+    x, bank, slots, weights, *rest = _case(fmt, device, 1, 5, 9, intermediate, hidden, seed=11)
+    whole = moe_decode_ref(x, bank, slots, weights, *rest)
+    late = torch.tensor([[False, True, False, True, True]], device=slots.device)
+    early_slots, late_slots = slots.masked_fill(late, -1), slots.masked_fill(~late, -1)
+    for fn in (moe_decode, moe_decode_ref):
+        out = torch.full_like(whole, float("nan"))
+        kw = {"config": config} if fn is moe_decode else {}
+        fn(x, bank, early_slots, weights, *rest, out=out, **kw)
+        assert _rel(out, moe_decode_ref(x, bank, slots, weights * ~late, *rest)) < 1e-5   # only the early ones
+        fn(x, bank, late_slots, weights, *rest, out=out, accumulate=True, **kw)
+        assert _rel(out, whole) < 1e-5, fn.__name__
+    with pytest.raises(ValueError, match="out="):
+        moe_decode(x, bank, slots, weights, *rest, config=config, accumulate=True)
