@@ -49,9 +49,10 @@ def stage_kernels():
     C = DecodeConfig
     sweep = [C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True), C(4, 4, 2048, 4, True),
              C(16, 8, 512, 4, True), C(8, 16, 512, 4, True), C(4, 8, 1024, 2, True), C(4, 4, 1024, 2, True),
-             C(16, 16, 256, 4), C(8, 8, 2048, 8, True)]
+             C(16, 16, 256, 4), C(8, 8, 2048, 8, True), C(2, 8, 2048, 4, True), C(4, 16, 2048, 8, True),
+             C(8, 16, 512, 4, True, num_stages=1), C(16, 32, 512, 4, fused=True), C(8, 16, 512, 4, fused=True)]
     sweep_other = [C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True), C(8, 8, 512, 4, True),
-                   C(4, 8, 512, 2, True)]
+                   C(4, 8, 512, 2, True), C(4, 8, 512, 4, fused=True), C(16, 16, 512, 4, fused=True)]
     rows = []
     for model, (inter, hidden, top_k) in shapes.items():
         for fmt in ("fp8", "nvfp4", "bf16"):
@@ -84,7 +85,7 @@ def stage_kernels():
                 if best is None or t_graph < best[1]:
                     best = (cfg, t_graph)
                 print(f"  {model} {fmt} {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}"
-                      f"{'/split' if cfg.split_down else ''}: {t_graph * 1e6:.1f} us "
+                      f"{'/split' if cfg.split_down else ''}{'/fused' if cfg.fused else ''}: {t_graph * 1e6:.1f} us "
                       f"({weight_bytes / t_graph / hbm:.0%})")
             cfg, t_graph = best
             i = iter(range(10 ** 9))
