@@ -81,7 +81,7 @@ class CudaModel:
                        default_vram=default_vram, default_ram=default_ram)
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
         inv_freq, scaling = rope_inv_freq(self.model_dir.manifest["config"], spec)
-        self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(self.device), scaling, dtype)
+        self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(self.device), scaling, dtype, cache_decoded=False)
         offsets = {f.name: f.offset for f in layout.fields}
         self.kernel_verdict = None
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before KV and slots exist.

@@ -26,12 +26,15 @@ def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
 
 class MoeDecoder:
     def __init__(self, spec: ModelSpec, weights: dict[str, torch.Tensor], layout: Layout,
-                 inv_freq: torch.Tensor, rope_scaling: float, dtype: torch.dtype):
+                 inv_freq: torch.Tensor, rope_scaling: float, dtype: torch.dtype, cache_decoded: bool = True):
         self.spec, self.w, self.layout, self.dtype = spec, weights, layout, dtype
         self.inv_freq, self.rope_scaling = inv_freq, rope_scaling
         self.lm_head = weights.get("lm_head.weight", weights["model.embed_tokens.weight"])
         # Decoded weights per device slot (keyed by the slot's address): an expert that stays resident is
         # decoded once, not once per token. Counted in the VRAM budget (decoded_expert_bytes per slot).
+        # The CUDA runtime turns it off: its decode reads the blocks directly (fused kernels), and a
+        # prefill uses each expert once per layer, so a cache would only hold 2x the slot bytes.
+        self.cache_decoded = cache_decoded
         self._decoded: dict[int, tuple[tuple[int, int], tuple[torch.Tensor, ...]]] = {}
 
     def _expert_weights(self, layer: int, expert: int, block: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -42,7 +45,8 @@ class MoeDecoder:
         views = self.layout.views(block)
         weights = tuple(dequantize({k.split(".")[1]: t for k, t in views.items() if k.startswith(proj + ".")},
                                    self.layout.fmt, self.dtype) for proj in ("gate", "up", "down"))
-        self._decoded[block.data_ptr()] = ((layer, expert), weights)
+        if self.cache_decoded:
+            self._decoded[block.data_ptr()] = ((layer, expert), weights)
         return weights
 
     def forward(self, token_ids: torch.Tensor, start: int, kv: KVCache, scheduler: ExpertScheduler) -> torch.Tensor:

@@ -45,6 +45,7 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     finally:
         model.close()
     assert timings.token_ids == expected
+    assert not model.decoder._decoded          # no decoded copies of slots beside the budgeted blocks
     spec = model.spec
     total_blocks = len(spec.moe_layers) * spec.num_experts
     assert model.plan.slots_per_bank == 3 and model.cache.num_slots == 4 < total_blocks
