@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.gpu import presets
-from engine.gpu.runtime import CudaModel
+
+from tests.streaming.sized import model_with_slots
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = dict(model_type="olmoe", vocab_size=300, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
@@ -25,13 +26,8 @@ def model_dir(tmp_path_factory):
 
 
 def _decode_disk_reads(path, exclusive: bool) -> tuple[int, list[int]]:
-    probe = CudaModel(path, device=DEVICE, dtype=torch.float32, max_tokens=96)
-    plan = probe.plan
-    probe.close()
     # 6 slots a bank (12 of 64 experts in VRAM) and 12 blocks of RAM: 24 distinct blocks if exclusive
-    vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * 6 * plan.block_bytes
-    model = CudaModel(path, device=DEVICE, dtype=torch.float32, max_tokens=96, vram_budget=vram,
-                      ram_cache=12 * plan.block_bytes)
+    model = model_with_slots(path, 6, 12, max_tokens=96)
     model.moe.exclusive = exclusive
     rng = random.Random(0)
     prompt, feed = [rng.randrange(300) for _ in range(16)], [rng.randrange(300) for _ in range(64)]

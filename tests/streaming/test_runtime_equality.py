@@ -9,6 +9,8 @@ from engine.demo import build_hf_model
 from engine.gpu.runtime import CudaModel
 from engine.repack import repack
 
+from tests.streaming.sized import model_with_slots
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]
 NEW_TOKENS = 16
@@ -28,12 +30,7 @@ def family_model(request, tmp_path_factory):
 
 def _streaming_model(path, slots_per_bank=3, ram_blocks=4, **kw):
     """Budgets far below the expert set: 3 slots a bank, a RAM cache of 4 blocks."""
-    probe = CudaModel(path, device=DEVICE, dtype=torch.float32, max_tokens=64)
-    plan = probe.plan
-    probe.close()
-    vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * slots_per_bank * plan.block_bytes
-    return CudaModel(path, device=DEVICE, dtype=torch.float32, max_tokens=64, vram_budget=vram,
-                     ram_cache=ram_blocks * plan.block_bytes, **kw)
+    return model_with_slots(path, slots_per_bank, ram_blocks, **kw)
 
 
 def test_greedy_tokens_equal_transformers_while_streaming(family_model):
