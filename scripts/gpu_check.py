@@ -1,8 +1,9 @@
 """The one script run on the GPU box: kernel correctness and speed at real shapes, GPU tests,
-bf16-vs-fp32 logits, and the `sluice bench` runs. Stages: kernels, tests, logits, bench-olmoe,
-bench-qwen3, baseline (default: all). Prints a short table per stage; JSON goes to $OUT.
+bf16-vs-fp32 logits, decode profiles, and the `sluice bench` runs (some under a cgroup v2 memory cap,
+page cache included). Stages: the STAGES table at the bottom (default: all). Prints a short table
+per stage; JSON goes to $OUT.
 
-    PYTHONUNBUFFERED=1 python3 scripts/gpu_check.py kernels tests logits bench-olmoe
+    PYTHONUNBUFFERED=1 SLUICE_BENCH_DIR=/tmp/sb python3 scripts/gpu_check.py tests profile-stream bench-olmoe-cap
 """
 from __future__ import annotations
 
