@@ -14,16 +14,31 @@ from PySide6.QtCore import QThread, Signal
 log = logging.getLogger("sluice.setup")
 
 
+_LIVE: set[Task] = set()
+
+
 class Task(QThread):
+    """`parent` is accepted for symmetry but not used as the Qt parent: a started task is owned by
+    this module until its thread has ended, so a page destroyed while it runs (a window closed any
+    way at all) never destroys a running QThread, which Qt answers with an abort."""
     progress = Signal(object)
     finished_ok = Signal(object)
     failed = Signal(str)
     stopped = Signal()
 
     def __init__(self, fn, parent=None):
-        super().__init__(parent)
+        super().__init__()
         self._fn = fn
         self.stop_event = threading.Event()
+        self.finished.connect(self._release)        # queued to the GUI thread, after run() returned
+
+    def start(self) -> None:
+        _LIVE.add(self)
+        super().start()
+
+    def _release(self) -> None:
+        self.wait()                 # `finished` is emitted just before the thread really ends
+        _LIVE.discard(self)
 
     def stop(self) -> None:
         self.stop_event.set()
