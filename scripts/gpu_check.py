@@ -51,7 +51,10 @@ def stage_kernels(models=("qwen3-30b-a3b", "olmoe-1b-7b"), fmts=("fp8", "nvfp4",
     sweep = [C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True), C(4, 4, 2048, 4, True),
              C(16, 8, 512, 4, True), C(8, 16, 512, 4, True), C(4, 8, 1024, 2, True), C(4, 4, 1024, 2, True),
              C(16, 16, 256, 4), C(8, 8, 2048, 8, True), C(2, 8, 2048, 4, True), C(4, 16, 2048, 8, True),
-             C(8, 16, 512, 4, True, num_stages=1), C(16, 32, 512, 4, fused=True), C(8, 16, 512, 4, fused=True)]
+             C(8, 16, 512, 4, True, num_stages=1), C(16, 32, 512, 4, fused=True), C(8, 16, 512, 4, fused=True),
+             C(2, 4, 1024, 2, True), C(4, 4, 2048, 2, True), C(2, 2, 1024, 1, True), C(4, 4, 1024, 1, True),
+             C(2, 4, 2048, 2, True), C(8, 4, 1024, 2, True), C(4, 4, 512, 2, True), C(8, 16, 512, 4, True),
+             C(2, 4, 1024, 2, fused=True), C(4, 4, 1024, 2, fused=True)]
     sweep_other = [C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True), C(8, 8, 512, 4, True),
                    C(4, 8, 512, 2, True), C(4, 8, 512, 4, fused=True), C(16, 16, 512, 4, fused=True)]
     rows = []
@@ -328,7 +331,7 @@ def bench(name, argv, cgroup_bytes=None):
 
 STAGES = {
     "kernels": stage_kernels,
-    "kernels-fp8": lambda: stage_kernels(models=("qwen3-30b-a3b",), fmts=("fp8",)),
+    "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
     "tests": stage_tests,
     "logits": stage_logits,
     "profile": stage_profile,
