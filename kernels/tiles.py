@@ -3,9 +3,17 @@
 The bank is passed twice, as uint8 and as bf16 / float32 views of the same memory, so a field at
 byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-byte field alignment
 and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4.
+Also the pieces both decode kernels share: gate_up_rows (h = silu(gate x) * up x for a block of
+rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later).
 """
+import os
+
 import triton
 import triton.language as tl
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -86,3 +94,77 @@ def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec
         vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32)
         tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
         return tl.sum(tile * vec[None, :], axis=1)
+
+
+@triton.jit
+def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows,
+                  GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
+                  UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr,
+                  BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h[pair, rows] = silu(gate_e x_t) * (up_e x_t) for pair = t * K + k (stored to h_ptr)."""
+    token = pair // K
+    slot = tl.load(slot_ptr + pair)
+    n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = 0
+    base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
+    acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
+    x_row = x_ptr + token * H
+    for k0 in range(0, H, BLOCK_K):
+        acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
+        acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
+    acc_gate *= row_scale(bank_f32, base + GS, base + GG, rows, n, FMT)
+    acc_up *= row_scale(bank_f32, base + US, base + UG, rows, n, FMT)
+    hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up   # silu(gate) * up
+    tl.store(h_ptr + pair * I + rows, hidden, mask=rows < I)
+
+
+@triton.jit
+def raw_tile(bank_u8, bank_bf16, w_off, s_off, rows, c0, n_rows, row_len,
+              FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
+    """The stored words of W[rows, c0:c0+NCOLS] (zero outside the matrix), not yet decoded: bf16 as
+    bf16, fp8 as uint8, nvfp4 as (packed uint8 [BLOCK_R, NCOLS/2], e4m3 group scales as uint8
+    [BLOCK_R, NCOLS/16]). Decoding to float32 is left to `raw_dot`, so that a tile loaded ahead of
+    a wait holds 1 (fp8), 2 (bf16) or 9/16 (nvfp4) bytes an element in registers, not 4.
+    Returns (words, scales); `scales` is `words` again (unused) for bf16 / fp8."""
+    row_ok = rows[:, None] < n_rows
+    if FMT == 2:
+        half = row_len // 2                                   # bytes per row
+        jb = c0 // 2 + tl.arange(0, NCOLS // 2)
+        words = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
+                        mask=row_ok & (jb[None, :] < half), other=0)
+        groups = row_len // 16
+        jg = c0 // 16 + tl.arange(0, NCOLS // 16)
+        scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
+                         mask=row_ok & (jg[None, :] < groups), other=0)
+        return words, scales
+    else:
+        cols = c0 + tl.arange(0, NCOLS)
+        if FMT == 0:
+            ptr = bank_bf16 + w_off // 2 + rows[:, None] * row_len + cols[None, :]
+        else:
+            ptr = bank_u8 + w_off + rows[:, None] * row_len + cols[None, :]
+        words = tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0)
+        return words, words
+
+
+@triton.jit
+def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
+    """[BLOCK_R] float32: sum over c in [c0, c0+NCOLS) of W[rows, c] * vec[c] for a `raw_tile`
+    (before `row_scale`). vec is read through L2 only (.cg): it was written by other programs of
+    this launch, and the L1 of this multiprocessor is not coherent with their stores."""
+    if FMT == 2:
+        j = c0 + 2 * tl.arange(0, NCOLS // 2)
+        x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
+        x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
+        code = words.to(tl.int32)
+        prod = _e2m1(code & 15) * x_even[None, :] + _e2m1(code >> 4) * x_odd[None, :]      # [R, NCOLS/2]
+        per_group = tl.sum(tl.reshape(prod, [BLOCK_R, NCOLS // 16, 8]), axis=2)           # 8 bytes = 16 values
+        return tl.sum(per_group * scales.to(tl.float8e4nv, bitcast=True).to(tl.float32), axis=1)
+    else:
+        cols = c0 + tl.arange(0, NCOLS)
+        vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
+        if FMT == 1:
+            w = words.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        else:
+            w = words.to(tl.float32)
+        return tl.sum(w * vec[None, :], axis=1)

@@ -145,7 +145,7 @@ class CudaModel:
         feed_ids (benchmarks): decode step i takes feed_ids[i] as input instead of the previous
         greedy token (a random-weight model's greedy output repeats itself, and so would its
         experts); the greedy token is still computed and read back, so the cost is the same."""
-        spec, timings = self.spec, Timings(prompt_tokens=len(prompt_ids))
+        timings = Timings(prompt_tokens=len(prompt_ids))
         if len(prompt_ids) + max_new_tokens > self.kv.max_tokens:
             raise ValueError(f"prompt + new tokens ({len(prompt_ids) + max_new_tokens}) exceed the KV cache "
                              f"({self.kv.max_tokens} tokens)")

@@ -8,7 +8,8 @@ import torch
 from engine.layout import block_layout
 from engine.quant import dequantize, quantize
 from kernels.formats import make_offsets, random_bank
-from kernels.moe_decode import DecodeConfig, default_config, fused_counters, moe_decode, moe_decode_ref
+from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
+from kernels.moe_decode_fused import fused_counters
 
 SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
 SMALL_SPLIT = DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)   # down pass with atomic adds

@@ -12,9 +12,9 @@ def model_with_slots(path, slots_per_bank: int, ram_blocks: int, **kw) -> CudaMo
     charges includes measured CUDA-graph memory, which is larger for the first model of a process
     (library workspaces made once), so the sizing is repeated until it holds."""
     kw = {"device": DEVICE, "dtype": torch.float32, "max_tokens": 64, **kw}
-    vram = None
+    vram = ram = None
     for _ in range(4):
-        model = CudaModel(path, vram_budget=vram, ram_cache=None if vram is None else ram, **kw)
+        model = CudaModel(path, vram_budget=vram, ram_cache=ram, **kw)
         plan = model.plan
         if vram is not None and plan.slots_per_bank == slots_per_bank:
             return model

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from engine.demo import build_hf_model
-from engine.gpu.runtime import CudaModel
 from engine.repack import repack
 
 from tests.streaming.sized import model_with_slots
