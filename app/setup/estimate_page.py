@@ -30,7 +30,26 @@ def verdict_html(est) -> str:
             f"<b>{format_speed(est.tok_s)}</b>.</p>")
 
 
-class EstimatePage(QWizardPage):
+class QuantChoice:
+    """What both pages with a quant table do (they have `quants`, `verdict`, `machine_label`):
+    show the estimates with the wizard's last choice preselected, and on a choice remember it in
+    the wizard and show its verdict. `_on_quant(quant)` is the page's own reaction."""
+
+    def _show_estimates(self, estimates: dict, hw) -> None:
+        self.machine_label.setText(describe_machine(hw))
+        self.quants.set_estimates(estimates, preferred=getattr(self.wizard(), "quant", "fp8"))
+        self._on_quant(self.quants.quant() or "")
+
+    def _choose(self, quant: str):
+        """The estimate of the chosen quant (None while there is none), remembered and shown."""
+        est = self.quants.current()
+        if est is not None:
+            self.wizard().quant = quant
+            self.verdict.setText(verdict_html(est))
+        return est
+
+
+class EstimatePage(QuantChoice, QWizardPage):
     def __init__(self, models_dir, parent=None):
         super().__init__(parent)
         self.models_dir = models_dir
@@ -141,18 +160,14 @@ class EstimatePage(QWizardPage):
             item = QTreeWidgetItem([f.path, format_size(f.size)])
             item.setTextAlignment(1, Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
             self.files.addTopLevelItem(item)
-        self.machine_label.setText(describe_machine(hw))
-        self.quants.set_estimates(estimates, preferred=getattr(self.wizard(), "quant", "fp8"))
         self._show_details(True)
-        self._on_quant(self.quants.quant() or "")
+        self._show_estimates(estimates, hw)
 
     def _on_quant(self, quant: str) -> None:
-        est = self.quants.current()
+        est = self._choose(quant)
         if est is None:
             return
-        self.wizard().quant = quant
         self.wizard().estimate = est
-        self.verdict.setText(verdict_html(est))
         self.completeChanged.emit()
 
     def isComplete(self) -> bool:

@@ -8,13 +8,13 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QProgressBar, QPushButton, QVBoxLayout,
                                QWizardPage)
 
-from .common import describe_machine, format_duration, machine_for, model_dir_name
-from .estimate_page import estimates_for, verdict_html
+from .common import format_duration, machine_for, model_dir_name
+from .estimate_page import QuantChoice, estimates_for
 from .quant_table import QuantTable
 from .task import Task, stop_and_wait
 
 
-class RepackOptionsPage(QWizardPage):
+class RepackOptionsPage(QuantChoice, QWizardPage):
     """Source folder (fixed after a download, chosen in the repack wizard), quant, destination."""
 
     def __init__(self, models_dir, source_editable: bool, parent=None):
@@ -112,17 +112,12 @@ class RepackOptionsPage(QWizardPage):
     def _on_estimates(self, result) -> None:
         self.config, estimates, hw = result
         self.status.setText(f"{self.config.get('model_type')} model in {Path(self.source.text()).name}.")
-        self.machine_label.setText(describe_machine(hw))
         self.quants.setVisible(True)
-        self.quants.set_estimates(estimates, preferred=getattr(self.wizard(), "quant", "fp8"))
-        self._on_quant(self.quants.quant() or "")
+        self._show_estimates(estimates, hw)
 
     def _on_quant(self, quant: str) -> None:
-        est = self.quants.current()
-        if est is None:
+        if self._choose(quant) is None:
             return
-        self.wizard().quant = quant
-        self.verdict.setText(verdict_html(est))
         if not self._name_edited:
             self.name.setText(model_dir_name(Path(self.source.text()).name, quant))
         self._update_destination()

@@ -92,7 +92,6 @@ class CudaModel:
             for t in store:
                 t.zero_()
         self.dense_decode = DenseDecode(self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
-        self._captured = False
         graph_bytes = 0
         if is_cuda:
             # Capture the decode graphs now, before the slot banks exist, and charge what they really
@@ -101,7 +100,6 @@ class CudaModel:
             if self.dense_decode.use_graphs:
                 with torch.inference_mode():
                     self.dense_decode.capture()
-                self._captured = True
             torch.cuda.synchronize(self.device)
             held = torch.cuda.memory_allocated(self.device) - base_bytes
             peak = torch.cuda.max_memory_allocated(self.device) - base_bytes
@@ -119,7 +117,7 @@ class CudaModel:
         self.scheduler = ExpertScheduler(self.store, self.cache, self.banks, self.telemetry)
         self.moe = StreamingMoe(self.store, self.cache, self.banks, self.telemetry, kernel, layout.fmt, offsets,
                                 layout.intermediate, self.device)
-        if self._captured and self.kernel_verdict is not None and self.kernel_verdict.ok:
+        if self.dense_decode.use_graphs and self.kernel_verdict is not None and self.kernel_verdict.ok:
             # (the torch reference reads slot ids on the host: it cannot be captured, and runs eagerly)
             d = self.dense_decode
             with torch.inference_mode():
@@ -188,12 +186,9 @@ class CudaModel:
 
     def decode_step(self, token: int, position: int) -> torch.Tensor:
         """One token at `position` -> logits [V] float32, a static buffer: valid until the next step
-        (clone it to keep it). The greedy token is in `self.dense_decode.token_out`."""
+        (clone it to keep it). The greedy token is in `self.dense_decode.token_out`. The graphs were
+        captured at load."""
         d, spec = self.dense_decode, self.spec
-        if not self._captured:                        # graphs are captured at the first call
-            d.set_step(token, position)
-            d.capture()
-            self._captured = True
         d.set_step(token, position)
         for layer in range(spec.num_layers):
             o = d.run_layer(layer)

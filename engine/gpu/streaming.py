@@ -135,12 +135,12 @@ class StreamingMoe:
         """Capture the one-token MoE launches of each layer in CUDA graphs, two per layer (write
         `out`, add into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])}
         (the decode graphs' buffers). The expert slots are a static int32 row per layer, uploaded
-        before each replay. Done once at load, so no capture happens while tokens are timed."""
+        before each replay. Done once at load, so no capture happens while tokens are timed. The
+        warm-up writes `out`; every step's first launch overwrites it before anything reads it."""
         for layer, (x, weights, out) in layers.items():
             bank = self.banks.bank_of(layer)
             top_k = weights.shape[1]
             index = torch.zeros(1, top_k, dtype=torch.int32, device=self.device)    # slot 0: valid bytes to read
-            saved = out.clone()
             for accumulate in (False, True):
                 launch = lambda: self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt,  # noqa: E731
                                              self.offsets, self.intermediate, out=out, accumulate=accumulate)
@@ -149,7 +149,6 @@ class StreamingMoe:
                 with torch.cuda.graph(graph, pool=self._graph_pool):
                     launch()
                 self._graphs[(layer, accumulate)] = (graph, index)
-            out.copy_(saved)
         torch.cuda.synchronize(self.device)
 
     def _replay(self, layer: int, slots: list[int], accumulate: bool) -> None:
@@ -225,7 +224,7 @@ class StreamingMoe:
         slot = self.banks.acquire(key, protected)
         evicted = self.banks.last_evicted
         write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
-        dst, src = self.banks.banks[bank][slot], self.cache.block(ram_slot)
+        dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
         self.telemetry.add(h2d_bytes=self.cache.block_bytes)
         if self.exclusive:
             self.cache.demote(key)
