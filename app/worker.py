@@ -75,7 +75,7 @@ class EngineWorker(QObject):
     def start(self) -> None:
         self.native_thread_id = threading.get_native_id()
         try:
-            from engine import hardware
+            from engine.plan import hardware
             self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
         except Exception:   # pinning is an optimisation: never fail the app for it
             log.exception("pinning the engine thread failed")
@@ -187,7 +187,7 @@ class EngineWorker(QObject):
 
         try:
             if kind == "demo":
-                from engine.demo import build_demo_model
+                from engine.tools.demo import build_demo_model
                 result = build_demo_model(args["dst"], progress=progress)
             else:
                 raise ValueError(f"unknown job {kind}")
@@ -205,13 +205,13 @@ class EngineWorker(QObject):
 
     @Slot(list)
     def estimate_speed(self, hit_rates: list) -> None:
-        """The roofline prediction (engine.estimate) for the loaded model with its real budgets and the hit
+        """The roofline prediction (engine.plan.estimate) for the loaded model with its real budgets and the hit
         rates measured so far, to show beside the measured speed. Probes the disk once per run (~1 s)."""
         engine = self.engine
         if engine is None or "path" not in engine.info:
             return
         try:
-            from engine.estimate import estimate_model_dir
+            from engine.plan.estimate import estimate_model_dir
             from .setup.common import machine_for
             info = engine.info
             device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"

@@ -10,13 +10,13 @@ Public API (the GUI, CLI and server use only this):
     eng.telemetry()     # thread-safe dict snapshot (schema in DESIGN.md)
     eng.close()
 """
-from .errors import SluiceError
-from .params import GenerationParams, TokenEvent
+from engine.errors import SluiceError
+from engine.params import GenerationParams, TokenEvent
 
 
 def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None):
     """Open a Sluice model dir (or a Hugging Face snapshot, repacked on the fly) and return an Engine."""
-    from .engine import Engine
+    from engine.engine import Engine
     return Engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache=ram_cache,
                        dtype=dtype, progress=progress)
 

@@ -14,23 +14,23 @@ from typing import Iterator
 import torch
 from safetensors import safe_open
 
-from . import modeldir
-from .budget import plan_budgets
-from .cache import RamCache, anonymous_buffer
-from .detokenize import IncrementalDetokenizer
-from .errors import SluiceError
-from .hardware import available_memory
-from .layers import KVCache
-from .models.moe_decoder import MoeDecoder, decoded_expert_bytes
-from .params import GenerationParams, TokenEvent
-from .sampling import sample
-from .scheduler import ExpertScheduler
-from .sizes import parse_size
-from .slots import SlotBanks
-from .resolve import resolve_model_dir
-from .spec import rope_inv_freq
-from .store import ExpertStore
-from .telemetry import Telemetry, current_cpu
+from engine.format import modeldir
+from engine.runtime.budget import plan_budgets
+from engine.runtime.cache import RamCache, anonymous_buffer
+from engine.detokenize import IncrementalDetokenizer
+from engine.errors import SluiceError
+from engine.plan.hardware import available_memory
+from engine.model.layers import KVCache
+from engine.model.decoder import MoeDecoder, decoded_expert_bytes
+from engine.params import GenerationParams, TokenEvent
+from engine.runtime.sampling import sample
+from engine.runtime.scheduler import ExpertScheduler
+from engine.sizes import parse_size
+from engine.runtime.slots import SlotBanks
+from engine.format.resolve import resolve_model_dir
+from engine.model.spec import rope_inv_freq
+from engine.runtime.store import ExpertStore
+from engine.runtime.telemetry import Telemetry, current_cpu
 
 MAX_CONTEXT_TOKENS = 8192
 
@@ -90,7 +90,7 @@ class Engine:
     def _init_cuda(self, model, device, dtype, vram_budget, ram_cache) -> None:
         """The CUDA path (engine.gpu): pinned RAM cache of exact size, overlapped streaming into two
         slot banks with speculative prefetch, self-checked Triton kernels, CUDA-graph decode."""
-        from .gpu.runtime import CudaModel
+        from engine.runtime.cuda_model import CudaModel
         available = available_memory()
         eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
         gpu = CudaModel(model.path, device=device, vram_budget=vram_budget, ram_cache=ram_cache, dtype=dtype,

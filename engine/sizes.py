@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import SluiceError
+from engine.errors import SluiceError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6, "mib": 2**20,
           "g": 10**9, "gb": 10**9, "gib": 2**30, "t": 10**12, "tb": 10**12, "tib": 2**40}

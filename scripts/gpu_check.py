@@ -35,7 +35,7 @@ def stage_kernels(models=("qwen3-30b-a3b", "olmoe-1b-7b"), fmts=("fp8", "nvfp4",
     from kernels.formats import make_offsets, random_bank
     from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
     from kernels.selfcheck import device_fingerprint, select_moe_decode
-    from engine.gpu.bandwidth import h2d_bps, hbm_copy_bps
+    from engine.plan.bandwidth import h2d_bps, hbm_copy_bps
 
     hbm = hbm_copy_bps()
     h2d = h2d_bps()
@@ -164,9 +164,9 @@ def stage_logits():
 
     import torch
 
-    from engine.demo import build_hf_model
-    from engine.gpu.runtime import CudaModel
-    from engine.repack import repack
+    from engine.tools.demo import build_hf_model
+    from engine.runtime.cuda_model import CudaModel
+    from engine.format.repack import repack
     rows = []
     for family in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"):
         tmp = Path(tempfile.mkdtemp())
@@ -210,8 +210,8 @@ def stage_profile():
     import pstats
     import random
 
-    from engine.gpu.presets import write_sluice_dir
-    from engine.gpu.runtime import CudaModel
+    from engine.tools.presets import write_sluice_dir
+    from engine.runtime.cuda_model import CudaModel
     path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
     rows = {}
     for graphs in (True, False):
@@ -251,8 +251,8 @@ def stage_profile_stream():
 
     import torch
 
-    from engine.gpu.presets import write_sluice_dir
-    from engine.gpu.runtime import CudaModel
+    from engine.tools.presets import write_sluice_dir
+    from engine.runtime.cuda_model import CudaModel
     path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
     m = CudaModel(path, vram_budget="4GB", ram_cache="16GB", max_tokens=1024, max_prompt_tokens=512)
     rng = random.Random(0)
@@ -288,7 +288,7 @@ def stage_profile_stream():
 
 def bench(name, argv, cgroup_bytes=None):
     """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache)."""
-    cmd = [sys.executable, "-m", "engine.cli", "bench", *argv, "--json", "--work-dir", str(WORK)]
+    cmd = [sys.executable, "-m", "engine.tools.cli", "bench", *argv, "--json", "--work-dir", str(WORK)]
     prefix = []
     if cgroup_bytes:
         cg = Path(f"/sys/fs/cgroup/sluice-{name}")
@@ -313,7 +313,7 @@ def bench(name, argv, cgroup_bytes=None):
         result = {"error": f"rc {proc.returncode}", "stderr": proc.stderr[-3000:]}
         print(f"bench {name}: FAILED rc {proc.returncode}\n{proc.stderr[-3000:]}")
     else:
-        from engine.bench import report
+        from engine.tools.bench import report
         print(f"--- bench {name} ({time.perf_counter() - start:.0f} s): sluice bench {' '.join(argv)}"
               + (f"  [cgroup memory.max {cgroup_bytes >> 20} MiB]" if cgroup_bytes else ""))
         print(report(result))

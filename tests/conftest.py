@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
     """family -> path of a small random-weight HF snapshot (bf16 weights, tokenizer, chat template)."""
-    from engine.demo import build_hf_model
+    from engine.tools.demo import build_hf_model
     root = tmp_path_factory.mktemp("hf")
     cache = {}
 
@@ -43,7 +43,7 @@ def hf_models(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sluice_models(tmp_path_factory, hf_models):
     """(family, quant) -> path of the repacked Sluice model dir."""
-    from engine.repack import repack
+    from engine.format.repack import repack
     root = tmp_path_factory.mktemp("sluice")
     cache = {}
 

@@ -20,7 +20,7 @@ def snapshot_dir(models_dir: Path, repo_id: str) -> Path:
 def unfinished_downloads(models_dir: Path) -> list[tuple[str, str, int]]:
     """(repo_id, revision, bytes on disk) of downloads that were stopped before the end, newest first."""
     import json
-    from engine.hub_download import STATE_DIR
+    from engine.hub.download import STATE_DIR
     found = []
     for manifest_path in (Path(models_dir) / DOWNLOADS_SUBDIR).glob(f"*/{STATE_DIR}/manifest.json"):
         try:
@@ -42,11 +42,11 @@ def model_dir_name(source_name: str, quant: str) -> str:
 
 
 def machine_for(models_dir: Path, device: str | None = None):
-    """engine.estimate.Machine for this computer, its disk measured on the models folder (once per run);
+    """engine.plan.estimate.Machine for this computer, its disk measured on the models folder (once per run);
     device None = the GPU if there is one."""
-    from engine.estimate import Machine
-    from engine.hardware import probe
-    from engine.hub_download import free_disk_bytes
+    from engine.plan.estimate import Machine
+    from engine.plan.hardware import probe
+    from engine.hub.download import free_disk_bytes
     models_dir = Path(models_dir)
     key = str(models_dir.resolve())
     with _machine_lock:

@@ -53,7 +53,7 @@ class DownloadPage(QWizardPage):
         self.start()
 
     def start(self) -> None:
-        from engine.hub_download import download
+        from engine.hub.download import download
         wizard = self.wizard()
         info, dst = wizard.repo_info, self.dst
         extra = wizard.estimate.repacked_bytes if wizard.estimate else 0

@@ -11,7 +11,7 @@ from .task import Task, stop_and_wait
 
 
 def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine, options: dict) -> dict:
-    from engine.estimate import QUANTS, estimate
+    from engine.plan.estimate import QUANTS, estimate
     return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes,
                         vram_budget=options["vram_budget"], ram_cache=options["ram_cache"]) for q in QUANTS}
 
@@ -104,8 +104,8 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.details.setVisible(visible)
 
     def initializePage(self) -> None:
-        from engine.hub import repo_info
-        from engine.hub_download import missing_bytes
+        from engine.hub.search import repo_info
+        from engine.hub.download import missing_bytes
         repo_id, revision = self.wizard().repo_ref
         self.info = None
         self.quants.estimates = {}
@@ -132,8 +132,8 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.task.start()
 
     def _on_info(self, result) -> None:
-        from engine.estimate import format_params, model_shape
-        from engine.hub import supported_families
+        from engine.plan.estimate import format_params, model_shape
+        from engine.hub.search import supported_families
         from engine.sizes import format_size
         info, estimates, hw = result
         self.info = info

@@ -77,7 +77,7 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
             self.set_source(path)
 
     def set_source(self, path: str) -> None:
-        from engine.spec import load_config_dict, read_spec
+        from engine.model.spec import load_config_dict, read_spec
         self.source.setText(path)
         self.config = None
         self.quants.setVisible(False)
@@ -195,7 +195,7 @@ class RepackProgressPage(QWizardPage):
         self.start()
 
     def start(self) -> None:
-        from engine.repack import repack
+        from engine.format.repack import repack
         wizard = self.wizard()
         src, dst, quant = wizard.repack_src, wizard.repack_dst, wizard.quant
         self.restart_button.setVisible(False)

@@ -80,7 +80,7 @@ class SearchPage(QWizardPage):
 
     # --- search ------------------------------------------------------------------------------------
     def search(self) -> None:
-        from engine.hub import search
+        from engine.hub.search import search
         text = self.query.text().strip()
         stop_and_wait(self.task)
         self.status.setText("Searching the hub…")
@@ -115,7 +115,7 @@ class SearchPage(QWizardPage):
         self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
 
     def ask_token(self) -> None:
-        from engine.hub import save_token
+        from engine.hub.search import save_token
         token, ok = QInputDialog.getText(self, "Hugging Face access token",
                                          "Token for gated or private models (stored like the huggingface-cli does):",
                                          QLineEdit.EchoMode.Password)
@@ -126,7 +126,7 @@ class SearchPage(QWizardPage):
     # --- wizard protocol ---------------------------------------------------------------------------
     def selected_ref(self) -> tuple[str, str | None] | None:
         from engine import SluiceError
-        from engine.hub import parse_repo_ref
+        from engine.hub.search import parse_repo_ref
         revision = self.revision.text().strip() or None
         item = self.results.currentItem()
         if item is not None and item.isSelected():

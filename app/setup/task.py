@@ -45,7 +45,7 @@ class Task(QThread):
 
     def run(self) -> None:
         from engine import SluiceError
-        from engine.hub_download import DownloadStopped
+        from engine.hub.download import DownloadStopped
         try:
             result = self._fn(self.progress.emit, self.stop_event)
         except DownloadStopped:

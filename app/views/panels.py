@@ -1,4 +1,4 @@
-"""Live panels: the streaming machinery, refreshed ~10 times a second from engine.telemetry() (never per token)."""
+"""Live panels: the streaming machinery, refreshed ~10 times a second from engine.runtime.telemetry() (never per token)."""
 from __future__ import annotations
 
 import math
@@ -10,7 +10,7 @@ from PySide6.QtCore import QTimer, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
 
-from engine.hardware import format_cpu_list
+from engine.plan.hardware import format_cpu_list
 from engine.sizes import format_size
 
 from ..gpu_info import GpuInfo
@@ -38,7 +38,7 @@ class LivePanels(QWidget):
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
-        self.predicted_tok_s: float | None = None      # the roofline prediction (engine.estimate), when known
+        self.predicted_tok_s: float | None = None      # the roofline prediction (engine.plan.estimate), when known
         self._ticks = 0
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)

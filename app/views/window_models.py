@@ -9,7 +9,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from engine.errors import SluiceError
 from engine.sizes import parse_size
-from engine.spec import read_spec
+from engine.model.spec import read_spec
 
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
 from .dialogs import JobDialog

@@ -19,7 +19,7 @@ def no_qthread_left_running():
 
 @pytest.fixture(scope="session")
 def demo_model(tmp_path_factory):
-    from engine.demo import build_demo_model
+    from engine.tools.demo import build_demo_model
     return build_demo_model(tmp_path_factory.mktemp("demo") / "sluice-demo")
 
 

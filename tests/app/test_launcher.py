@@ -95,7 +95,7 @@ def test_command_line_use_does_not_load_qt():
     code = "import sys, app.main, app.launcher; print('PySide6' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
-    # the CLI path itself: argument errors come from engine.cli, still without Qt
+    # the CLI path itself: argument errors come from engine.tools.cli, still without Qt
     code = ("import sys\nfrom app.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
             "print('PySide6' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -112,7 +112,7 @@ def test_first_run_page_builds_the_demo_model_and_opens_the_chat(qtbot, data_dir
 
 def test_open_folder_on_a_snapshot_opens_the_repack_wizard_then_loads_the_model(qtbot, data_dir, tmp_path):
     from PySide6.QtWidgets import QWizard
-    from engine.demo import build_hf_model
+    from engine.tools.demo import build_hf_model
     snapshot = build_hf_model("olmoe", tmp_path / "tiny-olmoe", num_layers=2)
     window = make_window(qtbot, data_dir, vram_budget="1400KB", ram_cache="400KB")
     window.open_folder(snapshot)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant import dequantize, quantize
-from engine.spec import read_spec
+from engine.format.quant import dequantize, quantize
+from engine.model.spec import read_spec
 
 
 def load_reference(hf_dir, quant: str = "bf16"):

@@ -6,10 +6,10 @@ import threading
 import pytest
 
 import engine
-import engine.repack
-from engine.cli import main
+import engine.format.repack
+from engine.tools.cli import main
 from engine.errors import SluiceError
-from engine.repack import repack
+from engine.format.repack import repack
 
 
 def sluice(capsys, *args) -> tuple[int, str]:
@@ -77,7 +77,7 @@ def test_budget_below_minimum_says_the_minimum(capsys, sluice_models):
 
 
 def test_not_enough_disk_space_refuses_before_writing(capsys, hf_models, tmp_path, monkeypatch):
-    monkeypatch.setattr(engine.repack, "free_bytes", lambda path: 10_000)
+    monkeypatch.setattr(engine.format.repack, "free_bytes", lambda path: 10_000)
     code, err = sluice(capsys, "repack", hf_models("qwen3_moe"), tmp_path / "out")
     assert code == 2 and "Not enough disk space" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "out.partial").exists()
@@ -92,13 +92,13 @@ def test_interrupted_repack_resumes_without_redoing_layers(hf_models, tmp_path, 
         messages.append(message)
         if message.startswith("layer"):
             stop.set()
-    with pytest.raises(engine.repack.RepackCancelled):
+    with pytest.raises(engine.format.repack.RepackCancelled):
         repack(src, tmp_path / "out", quant="nvfp4", progress=stop_after_first_layer, cancel_event=stop)
     assert not (tmp_path / "out").exists() and (tmp_path / "out.partial").exists()
 
     quantized_layers = []
-    real_quantize = engine.repack.quantize
-    monkeypatch.setattr(engine.repack, "quantize", lambda w, fmt: (quantized_layers.append(1), real_quantize(w, fmt))[1])
+    real_quantize = engine.format.repack.quantize
+    monkeypatch.setattr(engine.format.repack, "quantize", lambda w, fmt: (quantized_layers.append(1), real_quantize(w, fmt))[1])
     resumed = []
     repack(src, tmp_path / "out", quant="nvfp4", progress=lambda d, t, m: resumed.append(m))
     assert "layer 0 repacked" in messages and "layer 0 repacked" not in resumed and "layer 1 repacked" in resumed

@@ -6,8 +6,8 @@ import torch
 
 import engine
 from engine import GenerationParams
-from engine.repack import repack
-from engine.spec import read_spec
+from engine.format.repack import repack
+from engine.model.spec import read_spec
 
 PROMPT = [3, 14, 15, 92, 65, 35, 89, 79]
 
@@ -84,7 +84,7 @@ def test_changed_snapshot_is_repacked_again(hf_models, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     src = shutil.copytree(hf_models("qwen3_moe"), tmp_path / "snap")
     before = greedy(src)
-    from engine.demo import build_hf_model
+    from engine.tools.demo import build_hf_model
     build_hf_model("qwen3_moe", tmp_path / "other", seed=7)
     shutil.copy(tmp_path / "other" / "model.safetensors", src / "model.safetensors")
     after = greedy(src)

@@ -1,5 +1,5 @@
 """The incremental detokenizer never emits half a character and holds back stop strings."""
-from engine.demo import train_tiny_tokenizer
+from engine.tools.demo import train_tiny_tokenizer
 from engine.detokenize import IncrementalDetokenizer
 
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from engine.errors import SluiceError
-from engine.layout import block_layout
-from engine.quant import E2M1_VALUES, FORMATS, dequantize, quantize
+from engine.format.layout import block_layout
+from engine.format.quant import E2M1_VALUES, FORMATS, dequantize, quantize
 
 TOLERANCE = {"bf16": 0.005, "fp8": 0.04, "nvfp4": 0.12}   # relative Frobenius error on Gaussian weights
 

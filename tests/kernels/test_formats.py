@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from engine.layout import block_layout
-from engine.quant import dequantize, quantize
+from engine.format.layout import block_layout
+from engine.format.quant import dequantize, quantize
 from kernels.formats import dequantize_block, make_offsets, random_bank
 
 

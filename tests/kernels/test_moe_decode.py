@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from engine.layout import block_layout
-from engine.quant import dequantize, quantize
+from engine.format.layout import block_layout
+from engine.format.quant import dequantize, quantize
 from kernels.formats import make_offsets, random_bank
 from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
 from kernels.moe_decode_fused import fused_counters
@@ -90,7 +90,7 @@ def test_writes_into_given_buffers(device, config):
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_reference_is_plain_expert_math_on_engine_quantized_weights(fmt, device):
-    """The reference itself: sum_k w_k * down(silu(gate x) * up x) with engine.quant's dequantized weights."""
+    """The reference itself: sum_k w_k * down(silu(gate x) * up x) with engine.format.quant's dequantized weights."""
     intermediate, hidden, num_experts = 32, 48, 3
     layout = block_layout(intermediate, hidden, fmt)
     g = torch.Generator().manual_seed(9)

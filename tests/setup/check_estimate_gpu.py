@@ -4,7 +4,7 @@
 
 For each scenario: `sluice bench` measures decode tok/s under budgets that force streaming; the
 estimate predicts it from the preset's config.json alone plus this machine's probed bandwidths
-(engine.hardware.probe: O_DIRECT disk on WORK_DIR, pinned H2D, device copy), with (a) the default
+(engine.plan.hardware.probe: O_DIRECT disk on WORK_DIR, pinned H2D, device copy), with (a) the default
 uniform-routing hit rates and (b) the hit rates the bench measured. Prints one JSON line per scenario.
 """
 from __future__ import annotations
@@ -24,10 +24,10 @@ SCENARIOS = [("olmoe-1b-7b", "fp8", "2GB", "1GB"), ("olmoe-1b-7b", "nvfp4", "2GB
 
 
 def main(work: Path) -> None:
-    from engine.estimate import Machine, estimate
-    from engine.gpu.presets import preset_config
-    from engine.hardware import probe
-    from engine.hub_download import free_disk_bytes
+    from engine.plan.estimate import Machine, estimate
+    from engine.tools.presets import preset_config
+    from engine.plan.hardware import probe
+    from engine.hub.download import free_disk_bytes
     from engine.sizes import parse_size
 
     work.mkdir(parents=True, exist_ok=True)
@@ -37,7 +37,7 @@ def main(work: Path) -> None:
                                 "pcie_gbps": hw.pcie_bps / 1e9, "gpu_mem_gbps": hw.gpu_mem_bw_bps / 1e9,
                                 "ram_gib": hw.ram_total_bytes / 2**30}}), flush=True)
     for preset, quant, vram, ram in SCENARIOS:
-        cmd = [sys.executable, "-m", "engine.cli", "bench", "--preset", preset, "--quant", quant, "--vram-budget", vram,
+        cmd = [sys.executable, "-m", "engine.tools.cli", "bench", "--preset", preset, "--quant", quant, "--vram-budget", vram,
                "--ram-cache", ram, "--prompt-tokens", "128", "--new-tokens", "48", "--json", "--work-dir", str(work)]
         run = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))})
         if run.returncode != 0:

@@ -16,7 +16,7 @@ from setup_support import MIXTRAL_REPO, SUPPORTED_REPO, UNSUPPORTED_REPO, build_
 
 @pytest.fixture(scope="session")
 def model_folders(tmp_path_factory) -> dict[str, Path]:
-    from engine.demo import build_hf_model
+    from engine.tools.demo import build_hf_model
     root = tmp_path_factory.mktemp("hub-repos")
     # 2 layers x 16 experts: a ~0.9 MB safetensors file, big enough to interrupt mid-file
     qwen = build_hf_model("qwen3_moe", root / "qwen", num_layers=2, num_experts=16)

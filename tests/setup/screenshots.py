@@ -21,7 +21,7 @@ from hubserver import HubServer  # noqa: E402
 
 
 def build_models(root: Path) -> dict[str, tuple[Path, int, int]]:
-    from engine.demo import build_hf_model
+    from engine.tools.demo import build_hf_model
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from setup_support import build_llama
     return {

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 from setup_support import SUPPORTED_REPO, UNSUPPORTED_REPO, same_files
-from engine.hub_download import STATE_DIR
+from engine.hub.download import STATE_DIR
 
 ROOT = Path(__file__).resolve().parents[2]
 WEIGHTS = "model.safetensors"

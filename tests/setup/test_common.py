@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from app.setup.common import format_duration, model_dir_name, snapshot_dir
-from engine.estimate import format_params
+from engine.plan.estimate import format_params
 
 
 def test_snapshots_are_hidden_beside_the_models(tmp_path):

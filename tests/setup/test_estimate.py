@@ -6,9 +6,9 @@ import json
 import pytest
 
 from engine import SluiceError
-from engine.estimate import (FAST_TOK_S, LAYER_OVERHEAD_S, Machine, estimate, estimate_model_dir, expert_block_bytes,
+from engine.plan.estimate import (FAST_TOK_S, LAYER_OVERHEAD_S, Machine, estimate, estimate_model_dir, expert_block_bytes,
                              model_shape)
-from engine.layout import block_layout
+from engine.format.layout import block_layout
 
 GB = 10**9
 QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers=48, num_attention_heads=32,
@@ -23,7 +23,7 @@ MIXTRAL_8X7B = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"])
 def test_parameter_counts_match_transformers(family):
     from transformers import AutoConfig, AutoModelForCausalLM
-    from engine.demo import COMMON, FAMILY_KWARGS
+    from engine.tools.demo import COMMON, FAMILY_KWARGS
     cfg = AutoConfig.for_model(family, **{**COMMON, **FAMILY_KWARGS[family], "num_hidden_layers": 3, "vocab_size": 300})
     model = AutoModelForCausalLM.from_config(cfg)
     shape = model_shape(json.loads(cfg.to_json_string()))     # as config.json on the hub would read
@@ -71,7 +71,7 @@ def test_bytes_per_token_and_speed_follow_the_roofline_by_hand():
 def test_budget_split_and_block_size_match_the_engine(model_folders, tmp_path):
     from setup_support import SUPPORTED_REPO, config_of
     from engine import load
-    from engine.repack import repack
+    from engine.format.repack import repack
     src = model_folders[SUPPORTED_REPO]
     model_dir = repack(src, tmp_path / "model", quant="bf16")
     vram_budget, ram_cache = 950_000, 300_000       # CPU slot banks (block + decoded weights) for 10 of 32 blocks

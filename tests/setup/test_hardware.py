@@ -8,8 +8,8 @@ import threading
 import pytest
 import torch
 
-from engine import hardware
-from engine.hardware import format_cpu_list, parse_cpu_list, performance_cores, pin_current_thread_to_performance_cores
+from engine.plan import hardware
+from engine.plan.hardware import format_cpu_list, parse_cpu_list, performance_cores, pin_current_thread_to_performance_cores
 
 
 def _write(root, rel, text):

@@ -8,8 +8,8 @@ import pytest
 
 from setup_support import MIXTRAL_REPO, SUPPORTED_REPO, UNSUPPORTED_REPO, same_files
 from engine import SluiceError
-from engine.hub import parse_repo_ref, repo_info, search
-from engine.hub_download import STATE_DIR, DownloadStopped, download, missing_bytes
+from engine.hub.search import parse_repo_ref, repo_info, search
+from engine.hub.download import STATE_DIR, DownloadStopped, download, missing_bytes
 
 WEIGHTS = "model.safetensors"
 
@@ -160,7 +160,7 @@ def test_pause_keeps_partial_bytes_and_resume_completes(hub, model_folders, tmp_
 
 def test_gated_repo_needs_the_stored_access_token(hub, model_folders, tmp_path, monkeypatch):
     import huggingface_hub.constants
-    from engine.hub import save_token, stored_token
+    from engine.hub.search import save_token, stored_token
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "hf" / "token"))
     hub.gated[SUPPORTED_REPO] = "hf_secret123"
@@ -203,7 +203,7 @@ def test_new_revision_keeps_unchanged_files_and_never_appends_to_old_bytes(hub, 
 
 
 def test_only_what_a_repack_needs_is_downloaded():
-    from engine.hub import HubFile, RepoInfo
+    from engine.hub.search import HubFile, RepoInfo
     listing = ["config.json", "generation_config.json", "model-00001-of-00002.safetensors",
                "model-00002-of-00002.safetensors", "model.safetensors.index.json", "tokenizer.json",
                "tokenizer_config.json", "merges.txt", "vocab.json", "LICENSE", "README.md", ".gitattributes",

@@ -114,7 +114,7 @@ def test_unsupported_repo_is_refused_on_the_estimate_page_before_any_weight(qtbo
 
 def test_pasted_name_lost_network_retry_then_pause_and_reopened_wizard_resumes(qtbot, hub, tmp_path):
     from app.setup.wizards import DownloadWizard
-    from engine.hub_download import STATE_DIR
+    from engine.hub.download import STATE_DIR
     models_dir = tmp_path / "models"
     wizard = DownloadWizard(models_dir)
     qtbot.addWidget(wizard)
@@ -191,9 +191,9 @@ def test_repack_wizard_offers_each_quant_and_makes_a_loadable_model(qtbot, model
 
 
 def test_repack_stopped_after_a_layer_resumes_without_redoing_it(qtbot, model_folders, tmp_path, monkeypatch):
-    import engine.repack
+    import engine.format.repack
     from app.setup.wizards import RepackWizard
-    real_repack = engine.repack.repack
+    real_repack = engine.format.repack.repack
     runs: list[list[str]] = []
 
     def repack_pressing_stop_after_first_layer(src, dst, quant="bf16", progress=None, cancel_event=None, **kw):
@@ -206,7 +206,7 @@ def test_repack_stopped_after_a_layer_resumes_without_redoing_it(qtbot, model_fo
             if len(runs) == 1 and message.startswith("layer"):
                 cancel_event.set()            # exactly what the Stop button does, at a known point
         return real_repack(src, dst, quant, on_progress, cancel_event, **kw)
-    monkeypatch.setattr(engine.repack, "repack", repack_pressing_stop_after_first_layer)
+    monkeypatch.setattr(engine.format.repack, "repack", repack_pressing_stop_after_first_layer)
 
     wizard = RepackWizard(tmp_path / "models", model_folders[SUPPORTED_REPO])
     qtbot.addWidget(wizard)
@@ -224,9 +224,9 @@ def test_repack_stopped_after_a_layer_resumes_without_redoing_it(qtbot, model_fo
 
 
 def test_too_little_disk_is_shown_on_the_estimate_page_and_blocks_the_download(qtbot, hub, tmp_path, monkeypatch):
-    import engine.hub_download
+    import engine.hub.download
     from app.setup.wizards import DownloadWizard
-    monkeypatch.setattr(engine.hub_download, "free_disk_bytes", lambda path: 100_000)   # a nearly full drive
+    monkeypatch.setattr(engine.hub.download, "free_disk_bytes", lambda path: 100_000)   # a nearly full drive
     wizard = DownloadWizard(tmp_path / "models")
     qtbot.addWidget(wizard)
     wizard.show()

@@ -1,7 +1,7 @@
 """Streaming tests: a CUDA runtime model with an exact number of slots a bank."""
 import torch
 
-from engine.gpu.runtime import CudaModel
+from engine.runtime.cuda_model import CudaModel
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -3,8 +3,8 @@ import json
 
 import pytest
 
-from engine.cli import main
-from engine.gpu import presets
+from engine.tools.cli import main
+from engine.tools import presets
 
 TINY = dict(model_type="qwen3_moe", vocab_size=300, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
             num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=16,
@@ -24,7 +24,7 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
             "--new-tokens", "12", "--json", "--work-dir", str(tmp_path), "--dtype", "float32"]
     if via_repack:
         argv.append("--via-repack")
-    from engine.modeldir import open_model_dir
+    from engine.format.modeldir import open_model_dir
     assert main(argv + ["--vram-budget", "1GB", "--ram-cache", "1GB"]) == 0     # builds the model; ample budgets
     first = json.loads(capsys.readouterr().out)
     block = open_model_dir(first["model_dir"]).layout.block_bytes

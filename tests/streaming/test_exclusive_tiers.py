@@ -5,7 +5,7 @@ import random
 import pytest
 import torch
 
-from engine.gpu import presets
+from engine.tools import presets
 
 from tests.streaming.sized import model_with_slots
 

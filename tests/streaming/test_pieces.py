@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from engine.cache import RamCache
-from engine.gpu.pinned import pinned_buffer, pinned_bytes
-from engine.gpu.speculation import predict_experts, score
-from engine.telemetry import Telemetry
+from engine.runtime.cache import RamCache
+from engine.runtime.pinned import pinned_buffer, pinned_bytes
+from engine.runtime.speculation import predict_experts, score
+from engine.runtime.telemetry import Telemetry
 
 
 def test_prediction_ranks_by_router_logit():

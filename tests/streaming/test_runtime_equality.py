@@ -5,8 +5,8 @@ the Triton kernels, the copy stream and the CUDA graphs (float32 compute)."""
 import pytest
 import torch
 
-from engine.demo import build_hf_model
-from engine.repack import repack
+from engine.tools.demo import build_hf_model
+from engine.format.repack import repack
 
 from tests.streaming.sized import model_with_slots
 

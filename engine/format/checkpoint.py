@@ -1,0 +1,113 @@
+"""Read a Hugging Face snapshot's safetensors shards (with or without an index), validated up front."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.errors import SluiceError
+
+_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1,
+                "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "U16": 2, "U32": 4, "U64": 8}
+
+
+def read_header(path: Path) -> dict:
+    """The safetensors JSON header, after checking the file is long enough to hold every tensor."""
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        raw = f.read(8)
+        if len(raw) < 8:
+            raise SluiceError(f"'{path.name}' is truncated (only {size} bytes); download the model again.")
+        (header_len,) = struct.unpack("<Q", raw)
+        if header_len > min(size - 8, 100_000_000):
+            raise SluiceError(f"'{path.name}' is not a valid safetensors file; download the model again.")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SluiceError(f"'{path.name}' has a damaged header; download the model again.") from exc
+    data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + data_end > size:
+        raise SluiceError(f"'{path.name}' is truncated ({size} of {8 + header_len + data_end} bytes); "
+                          "download the model again.")
+    return header
+
+
+class Checkpoint:
+    """Tensor name -> shard file, and get(name) -> tensor (as stored)."""
+
+    def __init__(self, model_dir: str | Path):
+        self.dir = Path(model_dir)
+        index = self.dir / "model.safetensors.index.json"
+        if index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
+            files = sorted(set(weight_map.values()))
+        else:
+            files = sorted(p.name for p in self.dir.glob("*.safetensors"))
+        if not files:
+            raise SluiceError(f"No .safetensors weights in '{self.dir}': Sluice reads safetensors checkpoints only.")
+        self.headers: dict[str, dict] = {}
+        self.file_of: dict[str, str] = {}
+        for name in files:
+            path = self.dir / name
+            if not path.is_file():
+                raise SluiceError(f"The weight file '{name}' listed in the index is missing; download the model again.")
+            self.headers[name] = read_header(path)
+            for tensor in self.headers[name]:
+                if tensor != "__metadata__":
+                    self.file_of[tensor] = name
+        self._handles: dict[str, object] = {}
+
+    def names(self) -> list[str]:
+        return list(self.file_of)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.file_of
+
+    def nbytes(self, name: str) -> int:
+        a, b = self.headers[self.file_of[name]][name]["data_offsets"]
+        return b - a
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self.headers[self.file_of[name]][name]["shape"])
+
+    def get(self, name: str) -> torch.Tensor:
+        if name not in self.file_of:
+            raise SluiceError(f"The checkpoint has no tensor '{name}'; it is incomplete or not the model its config says.")
+        file = self.file_of[name]
+        if file not in self._handles:
+            self._handles[file] = safe_open(str(self.dir / file), framework="pt")
+        return self._handles[file].get_tensor(name)
+
+    def get_float(self, name: str) -> torch.Tensor:
+        """The tensor with block-FP8 storage undone (float32), or as stored when it is not block-FP8."""
+        tensor = self.get(name)
+        scale_name = name + "_scale_inv"
+        if scale_name not in self.file_of:
+            return tensor
+        return dequantize_fp8_blocks(tensor, self.get(scale_name))
+
+    def fingerprint(self) -> dict[str, dict]:
+        """Per shard: size, modification time and a hash of its header: detects a changed snapshot cheaply."""
+        out = {}
+        for name, header in self.headers.items():
+            digest = hashlib.sha256(json.dumps(header, sort_keys=True).encode()).hexdigest()
+            stat = os.stat(self.dir / name)
+            out[name] = {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "header_sha256": digest}
+        return out
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
+    """FP8 weight [R, C] with one scale per block (scale grid [R/bm, C/bn], DeepSeek-V3 / Qwen-FP8 style) -> float32."""
+    rows, cols = weight.shape
+    grid_rows, grid_cols = scale_inv.shape if scale_inv.dim() == 2 else (1, 1)
+    if rows % grid_rows or cols % grid_cols:
+        raise SluiceError(f"An FP8 weight of shape {rows}x{cols} does not divide into its {grid_rows}x{grid_cols} "
+                          "scale blocks; the checkpoint is damaged or of an unknown FP8 layout.")
+    blocks = weight.float().reshape(grid_rows, rows // grid_rows, grid_cols, cols // grid_cols)
+    scales = scale_inv.float().reshape(grid_rows, 1, grid_cols, 1)
+    return (blocks * scales).reshape(rows, cols)

@@ -1,0 +1,62 @@
+"""Byte layout of one expert block in experts.bin: gate, up and down (each in its quant format),
+every field 256-byte aligned, the block padded to 4096 bytes so one O_DIRECT read fetches it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.format.quant import part_specs
+
+BLOCK_ALIGN = 4096
+FIELD_ALIGN = 256
+PROJECTIONS = ("gate", "up", "down")
+
+
+def round_up(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str            # e.g. "gate.w", "down.scale"
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    offset: int          # bytes from the block start
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Layout:
+    fmt: str
+    intermediate: int
+    hidden: int
+    fields: tuple[Field, ...]
+    block_bytes: int
+
+    def field(self, name: str) -> Field:
+        return next(f for f in self.fields if f.name == name)
+
+    def views(self, block: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Typed zero-copy views into one block (a uint8 tensor of block_bytes)."""
+        return {f.name: block[f.offset:f.offset + f.nbytes].view(f.dtype).view(f.shape) for f in self.fields}
+
+    def pack(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Named parts ("gate.w", ...) -> one zero-padded uint8 block."""
+        block = torch.zeros(self.block_bytes, dtype=torch.uint8)
+        for f in self.fields:
+            src = parts[f.name].contiguous().view(-1).view(torch.uint8)
+            block[f.offset:f.offset + f.nbytes] = src
+        return block
+
+
+def block_layout(intermediate: int, hidden: int, fmt: str) -> Layout:
+    shapes = {"gate": (intermediate, hidden), "up": (intermediate, hidden), "down": (hidden, intermediate)}
+    fields, offset = [], 0
+    for proj in PROJECTIONS:
+        for name, dtype, shape in part_specs(fmt, *shapes[proj]):
+            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+            offset = round_up(offset, FIELD_ALIGN)
+            fields.append(Field(f"{proj}.{name}", dtype, tuple(shape), offset, nbytes))
+            offset += nbytes
+    return Layout(fmt, intermediate, hidden, tuple(fields), round_up(offset, BLOCK_ALIGN))

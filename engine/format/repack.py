@@ -1,0 +1,198 @@
+"""Hugging Face snapshot -> Sluice model dir (sluice.json, dense.safetensors, experts.bin, tokenizer files).
+
+Resumable: work happens in DST.partial/, and progress.json there records each finished MoE layer
+(after its bytes are fsynced), so a restart skips finished layers. Atomic: DST appears only by a
+rename once everything is written and checked.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.format import modeldir
+from engine.format.checkpoint import Checkpoint
+from engine.errors import SluiceError
+from engine.format.layout import block_layout
+from engine.format.quant import FORMATS, quantize
+from engine.sizes import format_size
+from engine.model.spec import ModelSpec, canonical_dense_name, load_config_dict, read_spec
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "generation_config.json")
+DISK_MARGIN_BYTES = 64 << 20
+
+
+class RepackCancelled(SluiceError):
+    pass
+
+
+def free_bytes(path: Path) -> int:
+    """Free space on the file system holding `path` (or its nearest existing parent)."""
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+class ExpertSource:
+    """Per-expert gate/up/down weights from a checkpoint, in Hub layout or v5 fused layout."""
+
+    def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
+        self.ckpt, self.spec = ckpt, spec
+        self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def check(self) -> None:
+        for layer in self.spec.moe_layers:
+            if self.spec.expert_tensor_name(layer, 0, "gate") not in self.ckpt and \
+                    self.spec.fused_expert_names(layer)[0] not in self.ckpt:
+                raise SluiceError(f"The checkpoint has no expert weights for layer {layer}; "
+                                  "it is incomplete or not the model its config says.")
+
+    def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
+        if self.spec.expert_tensor_name(layer, expert, "gate") in self.ckpt:
+            return {p: self.ckpt.get_float(self.spec.expert_tensor_name(layer, expert, p)) for p in ("gate", "up", "down")}
+        if self._fused is None or self._fused[0] != layer:
+            gate_up_name, down_name = self.spec.fused_expert_names(layer)
+            self._fused = (layer, self.ckpt.get_float(gate_up_name), self.ckpt.get_float(down_name))
+        _, gate_up, down = self._fused
+        gate, up = gate_up[expert].chunk(2, dim=0)
+        return {"gate": gate, "up": up, "down": down[expert]}
+
+    def is_expert_tensor(self, name: str) -> bool:
+        return ".experts." in name
+
+
+def check_source_quantization(config: dict) -> None:
+    """Block-FP8 checkpoints are read as they are; other quantized formats are refused in one sentence."""
+    method = (config.get("quantization_config") or {}).get("quant_method")
+    if method not in (None, "fp8"):
+        raise SluiceError(f"This checkpoint is quantized with '{method}', which Sluice cannot read; download the "
+                          "unquantized (bf16) or FP8 version of the model instead.")
+
+
+def dense_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
+    """A dense tensor in its source dtype; block-FP8 weights are stored dequantized in bf16."""
+    if name + "_scale_inv" in ckpt:
+        return ckpt.get_float(name).to(torch.bfloat16)
+    return ckpt.get(name)
+
+
+def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progress=None,
+           cancel_event: threading.Event | None = None, display_name: str | None = None) -> Path:
+    """Repack; `progress(done, total, message)` is called after each step. Returns dst_dir."""
+    src, dst = Path(src_dir), Path(dst_dir)
+    if not src.is_dir():
+        raise SluiceError(f"The folder '{src}' does not exist; choose the folder of a downloaded model.")
+    if quant not in FORMATS:
+        raise SluiceError(f"Unknown quant format '{quant}': choose one of {', '.join(FORMATS)}.")
+    config = load_config_dict(src)
+    spec = read_spec(config)
+    check_source_quantization(config)
+    ckpt = Checkpoint(src)
+    experts = ExpertSource(ckpt, spec)
+    experts.check()
+    if (dst / modeldir.MANIFEST).exists():
+        raise SluiceError(f"'{dst}' already holds a Sluice model; choose another destination or delete it first.")
+    if dst.exists() and any(dst.iterdir()):
+        raise SluiceError(f"'{dst}' is not empty; choose a new or empty destination folder.")
+
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
+    layer_bytes = spec.num_experts * layout.block_bytes
+    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")]
+    dense_bytes = sum(ckpt.nbytes(n) * (2 if n + "_scale_inv" in ckpt else 1) for n in dense_names)
+    total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
+
+    work = dst.with_name(dst.name + ".partial")
+    state = _load_state(work, ckpt, quant)
+    done_bytes = layer_bytes * len(state["layers"]) + (dense_bytes if state["dense"] else 0)
+    needed = total_bytes - done_bytes + DISK_MARGIN_BYTES
+    available = free_bytes(work)
+    if available < needed:
+        raise SluiceError(f"Not enough disk space to repack: {format_size(needed)} needed, {format_size(available)} "
+                          f"free on the destination drive; free some space or choose another destination.")
+    work.mkdir(parents=True, exist_ok=True)
+    total_steps = len(spec.moe_layers) + 1
+
+    def report(message: str) -> None:
+        if progress:
+            progress(len(state["layers"]) + int(state["dense"]), total_steps, message)
+
+    if not state["dense"]:
+        tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
+        save_file(tensors, str(work / modeldir.DENSE_FILE), metadata={"format": "pt"})
+        state["dense"] = True
+        _save_state(work, state)
+    report("dense weights written")
+
+    experts_path = work / modeldir.EXPERTS_FILE
+    fd = os.open(experts_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, layer_bytes * len(spec.moe_layers))
+        for index, layer in enumerate(spec.moe_layers):
+            if str(layer) in state["layers"]:
+                continue
+            checksums = []
+            for expert in range(spec.num_experts):
+                if cancel_event is not None and cancel_event.is_set():
+                    raise RepackCancelled("Repack cancelled; start it again to resume where it stopped.")
+                weights = experts.get(layer, expert)
+                parts = {f"{proj}.{k}": v for proj, w in weights.items() for k, v in quantize(w, quant).items()}
+                block = layout.pack(parts).numpy()
+                os.pwrite(fd, block, index * layer_bytes + expert * layout.block_bytes)
+                checksums.append(zlib.crc32(block))
+            os.fsync(fd)
+            state["layers"][str(layer)] = checksums
+            _save_state(work, state)
+            report(f"layer {layer} repacked")
+    finally:
+        os.close(fd)
+
+    tokenizer_files = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, work / name)
+            tokenizer_files.append(name)
+    manifest = modeldir.build_manifest(
+        name=display_name or src.name, spec=spec, quant=quant, layout=layout,
+        config={k: v for k, v in config.items() if k != "quantization_config"},   # weights are plain now
+        layer_checksums={int(k): v for k, v in state["layers"].items()},
+        dense_tensors={canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names},
+        tokenizer_files=tokenizer_files, source={"path": str(src.resolve()), "files": ckpt.fingerprint()})
+    modeldir.verify_checksums(work, manifest)
+    (work / modeldir.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    (work / "progress.json").unlink()
+    if dst.exists():
+        dst.rmdir()
+    os.replace(work, dst)
+    report("done")
+    return dst
+
+
+def _load_state(work: Path, ckpt: Checkpoint, quant: str) -> dict:
+    fresh = {"source": ckpt.fingerprint(), "quant": quant, "dense": False, "layers": {}}
+    path = work / "progress.json"
+    if not path.is_file():
+        if work.exists():
+            shutil.rmtree(work)
+        return fresh
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        state = None
+    if not state or state.get("source") != fresh["source"] or state.get("quant") != quant:
+        shutil.rmtree(work)   # different source or quant: the partial work does not apply
+        return fresh
+    return state
+
+
+def _save_state(work: Path, state: dict) -> None:
+    tmp = work / "progress.json.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, work / "progress.json")

@@ -1,0 +1,154 @@
+"""Model config.json -> a typed ModelSpec. One place knows each family's config quirks.
+
+Config parsing goes through `transformers.AutoConfig`, so old and new spellings
+(`num_experts`/`num_local_experts`, `rope_theta`/`rope_parameters`, `rope_scaling`) and each
+family's defaults mean exactly what they mean in the reference implementation.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.errors import SluiceError
+
+SUPPORTED_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+_EXPERT_PREFIX = {"mixtral": "block_sparse_moe"}                  # checkpoint module name of the MoE block
+_EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    family: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    num_experts: int
+    top_k: int
+    expert_intermediate: int
+    norm_topk_prob: bool                 # renormalise the top-k routing weights
+    moe_layers: tuple[int, ...]          # layers with a sparse MoE block; the others have a dense MLP
+    dense_intermediate: int
+    shared_expert_intermediate: int      # 0 when the family has no shared expert
+    qk_norm: str                         # "none" | "head" (per head, Qwen3) | "full" (whole projection, OLMoE)
+    clip_qkv: float | None
+    sliding_windows: tuple[int | None, ...]  # per layer
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    max_position_embeddings: int
+    rope_type: str
+    rope_theta: float
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return layer in self.moe_layers
+
+    def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
+        """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
+        block = _EXPERT_PREFIX.get(self.family, "mlp")
+        name = _EXPERT_PROJ.get(self.family, {}).get(proj, f"{proj}_proj")
+        return f"model.layers.{layer}.{block}.experts.{expert}.{name}.weight"
+
+    def fused_expert_names(self, layer: int) -> tuple[str, str]:
+        """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
+        return (f"model.layers.{layer}.mlp.experts.gate_up_proj", f"model.layers.{layer}.mlp.experts.down_proj")
+
+
+def canonical_dense_name(family: str, name: str) -> str:
+    """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`)."""
+    prefix = _EXPERT_PREFIX.get(family)
+    return name.replace(f".{prefix}.", ".mlp.") if prefix else name
+
+
+def load_config_dict(path: str | Path) -> dict:
+    p = Path(path)
+    cfg_file = p / "config.json" if p.is_dir() else p
+    if not cfg_file.is_file():
+        raise SluiceError(f"No config.json in '{p}': choose a Hugging Face model folder or a Sluice model folder.")
+    try:
+        return json.loads(cfg_file.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SluiceError(f"'{cfg_file}' is not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc}); download the model again.") from exc
+
+
+def hf_config(config: dict):
+    """The transformers config object for a config dict (refuses unsupported families)."""
+    model_type = config.get("model_type")
+    if model_type not in SUPPORTED_FAMILIES:
+        raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    from transformers import AutoConfig
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        return AutoConfig.for_model(model_type, **fields)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise SluiceError(f"The config.json of this {model_type} model cannot be read ({exc}); download the model again.") from exc
+
+
+def read_spec(config: dict | str | Path) -> ModelSpec:
+    if not isinstance(config, dict):
+        config = load_config_dict(config)
+    cfg = hf_config(config)
+    family = cfg.model_type
+    num_layers = cfg.num_hidden_layers
+    num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
+    if family in ("qwen3_moe", "qwen2_moe"):
+        mlp_only = set(cfg.mlp_only_layers or [])
+        moe_layers = tuple(i for i in range(num_layers)
+                           if i not in mlp_only and num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0)
+        expert_intermediate = cfg.moe_intermediate_size
+    else:
+        moe_layers = tuple(range(num_layers))
+        expert_intermediate = cfg.intermediate_size
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    return ModelSpec(
+        family=family, num_layers=num_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+        head_dim=head_dim, rms_eps=cfg.rms_norm_eps, num_experts=num_experts, top_k=cfg.num_experts_per_tok,
+        expert_intermediate=expert_intermediate,
+        norm_topk_prob=True if family == "mixtral" else bool(cfg.norm_topk_prob),
+        moe_layers=moe_layers, dense_intermediate=cfg.intermediate_size,
+        shared_expert_intermediate=getattr(cfg, "shared_expert_intermediate_size", 0) if family == "qwen2_moe" else 0,
+        qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(family, "none"),
+        clip_qkv=getattr(cfg, "clip_qkv", None) if family == "olmoe" else None,
+        sliding_windows=_sliding_windows(cfg, family, num_layers),
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        eos_token_ids=_as_ids(getattr(cfg, "eos_token_id", None)),
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)),
+    )
+
+
+def _sliding_windows(cfg, family: str, num_layers: int) -> tuple[int | None, ...]:
+    window = getattr(cfg, "sliding_window", None) or None
+    if family == "qwen2_moe":
+        types = getattr(cfg, "layer_types", None) or ["full_attention"] * num_layers
+        return tuple(window if t == "sliding_attention" else None for t in types)
+    if family == "olmoe":
+        return (None,) * num_layers
+    return (window,) * num_layers
+
+
+def _as_ids(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
+
+
+def rope_inv_freq(config: dict, spec: ModelSpec) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim/2] and attention scaling, exactly as the reference computes them."""
+    if spec.rope_type == "default":
+        dim = spec.head_dim
+        return 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    if spec.rope_type not in ROPE_INIT_FUNCTIONS or spec.rope_type in ("dynamic", "longrope"):
+        raise SluiceError(f"RoPE type '{spec.rope_type}' is not supported yet; Sluice supports default, linear, yarn and llama3.")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](hf_config(config), "cpu")
+    return inv_freq.float(), float(scaling)

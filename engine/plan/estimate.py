@@ -1,0 +1,274 @@
+"""Will this model run here, and how fast? Computed from config.json and the file list alone.
+
+Decode speed is the roofline of DESIGN.md, the same bound `sluice bench` and the telemetry use:
+
+    tok/s = 1 / (disk_bytes / disk_bw + h2d_bytes / pcie_bw + compute_s)
+
+per token, with N = moe_layers * top_k expert blocks needed and B = one block's bytes at the quant:
+    h2d_bytes  = N * B * (1 - slot_hit)               blocks not already in a device slot
+    disk_bytes = N * B * (1 - slot_hit) * (1 - ram_hit) of those, blocks not in the RAM cache
+    compute_s  = (active dense params + N * expert params) * compute dtype bytes / device_mem_bw
+                 + layers * LAYER_OVERHEAD_S
+The budgets are split exactly as the engine splits them (engine.runtime.budget.plan_budgets, with the
+engine's defaults). Hit rates default to the cached fraction of all expert blocks: what an LRU
+cache gets when routing is uniform (slots first, then the RAM cache holding a superset). Real
+routing is skewed, so this errs on the slow side. On the CPU device the slots are RAM buffers and
+"PCIe" is a host memcpy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import SluiceError
+
+QUANTS = ("bf16", "fp8", "nvfp4")
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 on CUDA, float32 on the CPU
+FAST_TOK_S = 5.0                   # about reading speed: below this a chat feels slow
+# Per layer per token: kernel launches, Python and small-op overhead that no byte count explains.
+# CPU value measured with engine.load on a 12-layer model whose experts all sat in slots (see the
+# setup README notes); CUDA value from the decode loop with CUDA graphs.
+LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 800e-6}
+MAX_CONTEXT_TOKENS = 8192          # engine.engine.MAX_CONTEXT_TOKENS: the KV cache the engine reserves
+RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
+
+
+@dataclass
+class ModelShape:
+    family: str
+    num_layers: int
+    num_moe_layers: int
+    num_experts: int
+    top_k: int
+    hidden: int
+    expert_intermediate: int
+    vocab: int
+    total_params: int
+    active_params: int
+    dense_params: int              # everything but routed experts (embeddings included)
+    embedding_params: int          # read one row per token, so not counted as moved bytes
+
+    @property
+    def expert_params(self) -> int:
+        return 3 * self.hidden * self.expert_intermediate
+
+
+def model_shape(config: dict) -> ModelShape:
+    """Parameter counts of a supported MoE config (matches transformers' num_parameters())."""
+    family = config.get("model_type", "?")
+    try:
+        H, L, V = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
+        nh = config["num_attention_heads"]
+        nkv = config.get("num_key_value_heads") or nh
+        hd = config.get("head_dim") or H // nh
+        E = next(config[k] for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
+                 if config.get(k))
+        k = config["num_experts_per_tok"]
+    except (KeyError, StopIteration, TypeError) as exc:
+        raise SluiceError(f"This {family} config.json lacks the MoE sizes Sluice needs ({exc}); the repo may be broken.") from exc
+    I_dense = config.get("intermediate_size") or 0
+    I_expert = config.get("moe_intermediate_size") or I_dense
+    attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H
+    if family == "qwen2_moe" or config.get("qkv_bias") or config.get("attention_bias"):
+        attn += nh * hd + 2 * nkv * hd
+    if family == "qwen3_moe":
+        attn += 2 * hd                                  # per-head q_norm, k_norm
+    elif family == "olmoe":
+        attn += nh * hd + nkv * hd                      # q_norm, k_norm over the whole projection
+    moe_layer_ids = _moe_layers(config, L, E)
+    shared = 0
+    if config.get("shared_expert_intermediate_size"):
+        shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
+    per_layer = attn + 2 * H
+    dense_params = L * per_layer + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
+    dense_params += len(moe_layer_ids) * (E * H + shared)                # routers, shared experts
+    embedding = V * H
+    dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
+    expert = 3 * H * I_expert
+    total = dense_params + len(moe_layer_ids) * E * expert
+    active = dense_params + len(moe_layer_ids) * k * expert
+    return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
+
+
+def format_params(n: int) -> str:
+    """30532122624 -> '30.5B'."""
+    for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f}{unit}"
+    return str(n)
+
+
+def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
+    skip = set(config.get("mlp_only_layers") or [])
+    step = config.get("decoder_sparse_step") or 1
+    first_dense = config.get("first_k_dense_replace") or 0
+    return [i for i in range(num_layers)
+            if num_experts > 0 and i not in skip and (i + 1) % step == 0 and i >= first_dense]
+
+
+def expert_block_bytes(shape: ModelShape, quant: str) -> int:
+    """Bytes of one (layer, expert) block in experts.bin: the engine's own layout, 4096-aligned."""
+    from engine.format.layout import block_layout
+    return block_layout(shape.expert_intermediate, shape.hidden, quant).block_bytes
+
+
+def roofline_tok_s(disk_bytes: float, disk_bps: float, h2d_bytes: float, pcie_bps: float, compute_s: float) -> float:
+    seconds = disk_bytes / max(disk_bps, 1.0) + h2d_bytes / max(pcie_bps, 1.0) + compute_s
+    return 1.0 / seconds if seconds > 0 else float("inf")
+
+
+@dataclass
+class Machine:
+    """What the estimate needs to know about the computer (see engine.plan.hardware.probe)."""
+    device: str                    # "cpu" | "cuda"
+    ram_available_bytes: int
+    mem_bw_bps: float
+    disk_read_bps: float
+    free_disk_bytes: int
+    vram_bytes: int = 0            # free VRAM
+    pcie_bps: float | None = None
+    gpu_mem_bw_bps: float | None = None
+
+    @classmethod
+    def from_hardware(cls, hw, free_disk_bytes: int, device: str | None = None) -> "Machine":
+        device = device or ("cuda" if hw.has_gpu else "cpu")
+        gpu = hw.gpus[0] if hw.gpus and device == "cuda" else None
+        return cls(device, hw.ram_available_bytes, hw.mem_bw_bps, hw.disk_read_bps or 1e9, free_disk_bytes,
+                   gpu.vram_free_bytes if gpu else 0, hw.pcie_bps, hw.gpu_mem_bw_bps)
+
+
+@dataclass
+class Estimate:
+    quant: str
+    shape: ModelShape
+    block_bytes: int
+    expert_bytes: int              # all routed experts at this quant
+    repacked_bytes: int            # the Sluice model dir: dense + experts
+    download_bytes: int
+    disk_needed_bytes: int         # download (still missing) + repack
+    vram_budget_bytes: int         # the engine's plan (on the CPU device: slot banks in RAM)
+    ram_cache_bytes: int
+    slot_hit: float
+    ram_hit: float
+    disk_bytes_per_token: float
+    h2d_bytes_per_token: float
+    compute_s: float
+    tok_s: float
+    verdict: str                   # "fits fast" | "fits but slow" | "will not run"
+    reason: str                    # one sentence for the user
+
+    @property
+    def bytes_per_token(self) -> float:
+        """Bytes moved per token: from disk plus over PCIe (the disk bytes cross PCIe too)."""
+        return self.disk_bytes_per_token + self.h2d_bytes_per_token
+
+    @property
+    def expert_bytes_per_token(self) -> int:
+        """Expert bytes one token needs (moe_layers x top_k blocks), cached or not."""
+        return self.shape.num_moe_layers * self.shape.top_k * self.block_bytes
+
+
+def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "bf16",
+             vram_budget: int | None = None, ram_cache: int | None = None,
+             hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
+    """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
+    import torch
+    from engine.runtime.budget import plan_budgets
+    from engine.format.layout import block_layout
+    from engine.model.decoder import decoded_expert_bytes
+    if quant not in QUANTS:
+        raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
+    shape = model_shape(config)
+    block = expert_block_bytes(shape, quant)
+    num_blocks = shape.num_moe_layers * shape.num_experts
+    expert_bytes = num_blocks * block
+    source_elem = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
+    repacked = shape.dense_params * source_elem + expert_bytes        # dense tensors keep the source dtype
+    missing = download_bytes if missing_download_bytes is None else missing_download_bytes
+    disk_needed = missing + repacked
+
+    on_gpu = machine.device == "cuda"
+    elem = COMPUTE_DTYPE_BYTES[machine.device]
+    dense_bytes = shape.dense_params * elem                          # loaded in the compute dtype
+    context = min(config.get("max_position_embeddings") or MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
+    kv_bytes = 2 * shape.num_layers * context * _kv_width(config) * elem
+    available = machine.ram_available_bytes
+
+    # the CPU device keeps each resident expert decoded to float32 beside its block (engine.model.decoder)
+    decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
+                                                    torch.float32)
+
+    def plan_for(ram_cache_bytes):
+        return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
+                            num_moe_layers=shape.num_moe_layers, dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                            workspace_bytes=0, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
+                            default_vram=machine.vram_bytes * 9 // 10 if on_gpu else available // 4,
+                            default_ram=available // 2, device_slot_bytes=block + decoded)
+    try:
+        plan, problem = plan_for(ram_cache), None
+        in_ram = plan.ram_cache_bytes + (0 if on_gpu else plan.vram_budget_bytes)
+        if ram_cache is None and in_ram > available - RAM_RESERVE_BYTES:
+            # the engine's default cache would not fit beside the rest: assume the user sets a smaller one
+            room = available - RAM_RESERVE_BYTES - (0 if on_gpu else plan.vram_budget_bytes)
+            plan = plan_for(max(room, shape.top_k * block))
+    except SluiceError as exc:
+        plan, problem = None, str(exc)
+    slot_capacity = 2 * plan.slots_per_bank if plan else 0
+    ram_blocks = plan.ram_cache_bytes // block if plan else 0
+    if hit_rates is not None:
+        slot_hit, ram_hit = hit_rates
+    elif num_blocks:
+        slot_hit = min(1.0, slot_capacity / num_blocks)
+        ram_hit = 1.0 if slot_hit >= 1 else max(0.0, min(1.0, (ram_blocks - slot_capacity) / (num_blocks - slot_capacity)))
+    else:
+        slot_hit = ram_hit = 1.0
+
+    needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
+    h2d = needed * (1 - slot_hit)
+    disk = h2d * (1 - ram_hit)
+    pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
+    compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
+    active_params = shape.active_params - shape.embedding_params          # one embedding row per token
+    compute_s = active_params * elem / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
+    tok_s = roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
+
+    verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
+    return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
+                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
+                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
+
+
+def _kv_width(config: dict) -> int:
+    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
+    return heads * (config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_s: float) -> tuple[str, str]:
+    from engine.sizes import format_size
+    if disk_needed > machine.free_disk_bytes:
+        return "will not run", (f"It needs {format_size(disk_needed)} of disk for download and repack, "
+                                f"but only {format_size(machine.free_disk_bytes)} is free.")
+    if problem:
+        return "will not run", problem
+    if machine.device == "cuda" and plan.vram_budget_bytes > machine.vram_bytes:
+        return "will not run", (f"It needs at least {format_size(plan.vram_budget_bytes)} of GPU memory "
+                                f"(dense weights, KV cache, two expert banks); {format_size(machine.vram_bytes)} is free.")
+    ram_needed = plan.ram_cache_bytes + (0 if machine.device == "cuda" else plan.vram_budget_bytes)
+    if ram_needed > machine.ram_available_bytes - RAM_RESERVE_BYTES:
+        return "will not run", (f"It needs at least {format_size(ram_needed)} of memory beyond what the system uses, "
+                                f"and only {format_size(machine.ram_available_bytes)} is available.")
+    if tok_s >= FAST_TOK_S:
+        return "fits fast", f"About {tok_s:.1f} tokens per second: faster than you read."
+    return "fits but slow", (f"About {tok_s:.2f} tokens per second: it runs, but answers will take a while "
+                             "(a smaller quant or more RAM makes it faster).")
+
+
+def estimate_model_dir(model_dir, machine: Machine, vram_budget: int | None = None, ram_cache: int | None = None,
+                       hit_rates: tuple[float, float] | None = None) -> Estimate:
+    """The prediction for an installed Sluice model dir (its config and quant from sluice.json): what the
+    app shows beside the measured speed after a chat, with hit_rates from the engine's telemetry."""
+    import json
+    from pathlib import Path
+    manifest = json.loads((Path(model_dir) / "sluice.json").read_text())
+    return estimate(manifest["config"], 0, machine, manifest["quant"], vram_budget=vram_budget,
+                    ram_cache=ram_cache, hit_rates=hit_rates)

@@ -1,0 +1,52 @@
+"""How the VRAM budget and RAM cache are split, and the minimum each needs.
+
+VRAM budget = dense weights + KV cache + two slot banks (+ workspace on CUDA). A bank must hold
+at least one token's active experts (top_k) for a layer; the RAM cache at least one block.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.errors import SluiceError
+from engine.sizes import format_size
+
+
+@dataclass(frozen=True)
+class Plan:
+    vram_budget_bytes: int
+    dense_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    slots_per_bank: int
+    ram_cache_bytes: int
+    block_bytes: int
+    device_slot_bytes: int       # one device slot: a block, plus (CPU device) its weights decoded for compute
+
+    @property
+    def slot_bytes(self) -> int:
+        return 2 * self.slots_per_bank * self.device_slot_bytes
+
+
+def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_layers: int, dense_bytes: int,
+                 kv_bytes: int, workspace_bytes: int, vram_budget: int | None, ram_cache: int | None,
+                 default_vram: int, default_ram: int, device_slot_bytes: int | None = None) -> Plan:
+    slot = device_slot_bytes or block_bytes
+    fixed = dense_bytes + kv_bytes + workspace_bytes
+    min_vram = fixed + 2 * top_k * slot
+    all_slots = (num_moe_layers + 1) // 2 * num_experts      # one bank can never need more than its layers' experts
+    if vram_budget is None:
+        vram_budget = max(min_vram, min(default_vram, fixed + 2 * all_slots * slot))
+    if vram_budget < min_vram:
+        raise SluiceError(
+            f"The VRAM budget of {format_size(vram_budget)} is too small for this model: it needs at least "
+            f"{format_size(min_vram)} ({min_vram} bytes: dense weights {format_size(dense_bytes)}, KV cache "
+            f"{format_size(kv_bytes)}, two banks of {top_k} expert slots); raise the VRAM budget (--vram-budget, or Settings in the app) to at least that.")
+    slots_per_bank = min((vram_budget - fixed) // (2 * slot), all_slots)
+    min_ram = top_k * block_bytes
+    if ram_cache is None:
+        ram_cache = max(min_ram, min(default_ram, num_moe_layers * num_experts * block_bytes))
+    if ram_cache < min_ram:
+        raise SluiceError(
+            f"The RAM cache of {format_size(ram_cache)} is too small for this model: it needs at least "
+            f"{format_size(min_ram)} ({min_ram} bytes, one token's {top_k} experts); raise the RAM cache (--ram-cache, or Settings in the app) to at least that.")
+    return Plan(vram_budget, dense_bytes, kv_bytes, workspace_bytes, slots_per_bank, ram_cache, block_bytes, slot)

@@ -1,0 +1,107 @@
+"""RAM cache of expert blocks: a fixed number of block-sized slots, LRU, allocated as it fills.
+
+Memory is taken in chunks only when the cache grows, so a large budget costs nothing until used
+(and on CUDA, pinned memory is never taken past the budget). Locked entries are never evicted.
+"""
+from __future__ import annotations
+
+import mmap
+from collections import OrderedDict
+from typing import Callable
+
+import torch
+
+from engine.runtime.telemetry import Telemetry
+
+Key = tuple[int, int]      # (layer, expert)
+CHUNK_SLOTS = 16
+
+
+def anonymous_buffer(num_bytes: int) -> torch.Tensor:
+    """Page-aligned host memory (O_DIRECT needs aligned buffers); committed only when touched."""
+    return torch.frombuffer(mmap.mmap(-1, num_bytes), dtype=torch.uint8)
+
+
+class RamCache:
+    def __init__(self, capacity_bytes: int, block_bytes: int, telemetry: Telemetry,
+                 allocate: Callable[[int], torch.Tensor] = anonymous_buffer):
+        self.block_bytes = block_bytes
+        self.num_slots = capacity_bytes // block_bytes
+        self.telemetry = telemetry
+        self._allocate = allocate
+        self._chunks: list[torch.Tensor] = []
+        self._entries: OrderedDict[Key, int] = OrderedDict()   # LRU first
+        self._locks: dict[Key, int] = {}
+        self._free: list[int] = []
+        self._num_created = 0
+        telemetry.set(ram_capacity_bytes=self.num_slots * block_bytes)
+
+    def __contains__(self, key: Key) -> bool:
+        return key in self._entries
+
+    def lookup(self, key: Key) -> int | None:
+        """Slot of a cached block (counted as a hit, made most recent) or None (counted as a miss)."""
+        slot = self._entries.get(key)
+        if slot is None:
+            self.telemetry.add(ram_misses=1)
+            return None
+        self._entries.move_to_end(key)
+        self.telemetry.add(ram_hits=1)
+        return slot
+
+    def demote(self, key: Key) -> None:
+        """Make a cached block the first to be evicted (it now also sits in a VRAM slot)."""
+        if key in self._entries:
+            self._entries.move_to_end(key, last=False)
+
+    def touch(self, key: Key) -> None:
+        """Make a cached block the most recent, without counting a hit or a miss."""
+        if key in self._entries:
+            self._entries.move_to_end(key)
+
+    def can_insert(self) -> bool:
+        """Whether `insert` would find a slot (free, not yet created, or an unlocked entry to evict)."""
+        return bool(self._free) or self._num_created < self.num_slots or \
+            any(not self._locks.get(k) for k in self._entries)
+
+    def insert(self, key: Key) -> int:
+        """A slot for a new block (evicting the least recently used unlocked one). Fill it, then use it."""
+        if self._free:
+            slot = self._free.pop()
+        elif self._num_created < self.num_slots:
+            slot = self._grow()
+        else:
+            victim = next((k for k in self._entries if not self._locks.get(k)), None)
+            if victim is None:
+                raise RuntimeError("RAM cache: every slot is locked")  # callers size batches to avoid this
+            slot = self._entries.pop(victim)
+            self.telemetry.add(ram_evictions=1)
+        self._entries[key] = slot
+        self.telemetry.set(ram_used_bytes=len(self._entries) * self.block_bytes)
+        return slot
+
+    def discard(self, key: Key) -> None:
+        """Forget a block whose read failed."""
+        slot = self._entries.pop(key, None)
+        if slot is not None:
+            self._free.append(slot)
+
+    def lock(self, key: Key) -> None:
+        self._locks[key] = self._locks.get(key, 0) + 1
+
+    def unlock(self, key: Key) -> None:
+        self._locks[key] -= 1
+        if not self._locks[key]:
+            del self._locks[key]
+
+    def block(self, slot: int) -> torch.Tensor:
+        chunk, index = divmod(slot, CHUNK_SLOTS)
+        return self._chunks[chunk][index * self.block_bytes:(index + 1) * self.block_bytes]
+
+    def _grow(self) -> int:
+        slot = self._num_created
+        if slot // CHUNK_SLOTS >= len(self._chunks):
+            count = min(CHUNK_SLOTS, self.num_slots - slot)
+            self._chunks.append(self._allocate(count * self.block_bytes))
+        self._num_created += 1
+        return slot

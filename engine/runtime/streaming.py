@@ -1,0 +1,342 @@
+"""Decode-time MoE layer on streamed experts: overlapped copies, resident-first compute, prefetch.
+
+Per MoE layer L (bank L % 2), for the few tokens of a decode step:
+  1. one host sync reads the routed expert ids (and the speculative ids for layer L+1);
+  2. experts already in the bank compute first (one fused kernel launch);
+  3. misses come from the pinned RAM cache (or disk, on reader threads) over the copy stream into
+     the bank; each copy records an event, the compute stream waits on those events only (no host
+     sync), then one more launch computes the late experts;
+  4. the speculated experts of layer L+1 start copying into the other bank while L computes.
+A copy into a bank first waits for the last kernel that read the bank (its `bank_free` event), and
+a RAM block stays locked until its copy has finished, so nothing is overwritten while in use.
+On the CPU every copy is synchronous and the same code path runs (tests).
+"""
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Callable
+
+import torch
+
+from engine.runtime.cache import RamCache
+from engine.runtime.slots import SlotBanks
+from engine.runtime.store import ExpertStore
+from engine.runtime.telemetry import Telemetry
+from engine.runtime.speculation import score
+
+Key = tuple[int, int]
+
+
+class StreamingMoe:
+    def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry,
+                 kernel: Callable, fmt: str, offsets: dict[str, int], intermediate: int, device: torch.device,
+                 exclusive: bool = True):
+        self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
+        self.kernel, self.fmt, self.offsets, self.intermediate = kernel, fmt, offsets, intermediate
+        self.device = torch.device(device)
+        self.is_cuda = self.device.type == "cuda"
+        # Exclusive tiers: a block copied into VRAM is demoted in RAM, and a block evicted from VRAM is
+        # written back to RAM (device -> host, 0.1 ms for 6 MB), so RAM holds what VRAM does not and
+        # the two caches add up instead of duplicating each other (measured: RAM hit rate 5% when inclusive).
+        self.exclusive = exclusive
+        self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
+        self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
+        self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last kernel reading the bank
+        self._inflight: list[tuple[torch.cuda.Event, Key]] = []     # (copy done, RAM block it reads/writes)
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
+        self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
+        self._predicted: dict[int, set[int]] = {}
+        self._prefetched: dict[int, set[int]] = {}
+        # Index staging: pinned host rows -> device rows (stream-ordered, so reuse after the next
+        # layer's host sync is safe: that sync waits for every copy enqueued before it).
+        self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(8)]
+        self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
+        self._stage_next = 0
+        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see capture
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None   # one pool for all layers
+
+    # ------------------------------------------------------------------ one layer
+    def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
+            next_layer: int | None = None, static_inputs: bool = False) -> torch.Tensor:
+        """x [T, H], weights [T, K] (device) -> the MoE output [T, H] float32, written into `out`.
+        ids: [T*K (+ T*P)] device ints: the routed expert ids, then the speculated experts of
+        `next_layer` (prefetched while this layer runs).
+        static_inputs: x, weights and out are the same tensors at every call for this layer (CUDA-graph
+        buffers), so one-token launches are replayed from graphs."""
+        num_tokens, top_k = weights.shape
+        ids = ids.tolist()                                                   # the one host sync of the layer
+        routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
+        self._release_finished_copies()
+        wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
+        self._score_speculation(layer, set(wanted))
+
+        bank = self.banks.bank_of(layer)
+        slot_of, late = {}, []
+        for expert in wanted:
+            slot = self.banks.find((layer, expert))
+            if slot is None:
+                late.append(expert)
+            else:
+                slot_of[expert] = slot
+        self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
+        early = list(slot_of)
+        if late:
+            slot_of.update(self._bring_in(layer, late, protected={(layer, e) for e in wanted}))
+
+        self._compute(layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs)
+        if self.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+            self._bank_free[bank] = done
+        for expert, slot in slot_of.items():
+            self.banks.set_state((layer, expert), slot, "ready")
+        if next_layer is not None and predicted:
+            self._prefetch(next_layer, list(dict.fromkeys(predicted)))
+        return out
+
+    # ------------------------------------------------------------------ compute
+    def _compute(self, layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs) -> None:
+        """Fused-kernel launches into `out`: for one token the resident experts first (the others'
+        slots are -1: the kernel reads nothing for them), then, after their copy events, the late
+        ones added on top. Several tokens run in one launch once everything is in."""
+        num_tokens = x.shape[0]
+        groups = [early, late] if num_tokens == 1 and early and late else [early + late]
+        if self.is_cuda:
+            stream = torch.cuda.current_stream(self.device)
+        for i, group in enumerate(groups):
+            members = set(group) if len(groups) > 1 else None
+            slots = [slot_of[e] if members is None or e in members else -1 for e in routed]
+            if self.is_cuda:
+                for expert in group:
+                    event = self._slot_ready.pop((bank, slot_of[expert]), None)
+                    if event is not None:
+                        stream.wait_event(event)
+            if static_inputs and num_tokens == 1 and (layer, i > 0) in self._graphs:
+                self._replay(layer, slots, accumulate=i > 0)
+                continue
+            index = self._upload(slots).view(num_tokens, top_k)
+            self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt, self.offsets,
+                        self.intermediate, out=out, accumulate=i > 0)
+
+    def _upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
+        """int32 values on the device (through a pinned staging row on CUDA), into `dst` if given."""
+        if not self.is_cuda:
+            return torch.tensor(values, dtype=torch.int32)
+        i = self._stage_next
+        self._stage_next = (i + 1) % len(self._stage)
+        n = len(values)
+        self._stage[i].numpy()[:n] = values
+        dst = self._stage_dev[i][:n] if dst is None else dst
+        return dst.copy_(self._stage[i][:n], non_blocking=True)
+
+    def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+        """Capture the one-token MoE launches of each layer in CUDA graphs, two per layer (write
+        `out`, add into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])}
+        (the decode graphs' buffers). The expert slots are a static int32 row per layer, uploaded
+        before each replay. Done once at load, so no capture happens while tokens are timed. The
+        warm-up writes `out`; every step's first launch overwrites it before anything reads it."""
+        for layer, (x, weights, out) in layers.items():
+            bank = self.banks.bank_of(layer)
+            top_k = weights.shape[1]
+            index = torch.zeros(1, top_k, dtype=torch.int32, device=self.device)    # slot 0: valid bytes to read
+            for accumulate in (False, True):
+                launch = lambda: self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt,  # noqa: E731
+                                             self.offsets, self.intermediate, out=out, accumulate=accumulate)
+                launch()                                          # compile / warm up outside the capture
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._graph_pool):
+                    launch()
+                self._graphs[(layer, accumulate)] = (graph, index)
+        torch.cuda.synchronize(self.device)
+
+    def _replay(self, layer: int, slots: list[int], accumulate: bool) -> None:
+        graph, index = self._graphs[(layer, accumulate)]
+        self._upload(slots, index[0])
+        graph.replay()
+
+    # ------------------------------------------------------------------ transfers
+    def _bring_in(self, layer: int, experts: list[int], protected: set[Key]) -> dict[int, int]:
+        """Make experts resident in layer's bank; returns {expert: slot}. RAM hits are copied first,
+        disk reads are all in flight before the first wait."""
+        in_ram, from_disk = [], []
+        for expert in experts:
+            key = (layer, expert)
+            pending = self._reads.pop(key, None)
+            if pending is not None:
+                from_disk.append((expert, *pending))
+                continue
+            ram_slot = self.cache.lookup(key)
+            if ram_slot is not None:
+                self.cache.lock(key)
+                in_ram.append((expert, ram_slot))
+            else:
+                from_disk.append((expert, *self._start_read(key)))
+        placed = {}
+        with self._copy_batch(layer):
+            for expert, ram_slot in in_ram:
+                placed[expert] = self._copy(layer, expert, ram_slot, protected)
+        for expert, ram_slot, future in from_disk:
+            self._finish_read((layer, expert), future)
+            with self._copy_batch(layer):
+                placed[expert] = self._copy(layer, expert, ram_slot, protected)
+        return placed
+
+    def _start_read(self, key: Key) -> tuple[int, Future]:
+        if not self.cache.can_insert():      # every RAM block is locked by a copy in flight: let them land
+            self._wait_copies()
+        ram_slot = self.cache.insert(key)
+        self.cache.lock(key)
+        return ram_slot, self.store.submit(*key, self.cache.block(ram_slot).numpy())
+
+    def _finish_read(self, key: Key, future: Future) -> None:
+        try:
+            future.result()
+        except BaseException:
+            self.cache.unlock(key)
+            self.cache.discard(key)
+            raise
+
+    @contextmanager
+    def _copy_batch(self, layer: int):
+        """Copies into layer's bank issued inside run on the copy stream, after the last kernel that
+        read the bank; the batch is timed as a whole (h2d busy time) by one pair of events."""
+        if not self.is_cuda:
+            yield
+            return
+        bank = self.banks.bank_of(layer)
+        with torch.cuda.stream(self.copy_stream):
+            if self._bank_free[bank] is not None:
+                self.copy_stream.wait_event(self._bank_free[bank])
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.copy_stream)
+            yield
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.copy_stream)
+        self._timed.append((start, end))
+
+    def _copy(self, layer: int, expert: int, ram_slot: int, protected: set[Key]) -> int:
+        """Copy a locked RAM block into a slot of layer's bank (inside `_copy_batch`); the RAM lock is
+        released when the copy is done."""
+        key = (layer, expert)
+        bank = self.banks.bank_of(layer)
+        slot = self.banks.acquire(key, protected)
+        evicted = self.banks.last_evicted
+        write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
+        dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
+        self.telemetry.add(h2d_bytes=self.cache.block_bytes)
+        if self.exclusive:
+            self.cache.demote(key)
+        if not self.is_cuda:
+            if write_back is not None:
+                self.cache.block(write_back).copy_(dst)
+                self.cache.unlock(evicted[0])
+            start = time.perf_counter()
+            dst.copy_(src)
+            self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
+            self.cache.unlock(key)
+            return slot
+        if write_back is not None:           # same stream: the victim's bytes leave before new ones land
+            self.cache.block(write_back).copy_(dst, non_blocking=True)
+            back = torch.cuda.Event()
+            back.record(self.copy_stream)
+            self._inflight.append((back, evicted[0]))
+        dst.copy_(src, non_blocking=True)
+        end = torch.cuda.Event()
+        end.record(self.copy_stream)
+        self._slot_ready[(bank, slot)] = end
+        self._inflight.append((end, key))
+        return slot
+
+    def _victim_slot(self, victim: Key) -> int | None:
+        """RAM slot to write an evicted VRAM block back into (locked), or None: already in RAM (made
+        recent instead), or no RAM slot can be freed right now."""
+        if victim in self.cache:
+            self.cache.touch(victim)
+            return None
+        if not self.cache.can_insert():
+            return None
+        ram_slot = self.cache.insert(victim)
+        self.cache.lock(victim)
+        self.telemetry.add(d2h_bytes=self.cache.block_bytes)
+        return ram_slot
+
+    def _wait_copies(self) -> None:
+        for end, _ in self._inflight:
+            end.synchronize()
+        self._release_finished_copies()
+
+    def _release_finished_copies(self) -> None:
+        """Unlock the RAM blocks whose copies have finished; add finished batches' h2d busy time."""
+        still = []
+        for end, key in self._inflight:
+            if end.query():
+                self.cache.unlock(key)
+            else:
+                still.append((end, key))
+        self._inflight = still
+        timed = []
+        for start, end in self._timed:
+            if end.query():
+                self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
+            else:
+                timed.append((start, end))
+        self._timed = timed
+
+    # ------------------------------------------------------------------ speculation
+    def _prefetch(self, layer: int, experts: list[int]) -> None:
+        """Start bringing `layer`'s predicted experts: RAM hits copy now (other bank, copy stream),
+        the rest start their disk reads, to be copied when the layer asks for them."""
+        self._predicted[layer] = set(experts)
+        issued = set()
+        keys = {(layer, e) for e in experts}
+        to_copy = []
+        for expert in experts:
+            key = (layer, expert)
+            if self.banks.find(key) is not None or key in self._reads:
+                continue
+            ram_slot = self.cache.lookup(key)
+            if ram_slot is not None:
+                self.cache.lock(key)
+                to_copy.append((expert, ram_slot))
+            elif self.cache.can_insert():     # a prefetch never waits: with a full, locked cache it is skipped
+                self._reads[key] = self._start_read(key)
+            else:
+                continue
+            issued.add(expert)
+        if to_copy:
+            with self._copy_batch(layer):
+                for expert, ram_slot in to_copy:
+                    self._copy(layer, expert, ram_slot, protected=keys)
+        self._prefetched[layer] = issued
+        self.telemetry.add(prefetch_issued=len(issued))
+
+    def _score_speculation(self, layer: int, actual: set[int]) -> None:
+        predicted = self._predicted.pop(layer, None)
+        if predicted is not None:
+            correct, needed = score(predicted, actual)
+            self.telemetry.add(spec_correct=correct, spec_predicted=needed)
+        prefetched = self._prefetched.pop(layer, set())
+        self.telemetry.add(prefetch_used=len(prefetched & actual))
+        # Reads started for experts this layer did not use: finish them so the RAM slot holds the block.
+        for key in [k for k in self._reads if k[0] == layer and k[1] not in actual]:
+            _, future = self._reads.pop(key)
+            try:
+                self._finish_read(key, future)
+                self.cache.unlock(key)
+            except Exception:      # noqa: BLE001 - a failed speculative read only loses the prefetch
+                pass
+
+    def synchronize(self) -> None:
+        """Wait for every copy and release every lock (end of a generation, before closing)."""
+        if self.is_cuda:
+            self.copy_stream.synchronize()
+        self._release_finished_copies()
+        for key, (_, future) in list(self._reads.items()):
+            self._reads.pop(key)
+            try:
+                self._finish_read(key, future)
+                self.cache.unlock(key)
+            except Exception:      # noqa: BLE001
+                pass

@@ -1,0 +1,185 @@
+"""`sluice bench`: a real architecture's dimensions with random weights, run under budgets, measured
+against the roofline of bandwidths measured in the same run (and optionally against accelerate).
+
+  roofline per decode token = disk bytes / disk bandwidth + host->device bytes / PCIe bandwidth
+                              + bytes the GPU must read (dense + active experts + KV) / HBM bandwidth
+  efficiency = roofline time / measured time (1.0 = as fast as the bytes allow; above 1 means the
+  copies overlapped better than the sum assumes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+from engine.errors import SluiceError
+from engine.sizes import format_size
+
+
+def _extra_args(extra: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sluice bench", add_help=False)
+    p.add_argument("--work-dir", help="where preset models are built and kept (default: the user cache dir)")
+    p.add_argument("--via-repack", action="store_true", help="build a bf16 HF checkpoint and repack it (product path)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs")
+    p.add_argument("--no-kernels", action="store_true", help="torch reference expert math instead of Triton")
+    p.add_argument("--baseline-new-tokens", type=int, default=8)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    return p.parse_args(extra)
+
+
+def run(args) -> int:
+    import torch
+
+    from engine.tools.presets import PRESETS
+    opts = _extra_args(getattr(args, "extra", []) or [])
+    if args.preset not in PRESETS:
+        raise SluiceError(f"Unknown preset '{args.preset}': choose one of {', '.join(PRESETS)}.")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SluiceError("sluice bench needs a CUDA GPU (none is visible); run it on a machine with one.")
+    log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
+    work = Path(opts.work_dir) if opts.work_dir else _default_work_dir()
+    model_dir, hf_dir = _build(args.preset, args.quant, work, opts.via_repack or args.baseline == "accelerate",
+                               args.device, log)
+    result = measure(model_dir, args, opts, log)
+    if args.baseline == "accelerate":
+        from engine.tools.baseline import run_accelerate
+        result["baseline"] = run_accelerate(hf_dir, args.vram_budget, args.ram_cache, args.prompt_tokens,
+                                            opts.baseline_new_tokens, work / "offload", log)
+        base = result["baseline"]["decode_tok_s"]
+        result["speedup_vs_baseline"] = result["decode_tok_s"] / base if base else None
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(report(result))
+    return 0
+
+
+def _default_work_dir() -> Path:
+    from kernels.selfcheck import cache_path
+    return cache_path().parent / "bench"
+
+
+def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, log):
+    from engine.tools.presets import write_hf_checkpoint, write_sluice_dir
+    from engine.format.repack import repack
+    start = time.perf_counter()
+    hf_dir = None
+    if via_repack:
+        hf_dir = write_hf_checkpoint(preset, work / f"{preset}-hf", device=device, progress=log)
+        model_dir = work / f"{preset}-{quant}-repacked"
+        if not (model_dir / "sluice.json").is_file():
+            repack(hf_dir, model_dir, quant=quant, progress=lambda d, t, m: log(f"repack {d}/{t}: {m}") if d % 8 == 0 else None)
+    else:
+        model_dir = write_sluice_dir(preset, work / f"{preset}-{quant}", quant, device=device, progress=log)
+    log(f"model ready in {time.perf_counter() - start:.1f} s: {model_dir}")
+    return model_dir, hf_dir
+
+
+def measure(model_dir: Path, args, opts, log) -> dict:
+    import torch
+
+    from engine.plan import bandwidth
+    from engine.runtime.cuda_model import CudaModel
+    from engine.format.modeldir import EXPERTS_FILE, open_model_dir
+    md = open_model_dir(model_dir)
+    spec, block_bytes = md.spec, md.layout.block_bytes
+    disk_bps = bandwidth.disk_read_bps(md.path / EXPERTS_FILE, block_bytes)
+    is_cuda = args.device.startswith("cuda")
+    h2d_bps = bandwidth.h2d_bps(args.device, num_bytes=(256 << 20) if is_cuda else (32 << 20))
+    hbm_bps = bandwidth.hbm_copy_bps(args.device, num_bytes=(2 << 30) if is_cuda else (64 << 20))
+    log(f"bandwidths: disk {disk_bps / 1e9:.2f} GB/s (O_DIRECT, 4 threads), h2d {h2d_bps / 1e9:.1f} GB/s, "
+        f"HBM copy {hbm_bps / 1e12:.2f} TB/s")
+    max_tokens = args.prompt_tokens + args.new_tokens
+    model = CudaModel(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
+                      dtype=getattr(torch, opts.dtype), max_tokens=max_tokens, max_prompt_tokens=args.prompt_tokens,
+                      use_graphs=not opts.eager, use_kernels=not opts.no_kernels)
+    rng = random.Random(0)
+    prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
+    feed = [rng.randrange(spec.vocab_size) for _ in range(args.new_tokens)]
+    try:
+        t = model.generate(prompt, args.new_tokens, feed_ids=feed)
+        end = model.telemetry.snapshot()
+    finally:
+        model.close()
+    before = t.after_prefill
+    decoded = max(t.new_tokens - 1, 1)
+    d = lambda *path: _get(end, path) - _get(before, path)            # noqa: E731 - decode-phase delta
+    disk_tok, h2d_tok = d("disk", "bytes_read") / decoded, d("h2d", "bytes") / decoded
+    dense_bytes = model.plan.dense_bytes - spec.vocab_size * spec.hidden_size * 2   # embedding: one row is read
+    gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes + model.plan.kv_bytes // 2
+    roofline_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps
+    measured_s = t.decode_s / decoded
+    prefill_disk = _get(before, ("disk", "bytes_read"))
+    prefill_h2d = _get(before, ("h2d", "bytes"))
+    vram_hits, vram_misses = d("vram", "hits"), d("vram", "misses")
+    ram_hits, ram_misses = d("ram_cache", "hits"), d("ram_cache", "misses")
+    expert_bytes = md.expert_bytes_total
+    return {
+        "preset": args.preset, "quant": md.quant, "model_dir": str(md.path), "device": torch.cuda.get_device_name() if is_cuda else "cpu",
+        "expert_bytes": expert_bytes, "vram_budget_bytes": model.plan.vram_budget_bytes,
+        "ram_cache_bytes": model.plan.ram_cache_bytes, "slots_per_bank": model.plan.slots_per_bank,
+        "kv_tokens": max_tokens, "dense_bytes": model.plan.dense_bytes, "workspace_bytes": model.plan.workspace_bytes,
+        "streaming_factor": expert_bytes / (model.plan.vram_budget_bytes + model.plan.ram_cache_bytes),
+        "expert_cache_factor": expert_bytes / (model.plan.slot_bytes + model.plan.ram_cache_bytes),
+        "kernel": "triton" if model.kernel_verdict and model.kernel_verdict.ok else "torch reference",
+        "cuda_graphs": not opts.eager,
+        "bandwidth_gbps": {"disk": disk_bps / 1e9, "h2d": h2d_bps / 1e9, "hbm_copy": hbm_bps / 1e9},
+        "prompt_tokens": args.prompt_tokens, "new_tokens": t.new_tokens,
+        "ttft_s": t.prefill_s, "prefill_tok_s": args.prompt_tokens / t.prefill_s,
+        "decode_tok_s": decoded / t.decode_s,
+        "prefill_bytes": {"disk": prefill_disk, "h2d": prefill_h2d},
+        "prefill_max_reads_per_expert_per_layer": _get(before, ("disk", "max_reads_per_expert_in_prefill")),
+        "prefill_roofline_s": prefill_disk / disk_bps + prefill_h2d / h2d_bps,
+        "decode_bytes_per_token": {"disk": disk_tok, "h2d": h2d_tok, "gpu_reads": gpu_tok},
+        "decode_hit_rate": {"vram": vram_hits / max(vram_hits + vram_misses, 1),
+                            "ram": ram_hits / max(ram_hits + ram_misses, 1)},
+        "speculation_recall": d("speculation", "correct") / max(d("speculation", "predicted"), 1),
+        "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
+        "decode_roofline_s_per_token": roofline_s, "decode_s_per_token": measured_s,
+        "decode_efficiency": roofline_s / measured_s,
+        "vram_peak_bytes": end["vram"]["peak_bytes"],
+        "vram_peak_within_budget": end["vram"]["peak_bytes"] <= model.plan.vram_budget_bytes,
+        "warnings": end["warnings"],
+    }
+
+
+def _get(snapshot: dict, path) -> float:
+    value = snapshot
+    for key in path:
+        value = value.get(key, 0) if isinstance(value, dict) else 0
+    return float(value or 0)
+
+
+def report(r: dict) -> str:
+    gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
+    lines = [
+        f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
+        f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
+        f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
+        f"kernel {r['kernel']}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
+        f"decode inputs: random token ids (varied routing, like real text)",
+        f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
+        f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",
+        f"prefill      {r['prompt_tokens']} tokens: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "
+        f"disk {gb(r['prefill_bytes']['disk'])}, max reads/expert/layer {r['prefill_max_reads_per_expert_per_layer']:.0f}, "
+        f"roofline {r['prefill_roofline_s']:.2f} s",
+        f"decode       {r['new_tokens']} tokens: {r['decode_tok_s']:.2f} tok/s "
+        f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
+        f"efficiency {r['decode_efficiency']:.2f})",
+        f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}, h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
+        f"GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
+        f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
+        f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
+        f"VRAM peak    {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget "
+        f"({'within' if r['vram_peak_within_budget'] else 'OVER'})",
+    ]
+    if "baseline" in r:
+        b = r["baseline"]
+        lines.append(f"accelerate   decode {b['decode_tok_s']:.3f} tok/s, TTFT {b['ttft_s']:.2f} s "
+                     f"({b['prompt_tokens']} prompt tokens); Sluice / accelerate = {r['speedup_vs_baseline']:.1f}x")
+    lines += [f"warning      {w}" for w in r["warnings"]]
+    return "\n".join(lines)
+

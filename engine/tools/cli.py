@@ -1,0 +1,179 @@
+"""`sluice` command line (the contract in DESIGN.md). Errors: one sentence on stderr, non-zero exit."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from engine.errors import SluiceError
+
+EXIT_USER_ERROR = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sluice", description="Run huge Mixture-of-Experts models by streaming experts from disk.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("repack", help="turn a Hugging Face snapshot into a Sluice model folder")
+    p.add_argument("src_dir")
+    p.add_argument("dst_dir")
+    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="bf16")
+
+    p = sub.add_parser("generate", help="generate text from a prompt")
+    p.add_argument("model_dir")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt")
+    src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    p.add_argument("--system", help="system prompt (with --chat)")
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
+    p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
+    p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
+    p.add_argument("--json", action="store_true", help="print one JSON object: token_ids, text, telemetry")
+
+    p = sub.add_parser("download", help="download a model from the Hugging Face hub")
+    p.add_argument("repo_id")
+    p.add_argument("--revision")
+    p.add_argument("--dir", dest="dst_dir")
+
+    p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming")
+    p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
+    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="fp8")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--vram-budget")
+    p.add_argument("--ram-cache")
+    p.add_argument("--prompt-tokens", type=int, default=2048)
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--baseline", choices=["accelerate"])
+    p.add_argument("--json", action="store_true")
+
+    sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
+    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (not available yet)")
+    p.add_argument("model_dir")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.command != "bench":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.extra = extra     # bench-only options the bench module parses itself
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return _COMMANDS[args.command](args)
+    except SluiceError as exc:
+        print(f"sluice: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except BrokenPipeError:           # e.g. `sluice generate ... | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("sluice: interrupted.", file=sys.stderr)
+        return 130
+    except MemoryError:
+        print("sluice: ran out of memory; lower --ram-cache or --vram-budget, or close other programs.", file=sys.stderr)
+        return 1
+
+
+def _repack(args) -> int:
+    from tqdm import tqdm
+    from engine.format.repack import repack
+    bar = tqdm(total=1, unit="step", file=sys.stderr, desc="repack")
+
+    def progress(done, total, message):
+        bar.total = total
+        bar.n = done
+        bar.set_postfix_str(message)
+        bar.refresh()
+    try:
+        dst = repack(args.src_dir, args.dst_dir, quant=args.quant, progress=progress)
+    finally:
+        bar.close()
+    print(f"Repacked into {dst}", file=sys.stderr)
+    return 0
+
+
+def _generate(args) -> int:
+    import engine
+    from engine.params import GenerationParams
+    if args.prompt_ids is not None:
+        try:
+            prompt = [int(x) for x in args.prompt_ids.split(",") if x.strip()]
+        except ValueError:
+            raise SluiceError("--prompt-ids must be comma-separated integers, like 1,2,3.") from None
+    elif args.chat:
+        prompt = ([{"role": "system", "content": args.system}] if args.system else []) + \
+                 [{"role": "user", "content": args.prompt}]
+    else:
+        prompt = args.prompt
+    if args.max_new_tokens < 1:
+        raise SluiceError("--max-new-tokens must be at least 1.")
+    params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                              top_k=args.top_k, seed=args.seed, stop=args.stop)
+    eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
+                      dtype=args.dtype)
+    try:
+        token_ids, pieces = [], []
+        for event in eng.generate(prompt, params):
+            if event.token_id is not None and event.finish_reason not in ("eos",):
+                token_ids.append(event.token_id)
+            pieces.append(event.text)
+            if not args.json and event.text:
+                sys.stdout.write(event.text)
+                sys.stdout.flush()
+        if args.json:
+            tel = eng.telemetry()
+            print(json.dumps({"token_ids": token_ids, "text": "".join(pieces), "telemetry": tel}, ensure_ascii=False))
+        else:
+            tel = eng.telemetry()["speed"]
+            sys.stdout.write("\n")
+            print(f"[{len(token_ids)} tokens, prefill {tel['prefill_tok_s']:.1f} tok/s, decode {tel['decode_tok_s']:.1f} tok/s, "
+                  f"TTFT {tel['ttft_s']:.3f} s]", file=sys.stderr)
+    finally:
+        eng.close()
+    return 0
+
+
+def _download(args) -> int:
+    try:
+        from engine.tools.cli_download import run
+    except ImportError:
+        raise SluiceError("Downloading is not available in this build of Sluice.") from None
+    return run(args)
+
+
+def _bench(args) -> int:
+    try:
+        from engine.tools.bench import run
+    except ImportError:
+        raise SluiceError("Benchmarks are not available in this build of Sluice.") from None
+    return run(args)
+
+
+def _install_launcher(args) -> int:
+    raise SluiceError("Run `sluice install-launcher` from an installed Sluice (it is handled by the desktop app).")
+
+
+def _serve(args) -> int:
+    raise SluiceError("The HTTP server is not available yet; use `sluice generate` or the desktop app.")
+
+
+_COMMANDS = {"repack": _repack, "generate": _generate, "download": _download, "bench": _bench,
+             "install-launcher": _install_launcher, "serve": _serve}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

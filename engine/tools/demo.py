@@ -1,0 +1,122 @@
+"""Small random-weight MoE models of real architectures, built with `transformers`.
+
+Used by the built-in demo (the app's first-run page: try the streaming machinery without a
+download; the model produces noise) and by the tests as the reference checkpoint.
+"""
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                 "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+_CORPUS_WORDS = ("the quick brown fox jumps over the lazy dog while experts stream from disk into memory "
+                 "a mixture of experts routes every token to a few experts per layer and the cache keeps "
+                 "hot experts close to the compute units so that decoding stays fast on ordinary computers "
+                 "hello world python code def return import class print for while if else true false none "
+                 "über café naïve straße日本語 中文 emoji 🙂 🚀 ✨ résumé façade").split()
+COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=512, tie_word_embeddings=False, eos_token_id=None, bos_token_id=None,
+              pad_token_id=None, rms_norm_eps=1e-6)
+FAMILY_KWARGS = {
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "olmoe": dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=64, qkv_bias=True),
+}
+
+
+def train_tiny_tokenizer(dst_dir: str | Path):
+    """A byte-level BPE trained offline, with a ChatML template; saved into dst_dir."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    lines = [" ".join(_CORPUS_WORDS[i:] + _CORPUS_WORDS[:i]) for i in range(len(_CORPUS_WORDS))]
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(lines, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   bos_token=None, unk_token=None, chat_template=CHAT_TEMPLATE)
+    fast.save_pretrained(str(dst_dir))
+    return fast
+
+
+def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: int = 3,
+                   weight_std: float = 0.25, dtype: str = "bfloat16", with_tokenizer: bool = True,
+                   **overrides) -> Path:
+    """Build a random-weight `family` model and save it as a Hugging Face snapshot in dst_dir.
+
+    Weights are drawn with std `weight_std` (larger than the default 0.02) so that top-1 logits are
+    well separated and greedy comparisons with the reference are not decided by rounding noise.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dst = Path(dst_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    vocab_size = 512
+    if with_tokenizer:
+        vocab_size = len(train_tiny_tokenizer(dst))
+    kwargs = {**COMMON, **FAMILY_KWARGS[family], "num_hidden_layers": num_layers, "vocab_size": vocab_size, **overrides}
+    config = AutoConfig.for_model(family, **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+            else:
+                fan_in = param.shape[-1]
+                param.copy_(torch.randn_like(param) * weight_std * (64 / fan_in) ** 0.5)
+    model.to(getattr(torch, dtype)).save_pretrained(str(dst))
+    return dst
+
+
+DEMO_NAME = "Sluice demo (random weights, produces noise)"
+
+
+def build_demo_model(dst_dir: str | Path, progress=None) -> Path:
+    """Build the demo model (a tiny random qwen3_moe) and repack it into the Sluice model dir dst_dir."""
+    from engine.format.repack import repack
+
+    dst = Path(dst_dir)
+    with tempfile.TemporaryDirectory(prefix="sluice-demo-") as tmp:
+        if progress:
+            progress(0, 1, "Building a small random-weight model")
+        build_hf_model("qwen3_moe", tmp, num_layers=4, num_experts=16, num_experts_per_tok=4)
+        _mute_unprintable_tokens(Path(tmp))
+        repack(tmp, dst, quant="bf16", progress=progress, display_name=DEMO_NAME)
+    return dst
+
+
+def _mute_unprintable_tokens(model_dir: Path) -> None:
+    """Zero the output rows of tokens that are half a character or a control byte on their own.
+
+    Noise is what the demo promises, but noise made of '\ufffd' looks like a bug; with a zero row
+    such a token's logit is 0 while the printable tokens' top logits are several units above it.
+    """
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    path = model_dir / "model.safetensors"
+    tensors = load_file(str(path))
+    head = tensors["lm_head.weight"]
+    for token_id in range(min(len(tok), head.shape[0])):
+        text = tok.decode([token_id])
+        if "\ufffd" in text or not (text.isprintable() or text == "\n") or token_id in tok.all_special_ids:
+            head[token_id] = 0
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def remove_tree(path: str | Path) -> None:
+    shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,159 @@
+"""Benchmark models: real architectures' dimensions with random weights (nothing can be downloaded).
+
+Two ways to make one:
+  * `write_sluice_dir`: dense.safetensors and experts.bin written directly (random valid blocks in
+    the quant format; a few distinct blocks reused across (layer, expert), which changes nothing for
+    reads that bypass the page cache but saves minutes of checksumming 30 GB).
+  * `write_hf_checkpoint` + engine.format.repack: a Hugging Face snapshot in the Hub layout (bf16), which
+    the product's repack path converts, and which the transformers/accelerate baseline loads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import zlib
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from engine.format.layout import block_layout
+from engine.format.modeldir import DENSE_FILE, EXPERTS_FILE, MANIFEST, build_manifest
+from engine.model.spec import read_spec
+
+PRESETS = {
+    # allenai/OLMoE-1B-7B-0924 config.json
+    "olmoe-1b-7b": dict(model_type="olmoe", vocab_size=50304, hidden_size=2048, intermediate_size=1024,
+                        num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16, num_experts=64,
+                        num_experts_per_tok=8, max_position_embeddings=4096, rope_theta=10000.0,
+                        rms_norm_eps=1e-5, norm_topk_prob=False, tie_word_embeddings=False),
+    # Qwen/Qwen3-30B-A3B config.json
+    "qwen3-30b-a3b": dict(model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144,
+                          moe_intermediate_size=768, num_hidden_layers=48, num_attention_heads=32,
+                          num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+                          max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                          norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False),
+}
+NUM_DISTINCT_BLOCKS = 16
+
+
+def preset_config(name: str) -> dict:
+    from transformers import AutoConfig
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    kw = dict(PRESETS[name])
+    config = AutoConfig.for_model(kw.pop("model_type"), **kw).to_dict()
+    config.pop("transformers_version", None)
+    return config
+
+
+def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Non-expert tensor names and shapes of the HF model (built on the meta device: no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    cfg = AutoConfig.for_model(config["model_type"], **fields)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    return {n: tuple(p.shape) for n, p in model.named_parameters() if ".experts." not in n}
+
+
+def _random_dense(shapes: dict, device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random dense weights that route like a trained model: token embeddings of unit size dominate
+    the residual stream, so each token picks its own experts (with 0.02-std embeddings, near-uniform
+    random attention adds the same vector to every token and all tokens collapse onto a few experts,
+    which would make any expert cache look perfect)."""
+    out = {}
+    for name, shape in shapes.items():
+        if len(shape) == 1:                                                  # norms
+            t = 1.0 + 0.1 * torch.randn(shape, device=device, generator=generator)
+        elif name.endswith("embed_tokens.weight"):
+            t = torch.randn(shape, device=device, generator=generator)
+        else:
+            t = torch.randn(shape, device=device, generator=generator) * shape[-1] ** -0.5
+        out[name] = t.to(torch.bfloat16).cpu()
+    return out
+
+
+def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: int = 0, progress=print) -> Path:
+    """A complete Sluice model dir for `preset`, written directly (no bf16 source)."""
+    from kernels.formats import random_bank
+    dst = Path(dst)
+    if (dst / MANIFEST).is_file():
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    config = preset_config(preset)
+    spec = read_spec(config)
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
+    gen_dev = torch.Generator(device=device).manual_seed(seed)
+    dense = _random_dense(_dense_shapes(config), device, gen_dev)
+    save_file(dense, str(dst / DENSE_FILE), metadata={"format": "pt"})
+    progress(f"{preset}: dense weights written ({sum(t.numel() * 2 for t in dense.values()) / 1e9:.2f} GB)")
+
+    offsets = {f.name: f.offset for f in layout.fields}
+    blocks = random_bank(NUM_DISTINCT_BLOCKS, layout.block_bytes, quant, offsets, layout.intermediate,
+                         layout.hidden, generator=torch.Generator().manual_seed(seed)).numpy()
+    crcs = [zlib.crc32(b) for b in blocks]
+    rng = torch.Generator().manual_seed(seed + 1)
+    checksums = {}
+    with open(dst / EXPERTS_FILE, "wb") as f:
+        for layer in spec.moe_layers:
+            choice = torch.randint(0, NUM_DISTINCT_BLOCKS, (spec.num_experts,), generator=rng).tolist()
+            f.write(b"".join(blocks[c].tobytes() for c in choice))
+            checksums[layer] = [crcs[c] for c in choice]
+        f.flush()
+        os.fsync(f.fileno())
+    progress(f"{preset}: experts written ({(dst / EXPERTS_FILE).stat().st_size / 1e9:.2f} GB, {quant})")
+    manifest = build_manifest(name=f"{preset} (random, {quant})", spec=spec, config=config, quant=quant, layout=layout,
+                              layer_checksums=checksums,
+                              dense_tensors={n: {"shape": list(t.shape)} for n, t in dense.items()},
+                              tokenizer_files=[], source={"preset": preset, "seed": seed})
+    (dst / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return dst
+
+
+def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, shard_bytes: int = 4 << 30,
+                        progress=print) -> Path:
+    """A Hugging Face snapshot of `preset` (bf16, Hub layout: one tensor per expert projection)."""
+    dst = Path(dst)
+    if (dst / "model.safetensors.index.json").is_file():
+        return dst
+    dst.mkdir(parents=True, exist_ok=True)
+    config = preset_config(preset)
+    spec = read_spec(config)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weight_map, shard, shard_size, shard_index = {}, {}, 0, 0
+
+    def flush():
+        nonlocal shard, shard_size, shard_index
+        if shard:
+            name = f"model-{shard_index:05d}.safetensors"
+            save_file(shard, str(dst / name), metadata={"format": "pt"})
+            weight_map.update({k: name for k in shard})
+            shard, shard_size, shard_index = {}, 0, shard_index + 1
+
+    def add(name, tensor):
+        nonlocal shard_size
+        shard[name] = tensor
+        shard_size += tensor.numel() * tensor.element_size()
+        if shard_size >= shard_bytes:
+            flush()
+
+    for name, tensor in _random_dense(_dense_shapes(config), device, gen).items():
+        add(name, tensor)
+    shapes = {"gate": (spec.expert_intermediate, spec.hidden_size), "up": (spec.expert_intermediate, spec.hidden_size),
+              "down": (spec.hidden_size, spec.expert_intermediate)}
+    for layer in spec.moe_layers:
+        for expert in range(spec.num_experts):
+            for proj, shape in shapes.items():
+                w = torch.randn(shape, device=device, generator=gen) * shape[1] ** -0.5
+                add(spec.expert_tensor_name(layer, expert, proj), w.to(torch.bfloat16).cpu())
+        if layer % 8 == 7:
+            progress(f"{preset}: HF checkpoint, layer {layer} written")
+    flush()
+    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (dst / "config.json").write_text(json.dumps({**config, "architectures": [_architecture(config)]}, indent=1))
+    return dst
+
+
+def _architecture(config: dict) -> str:
+    return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[config["model_type"]]
