@@ -21,11 +21,9 @@ from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
+from engine.runtime.budget import MAX_CONTEXT_TOKENS
 from engine.runtime.runner import Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
-
-MAX_CONTEXT_TOKENS = 8192
-
 
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
