@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import threading
 
+from engine.runtime.memory import process_rss_bytes
+
 COUNTERS = frozenset({
     "prompt_tokens", "generated_tokens", "decode_tok_s", "prefill_tok_s", "ttft_s", "decode_thread_core",
     "ram_capacity_bytes", "ram_used_bytes", "ram_hits", "ram_misses", "ram_evictions",
@@ -62,6 +64,7 @@ class Telemetry:
         self._values: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
         self._values["decode_thread_core"] = -1
         self._slot_source = None      # callable -> list of slot dicts
+        self._driver_vram = None      # callable -> bytes the GPU driver shows for this process, or None
         self.warnings: list[str] = []
         self.info: dict = {}
 
@@ -88,11 +91,16 @@ class Telemetry:
     def attach_slots(self, source) -> None:
         self._slot_source = source
 
+    def attach_driver_vram(self, source) -> None:
+        self._driver_vram = source
+
     def snapshot(self) -> dict:
         with self._lock:
             v = dict(self._values)
             warnings = list(self.warnings)
         slots = self._slot_source() if self._slot_source else []
+        driver = self._driver_vram() if self._driver_vram else None
+        rss = process_rss_bytes()
         i = lambda key: int(v[key])                                # noqa: E731
         gbps = lambda num, secs: ratio(v[num], v[secs]) / 1e9       # noqa: E731
         ram = {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"),
@@ -100,7 +108,8 @@ class Telemetry:
         vram = {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
                 "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
                 "graph_bytes": i("vram_graph_bytes"), "kv_tokens": i("kv_tokens"),
-                "hits": i("vram_hits"), "misses": i("vram_misses"), "slots": slots}
+                "hits": i("vram_hits"), "misses": i("vram_misses"), "slots": slots,
+                "driver_bytes": driver or 0}
         return {
             "tokens": {"prompt": i("prompt_tokens"), "generated": i("generated_tokens")},
             "speed": {"decode_tok_s": v["decode_tok_s"], "prefill_tok_s": v["prefill_tok_s"], "ttft_s": v["ttft_s"]},
@@ -114,6 +123,8 @@ class Telemetry:
             "speculation": {"predicted": i("spec_predicted"), "correct": i("spec_correct"),
                             "recall": ratio(v["spec_correct"], v["spec_predicted"])},
             "prefetch": {"issued": i("prefetch_issued"), "used": i("prefetch_used")},
+            # RSS counts the RAM cache's touched pages; the rest is what the process needs besides it
+            "process": {"rss_bytes": rss, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0)},
             "device": self.info.get("device", "cpu"),
             "decode_thread_core": v["decode_thread_core"],
             "warnings": warnings,

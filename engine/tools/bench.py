@@ -93,6 +93,9 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     max_tokens = args.prompt_tokens + args.new_tokens
     from engine import GenerationParams
     from engine.engine import Engine
+    if is_cuda:
+        import torch
+        torch.cuda.empty_cache()      # the probes' buffers: the driver-view VRAM below is the engine's own
     if opts.eager:
         os.environ["SLUICE_EAGER"] = "1"
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
@@ -152,6 +155,9 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "decode_efficiency": roofline_s / measured_s,
         "vram_peak_bytes": end["vram"]["peak_bytes"],
         "vram_peak_within_budget": end["vram"]["peak_bytes"] <= plan.vram_budget_bytes,
+        "vram_driver_bytes": max(end["vram"]["driver_bytes"], before["vram"]["driver_bytes"]),
+        "process_rss_bytes": max(end["process"]["rss_bytes"], before["process"]["rss_bytes"]),
+        "process_non_cache_bytes": max(end["process"]["non_cache_bytes"], before["process"]["non_cache_bytes"]),
         "warnings": end["warnings"],
     }
 
@@ -198,7 +204,10 @@ def report(r: dict) -> str:
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
         f"VRAM peak    {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget "
-        f"({'within' if r['vram_peak_within_budget'] else 'OVER'})",
+        f"({'within' if r['vram_peak_within_budget'] else 'OVER'}); the driver shows "
+        f"{format_size(r['vram_driver_bytes']) if r['vram_driver_bytes'] else 'n/a (no NVML)'} for the process",
+        f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
+        f"{format_size(r['process_non_cache_bytes'])}",
     ]
     if "baseline" in r:
         b = r["baseline"]

@@ -66,3 +66,12 @@ def test_decode_step_continues_what_prefill_computed(sluice_models, family):
     torch.testing.assert_close(stepped, whole, rtol=1e-4, atol=1e-4)
     # a MoE layer's ids: its top-k, then the next MoE layer's own router's guess on the same input
     assert routed_and_guessed.numel() == 2 * eng.spec.top_k
+
+
+def test_the_snapshot_says_what_the_process_holds_besides_the_cache():
+    t = Telemetry()
+    t.set(ram_used_bytes=1 << 20)
+    process = t.snapshot()["process"]
+    assert process["rss_bytes"] > 50 << 20                           # this test process: torch is loaded
+    assert process["non_cache_bytes"] == process["rss_bytes"] - (1 << 20)
+    assert t.snapshot()["vram"]["driver_bytes"] == 0                 # no GPU driver attached
