@@ -22,6 +22,7 @@ from engine.errors import SluiceError
 from engine.plan.hardware import available_memory
 from engine.model.layers import KVCache
 from engine.model.decoder import MoeDecoder, decoded_expert_bytes
+from engine.model.hybrid import HybridDecoder, HybridState
 from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import sample
 from engine.runtime.scheduler import ExpertScheduler
@@ -65,6 +66,8 @@ class Engine:
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         elem = torch.empty((), dtype=dtype).element_size()
         kv_bytes = 2 * spec.num_layers * self.max_context * spec.num_kv_heads * spec.head_dim * elem
+        if spec.hybrid:
+            kv_bytes = HybridState.bytes_needed(spec, self.max_context, elem)
         available = available_memory()
         self.plan = plan_budgets(
             block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
@@ -80,12 +83,14 @@ class Engine:
         self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, t, allocate=anonymous_buffer)
         self.slots = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, device, t)
         self.scheduler = ExpertScheduler(self.store, self.cache, self.slots, t)
-        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, self.max_context, dtype, device)
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, self.max_context, dtype, device) \
+            if not spec.hybrid else HybridState(spec, self.max_context, dtype, device)
         device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
         t.set(vram_used_bytes=device_bytes)
         t.set_max(vram_peak_bytes=device_bytes)
         inv_freq, scaling = rope_inv_freq(model.manifest["config"], spec)
-        self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(device), scaling, dtype)
+        self.decoder = (HybridDecoder if spec.hybrid else MoeDecoder)(spec, weights, layout, inv_freq.to(device),
+                                                                      scaling, dtype)
 
     def _init_cuda(self, model, device, dtype, vram_budget, ram_cache) -> None:
         """The CUDA path (engine.gpu): pinned RAM cache of exact size, overlapped streaming into two

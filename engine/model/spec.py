@@ -14,10 +14,12 @@ from pathlib import Path
 import torch
 
 from engine.errors import SluiceError
+from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
 
-SUPPORTED_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+SUPPORTED_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_next", "qwen3_5_moe")
 _EXPERT_PREFIX = {"mixtral": "block_sparse_moe"}                  # checkpoint module name of the MoE block
 _EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}
+_TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,7 @@ class ModelSpec:
     max_position_embeddings: int
     rope_type: str
     rope_theta: float
+    hybrid: HybridDims | None = None     # Gated-DeltaNet hybrids (Qwen3-Next, Qwen3.5-MoE)
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -53,17 +56,26 @@ class ModelSpec:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         block = _EXPERT_PREFIX.get(self.family, "mlp")
         name = _EXPERT_PROJ.get(self.family, {}).get(proj, f"{proj}_proj")
-        return f"model.layers.{layer}.{block}.experts.{expert}.{name}.weight"
+        return f"{_TEXT_PREFIX.get(self.family, 'model.')}layers.{layer}.{block}.experts.{expert}.{name}.weight"
 
     def fused_expert_names(self, layer: int) -> tuple[str, str]:
         """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
-        return (f"model.layers.{layer}.mlp.experts.gate_up_proj", f"model.layers.{layer}.mlp.experts.down_proj")
+        p = f"{_TEXT_PREFIX.get(self.family, 'model.')}layers.{layer}.mlp.experts."
+        return p + "gate_up_proj", p + "down_proj"
 
 
 def canonical_dense_name(family: str, name: str) -> str:
-    """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`)."""
+    """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`,
+    Qwen3.5's `model.language_model.` -> `model.`)."""
     prefix = _EXPERT_PREFIX.get(family)
+    if family in _TEXT_PREFIX and name.startswith(_TEXT_PREFIX[family]):
+        name = "model." + name[len(_TEXT_PREFIX[family]):]
     return name.replace(f".{prefix}.", ".mlp.") if prefix else name
+
+
+def is_text_model_tensor(family: str, name: str) -> bool:
+    """False for the parts Sluice does not run: a vision tower, multi-token-prediction heads."""
+    return not name.startswith(("model.visual.", "mtp.", "model.mtp."))
 
 
 def load_config_dict(path: str | Path) -> dict:
@@ -96,16 +108,18 @@ def read_spec(config: dict | str | Path) -> ModelSpec:
         config = load_config_dict(config)
     cfg = hf_config(config)
     family = cfg.model_type
+    if family == "qwen3_5_moe":
+        cfg = cfg.text_config            # the text model only; a vision tower is skipped at repack
     num_layers = cfg.num_hidden_layers
     num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
-    if family in ("qwen3_moe", "qwen2_moe"):
+    if family in ("qwen3_moe", "qwen2_moe", "qwen3_next"):
         mlp_only = set(cfg.mlp_only_layers or [])
         moe_layers = tuple(i for i in range(num_layers)
                            if i not in mlp_only and num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0)
         expert_intermediate = cfg.moe_intermediate_size
     else:
         moe_layers = tuple(range(num_layers))
-        expert_intermediate = cfg.intermediate_size
+        expert_intermediate = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     return ModelSpec(
@@ -113,16 +127,18 @@ def read_spec(config: dict | str | Path) -> ModelSpec:
         num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
         head_dim=head_dim, rms_eps=cfg.rms_norm_eps, num_experts=num_experts, top_k=cfg.num_experts_per_tok,
         expert_intermediate=expert_intermediate,
-        norm_topk_prob=True if family == "mixtral" else bool(cfg.norm_topk_prob),
-        moe_layers=moe_layers, dense_intermediate=cfg.intermediate_size,
-        shared_expert_intermediate=getattr(cfg, "shared_expert_intermediate_size", 0) if family == "qwen2_moe" else 0,
-        qk_norm={"qwen3_moe": "head", "olmoe": "full"}.get(family, "none"),
+        norm_topk_prob=True if family in ("mixtral", "qwen3_5_moe") else bool(cfg.norm_topk_prob),
+        moe_layers=moe_layers, dense_intermediate=getattr(cfg, "intermediate_size", 0),
+        shared_expert_intermediate=getattr(cfg, "shared_expert_intermediate_size", 0)
+        if family in ("qwen2_moe", "qwen3_next", "qwen3_5_moe") else 0,
+        qk_norm={"qwen3_moe": "head", "olmoe": "full", "qwen3_next": "head", "qwen3_5_moe": "head"}.get(family, "none"),
         clip_qkv=getattr(cfg, "clip_qkv", None) if family == "olmoe" else None,
         sliding_windows=_sliding_windows(cfg, family, num_layers),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         eos_token_ids=_as_ids(getattr(cfg, "eos_token_id", None)),
         max_position_embeddings=cfg.max_position_embeddings,
         rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)),
+        hybrid=read_hybrid_dims(cfg) if family in ("qwen3_next", "qwen3_5_moe") else None,
     )
 
 
@@ -143,12 +159,12 @@ def _as_ids(value) -> tuple[int, ...]:
 
 
 def rope_inv_freq(config: dict, spec: ModelSpec) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim/2] and attention scaling, exactly as the reference computes them."""
+    """Inverse frequencies [rotary_dim/2] and attention scaling, exactly as the reference computes them."""
     if spec.rope_type == "default":
-        dim = spec.head_dim
+        dim = spec.hybrid.rotary_dim if spec.hybrid else spec.head_dim
         return 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if spec.rope_type not in ROPE_INIT_FUNCTIONS or spec.rope_type in ("dynamic", "longrope"):
         raise SluiceError(f"RoPE type '{spec.rope_type}' is not supported yet; Sluice supports default, linear, yarn and llama3.")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](hf_config(config), "cpu")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](hf_config(config).get_text_config(), "cpu")
     return inv_freq.float(), float(scaling)
