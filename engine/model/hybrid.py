@@ -51,9 +51,11 @@ class HybridState:
     """Per conversation: a KV cache for the full-attention layers, conv + recurrent state for the
     DeltaNet layers (fixed size, updated in place; zeroed when a new prompt starts)."""
 
-    def __init__(self, spec: ModelSpec, max_tokens: int, dtype: torch.dtype, device: torch.device):
+    def __init__(self, spec: ModelSpec, max_tokens: int, dtype: torch.dtype, device: torch.device,
+                 initial_tokens: int = 256):
         dims = spec.hybrid
-        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_tokens, dtype, device)
+        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_tokens, dtype, device, initial_tokens)
+        self.k, self.v, self.max_tokens = self.kv.k, self.kv.v, max_tokens      # the decode step writes KV directly
         self.conv = {layer: torch.zeros(dims.conv_channels, dims.conv_kernel - 1, dtype=dtype, device=device)
                      for layer in range(spec.num_layers) if dims.is_linear(layer)}
         self.recurrent = {layer: torch.zeros(dims.num_v_heads, dims.k_head_dim, dims.v_head_dim, device=device)

@@ -21,6 +21,7 @@ from engine.runtime.cache import RamCache
 from engine.model.layers import KVCache
 from engine.format.modeldir import DENSE_FILE, open_model_dir
 from engine.model.decoder import MoeDecoder
+from engine.model.hybrid import HybridDecoder, HybridState
 from engine.runtime.scheduler import ExpertScheduler
 from engine.sizes import parse_size
 from engine.runtime.slots import SlotBanks
@@ -28,6 +29,7 @@ from engine.model.spec import rope_inv_freq
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
 from engine.runtime.decode_step import DenseDecode
+from engine.runtime.hybrid_decode_step import HybridDenseDecode
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.streaming import StreamingMoe
 
@@ -74,6 +76,8 @@ class CudaModel:
         del dense
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
         kv_bytes = 2 * spec.num_layers * max_tokens * spec.num_kv_heads * spec.head_dim * dtype_bytes
+        if spec.hybrid:
+            kv_bytes = HybridState.bytes_needed(spec, max_tokens, dtype_bytes)
         work = workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes, self.device.type)
         budgets = dict(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
                        num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
@@ -81,17 +85,20 @@ class CudaModel:
                        default_vram=default_vram, default_ram=default_ram)
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
         inv_freq, scaling = rope_inv_freq(self.model_dir.manifest["config"], spec)
-        self.decoder = MoeDecoder(spec, weights, layout, inv_freq.to(self.device), scaling, dtype, cache_decoded=False)
+        self.decoder = (HybridDecoder if spec.hybrid else MoeDecoder)(spec, weights, layout, inv_freq.to(self.device),
+                                                                      scaling, dtype, cache_decoded=False)
         offsets = {f.name: f.offset for f in layout.fields}
         self.kernel_verdict = None
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before KV and slots exist.
         kernel = self._choose_kernel(layout, offsets, use_kernels)
         self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, max_tokens, dtype, self.device,
-                          initial_tokens=max_tokens)
+                          initial_tokens=max_tokens) if not spec.hybrid else \
+            HybridState(spec, max_tokens, dtype, self.device, initial_tokens=max_tokens)
         for store in (self.kv.k, self.kv.v):
             for t in store:
                 t.zero_()
-        self.dense_decode = DenseDecode(self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
+        self.dense_decode = (HybridDenseDecode if spec.hybrid else DenseDecode)(
+            self.decoder, self.kv, self.device, num_predicted or spec.top_k, use_graphs)
         graph_bytes = 0
         if is_cuda:
             # Capture the decode graphs now, before the slot banks exist, and charge what they really
@@ -147,6 +154,7 @@ class CudaModel:
         if len(prompt_ids) + max_new_tokens > self.kv.max_tokens:
             raise ValueError(f"prompt + new tokens ({len(prompt_ids) + max_new_tokens}) exceed the KV cache "
                              f"({self.kv.max_tokens} tokens)")
+        self.kv.reset()                    # a new conversation (zeroes fixed DeltaNet states)
         self.begin_prefill()
         self._sync()
         start = time.perf_counter()

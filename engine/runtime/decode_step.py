@@ -72,8 +72,7 @@ class DenseDecode:
         p = f"model.layers.{layer}."
         cos, sin = rope_cos_sin(self.position, self.model.inv_freq, self.model.rope_scaling, self.model.dtype)
         x = F.embedding(self.token_in, w["model.embed_tokens.weight"]) if layer == 0 else self._residual(layer - 1)
-        x_attn = x + self._attention(layer, p, rms_norm(x, w[p + "input_layernorm.weight"], spec.rms_eps), cos, sin)
-        h = rms_norm(x_attn, w[p + "post_attention_layernorm.weight"], spec.rms_eps)
+        x_attn, h = self._mix(layer, p, x, cos, sin)
         if not spec.is_moe_layer(layer):
             o.x_attn = x_attn + self.model._dense_mlp(p + "mlp.", h)
             return
@@ -88,6 +87,12 @@ class DenseDecode:
             sp = p + "mlp.shared_expert."
             shared = swiglu_mlp(h, w[sp + "gate_proj.weight"], w[sp + "up_proj.weight"], w[sp + "down_proj.weight"])
             o.shared = F.sigmoid(linear(h, w[p + "mlp.shared_expert_gate.weight"])) * shared
+
+    def _mix(self, layer, p, x, cos, sin) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token mixer with its residual, and the MoE/MLP input h = post-norm of that."""
+        w, eps = self.model.w, self.spec.rms_eps
+        x_attn = x + self._attention(layer, p, rms_norm(x, w[p + "input_layernorm.weight"], eps), cos, sin)
+        return x_attn, rms_norm(x_attn, w[p + "post_attention_layernorm.weight"], eps)
 
     def _attention(self, layer, p, x, cos, sin) -> torch.Tensor:
         s, w, a = self.spec, self.model.w, p + "self_attn."
@@ -111,9 +116,12 @@ class DenseDecode:
 
     def _head(self) -> None:
         w = self.model.w
-        x = rms_norm(self._residual(self.spec.num_layers - 1), w["model.norm.weight"], self.spec.rms_eps)
+        x = self._final_norm(self._residual(self.spec.num_layers - 1), w["model.norm.weight"])
         self.logits = linear(x, self.model.lm_head)[0].float()
         self.token_out = torch.argmax(self.logits)
+
+    def _final_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return rms_norm(x, weight, self.spec.rms_eps)
 
     # ---------------------------------------------------------------- driving
     def _pieces(self) -> list:
