@@ -12,25 +12,16 @@ from pathlib import Path
 from typing import Iterator
 
 import torch
-from safetensors import safe_open
 
 from engine.format import modeldir
-from engine.runtime.budget import plan_budgets
-from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
 from engine.plan.hardware import available_memory
-from engine.model.layers import KVCache
-from engine.model.decoder import MoeDecoder, decoded_expert_bytes
-from engine.model.hybrid import HybridDecoder, HybridState
 from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import sample
-from engine.runtime.scheduler import ExpertScheduler
 from engine.sizes import parse_size
-from engine.runtime.slots import SlotBanks
 from engine.format.resolve import resolve_model_dir
-from engine.model.spec import rope_inv_freq
-from engine.runtime.store import ExpertStore
+from engine.runtime.runner import Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
 MAX_CONTEXT_TOKENS = 8192
@@ -38,75 +29,26 @@ MAX_CONTEXT_TOKENS = 8192
 
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
-                 vram_budget: int | None, ram_cache: int | None, progress=None):
+                 vram_budget: int | None, ram_cache: int | None, progress=None, max_context: int | None = None):
         self.model, self.spec, self.device, self.dtype = model, model.spec, device, dtype
         self.telemetry_source = Telemetry()
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
-        spec = self.spec
-        self.max_context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
-        self.gpu = None
-        if device.type == "cuda":
-            self._init_cuda(model, device, dtype, vram_budget, ram_cache)
-        else:
-            self._init_cpu(model, device, dtype, vram_budget, ram_cache, progress)
-        self.tokenizer = self._load_tokenizer()
-        self.eos_token_ids = set(spec.eos_token_ids) | self._generation_config_eos()
-
-    def _init_cpu(self, model, device, dtype, vram_budget, ram_cache, progress) -> None:
-        """The CPU device: same store, cache, slots and scheduler; torch reference math."""
-        spec, layout = self.spec, model.layout
-        with safe_open(str(model.path / modeldir.DENSE_FILE), framework="pt") as f:
-            names = list(f.keys())
-            weights = {}
-            for i, name in enumerate(names):
-                weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
-                if progress and i % 32 == 0:
-                    progress(i, len(names), "loading dense weights")
-        dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-        elem = torch.empty((), dtype=dtype).element_size()
-        kv_bytes = 2 * spec.num_layers * self.max_context * spec.num_kv_heads * spec.head_dim * elem
-        if spec.hybrid:
-            kv_bytes = HybridState.bytes_needed(spec, self.max_context, elem)
+        self.max_context = max_context or min(self.spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
         available = available_memory()
-        self.plan = plan_budgets(
-            block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
-            num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes, workspace_bytes=0,
-            vram_budget=vram_budget, ram_cache=ram_cache,
-            default_vram=available // 4, default_ram=available // 2,
-            device_slot_bytes=layout.block_bytes + decoded_expert_bytes(layout, dtype))
-
-        t = self.telemetry_source
-        t.info.update(device=str(device))
-        t.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes)
-        self.store = ExpertStore(model, t)
-        self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, t, allocate=anonymous_buffer)
-        self.slots = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, device, t)
-        self.scheduler = ExpertScheduler(self.store, self.cache, self.slots, t)
-        self.kv = KVCache(spec.num_layers, spec.num_kv_heads, spec.head_dim, self.max_context, dtype, device) \
-            if not spec.hybrid else HybridState(spec, self.max_context, dtype, device)
-        device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
-        t.set(vram_used_bytes=device_bytes)
-        t.set_max(vram_peak_bytes=device_bytes)
-        inv_freq, scaling = rope_inv_freq(model.manifest["config"], spec)
-        self.decoder = (HybridDecoder if spec.hybrid else MoeDecoder)(spec, weights, layout, inv_freq.to(device),
-                                                                      scaling, dtype)
-
-    def _init_cuda(self, model, device, dtype, vram_budget, ram_cache) -> None:
-        """The CUDA path (engine.gpu): pinned RAM cache of exact size, overlapped streaming into two
-        slot banks with speculative prefetch, self-checked Triton kernels, CUDA-graph decode."""
-        from engine.runtime.cuda_model import CudaModel
-        available = available_memory()
+        is_cuda = device.type == "cuda"
         eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
-        gpu = CudaModel(model.path, device=device, vram_budget=vram_budget, ram_cache=ram_cache, dtype=dtype,
-                        max_tokens=self.max_context, telemetry=self.telemetry_source,
-                        use_graphs=not eager, use_kernels=not eager,
-                        default_vram=torch.cuda.mem_get_info(device)[0] * 9 // 10, default_ram=available // 2)
-        self.gpu, self.plan, self.decoder, self.kv = gpu, gpu.plan, gpu.decoder, gpu.kv
-        self.store, self.cache, self.slots, self.scheduler = gpu.store, gpu.cache, gpu.banks, gpu.scheduler
+        self.runner = Runner(model, device, dtype, self.telemetry_source, vram_budget=vram_budget, ram_cache=ram_cache,
+                             max_tokens=self.max_context, use_graphs=not eager, use_kernels=not eager,
+                             default_vram=torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4,
+                             default_ram=available // 2, progress=progress)
+        self.plan = self.runner.plan
+        self.tokenizer = self._load_tokenizer()
+        self.eos_token_ids = set(self.spec.eos_token_ids) | self._generation_config_eos()
 
     @classmethod
-    def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None) -> "Engine":
+    def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
+             max_context: int | None = None) -> "Engine":
         dev = _pick_device(device)
         path = resolve_model_dir(Path(model_dir).expanduser(), progress)
         model = modeldir.open_model_dir(path)
@@ -116,7 +58,7 @@ class Engine:
             compute = getattr(torch, str(dtype).removeprefix("torch."), None)
             if not isinstance(compute, torch.dtype) or not compute.is_floating_point:
                 raise SluiceError(f"Unknown compute dtype '{dtype}': use float32, bfloat16 or float16.")
-        return cls(model, dev, compute, parse_size(vram_budget), parse_size(ram_cache), progress)
+        return cls(model, dev, compute, parse_size(vram_budget), parse_size(ram_cache), progress, max_context)
 
     @property
     def info(self) -> dict:
@@ -126,7 +68,7 @@ class Engine:
                 "dtype": str(self.dtype).removeprefix("torch."), "expert_bytes": self.model.layout.block_bytes,
                 "expert_bytes_total": self.model.expert_bytes_total, "slots_per_bank": self.plan.slots_per_bank,
                 "ram_cache_bytes": self.plan.ram_cache_bytes, "vram_budget_bytes": self.plan.vram_budget_bytes,
-                "direct_io": self.store.is_direct, "max_context": self.max_context,
+                "direct_io": self.runner.store.is_direct, "max_context": self.max_context,
                 "has_chat_template": bool(self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))}
 
     def _load_tokenizer(self):
@@ -186,10 +128,7 @@ class Engine:
         return snap
 
     def close(self) -> None:
-        if self.gpu is not None:
-            self.gpu.close()
-        else:
-            self.store.close()
+        self.runner.close()
 
     # ---- generation loop ---------------------------------------------------------------------------
     def _generate(self, prompt_ids: list[int], is_chat: bool, params: GenerationParams) -> Iterator[TokenEvent]:
@@ -203,13 +142,8 @@ class Engine:
         t.set(prompt_tokens=len(prompt_ids), generated_tokens=0, decode_tok_s=0.0, ttft_s=0.0)
 
         start = time.perf_counter()
-        self.kv.reset()
-        if self.gpu is not None:
-            self.gpu.begin_prefill()
-        self.scheduler.begin_pass()
         with torch.inference_mode():
-            logits = self.decoder.forward(torch.tensor(prompt_ids, device=self.device), 0, self.kv, self.scheduler)
-        self.scheduler.end_pass()
+            logits = self.runner.prefill(prompt_ids)
         prefill_s = time.perf_counter() - start
         t.set(prefill_tok_s=len(prompt_ids) / prefill_s, ttft_s=prefill_s, decode_thread_core=current_cpu())
 
@@ -225,7 +159,7 @@ class Engine:
                 t.set(decode_tok_s=(generated - 1) / (time.perf_counter() - decode_start))
             else:
                 decode_start = time.perf_counter()
-            if token in eos:
+            if token in eos and not params.ignore_eos:
                 yield TokenEvent(token, detok.flush() if detok else "", True, "eos")
                 return
             text = detok.push(token) if detok else ""
@@ -237,11 +171,7 @@ class Engine:
                 return
             yield TokenEvent(token, text)
             with torch.inference_mode():
-                if self.gpu is not None:
-                    logits = self.gpu.decode_step(token, position)
-                else:
-                    logits = self.decoder.forward(torch.tensor([token], device=self.device), position, self.kv,
-                                                  self.scheduler)
+                logits = self.runner.decode(token, position)
             position += 1
 
 

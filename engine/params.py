@@ -12,6 +12,7 @@ class GenerationParams:
     top_k: int = 0                # 0 -> off
     seed: int | None = None
     stop: list[str] = field(default_factory=list)   # stop strings (not included in the output)
+    ignore_eos: bool = False      # benchmarks: keep going past end-of-sequence tokens
 
 
 @dataclass

@@ -26,11 +26,6 @@ class HybridDims:
     def is_linear(self, layer: int) -> bool:
         return self.layer_types[layer] == LINEAR
 
-    def state_bytes_per_layer(self, dtype_bytes: int) -> int:
-        """Fixed-size state of one DeltaNet layer: conv window (compute dtype) + recurrent state (float32)."""
-        return (self.conv_channels * (self.conv_kernel - 1) * dtype_bytes
-                + self.num_v_heads * self.k_head_dim * self.v_head_dim * 4)
-
 
 def read_hybrid_dims(cfg) -> HybridDims:
     """cfg: the transformers text config (layer_types is filled from full_attention_interval when absent)."""

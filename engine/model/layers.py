@@ -72,33 +72,3 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.einsum("hts,shd->thd", probs, v).reshape(q.shape[0], num_q_heads * head_dim)
-
-
-class KVCache:
-    """Per-layer keys and values [capacity, Hkv, D], grown by doubling up to max_tokens."""
-
-    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, max_tokens: int,
-                 dtype: torch.dtype, device: torch.device, initial_tokens: int = 256):
-        self.max_tokens = max_tokens
-        self.length = 0
-        self._shape = (num_kv_heads, head_dim)
-        self._dtype, self._device = dtype, device
-        capacity = min(initial_tokens, max_tokens)
-        self.k = [torch.empty(capacity, *self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.v = [torch.empty(capacity, *self._shape, dtype=dtype, device=device) for _ in range(num_layers)]
-
-    def reset(self) -> None:
-        self.length = 0
-
-    def append(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v [T, Hkv, D] at positions start..start+T-1; return all keys/values so far."""
-        end = start + k.shape[0]
-        if end > self.k[layer].shape[0]:
-            capacity = min(max(end, 2 * self.k[layer].shape[0]), self.max_tokens)
-            for store in (self.k, self.v):
-                grown = torch.empty(capacity, *self._shape, dtype=self._dtype, device=self._device)
-                grown[:start] = store[layer][:start]
-                store[layer] = grown
-        self.k[layer][start:end] = k
-        self.v[layer][start:end] = v
-        return self.k[layer][:end], self.v[layer][:end]

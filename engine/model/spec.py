@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 from pathlib import Path
 
 import torch
 
 from engine.errors import SluiceError
-from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
 
-SUPPORTED_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_next", "qwen3_5_moe")
+from engine.model.families import FAMILIES, family_module
+
+SUPPORTED_FAMILIES = tuple(FAMILIES)
 _EXPERT_PREFIX = {"mixtral": "block_sparse_moe"}                  # checkpoint module name of the MoE block
 _EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}
 _TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
@@ -47,7 +49,7 @@ class ModelSpec:
     max_position_embeddings: int
     rope_type: str
     rope_theta: float
-    hybrid: HybridDims | None = None     # Gated-DeltaNet hybrids (Qwen3-Next, Qwen3.5-MoE)
+    cfg: Any = field(default=None, compare=False, repr=False)   # the transformers config: family quirks
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -107,64 +109,22 @@ def read_spec(config: dict | str | Path) -> ModelSpec:
     if not isinstance(config, dict):
         config = load_config_dict(config)
     cfg = hf_config(config)
-    family = cfg.model_type
-    if family == "qwen3_5_moe":
-        cfg = cfg.text_config            # the text model only; a vision tower is skipped at repack
-    num_layers = cfg.num_hidden_layers
-    num_experts = getattr(cfg, "num_local_experts", None) or getattr(cfg, "num_experts", None)
-    if family in ("qwen3_moe", "qwen2_moe", "qwen3_next"):
-        mlp_only = set(cfg.mlp_only_layers or [])
-        moe_layers = tuple(i for i in range(num_layers)
-                           if i not in mlp_only and num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0)
-        expert_intermediate = cfg.moe_intermediate_size
-    else:
-        moe_layers = tuple(range(num_layers))
-        expert_intermediate = getattr(cfg, "moe_intermediate_size", None) or cfg.intermediate_size
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    rope = dict(getattr(cfg, "rope_parameters", None) or {})
-    return ModelSpec(
-        family=family, num_layers=num_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
-        num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
-        head_dim=head_dim, rms_eps=cfg.rms_norm_eps, num_experts=num_experts, top_k=cfg.num_experts_per_tok,
-        expert_intermediate=expert_intermediate,
-        norm_topk_prob=True if family in ("mixtral", "qwen3_5_moe") else bool(cfg.norm_topk_prob),
-        moe_layers=moe_layers, dense_intermediate=getattr(cfg, "intermediate_size", 0),
-        shared_expert_intermediate=getattr(cfg, "shared_expert_intermediate_size", 0)
-        if family in ("qwen2_moe", "qwen3_next", "qwen3_5_moe") else 0,
-        qk_norm={"qwen3_moe": "head", "olmoe": "full", "qwen3_next": "head", "qwen3_5_moe": "head"}.get(family, "none"),
-        clip_qkv=getattr(cfg, "clip_qkv", None) if family == "olmoe" else None,
-        sliding_windows=_sliding_windows(cfg, family, num_layers),
-        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        eos_token_ids=_as_ids(getattr(cfg, "eos_token_id", None)),
-        max_position_embeddings=cfg.max_position_embeddings,
-        rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)),
-        hybrid=read_hybrid_dims(cfg) if family in ("qwen3_next", "qwen3_5_moe") else None,
-    )
+    return family_module(cfg.model_type).read_spec(cfg)
 
 
-def _sliding_windows(cfg, family: str, num_layers: int) -> tuple[int | None, ...]:
-    window = getattr(cfg, "sliding_window", None) or None
-    if family == "qwen2_moe":
-        types = getattr(cfg, "layer_types", None) or ["full_attention"] * num_layers
-        return tuple(window if t == "sliding_attention" else None for t in types)
-    if family == "olmoe":
-        return (None,) * num_layers
-    return (window,) * num_layers
-
-
-def _as_ids(value) -> tuple[int, ...]:
+def as_ids(value) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
 
 
-def rope_inv_freq(config: dict, spec: ModelSpec) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [rotary_dim/2] and attention scaling, exactly as the reference computes them."""
+def rope_inv_freq(spec: ModelSpec) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim/2] and attention scaling, exactly as the reference computes them."""
     if spec.rope_type == "default":
-        dim = spec.hybrid.rotary_dim if spec.hybrid else spec.head_dim
+        dim = spec.head_dim
         return 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     if spec.rope_type not in ROPE_INIT_FUNCTIONS or spec.rope_type in ("dynamic", "longrope"):
         raise SluiceError(f"RoPE type '{spec.rope_type}' is not supported yet; Sluice supports default, linear, yarn and llama3.")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](hf_config(config).get_text_config(), "cpu")
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](spec.cfg, "cpu")
     return inv_freq.float(), float(scaling)

@@ -217,7 +217,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     import torch
     from engine.runtime.budget import plan_budgets
     from engine.format.layout import block_layout
-    from engine.model.decoder import decoded_expert_bytes
+    from engine.runtime.experts import decoded_expert_bytes
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
@@ -238,7 +238,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
         kv_bytes = _hybrid_state_bytes({**config, **config.get("text_config", {})}, context, elem)
     available = machine.ram_available_bytes
 
-    # the CPU device keeps each resident expert decoded to float32 beside its block (engine.model.decoder)
+    # the CPU device keeps each resident expert decoded to float32 beside its block (engine.runtime.experts)
     decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
                                                     torch.float32)
 

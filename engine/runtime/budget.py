@@ -50,3 +50,14 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
             f"The RAM cache of {format_size(ram_cache)} is too small for this model: it needs at least "
             f"{format_size(min_ram)} ({min_ram} bytes, one token's {top_k} experts); raise the RAM cache (--ram-cache, or Settings in the app) to at least that.")
     return Plan(vram_budget, dense_bytes, kv_bytes, workspace_bytes, slots_per_bank, ram_cache, block_bytes, slot)
+
+
+def prefill_workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int, device_type: str = "cuda") -> int:
+    """Transient device memory of a whole-prompt prefill: attention (fused on CUDA: the [T, S] mask;
+    else fp32 scores + probs), activations, one dequantised expert, logits. An upper estimate; the
+    CUDA runtime adds the graph memory it measured and reports the measured peak."""
+    t = prompt_tokens
+    scores = t * t if device_type == "cuda" else spec.num_heads * t * t * (4 + dtype_bytes + 4)
+    acts = t * (spec.hidden_size * 12 + spec.num_heads * spec.head_dim * 4) * 4
+    expert = 3 * spec.expert_intermediate * spec.hidden_size * 4 + t * spec.expert_intermediate * 3 * 4
+    return scores + acts + expert + spec.vocab_size * 8 + (64 << 20)

@@ -22,13 +22,13 @@ def tight_engine(model_dir, **kw):
 def test_prefill_reads_each_expert_at_most_once_per_layer(sluice_models):
     eng = tight_engine(sluice_models("olmoe", "fp8"))
     reads = Counter()
-    real_read = eng.store.read_into
-    eng.store.read_into = lambda layer, expert, buf: (reads.update([(layer, expert)]), real_read(layer, expert, buf))[1]
+    real_read = eng.runner.store.read_into
+    eng.runner.store.read_into = lambda layer, expert, buf: (reads.update([(layer, expert)]), real_read(layer, expert, buf))[1]
     list(eng.generate(LONG_PROMPT, GenerationParams(max_new_tokens=1, temperature=0)))   # prefill only
     assert len(reads) == 3 * 8                   # a long prompt routes to every expert of every layer
     assert max(reads.values()) == 1
     assert eng.telemetry()["disk"]["max_reads_per_expert_in_prefill"] == 1
-    assert eng.scheduler.batch_size == 2         # slots for top_k experts per bank: experts came in batches
+    assert eng.runner.experts.batch_size == 2         # slots for top_k experts per bank: experts came in batches
 
 
 def test_decode_streams_from_disk_and_hits_the_caches(sluice_models):

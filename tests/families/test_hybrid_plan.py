@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from engine import SluiceError
-from engine.model.hybrid import HybridState
+from engine.model.families.hybrid import GatedAttention, GatedDeltaNet, dims
 from engine.model.spec import read_spec
+from engine.model.state import state_bytes
 from engine.plan.estimate import MAX_CONTEXT_TOKENS, _hybrid_state_bytes, model_shape
 from tests.families.hybrid_models import QWEN3_5_TEXT, QWEN3_NEXT, VISION
 
@@ -38,7 +39,17 @@ def test_state_bytes_of_the_estimate_equal_the_engine(make):
     config = make()
     spec = read_spec(config)
     merged = {**config, **config.get("text_config", {})}
-    assert _hybrid_state_bytes(merged, MAX_CONTEXT_TOKENS, 4) == HybridState.bytes_needed(spec, MAX_CONTEXT_TOKENS, 4)
+    d = dims(spec)
+    specs = [GatedDeltaNet.state_specs(_Holder(d=d)) if d.is_linear(layer) else
+             GatedAttention.state_specs(_Holder(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim))
+             for layer in range(spec.num_layers)]
+    assert _hybrid_state_bytes(merged, MAX_CONTEXT_TOKENS, 4) == state_bytes(specs, MAX_CONTEXT_TOKENS, torch.float32)
+
+
+class _Holder:
+    """The fields a mixer's state_specs reads (no weights needed)."""
+    def __init__(self, **fields):
+        self.__dict__.update(fields)
 
 
 def test_layer_pattern_from_full_attention_interval_and_real_qwen3_next_keys():
@@ -46,8 +57,8 @@ def test_layer_pattern_from_full_attention_interval_and_real_qwen3_next_keys():
     config.update(model_type="qwen3_next", num_hidden_layers=6, full_attention_interval=3, rope_theta=10000000,
                   partial_rotary_factor=0.25)                          # the Hub's spelling of rope settings
     spec = read_spec(config)
-    assert spec.hybrid.layer_types == ("linear_attention", "linear_attention", "full_attention") * 2
-    assert spec.hybrid.rotary_dim == 4 and spec.rope_theta == 10000000
+    assert dims(spec).layer_types == ("linear_attention", "linear_attention", "full_attention") * 2
+    assert dims(spec).rotary_dim == 4 and spec.rope_theta == 10000000
     assert spec.moe_layers == (0, 1, 3, 4, 5) and spec.shared_expert_intermediate == 48
 
 

@@ -1,6 +1,6 @@
-"""The CUDA runtime's code path for the hybrids (streaming MoE, static-state decode pieces), on
-whatever device there is: greedy tokens equal transformers' with experts streaming. On the CPU the
-pieces run eagerly; on a GPU (float32) they run as CUDA graphs with the Triton expert kernels."""
+"""The one runtime on whatever device there is, for the hybrids: greedy tokens equal transformers' with
+experts streaming (3 slots a bank, 4 RAM blocks). On the CPU torch math; on a GPU (float32) the decode
+step (DeltaNet states updated in place) runs as CUDA graphs with the Triton expert kernels."""
 import pytest
 import torch
 
@@ -9,7 +9,7 @@ from engine.model import deltanet
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.hybrid_models import build_hybrid
 from tests.families.test_qwen3_next import NEW_TOKENS, PROMPT_IDS
-from tests.streaming.sized import model_with_slots
+from tests.streaming.sized import engine_with_slots, token_ids
 
 
 @pytest.fixture(scope="module", params=["qwen3_next", "qwen3_5_moe"])
@@ -22,16 +22,16 @@ def family_model(request, tmp_path_factory):
 
 def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     path, expected = family_model
-    model = model_with_slots(path, 3, 4, max_tokens=len(PROMPT_IDS) + NEW_TOKENS)
+    eng = engine_with_slots(path, 3, 4, max_context=len(PROMPT_IDS) + NEW_TOKENS)
     try:
-        assert model.generate(PROMPT_IDS, NEW_TOKENS).token_ids == expected
-        assert model.generate(PROMPT_IDS, NEW_TOKENS).token_ids == expected      # states start fresh each time
-        snap = model.telemetry.snapshot()
-        assert snap["ram_cache"]["misses"] > 0 and snap["disk"]["bytes_read"] > 0
+        assert token_ids(eng, PROMPT_IDS, NEW_TOKENS) == expected
+        assert token_ids(eng, PROMPT_IDS, NEW_TOKENS) == expected        # DeltaNet states start fresh each time
+        snap = eng.telemetry()
         if torch.cuda.is_available():
-            assert model.dense_decode.use_graphs and model.kernel_verdict.ok
+            assert eng.runner.step.use_graphs and eng.runner.experts.kernel is not None
     finally:
-        model.close()
+        eng.close()
+    assert snap["ram_cache"]["misses"] > 0 and snap["disk"]["bytes_read"] > 0
 
 
 @pytest.mark.gpu

@@ -1,25 +1,31 @@
-"""Streaming tests: a CUDA runtime model with an exact number of slots a bank."""
+"""Streaming tests: an engine with an exact number of slots a bank."""
 import torch
 
-from engine.runtime.cuda_model import CudaModel
+import engine
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def model_with_slots(path, slots_per_bank: int, ram_blocks: int, **kw) -> CudaModel:
-    """A CudaModel whose VRAM budget leaves exactly `slots_per_bank` slots a bank, and a RAM cache of
-    `ram_blocks` blocks. The budget is derived from a model's own plan: on a GPU the workspace it
+def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: int = 64, **kw):
+    """An Engine whose VRAM budget leaves exactly `slots_per_bank` slots a bank, and a RAM cache of
+    `ram_blocks` blocks. The budget is derived from an engine's own plan: on a GPU the workspace it
     charges includes measured CUDA-graph memory, which is larger for the first model of a process
     (library workspaces made once), so the sizing is repeated until it holds."""
-    kw = {"device": DEVICE, "dtype": torch.float32, "max_tokens": 64, **kw}
+    kw = {"device": DEVICE, "dtype": "float32", "max_context": max_context, **kw}
     vram = ram = None
     for _ in range(4):
-        model = CudaModel(path, vram_budget=vram, ram_cache=ram, **kw)
-        plan = model.plan
+        eng = engine.load(path, vram_budget=vram, ram_cache=ram, **kw)
+        plan = eng.plan
         if vram is not None and plan.slots_per_bank == slots_per_bank:
-            return model
-        model.close()
-        del model
-        vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * slots_per_bank * plan.block_bytes
+            return eng
+        eng.close()
+        del eng
+        vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * slots_per_bank * plan.device_slot_bytes
         ram = ram_blocks * plan.block_bytes
     raise AssertionError(f"could not size a budget for {slots_per_bank} slots a bank (last plan: {plan})")
+
+
+def token_ids(eng, prompt, max_new_tokens: int, **params) -> list[int]:
+    from engine import GenerationParams
+    params = {"temperature": 0, "ignore_eos": True, **params}
+    return [e.token_id for e in eng.generate(prompt, GenerationParams(max_new_tokens=max_new_tokens, **params))]

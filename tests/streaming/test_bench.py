@@ -30,7 +30,7 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     block = open_model_dir(first["model_dir"]).layout.block_bytes
     kv_bytes = 2 * 3 * 52 * 2 * 16 * 4                  # k and v, 3 layers, 52 tokens, 2 heads x 16, fp32
     fixed = first["dense_bytes"] + first["workspace_bytes"] + kv_bytes
-    assert main(argv + ["--vram-budget", str(fixed + 8 * block), "--ram-cache", str(6 * block)]) == 0
+    assert main(argv + ["--vram-budget", str(fixed + 8 * first["device_slot_bytes"]), "--ram-cache", str(6 * block)]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["slots_per_bank"] == 4 and r["expert_cache_factor"] >= 3
     assert r["new_tokens"] == 12 and r["decode_tok_s"] > 0 and r["prefill_tok_s"] > 0

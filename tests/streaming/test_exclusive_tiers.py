@@ -7,7 +7,7 @@ import torch
 
 from engine.tools import presets
 
-from tests.streaming.sized import model_with_slots
+from tests.streaming.sized import engine_with_slots, token_ids
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 TINY = dict(model_type="olmoe", vocab_size=300, hidden_size=64, intermediate_size=32, num_hidden_layers=4,
@@ -27,16 +27,18 @@ def model_dir(tmp_path_factory):
 
 def _decode_disk_reads(path, exclusive: bool) -> tuple[int, list[int]]:
     # 6 slots a bank (12 of 64 experts in VRAM) and 12 blocks of RAM: 24 distinct blocks if exclusive
-    model = model_with_slots(path, 6, 12, max_tokens=96)
-    model.moe.exclusive = exclusive
+    eng = engine_with_slots(path, 6, 12, max_context=96)
+    eng.runner.experts.exclusive = exclusive
     rng = random.Random(0)
-    prompt, feed = [rng.randrange(300) for _ in range(16)], [rng.randrange(300) for _ in range(64)]
+    prompt = [rng.randrange(300) for _ in range(16)]
     try:
-        timings = model.generate(prompt, 60, feed_ids=feed)
-        reads = model.telemetry.snapshot()["disk"]["reads"] - timings.after_prefill["disk"]["reads"]
+        token_ids(eng, prompt, 1)                                  # prefill: the same for both policies
+        before = eng.telemetry()["disk"]["reads"]
+        tokens = token_ids(eng, prompt, 60, temperature=1.0, seed=0)  # sampled: varied routing
+        reads = eng.telemetry()["disk"]["reads"] - before
     finally:
-        model.close()
-    return reads, timings.token_ids
+        eng.close()
+    return reads, tokens
 
 
 def test_exclusive_tiers_read_less_from_disk_and_compute_the_same(model_dir):

@@ -1,78 +1,105 @@
-"""Decode-time MoE layer on streamed experts: overlapped copies, resident-first compute, prefetch.
+"""The routed experts of one MoE layer, on blocks streamed into the device slot banks.
 
-Per MoE layer L (bank L % 2), for the few tokens of a decode step:
-  1. one host sync reads the routed expert ids (and the speculative ids for layer L+1);
-  2. experts already in the bank compute first (one fused kernel launch);
-  3. misses come from the pinned RAM cache (or disk, on reader threads) over the copy stream into
-     the bank; each copy records an event, the compute stream waits on those events only (no host
-     sync), then one more launch computes the late experts;
-  4. the speculated experts of layer L+1 start copying into the other bank while L computes.
-A copy into a bank first waits for the last kernel that read the bank (its `bank_free` event), and
-a RAM block stays locked until its copy has finished, so nothing is overwritten while in use.
-On the CPU every copy is synchronous and the same code path runs (tests).
+For the tokens of a layer (a whole prompt, or one decode token):
+  1. one host sync reads the routed expert ids (and, in decode, the speculated ids of the next layer);
+  2. experts already in the layer's bank compute first;
+  3. the others come from the RAM cache, or from disk on the reader threads, over the copy stream
+     into the bank, in batches no larger than the bank or the RAM cache; each copy records an event
+     and the compute stream waits on those events only (no host sync);
+  4. in decode, the next layer's speculated experts start copying into the other bank.
+Residency is one policy, exclusive tiers: a block copied into VRAM is demoted in RAM, and a block
+evicted from VRAM is written back to RAM, so RAM holds what VRAM does not and the two caches add up
+(measured on the H200: RAM hit rate 5% when inclusive; see BENCHMARKS.md).
+Compute: on CUDA, a few tokens run the self-checked Triton kernel straight on the bank (replayed from
+CUDA graphs at decode); otherwise each expert runs the family's expert MLP in torch on the tokens
+routed to it. On the CPU device every copy is synchronous and a resident expert is decoded once.
+A copy into a bank first waits for the last compute that read the bank (`bank_free`), and a RAM block
+stays locked until its copy has finished, so nothing is overwritten while in use.
 """
 from __future__ import annotations
 
 import time
+from collections import Counter
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Callable
 
 import torch
 
+from engine.format.layout import Layout
+from engine.format.quant import dequantize
 from engine.runtime.cache import RamCache
 from engine.runtime.slots import SlotBanks
+from engine.runtime.speculation import score
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
-from engine.runtime.speculation import score
 
 Key = tuple[int, int]
+DEFAULT_BATCH = 32          # experts brought in per batch in prefill
+KERNEL_MAX_TOKENS = 4       # above this many tokens the torch path (one matmul per expert) is faster
 
 
-class StreamingMoe:
-    def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry,
-                 kernel: Callable, fmt: str, offsets: dict[str, int], intermediate: int, device: torch.device,
-                 exclusive: bool = True):
+def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
+    """Bytes of one expert's gate, up and down decoded to the compute dtype (0 when the block already is)."""
+    if layout.fmt == "bf16" and dtype == torch.bfloat16:
+        return 0
+    return 3 * layout.intermediate * layout.hidden * torch.empty((), dtype=dtype).element_size()
+
+
+class Experts:
+    def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry, layout: Layout,
+                 expert_mlp: Callable, dtype: torch.dtype, device: torch.device, kernel: Callable | None = None,
+                 batch_size: int = DEFAULT_BATCH):
         self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
-        self.kernel, self.fmt, self.offsets, self.intermediate = kernel, fmt, offsets, intermediate
+        self.layout, self.expert_mlp, self.dtype, self.kernel = layout, expert_mlp, dtype, kernel
+        self.offsets = {f.name: f.offset for f in layout.fields}
         self.device = torch.device(device)
         self.is_cuda = self.device.type == "cuda"
-        # Exclusive tiers: a block copied into VRAM is demoted in RAM, and a block evicted from VRAM is
-        # written back to RAM (device -> host, 0.1 ms for 6 MB), so RAM holds what VRAM does not and
-        # the two caches add up instead of duplicating each other (measured: RAM hit rate 5% when inclusive).
-        self.exclusive = exclusive
+        self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
+        self.exclusive = True
+        # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
+        # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
+        self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
-        self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last kernel reading the bank
-        self._inflight: list[tuple[torch.cuda.Event, Key]] = []     # (copy done, RAM block it reads/writes)
+        self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last compute reading the bank
+        self._inflight: list[tuple[torch.cuda.Event, Key]] = []             # (copy done, RAM block it reads/writes)
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
         self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
         self._predicted: dict[int, set[int]] = {}
         self._prefetched: dict[int, set[int]] = {}
+        self._pass_reads: Counter | None = None        # disk reads per (layer, expert) during a prefill
         # Index staging: pinned host rows -> device rows (stream-ordered, so reuse after the next
         # layer's host sync is safe: that sync waits for every copy enqueued before it).
         self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(8)]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see capture
-        self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None   # one pool for all layers
+        self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
+
+    # ------------------------------------------------------------------ prefill passes
+    def begin_pass(self) -> None:
+        """A prefill starts: count disk reads per expert (each should be read at most once a layer)."""
+        self._pass_reads = Counter()
+
+    def end_pass(self) -> None:
+        if self._pass_reads:
+            self.telemetry.set_max(prefill_max_expert_reads=max(self._pass_reads.values()))
+        self._pass_reads = None
 
     # ------------------------------------------------------------------ one layer
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
             next_layer: int | None = None, static_inputs: bool = False) -> torch.Tensor:
-        """x [T, H], weights [T, K] (device) -> the MoE output [T, H] float32, written into `out`.
-        ids: [T*K (+ T*P)] device ints: the routed expert ids, then the speculated experts of
-        `next_layer` (prefetched while this layer runs).
-        static_inputs: x, weights and out are the same tensors at every call for this layer (CUDA-graph
-        buffers), so one-token launches are replayed from graphs."""
+        """x [T, H], weights [T, K] -> the routed experts' weighted sum [T, H], written into `out`.
+        ids: [T*K (+ P)] device ints: the routed expert ids, then the speculated experts of
+        `next_layer` (prefetched while this layer runs). static_inputs: x, weights and out are the
+        same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed."""
         num_tokens, top_k = weights.shape
         ids = ids.tolist()                                                   # the one host sync of the layer
         routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
         self._release_finished_copies()
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
         self._score_speculation(layer, set(wanted))
-
-        bank = self.banks.bank_of(layer)
         slot_of, late = {}, []
         for expert in wanted:
             slot = self.banks.find((layer, expert))
@@ -81,49 +108,103 @@ class StreamingMoe:
             else:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
-        early = list(slot_of)
-        if late:
-            slot_of.update(self._bring_in(layer, late, protected={(layer, e) for e in wanted}))
-
-        self._compute(layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs)
-        if self.is_cuda:
-            done = torch.cuda.Event()
-            done.record()
-            self._bank_free[bank] = done
-        for expert, slot in slot_of.items():
-            self.banks.set_state((layer, expert), slot, "ready")
+        use_kernel = self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and len(wanted) <= self.batch_size
+        if use_kernel:
+            early = list(slot_of)
+            if late:
+                slot_of.update(self._bring_in(layer, late, protected={(layer, e) for e in wanted}))
+            self._kernel_launches(layer, x, weights, routed, top_k, slot_of, early, late, out, static_inputs)
+            self._mark_bank_free(layer)
+            self._set_ready(layer, slot_of)
+        else:
+            self._torch_layer(layer, x, weights, routed, top_k, slot_of, late, out)
         if next_layer is not None and predicted:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         return out
 
-    # ------------------------------------------------------------------ compute
-    def _compute(self, layer, x, weights, routed, top_k, bank, slot_of, early, late, out, static_inputs) -> None:
+    def _torch_layer(self, layer, x, weights, routed, top_k, resident, late, out) -> None:
+        """Each expert in torch on its tokens: the resident ones, then the rest in batches."""
+        tokens_of: dict[int, list[int]] = {}
+        for flat, expert in enumerate(routed):
+            tokens_of.setdefault(expert, []).append(flat)
+        out.zero_()
+        self._torch_experts(layer, x, weights, top_k, tokens_of, resident, out)
+        for start in range(0, len(late), self.batch_size):
+            batch = late[start:start + self.batch_size]
+            placed = self._bring_in(layer, batch, protected={(layer, e) for e in batch})
+            self._torch_experts(layer, x, weights, top_k, tokens_of, placed, out)
+
+    def _torch_experts(self, layer, x, weights, top_k, tokens_of, slot_of: dict[int, int], out) -> None:
+        if not slot_of:
+            return
+        bank = self.banks.bank_of(layer)
+        for expert, slot in slot_of.items():
+            self._wait_slot(bank, slot)
+            self.banks.set_state((layer, expert), slot, "computing")
+            flat = torch.tensor(tokens_of[expert], device=x.device)
+            token_idx, k_idx = flat // top_k, flat % top_k
+            y = self.expert_mlp(x[token_idx], self._expert_weights(layer, expert, bank, slot))
+            out.index_add_(0, token_idx, (y * weights[token_idx, k_idx, None]).to(out.dtype))
+        self._mark_bank_free(layer)
+        self._set_ready(layer, slot_of)
+
+    def _expert_weights(self, layer: int, expert: int, bank: int, slot: int) -> dict[str, torch.Tensor]:
+        """The expert in this slot, dequantised to the compute dtype (parts named gate, up, down, and
+        e.g. gate_bias where the family has them)."""
+        if self._decoded is not None:
+            cached = self._decoded.get((bank, slot))
+            if cached is not None and cached[0] == (layer, expert):
+                return cached[1]
+        views = self.layout.views(self.banks.banks[bank][slot])
+        parts: dict[str, dict[str, torch.Tensor]] = {}
+        for name, view in views.items():
+            proj, part = name.split(".")
+            parts.setdefault(proj, {})[part] = view
+        decoded = {proj: dequantize(p, self.layout.fmt, self.dtype) for proj, p in parts.items()}
+        if self._decoded is not None:
+            self._decoded[(bank, slot)] = ((layer, expert), decoded)
+        return decoded
+
+    def _wait_slot(self, bank: int, slot: int) -> None:
+        if self.is_cuda:
+            event = self._slot_ready.pop((bank, slot), None)
+            if event is not None:
+                torch.cuda.current_stream(self.device).wait_event(event)
+
+    def _mark_bank_free(self, layer: int) -> None:
+        if self.is_cuda:
+            done = torch.cuda.Event()
+            done.record()
+            self._bank_free[self.banks.bank_of(layer)] = done
+
+    def _set_ready(self, layer: int, slot_of: dict[int, int]) -> None:
+        for expert, slot in slot_of.items():
+            self.banks.set_state((layer, expert), slot, "ready")
+
+    # ------------------------------------------------------------------ kernels (CUDA, few tokens)
+    def _kernel_launches(self, layer, x, weights, routed, top_k, slot_of, early, late, out, static_inputs) -> None:
         """Fused-kernel launches into `out`: for one token the resident experts first (the others'
         slots are -1: the kernel reads nothing for them), then, after their copy events, the late
         ones added on top. Several tokens run in one launch once everything is in."""
         num_tokens = x.shape[0]
+        bank = self.banks.bank_of(layer)
         groups = [early, late] if num_tokens == 1 and early and late else [early + late]
-        if self.is_cuda:
-            stream = torch.cuda.current_stream(self.device)
         for i, group in enumerate(groups):
             members = set(group) if len(groups) > 1 else None
             slots = [slot_of[e] if members is None or e in members else -1 for e in routed]
-            if self.is_cuda:
-                for expert in group:
-                    event = self._slot_ready.pop((bank, slot_of[expert]), None)
-                    if event is not None:
-                        stream.wait_event(event)
+            for expert in group:
+                self._wait_slot(bank, slot_of[expert])
             if static_inputs and num_tokens == 1 and (layer, i > 0) in self._graphs:
-                self._replay(layer, slots, accumulate=i > 0)
+                graph, index = self._graphs[(layer, i > 0)]
+                self._upload(slots, index[0])
+                graph.replay()
                 continue
             index = self._upload(slots).view(num_tokens, top_k)
-            self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt, self.offsets,
-                        self.intermediate, out=out, accumulate=i > 0)
+            self.kernel(x, self.banks.banks[bank], index, weights.float(), self.layout.fmt, self.offsets,
+                        self.layout.intermediate, out=out, accumulate=i > 0)
 
     def _upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
-        """int32 values on the device (through a pinned staging row on CUDA), into `dst` if given."""
-        if not self.is_cuda:
-            return torch.tensor(values, dtype=torch.int32)
+        """int32 values on the device through a pinned staging row, into `dst` if given."""
         i = self._stage_next
         self._stage_next = (i + 1) % len(self._stage)
         n = len(values)
@@ -132,29 +213,23 @@ class StreamingMoe:
         return dst.copy_(self._stage[i][:n], non_blocking=True)
 
     def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
-        """Capture the one-token MoE launches of each layer in CUDA graphs, two per layer (write
+        """Capture the one-token kernel launches of each layer in CUDA graphs, two per layer (write
         `out`, add into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])}
-        (the decode graphs' buffers). The expert slots are a static int32 row per layer, uploaded
-        before each replay. Done once at load, so no capture happens while tokens are timed. The
-        warm-up writes `out`; every step's first launch overwrites it before anything reads it."""
+        (the decode step's buffers). The expert slots are a static int32 row per layer, uploaded
+        before each replay. Done once at load, so no capture happens while tokens are timed."""
         for layer, (x, weights, out) in layers.items():
             bank = self.banks.bank_of(layer)
-            top_k = weights.shape[1]
-            index = torch.zeros(1, top_k, dtype=torch.int32, device=self.device)    # slot 0: valid bytes to read
+            index = torch.zeros(1, weights.shape[1], dtype=torch.int32, device=self.device)   # slot 0: valid bytes
             for accumulate in (False, True):
-                launch = lambda: self.kernel(x, self.banks.banks[bank], index, weights.float(), self.fmt,  # noqa: E731
-                                             self.offsets, self.intermediate, out=out, accumulate=accumulate)
+                launch = lambda: self.kernel(x, self.banks.banks[bank], index, weights.float(),  # noqa: E731
+                                             self.layout.fmt, self.offsets, self.layout.intermediate,
+                                             out=out, accumulate=accumulate)
                 launch()                                          # compile / warm up outside the capture
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._graph_pool):
                     launch()
                 self._graphs[(layer, accumulate)] = (graph, index)
         torch.cuda.synchronize(self.device)
-
-    def _replay(self, layer: int, slots: list[int], accumulate: bool) -> None:
-        graph, index = self._graphs[(layer, accumulate)]
-        self._upload(slots, index[0])
-        graph.replay()
 
     # ------------------------------------------------------------------ transfers
     def _bring_in(self, layer: int, experts: list[int], protected: set[Key]) -> dict[int, int]:
@@ -177,8 +252,12 @@ class StreamingMoe:
         with self._copy_batch(layer):
             for expert, ram_slot in in_ram:
                 placed[expert] = self._copy(layer, expert, ram_slot, protected)
-        for expert, ram_slot, future in from_disk:
-            self._finish_read((layer, expert), future)
+        for i, (expert, ram_slot, future) in enumerate(from_disk):
+            try:
+                self._finish_read((layer, expert), future)
+            except BaseException:
+                self._abandon_reads(layer, from_disk[i + 1:])
+                raise
             with self._copy_batch(layer):
                 placed[expert] = self._copy(layer, expert, ram_slot, protected)
         return placed
@@ -188,6 +267,8 @@ class StreamingMoe:
             self._wait_copies()
         ram_slot = self.cache.insert(key)
         self.cache.lock(key)
+        if self._pass_reads is not None:
+            self._pass_reads[key] += 1
         return ram_slot, self.store.submit(*key, self.cache.block(ram_slot).numpy())
 
     def _finish_read(self, key: Key, future: Future) -> None:
@@ -198,10 +279,18 @@ class StreamingMoe:
             self.cache.discard(key)
             raise
 
+    def _abandon_reads(self, layer: int, reads) -> None:
+        """After a failed read: the batch's other reads must not land in a reused RAM slot."""
+        for expert, _, future in reads:
+            if not future.cancel():
+                future.exception()
+            self.cache.unlock((layer, expert))
+            self.cache.discard((layer, expert))
+
     @contextmanager
     def _copy_batch(self, layer: int):
-        """Copies into layer's bank issued inside run on the copy stream, after the last kernel that
-        read the bank; the batch is timed as a whole (h2d busy time) by one pair of events."""
+        """Copies into layer's bank issued inside, on the copy stream after the last compute that read
+        the bank; the batch is timed as a whole (h2d busy time) by one pair of events."""
         if not self.is_cuda:
             yield
             return
@@ -321,22 +410,22 @@ class StreamingMoe:
         self.telemetry.add(prefetch_used=len(prefetched & actual))
         # Reads started for experts this layer did not use: finish them so the RAM slot holds the block.
         for key in [k for k in self._reads if k[0] == layer and k[1] not in actual]:
-            _, future = self._reads.pop(key)
-            try:
-                self._finish_read(key, future)
-                self.cache.unlock(key)
-            except Exception:      # noqa: BLE001 - a failed speculative read only loses the prefetch
-                pass
+            self._settle_read(key)
+
+    def _settle_read(self, key: Key) -> None:
+        _, future = self._reads.pop(key)
+        try:
+            self._finish_read(key, future)
+            self.cache.unlock(key)
+        except Exception:      # noqa: BLE001 - a failed speculative read only loses the prefetch
+            pass
 
     def synchronize(self) -> None:
         """Wait for every copy and release every lock (end of a generation, before closing)."""
         if self.is_cuda:
             self.copy_stream.synchronize()
         self._release_finished_copies()
-        for key, (_, future) in list(self._reads.items()):
-            self._reads.pop(key)
-            try:
-                self._finish_read(key, future)
-                self.cache.unlock(key)
-            except Exception:      # noqa: BLE001
-                pass
+        for key in list(self._reads):
+            self._settle_read(key)
+        self._predicted.clear()
+        self._prefetched.clear()

@@ -1,0 +1,132 @@
+"""One decoder layer as the runtime drives it, and the standard pieces families assemble it from.
+
+The runtime runs every family the same way, for a prompt (T tokens) and for a one-token CUDA-graph
+decode step alike:
+
+    x, h = block.mix(x, step)             # token mixer (attention, ...) with its residual; h = MoE/MLP input
+    weights, ids = block.route(h)         # MoE layers: [T, K] routing weights and expert ids
+    moe_out = <routed experts on h>       # the runtime: wherever the experts live
+    x = block.combine(x, h, moe_out)      # residual add (+ shared expert); dense layers: moe_out=None
+
+`x` is opaque to the runtime (a family may carry several residual streams). Weights are plain
+tensors fixed at load time; a piece never branches on checkpoint format.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.layers import apply_rope, attention, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from engine.model.state import ModelState, StateSpec
+
+
+class Step:
+    """The tokens a forward pass runs on: positions [T] (device), `start` (the first position, known
+    on the host; None inside a CUDA graph, where state is static) and the conversation's state."""
+
+    def __init__(self, positions: torch.Tensor, start: int | None, state: ModelState):
+        self.positions, self.start, self.state = positions, start, state
+        self._memo: dict = {}
+
+    def memo(self, key, make):
+        """A value computed once per step (e.g. rope cos/sin shared by every layer)."""
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+
+class Rope:
+    def __init__(self, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):
+        self.inv_freq, self.scaling, self.dtype = inv_freq, scaling, dtype
+
+    def cos_sin(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        return step.memo(("rope", id(self)), lambda: rope_cos_sin(step.positions, self.inv_freq, self.scaling, self.dtype))
+
+
+class Attention:
+    """Grouped-query attention with RoPE; optional q/k norm (per head or over the projection),
+    qkv clipping, biases and a sliding window. KV goes to the step's state as "k" and "v"."""
+
+    def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, *, num_heads: int, num_kv_heads: int,
+                 head_dim: int, rope: Rope, eps: float, qk_norm: str = "none", clip_qkv: float | None = None,
+                 window: int | None = None):
+        self.layer, self.rope, self.eps = layer, rope, eps
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.qk_norm, self.clip_qkv, self.window = qk_norm, clip_qkv, window
+        self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
+        self.q_norm, self.k_norm = w.get(prefix + "q_norm.weight"), w.get(prefix + "k_norm.weight")
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return {"k": StateSpec((self.num_kv_heads, self.head_dim)), "v": StateSpec((self.num_kv_heads, self.head_dim))}
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        # T = tokens, Hq / Hkv = query / kv heads, D = head dim, S = positions held
+        q, k, v = linear(x, *self.q), linear(x, *self.k), linear(x, *self.v)       # [T, Hq*D], [T, Hkv*D] x2
+        if self.qk_norm == "full":
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        if self.clip_qkv is not None:
+            q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
+        q = q.view(-1, self.num_heads, self.head_dim)                                 # [T, Hq, D]
+        k = k.view(-1, self.num_kv_heads, self.head_dim)                              # [T, Hkv, D]
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if self.qk_norm == "head":
+            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+        cos, sin = self.rope.cos_sin(step)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        keys = step.state.append(self.layer, "k", step.positions, step.start, k)     # [S, Hkv, D]
+        values = step.state.append(self.layer, "v", step.positions, step.start, v)
+        return linear(attention(q, keys, values, step.positions, self.window), *self.o)   # [T, H]
+
+
+class Router:
+    """Softmax over the experts, top-k, optionally renormalised (the four original families)."""
+
+    def __init__(self, weight: torch.Tensor, top_k: int, renormalize: bool):
+        self.weight, self.top_k, self.renormalize = weight, top_k, renormalize
+
+    def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # h [T, H] -> weights [T, K] (compute dtype), expert ids [T, K]
+        probs = torch.softmax(linear(h, self.weight), dim=-1, dtype=torch.float32)   # [T, E]
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(h.dtype), ids
+
+
+class Mlp:
+    """SwiGLU MLP: a dense layer's MLP, or a shared expert (optionally behind a sigmoid gate [1, H])."""
+
+    def __init__(self, w: dict[str, torch.Tensor], prefix: str, gate: torch.Tensor | None = None):
+        self.gate_proj, self.up_proj = w[prefix + "gate_proj.weight"], w[prefix + "up_proj.weight"]
+        self.down_proj, self.gate = w[prefix + "down_proj.weight"], gate
+
+    def __call__(self, h: torch.Tensor) -> torch.Tensor:
+        out = swiglu_mlp(h, self.gate_proj, self.up_proj, self.down_proj)
+        return out if self.gate is None else F.sigmoid(linear(h, self.gate)) * out
+
+
+class Block:
+    """Pre-norm decoder layer: x + mixer(norm(x)), then x + MoE(h) (+ shared experts) or x + MLP(h)."""
+
+    def __init__(self, mixer, input_norm: torch.Tensor, post_norm: torch.Tensor, eps: float, *,
+                 router=None, shared=None, mlp=None):
+        self.mixer, self.input_norm, self.post_norm, self.eps = mixer, input_norm, post_norm, eps
+        self.router, self.shared, self.mlp = router, shared, mlp
+        self.is_moe = router is not None
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return self.mixer.state_specs()
+
+    def mix(self, x: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + self.mixer(rms_norm(x, self.input_norm, self.eps), step)
+        return x, rms_norm(x, self.post_norm, self.eps)
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.router(h)
+
+    def combine(self, x: torch.Tensor, h: torch.Tensor, moe_out: torch.Tensor | None) -> torch.Tensor:
+        """The residual after this layer, in x's dtype (moe_out may be float32: the sum is taken in it)."""
+        if moe_out is None:
+            return x + self.mlp(h)
+        out = moe_out if self.shared is None else moe_out + self.shared(h)
+        return (x + out).to(x.dtype)

@@ -1,0 +1,37 @@
+"""A model as the runtime sees it: embedding, blocks (engine.model.block), final norm and head, and
+the math of one routed expert. Built once per family from the dense weights (engine.model.families)."""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.layers import linear, rms_norm, swiglu_mlp
+from engine.model.spec import ModelSpec
+from engine.model.state import StateSpec
+
+
+def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One routed expert: x [T, H] and its dequantised gate/up [I, H], down [H, I] -> [T, H]."""
+    return swiglu_mlp(x, w["gate"], w["up"], w["down"])
+
+
+class Model:
+    def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,
+                 lm_head: torch.Tensor, eps: float, expert_mlp: Callable = swiglu_expert,
+                 expert_kernel: str | None = "swiglu"):
+        self.spec, self.blocks = spec, blocks
+        self.embed_tokens, self.final_norm, self.lm_head, self.eps = embed_tokens, final_norm, lm_head, eps
+        self.expert_mlp = expert_mlp
+        self.expert_kernel = expert_kernel      # the Triton decode kernels' activation, None: torch only
+
+    def state_specs(self) -> list[dict[str, StateSpec]]:
+        return [block.state_specs() for block in self.blocks]
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(token_ids, self.embed_tokens)                   # [T] -> [T, H]
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        """The residual stream [T, H] -> logits of its last token [V], float32."""
+        return linear(rms_norm(x[-1:], self.final_norm, self.eps), self.lm_head)[0].float()

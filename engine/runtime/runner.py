@@ -1,0 +1,150 @@
+"""One model on one device under hard VRAM and RAM budgets: the same construction and code path for
+every device (the device picks kernels and where buffers live, not which code runs).
+
+  dense weights  -> device, in the compute dtype; the family builds its blocks from them
+  model state    -> device (KV cache and per-layer state; static at full size on CUDA, graph-safe)
+  expert blocks  -> disk (O_DIRECT) -> RAM LRU cache (pinned on CUDA, grows as it fills, never past
+                    its budget) -> two slot banks on the device, the rest of the VRAM budget
+Prefill runs the whole prompt through each block (experts in batches, each read at most once per
+layer); decode runs the one-token step (CUDA graphs where available) and the routed experts.
+"""
+from __future__ import annotations
+
+import torch
+from safetensors import safe_open
+
+from engine.format.modeldir import DENSE_FILE, ModelDir
+from engine.model.block import Step
+from engine.model.families import family_module
+from engine.model.state import ModelState, state_bytes
+from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
+from engine.runtime.cache import RamCache, anonymous_buffer
+from engine.runtime.decode_step import DecodeStep
+from engine.runtime.experts import Experts, decoded_expert_bytes
+from engine.runtime.pinned import pinned_buffer
+from engine.runtime.slots import SlotBanks
+from engine.runtime.store import ExpertStore
+from engine.runtime.telemetry import Telemetry
+
+
+class Runner:
+    def __init__(self, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, telemetry: Telemetry, *,
+                 vram_budget: int | None, ram_cache: int | None, max_tokens: int, default_vram: int, default_ram: int,
+                 use_graphs: bool = True, use_kernels: bool = True, max_prompt_tokens: int | None = None,
+                 progress=None):
+        self.device, self.dtype, self.telemetry = torch.device(device), dtype, telemetry
+        self.is_cuda = self.device.type == "cuda"
+        spec, layout = model_dir.spec, model_dir.layout
+        self.spec = spec
+        base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
+        weights = _load_dense(model_dir, self.device, dtype, progress)
+        dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
+        kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
+        dtype_bytes = torch.empty((), dtype=dtype).element_size()
+        work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
+        budgets = dict(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
+                       num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                       vram_budget=vram_budget, ram_cache=ram_cache, default_vram=default_vram, default_ram=default_ram,
+                       device_slot_bytes=layout.block_bytes + (0 if self.is_cuda else decoded_expert_bytes(layout, dtype)))
+        plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
+        self.kernel_verdict = None
+        # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
+        kernel = self._choose_kernel(layout) if use_kernels and self.is_cuda and self.model.expert_kernel else None
+        self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
+        self.step = DecodeStep(self.model, self.state, self.device, use_graphs)
+        graph_bytes = 0
+        if self.is_cuda:
+            # Capture the decode graphs before the slot banks exist, and charge what they really hold
+            # (their pool, library workspaces) and the peak they reached: measured, not estimated.
+            torch.cuda.reset_peak_memory_stats(self.device)
+            with torch.inference_mode():
+                self.step.capture()
+            torch.cuda.synchronize(self.device)
+            held = self._allocated() - base_bytes
+            graph_bytes = max(held - dense_bytes - kv_bytes, 0)
+            work = max(work, torch.cuda.max_memory_allocated(self.device) - base_bytes - held)
+        self.plan = plan_budgets(workspace_bytes=work + graph_bytes, **budgets)
+        telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes,
+                      kv_tokens=max_tokens, vram_graph_bytes=graph_bytes)
+        telemetry.info["device"] = str(self.device)
+        self.store = ExpertStore(model_dir, telemetry)
+        self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, telemetry,
+                              allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
+        self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
+        self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
+                               dtype, self.device, kernel)
+        if not self.is_cuda:
+            device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
+            telemetry.set(vram_used_bytes=device_bytes)
+            telemetry.set_max(vram_peak_bytes=device_bytes)
+        if self.step.use_graphs and kernel is not None:
+            s = self.step
+            with torch.inference_mode():
+                self.experts.capture({layer: (s.out[layer].h, s.out[layer].route_weights, s.moe_out[layer])
+                                      for layer in s.moe_out})
+
+    def _allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
+
+    def _choose_kernel(self, layout):
+        from kernels.selfcheck import select_moe_decode
+        offsets = {f.name: f.offset for f in layout.fields}
+        fn, verdict = select_moe_decode(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
+                                        self.spec.top_k, self.device, dtype=self.dtype)
+        self.kernel_verdict = verdict
+        if not verdict.ok:
+            self.telemetry.warn(f"Fused expert kernel disabled on this GPU: {verdict.reason}")
+            return None
+        return fn
+
+    # ------------------------------------------------------------------ forward passes
+    def prefill(self, token_ids: list[int]) -> torch.Tensor:
+        """A new conversation's prompt -> logits of its last token [V] float32."""
+        # T = tokens, H = hidden
+        self.experts.synchronize()
+        self.state.reset()
+        ids = torch.tensor(token_ids, device=self.device)
+        step = Step(torch.arange(len(token_ids), device=self.device), 0, self.state)
+        self.experts.begin_pass()
+        x = self.model.embed(ids)                                                     # [T, H]
+        for layer, block in enumerate(self.model.blocks):
+            x, h = block.mix(x, step)
+            moe_out = None
+            if block.is_moe:
+                weights, expert_ids = block.route(h)                                  # [T, K], [T, K]
+                moe_out = torch.empty(h.shape, dtype=torch.float32, device=self.device)
+                self.experts.run(layer, h, weights, expert_ids.flatten(), moe_out)
+            x = block.combine(x, h, moe_out)
+        self.experts.end_pass()
+        return self.model.head(x)
+
+    def decode(self, token: int, position: int) -> torch.Tensor:
+        """One token at `position` -> logits [V] float32, a static buffer: valid until the next step.
+        The greedy token is in `self.step.token_out`."""
+        s = self.step
+        s.set_step(token, position)
+        for layer, block in enumerate(self.model.blocks):
+            o = s.run_layer(layer)
+            if block.is_moe:
+                self.experts.run(layer, o.h, o.route_weights, o.ids, s.moe_out[layer], s.next_moe[layer],
+                                 static_inputs=s.use_graphs)
+        s.run_head()
+        if self.is_cuda:
+            self.telemetry.set(vram_peak_bytes=torch.cuda.max_memory_allocated(self.device))   # host-side counter
+        return s.logits
+
+    def close(self) -> None:
+        self.experts.synchronize()
+        self.store.close()
+
+
+def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress) -> dict[str, torch.Tensor]:
+    with safe_open(str(model_dir.path / DENSE_FILE), framework="pt") as f:
+        names = list(f.keys())
+        weights = {}
+        for i, name in enumerate(names):
+            weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+            if progress and i % 32 == 0:
+                progress(i, len(names), "loading dense weights")
+    return weights
