@@ -66,3 +66,12 @@ def test_unknown_layer_types_are_refused_in_one_sentence():
     config = dict(QWEN3_NEXT, model_type="qwen3_next", layer_types=["linear_attention", "sliding_attention"] * 2)
     with pytest.raises(SluiceError, match="does not run"):
         read_spec(config)
+
+
+def test_qwen3_5_bench_preset_has_the_published_size():
+    from engine.tools.presets import preset_config
+    config = preset_config("qwen3.5-35b-a3b")
+    shape, spec = model_shape(config), read_spec(config)
+    assert 34e9 < shape.total_params < 36e9 and 2.5e9 < shape.active_params < 3.6e9      # "35B-A3B"
+    assert spec.num_experts == 256 and spec.top_k == 8 and spec.shared_expert_intermediate == 512
+    assert dims(spec).layer_types.count("full_attention") == 10
