@@ -1,4 +1,4 @@
-"""Turns engine telemetry snapshots (DESIGN.md "Telemetry") into the series the live panels plot. Qt-free.
+"""Turns engine telemetry snapshots (engine.runtime.telemetry) into the series the live panels plot. Qt-free.
 
 Rates come from deltas of the cumulative byte counters between two snapshots, so they are true
 averages over the ~100 ms refresh interval whatever the engine's own instantaneous figures say.

@@ -7,7 +7,7 @@ Public API (the GUI, CLI and server use only this):
     for event in eng.generate([{"role": "user", "content": "Hi"}], GenerationParams(max_new_tokens=64)):
         print(event.text, end="")
     eng.cancel()        # from any thread; generation stops within one token
-    eng.telemetry()     # thread-safe dict snapshot (schema in DESIGN.md)
+    eng.telemetry()     # thread-safe dict snapshot (schema: engine.runtime.telemetry)
     eng.close()
 """
 from engine.errors import SluiceError

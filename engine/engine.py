@@ -18,14 +18,12 @@ from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
 from engine.plan.hardware import available_memory
 from engine.params import GenerationParams, TokenEvent
-from engine.runtime.sampling import sample
+from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
+from engine.runtime.budget import MAX_CONTEXT_TOKENS
 from engine.runtime.runner import Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
-
-MAX_CONTEXT_TOKENS = 8192
-
 
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
@@ -134,7 +132,7 @@ class Engine:
     def _generate(self, prompt_ids: list[int], is_chat: bool, params: GenerationParams) -> Iterator[TokenEvent]:
         t = self.telemetry_source
         self._cancel.clear()
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        generator = make_generator(params.seed, self.device)
         eos = set(self.eos_token_ids)
         if is_chat and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)

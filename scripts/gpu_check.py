@@ -164,8 +164,8 @@ def stage_logits():
 
     import torch
 
+    import engine
     from engine.tools.demo import build_hf_model
-    from engine.runtime.cuda_model import CudaModel
     from engine.format.repack import repack
     rows = []
     for family in ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"):
@@ -173,15 +173,15 @@ def stage_logits():
         build_hf_model(family, tmp / "hf", num_layers=3, with_tokenizer=False, seed=5)
         repack(tmp / "hf", tmp / "sl", quant="bf16")
         logits, tokens, prompt = {}, None, list(range(3, 40, 3))
-        for dtype in (torch.float32, torch.bfloat16):        # the same tokens fed to both (fp32's greedy run)
-            m = CudaModel(tmp / "sl", device="cuda", dtype=dtype, max_tokens=64)
-            t = m.generate(prompt, 8)
-            tokens = tokens or t.token_ids[:4]
+        for dtype in ("float32", "bfloat16"):        # the same tokens fed to both (fp32's greedy run)
+            eng = engine.load(tmp / "sl", device="cuda", dtype=dtype, max_context=64)
             with torch.inference_mode():
-                logits[dtype] = torch.stack([m.decode_step(tok, len(prompt) + i).clone()
+                first = eng.runner.prefill(prompt)
+                tokens = tokens or [int(first.argmax())] + [3, 11, 29]
+                logits[dtype] = torch.stack([eng.runner.decode(tok, len(prompt) + i).clone()
                                              for i, tok in enumerate(tokens)])
-            m.close()
-        a, b = logits[torch.float32].double(), logits[torch.bfloat16].double()
+            eng.close()
+        a, b = logits["float32"].double(), logits["bfloat16"].double()
         rel = ((a - b).norm() / a.norm()).item()
         hf = _hf_bf16_error(tmp / "hf", prompt + tokens)
         rows.append({"family": family, "rel_err_bf16_vs_fp32": rel, "transformers_bf16_vs_fp32": hf})
@@ -203,67 +203,34 @@ def _hf_bf16_error(hf_dir, ids):
     return ((a - b).norm() / a.norm()).item()
 
 
-def stage_profile():
-    """Where a decode token's time goes with every expert resident (no streaming): cProfile."""
-    import cProfile
-    import io
-    import pstats
-    import random
-
-    from engine.tools.presets import write_sluice_dir
-    from engine.runtime.cuda_model import CudaModel
-    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
-    rows = {}
-    for graphs in (True, False):
-        m = CudaModel(path, vram_budget="24GB", ram_cache="8GB", max_tokens=256, max_prompt_tokens=64,
-                      use_graphs=graphs)
-        rng = random.Random(0)
-        prompt, feed = [rng.randrange(50000) for _ in range(64)], [rng.randrange(50000) for _ in range(160)]
-        m.generate(prompt, 96, feed_ids=feed)                   # fill the banks
-        prof = cProfile.Profile()
-        prof.enable()
-        t = m.generate(prompt, 64, feed_ids=feed[96:])
-        prof.disable()
-        m.close()
-        rows[f"graphs={graphs}"] = t.decode_s / 63 * 1e3
-        print(f"olmoe fp8 all resident, graphs {graphs}: {t.decode_s / 63 * 1e3:.2f} ms/token")
-        if graphs:
-            text = io.StringIO()
-            pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
-            print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
-    RESULTS["profile_ms_per_token"] = rows
-    save()
-
-
-def _dig(snap, path):
-    for key in path:
-        snap = snap.get(key, 0) if isinstance(snap, dict) else 0
-    return snap or 0
+def _sampled(max_new_tokens: int):
+    from engine import GenerationParams
+    return GenerationParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=0, ignore_eos=True)
 
 
 def stage_profile_stream():
-    """Where a decode token's time goes while experts stream (OLMoE fp8, 4 GB VRAM, RAM unconstrained):
-    telemetry per token, cProfile (host) and torch.profiler (device) over the same tokens."""
+    """Where a decode token's time goes while experts stream (OLMoE fp8, 4 GB VRAM, RAM unconstrained),
+    through Engine.generate: telemetry per token, cProfile (host) and torch.profiler (device)."""
     import cProfile
     import io
     import pstats
     import random
 
-    import torch
-
+    import engine
+    from engine.runtime.telemetry import delta
+    from engine.tools.bench import _timed_generate
     from engine.tools.presets import write_sluice_dir
-    from engine.runtime.cuda_model import CudaModel
     path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
-    m = CudaModel(path, vram_budget="4GB", ram_cache="16GB", max_tokens=1024, max_prompt_tokens=512)
+    eng = engine.load(path, device="cuda", vram_budget="4GB", ram_cache="16GB", max_context=1024)
     rng = random.Random(0)
-    prompt, feed = [rng.randrange(50000) for _ in range(512)], [rng.randrange(50000) for _ in range(400)]
-    m.generate(prompt, 96, feed_ids=feed)                           # fill RAM and banks
-    t = m.generate(prompt[:64], 64, feed_ids=feed[100:])
-    before, after = t.after_prefill, m.telemetry.snapshot()       # decode only
+    prompt = [rng.randrange(50000) for _ in range(512)]
+    _timed_generate(eng, prompt, _sampled(96))                         # fill RAM and banks
+    t = _timed_generate(eng, prompt[:64], _sampled(64))
+    before, after = t.after_prefill, eng.telemetry()                 # decode only
     ms = t.decode_s / 63 * 1e3
-    print(f"streaming decode: {ms:.2f} ms/token ({1e3 / ms:.1f} tok/s); slots/bank {m.plan.slots_per_bank}, "
-          f"RAM slots {m.cache.num_slots}")
-    d = lambda *path: _dig(after, path) - _dig(before, path)      # noqa: E731 - per-run deltas
+    print(f"streaming decode: {ms:.2f} ms/token ({1e3 / ms:.1f} tok/s); slots/bank {eng.plan.slots_per_bank}, "
+          f"RAM slots {eng.runner.cache.num_slots}")
+    d = lambda *path: delta(after, before, *path)                 # noqa: E731 - per-run deltas
     print(f"  per token: VRAM hits {d('vram', 'hits') / 63:.1f} misses {d('vram', 'misses') / 63:.1f}, "
           f"RAM hits {d('ram_cache', 'hits') / 63:.1f}, h2d {d('h2d', 'bytes') / 63 / 1e6:.0f} MB, "
           f"d2h {d('d2h', 'bytes') / 63 / 1e6:.0f} MB, disk {d('disk', 'bytes_read') / 63 / 1e6:.0f} MB, "
@@ -271,18 +238,13 @@ def stage_profile_stream():
           f"prefetch used {d('prefetch', 'used')}/{d('prefetch', 'issued')}")
     prof = cProfile.Profile()
     prof.enable()
-    t = m.generate(prompt[:64], 32, feed_ids=feed[200:])
+    _timed_generate(eng, prompt[:64], _sampled(32))
     prof.disable()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
     print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as p:
-        t = m.generate(prompt[:64], 32, feed_ids=feed[300:])
-    print(p.key_averages().table(sort_by="self_cuda_time_total", row_limit=14, max_name_column_width=50))
-    print(f"profiled run: {t.decode_s / 31 * 1e3:.2f} ms/token")
     RESULTS["profile_stream"] = {"ms_per_token": ms}
-    m.close()
+    eng.close()
     save()
 
 
@@ -334,7 +296,6 @@ STAGES = {
     "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
     "tests": stage_tests,
     "logits": stage_logits,
-    "profile": stage_profile,
     "profile-stream": stage_profile_stream,
     "bench-olmoe": lambda: [
         bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
@@ -348,6 +309,9 @@ STAGES = {
         bench(f"olmoe-fp8-cap4g-ram{ram}", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB",
                                             "--ram-cache", ram, "--prompt-tokens", "512", "--new-tokens", "64"],
               cgroup_bytes=4 << 30) for ram in ("1536MiB", "2GiB", "2560MiB")],
+    "bench-olmoe-cap2g": lambda: bench("olmoe-fp8-cap4g-ram2GiB", [
+        "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "2GiB",
+        "--prompt-tokens", "512", "--new-tokens", "64"], cgroup_bytes=4 << 30),
     "bench-olmoe-free": lambda: bench("olmoe-fp8-ram-unconstrained", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "16GB",
         "--prompt-tokens", "512", "--new-tokens", "128"]),

@@ -56,8 +56,13 @@ class Attention:
         self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
         self.q_norm, self.k_norm = w.get(prefix + "q_norm.weight"), w.get(prefix + "k_norm.weight")
 
+    @staticmethod
+    def specs(num_kv_heads: int, head_dim: int) -> dict[str, StateSpec]:
+        """What one layer keeps per token: its keys and values."""
+        return {"k": StateSpec((num_kv_heads, head_dim)), "v": StateSpec((num_kv_heads, head_dim))}
+
     def state_specs(self) -> dict[str, StateSpec]:
-        return {"k": StateSpec((self.num_kv_heads, self.head_dim)), "v": StateSpec((self.num_kv_heads, self.head_dim))}
+        return self.specs(self.num_kv_heads, self.head_dim)
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         # T = tokens, Hq / Hkv = query / kv heads, D = head dim, S = positions held

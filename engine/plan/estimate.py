@@ -1,6 +1,6 @@
 """Will this model run here, and how fast? Computed from config.json and the file list alone.
 
-Decode speed is the roofline of DESIGN.md, the same bound `sluice bench` and the telemetry use:
+Decode speed is the roofline (docs/ARCHITECTURE.md), the same bound `sluice bench` and the telemetry use:
 
     tok/s = 1 / (disk_bytes / disk_bw + h2d_bytes / pcie_bw + compute_s)
 
@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import SluiceError
+from engine.model.spec import read_spec
+from engine.runtime.budget import MAX_CONTEXT_TOKENS
 
 QUANTS = ("bf16", "fp8", "nvfp4")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -29,7 +31,6 @@ FAST_TOK_S = 5.0                   # about reading speed: below this a chat feel
 # CPU value measured with engine.load on a 12-layer model whose experts all sat in slots (see the
 # setup README notes); CUDA value from the decode loop with CUDA graphs.
 LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 800e-6}
-MAX_CONTEXT_TOKENS = 8192          # engine.engine.MAX_CONTEXT_TOKENS: the KV cache the engine reserves
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 
 
@@ -122,16 +123,6 @@ def _hybrid_mixer_params(config: dict, full_attention: int) -> int:
     return sum(full_attention if t == "full_attention" else deltanet for t in types)
 
 
-def _hybrid_state_bytes(config: dict, context: int, elem: int) -> int:
-    """KV of the full-attention layers + fixed DeltaNet states (conv window, float32 recurrent state)."""
-    types = _layer_types(config)
-    linear = sum(t == "linear_attention" for t in types)
-    key, value, nv = _deltanet_dims(config)
-    kernel = config.get("linear_conv_kernel_dim", 4)
-    state = (2 * key + value) * (kernel - 1) * elem + key // config.get("linear_num_key_heads", 16) * value * 4
-    return 2 * (len(types) - linear) * context * _kv_width(config) * elem + linear * state
-
-
 def format_params(n: int) -> str:
     """30532122624 -> '30.5B'."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -215,7 +206,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
              hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
     """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
     import torch
-    from engine.runtime.budget import plan_budgets
+    from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
     from engine.format.layout import block_layout
     from engine.runtime.experts import decoded_expert_bytes
     if quant not in QUANTS:
@@ -232,20 +223,21 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
     dense_bytes = shape.dense_params * elem                          # loaded in the compute dtype
-    context = min(config.get("max_position_embeddings") or MAX_CONTEXT_TOKENS, MAX_CONTEXT_TOKENS)
-    kv_bytes = 2 * shape.num_layers * context * _kv_width(config) * elem
-    if shape.family in HYBRID_FAMILIES:
-        kv_bytes = _hybrid_state_bytes({**config, **config.get("text_config", {})}, context, elem)
+    kv_bytes = _state_bytes(config, {2: torch.bfloat16, 4: torch.float32}[elem])
     available = machine.ram_available_bytes
 
     # the CPU device keeps each resident expert decoded to float32 beside its block (engine.runtime.experts)
     decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
                                                     torch.float32)
 
+    spec = read_spec(config)
+    context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
+    workspace = prefill_workspace_bytes(spec, context, elem) if on_gpu else 0
+
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
                             num_moe_layers=shape.num_moe_layers, dense_bytes=dense_bytes, kv_bytes=kv_bytes,
-                            workspace_bytes=0, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
+                            workspace_bytes=workspace, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
                             default_vram=machine.vram_bytes * 9 // 10 if on_gpu else available // 4,
                             default_ram=available // 2, device_slot_bytes=block + decoded)
     try:
@@ -257,15 +249,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
             plan = plan_for(max(room, shape.top_k * block))
     except SluiceError as exc:
         plan, problem = None, str(exc)
-    slot_capacity = 2 * plan.slots_per_bank if plan else 0
-    ram_blocks = plan.ram_cache_bytes // block if plan else 0
-    if hit_rates is not None:
-        slot_hit, ram_hit = hit_rates
-    elif num_blocks:
-        slot_hit = min(1.0, slot_capacity / num_blocks)
-        ram_hit = 1.0 if slot_hit >= 1 else max(0.0, min(1.0, (ram_blocks - slot_capacity) / (num_blocks - slot_capacity)))
-    else:
-        slot_hit = ram_hit = 1.0
+    slot_hit, ram_hit = hit_rates if hit_rates is not None else _uniform_hit_rates(plan, num_blocks, block)
 
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
@@ -282,9 +266,27 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
                     slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
 
 
-def _kv_width(config: dict) -> int:
-    heads = config.get("num_key_value_heads") or config["num_attention_heads"]
-    return heads * (config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+def _uniform_hit_rates(plan, num_blocks: int, block: int) -> tuple[float, float]:
+    """(slot hit, RAM hit of the slot misses) of LRU caches under uniform routing: the fraction of all
+    expert blocks each tier holds (exclusive tiers: RAM holds what the slots do not)."""
+    if not num_blocks:
+        return 1.0, 1.0
+    slot_capacity = 2 * plan.slots_per_bank if plan else 0
+    ram_blocks = plan.ram_cache_bytes // block if plan else 0
+    slot_hit = min(1.0, slot_capacity / num_blocks)
+    if slot_hit >= 1:
+        return 1.0, 1.0
+    return slot_hit, min(1.0, ram_blocks / (num_blocks - slot_capacity))
+
+
+def _state_bytes(config: dict, dtype) -> int:
+    """The model state (KV cache, ...) the engine reserves: the family's own per-layer state at the
+    engine's context length."""
+    from engine.model.families import family_module
+    from engine.model.state import state_bytes
+    spec = read_spec(config)
+    context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
+    return state_bytes(family_module(spec.family).state_specs(spec), context, dtype)
 
 
 def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_s: float) -> tuple[str, str]:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import SluiceError
+
+MAX_CONTEXT_TOKENS = 8192      # the longest context the engine keeps state for, unless asked for more
 from engine.sizes import format_size
 
 

@@ -21,6 +21,7 @@ from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
+from engine.runtime.memory import DriverMemory
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
@@ -68,6 +69,8 @@ class Runner:
         telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes,
                       kv_tokens=max_tokens, vram_graph_bytes=graph_bytes)
         telemetry.info["device"] = str(self.device)
+        if self.is_cuda:
+            telemetry.attach_driver_vram(DriverMemory(self.device.index or 0).used_bytes)
         self.store = ExpertStore(model_dir, telemetry)
         self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)

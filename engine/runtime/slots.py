@@ -13,7 +13,6 @@ import torch
 from engine.runtime.telemetry import Telemetry
 
 Key = tuple[int, int]
-STATES = ("empty", "loading", "ready", "computing")
 
 
 class SlotBanks:

@@ -1,12 +1,25 @@
-"""Counters shared by the store, caches and generator; `snapshot()` is the DESIGN.md schema.
+"""Counters shared by the store, caches and generator; `snapshot()` is the schema in docs/ARCHITECTURE.md.
 
-Writers call `add`/`set` from the engine and reader threads; readers (GUI at 10 Hz, CLI, server)
-call `snapshot()` from any thread. One lock, plain ints and floats: cheap on both sides.
+Writers call `add`/`set`/`set_max` from the engine and reader threads; readers (GUI at 10 Hz, CLI,
+server) call `snapshot()` from any thread. One lock, plain ints and floats: cheap on both sides.
+Every counter is declared in COUNTERS (a typo fails loudly instead of becoming a new counter), and the
+figures derived from counters (hit rates, rates, per-phase deltas) are computed here only.
 """
 from __future__ import annotations
 
 import threading
-from collections import defaultdict
+
+from engine.runtime.memory import process_rss_bytes
+
+COUNTERS = frozenset({
+    "prompt_tokens", "generated_tokens", "decode_tok_s", "prefill_tok_s", "ttft_s", "decode_thread_core",
+    "ram_capacity_bytes", "ram_used_bytes", "ram_hits", "ram_misses", "ram_evictions",
+    "vram_budget_bytes", "vram_peak_bytes", "vram_used_bytes", "vram_slot_bytes", "vram_graph_bytes", "kv_tokens",
+    "vram_hits", "vram_misses",
+    "disk_bytes_read", "disk_reads", "disk_busy_s", "prefill_max_expert_reads",
+    "h2d_bytes", "h2d_busy_s", "d2h_bytes",
+    "spec_predicted", "spec_correct", "prefetch_issued", "prefetch_used",
+})
 
 
 def current_cpu() -> int:
@@ -18,31 +31,57 @@ def current_cpu() -> int:
         return -1
 
 
+def ratio(part: float, whole: float) -> float:
+    """part / whole, 0 when nothing happened (a hit rate before any lookup)."""
+    return part / whole if whole else 0.0
+
+
+def hit_rate(section: dict) -> float:
+    """hits / (hits + misses) of a snapshot section with `hits` and `misses` (ram_cache, vram)."""
+    return ratio(section.get("hits", 0), section.get("hits", 0) + section.get("misses", 0))
+
+
+def value_at(snapshot: dict, path: tuple[str, ...]) -> float:
+    for key in path:
+        snapshot = snapshot.get(key, 0) if isinstance(snapshot, dict) else 0
+    return float(snapshot or 0)
+
+
+def delta(after: dict, before: dict, *path: str) -> float:
+    """How much a counter grew between two snapshots (e.g. over the decode phase)."""
+    return value_at(after, path) - value_at(before or {}, path)
+
+
+def phase_hit_rate(after: dict, before: dict, section: str) -> float:
+    """The hit rate of `section` between two snapshots."""
+    hits = delta(after, before, section, "hits")
+    return ratio(hits, hits + delta(after, before, section, "misses"))
+
+
 class Telemetry:
     def __init__(self):
         self._lock = threading.Lock()
-        self._values: dict[str, float] = defaultdict(float)
+        self._values: dict[str, float] = dict.fromkeys(COUNTERS, 0.0)
+        self._values["decode_thread_core"] = -1
         self._slot_source = None      # callable -> list of slot dicts
+        self._driver_vram = None      # callable -> bytes the GPU driver shows for this process, or None
         self.warnings: list[str] = []
         self.info: dict = {}
 
     def add(self, **deltas: float) -> None:
         with self._lock:
-            for key, delta in deltas.items():
-                self._values[key] += delta
+            for key, value in deltas.items():
+                self._values[_declared(key)] += value
 
     def set(self, **values: float) -> None:
         with self._lock:
-            self._values.update(values)
+            for key, value in values.items():
+                self._values[_declared(key)] = value
 
     def set_max(self, **values: float) -> None:
         with self._lock:
             for key, value in values.items():
-                self._values[key] = max(self._values[key], value)
-
-    def get(self, key: str) -> float:
-        with self._lock:
-            return self._values[key]
+                self._values[_declared(key)] = max(self._values[key], value)
 
     def warn(self, message: str) -> None:
         with self._lock:
@@ -52,33 +91,47 @@ class Telemetry:
     def attach_slots(self, source) -> None:
         self._slot_source = source
 
+    def attach_driver_vram(self, source) -> None:
+        self._driver_vram = source
+
     def snapshot(self) -> dict:
         with self._lock:
             v = dict(self._values)
             warnings = list(self.warnings)
         slots = self._slot_source() if self._slot_source else []
-        i = lambda key: int(v.get(key, 0))                         # noqa: E731
-        rate = lambda num, secs: (v.get(num, 0) / v[secs] / 1e9) if v.get(secs) else 0.0   # noqa: E731
-        hits, misses = i("ram_hits"), i("ram_misses")
+        driver = self._driver_vram() if self._driver_vram else None
+        rss = process_rss_bytes()
+        i = lambda key: int(v[key])                                # noqa: E731
+        gbps = lambda num, secs: ratio(v[num], v[secs]) / 1e9       # noqa: E731
+        ram = {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"),
+               "hits": i("ram_hits"), "misses": i("ram_misses"), "evictions": i("ram_evictions")}
+        vram = {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
+                "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
+                "graph_bytes": i("vram_graph_bytes"), "kv_tokens": i("kv_tokens"),
+                "hits": i("vram_hits"), "misses": i("vram_misses"), "slots": slots,
+                "driver_bytes": driver or 0}
         return {
             "tokens": {"prompt": i("prompt_tokens"), "generated": i("generated_tokens")},
-            "speed": {"decode_tok_s": v.get("decode_tok_s", 0.0), "prefill_tok_s": v.get("prefill_tok_s", 0.0),
-                      "ttft_s": v.get("ttft_s", 0.0)},
-            "ram_cache": {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"),
-                          "hits": hits, "misses": misses, "evictions": i("ram_evictions"),
-                          "hit_rate": hits / (hits + misses) if hits + misses else 0.0},
-            "vram": {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
-                     "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
-                     "graph_bytes": i("vram_graph_bytes"), "kv_tokens": i("kv_tokens"),
-                     "hits": i("vram_hits"), "misses": i("vram_misses"), "slots": slots},
+            "speed": {"decode_tok_s": v["decode_tok_s"], "prefill_tok_s": v["prefill_tok_s"], "ttft_s": v["ttft_s"]},
+            "ram_cache": {**ram, "hit_rate": hit_rate(ram)},
+            "vram": {**vram, "hit_rate": hit_rate(vram)},
             "disk": {"bytes_read": i("disk_bytes_read"), "reads": i("disk_reads"),
-                     "read_gbps": rate("disk_bytes_read", "disk_busy_s"),
+                     "read_gbps": gbps("disk_bytes_read", "disk_busy_s"),
                      "max_reads_per_expert_in_prefill": i("prefill_max_expert_reads")},
-            "h2d": {"bytes": i("h2d_bytes"), "gbps": rate("h2d_bytes", "h2d_busy_s")},
+            "h2d": {"bytes": i("h2d_bytes"), "gbps": gbps("h2d_bytes", "h2d_busy_s")},
             "d2h": {"bytes": i("d2h_bytes")},     # VRAM victims written back to the RAM cache (exclusive tiers)
-            "speculation": {"predicted": i("spec_predicted"), "correct": i("spec_correct")},
+            "speculation": {"predicted": i("spec_predicted"), "correct": i("spec_correct"),
+                            "recall": ratio(v["spec_correct"], v["spec_predicted"])},
             "prefetch": {"issued": i("prefetch_issued"), "used": i("prefetch_used")},
+            # RSS counts the RAM cache's touched pages; the rest is what the process needs besides it
+            "process": {"rss_bytes": rss, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0)},
             "device": self.info.get("device", "cpu"),
-            "decode_thread_core": v.get("decode_thread_core", -1),
+            "decode_thread_core": v["decode_thread_core"],
             "warnings": warnings,
         }
+
+
+def _declared(key: str) -> str:
+    if key not in COUNTERS:
+        raise KeyError(f"telemetry counter '{key}' is not declared in engine.runtime.telemetry.COUNTERS")
+    return key

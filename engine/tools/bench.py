@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from engine.errors import SluiceError
+from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
 
 
@@ -79,8 +80,6 @@ def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, l
 
 
 def measure(model_dir: Path, args, opts, log) -> dict:
-    import torch
-
     from engine.plan import bandwidth
     from engine.format.modeldir import EXPERTS_FILE, open_model_dir
     md = open_model_dir(model_dir)
@@ -94,6 +93,9 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     max_tokens = args.prompt_tokens + args.new_tokens
     from engine import GenerationParams
     from engine.engine import Engine
+    if is_cuda:
+        import torch
+        torch.cuda.empty_cache()      # the probes' buffers: the driver-view VRAM below is the engine's own
     if opts.eager:
         os.environ["SLUICE_EAGER"] = "1"
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
@@ -108,45 +110,54 @@ def measure(model_dir: Path, args, opts, log) -> dict:
         end = eng.telemetry()
     finally:
         eng.close()
-    model = eng.runner
+    return _summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
+                    {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps})
+
+
+def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
+    """The bench's JSON: decode-phase figures are deltas between the snapshot after prefill and the end."""
+    import torch
+    spec, block_bytes = md.spec, md.layout.block_bytes
+    disk_bps, h2d_bps, hbm_bps = bps["disk"], bps["h2d"], bps["hbm_copy"]
     before = t.after_prefill
     decoded = max(t.new_tokens - 1, 1)
-    d = lambda *path: _get(end, path) - _get(before, path)            # noqa: E731 - decode-phase delta
+    d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
     disk_tok, h2d_tok = d("disk", "bytes_read") / decoded, d("h2d", "bytes") / decoded
-    dense_bytes = model.plan.dense_bytes - spec.vocab_size * spec.hidden_size * 2   # embedding: one row is read
-    gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes + model.plan.kv_bytes // 2
+    dense_bytes = plan.dense_bytes - spec.vocab_size * spec.hidden_size * 2   # embedding: one row is read
+    gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes + plan.kv_bytes // 2
     roofline_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps
     measured_s = t.decode_s / decoded
-    prefill_disk = _get(before, ("disk", "bytes_read"))
-    prefill_h2d = _get(before, ("h2d", "bytes"))
-    vram_hits, vram_misses = d("vram", "hits"), d("vram", "misses")
-    ram_hits, ram_misses = d("ram_cache", "hits"), d("ram_cache", "misses")
+    prefill_disk = value_at(before, ("disk", "bytes_read"))
+    prefill_h2d = value_at(before, ("h2d", "bytes"))
     expert_bytes = md.expert_bytes_total
     return {
-        "preset": args.preset, "quant": md.quant, "model_dir": str(md.path), "device": torch.cuda.get_device_name() if is_cuda else "cpu",
-        "expert_bytes": expert_bytes, "vram_budget_bytes": model.plan.vram_budget_bytes,
-        "ram_cache_bytes": model.plan.ram_cache_bytes, "slots_per_bank": model.plan.slots_per_bank,
-        "kv_tokens": max_tokens, "device_slot_bytes": model.plan.device_slot_bytes, "dense_bytes": model.plan.dense_bytes, "workspace_bytes": model.plan.workspace_bytes,
-        "streaming_factor": expert_bytes / (model.plan.vram_budget_bytes + model.plan.ram_cache_bytes),
-        "expert_cache_factor": expert_bytes / (2 * model.plan.slots_per_bank * block_bytes + model.plan.ram_cache_bytes),
-        "kernel": "triton" if model.kernel_verdict and model.kernel_verdict.ok else "torch",
+        "preset": args.preset, "quant": md.quant, "model_dir": str(md.path), "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "expert_bytes": expert_bytes, "vram_budget_bytes": plan.vram_budget_bytes,
+        "ram_cache_bytes": plan.ram_cache_bytes, "slots_per_bank": plan.slots_per_bank,
+        "kv_tokens": args.prompt_tokens + args.new_tokens, "device_slot_bytes": plan.device_slot_bytes, "dense_bytes": plan.dense_bytes, "workspace_bytes": plan.workspace_bytes,
+        "streaming_factor": expert_bytes / (plan.vram_budget_bytes + plan.ram_cache_bytes),
+        "expert_cache_factor": expert_bytes / (2 * plan.slots_per_bank * block_bytes + plan.ram_cache_bytes),
+        "kernel": "triton" if verdict and verdict.ok else "torch",
         "cuda_graphs": not opts.eager,
         "bandwidth_gbps": {"disk": disk_bps / 1e9, "h2d": h2d_bps / 1e9, "hbm_copy": hbm_bps / 1e9},
         "prompt_tokens": args.prompt_tokens, "new_tokens": t.new_tokens,
         "ttft_s": t.prefill_s, "prefill_tok_s": args.prompt_tokens / t.prefill_s,
         "decode_tok_s": decoded / t.decode_s,
         "prefill_bytes": {"disk": prefill_disk, "h2d": prefill_h2d},
-        "prefill_max_reads_per_expert_per_layer": _get(before, ("disk", "max_reads_per_expert_in_prefill")),
+        "prefill_max_reads_per_expert_per_layer": value_at(before, ("disk", "max_reads_per_expert_in_prefill")),
         "prefill_roofline_s": prefill_disk / disk_bps + prefill_h2d / h2d_bps,
         "decode_bytes_per_token": {"disk": disk_tok, "h2d": h2d_tok, "gpu_reads": gpu_tok},
-        "decode_hit_rate": {"vram": vram_hits / max(vram_hits + vram_misses, 1),
-                            "ram": ram_hits / max(ram_hits + ram_misses, 1)},
-        "speculation_recall": d("speculation", "correct") / max(d("speculation", "predicted"), 1),
+        "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
+                            "ram": phase_hit_rate(end, before, "ram_cache")},
+        "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
         "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
         "decode_roofline_s_per_token": roofline_s, "decode_s_per_token": measured_s,
         "decode_efficiency": roofline_s / measured_s,
         "vram_peak_bytes": end["vram"]["peak_bytes"],
-        "vram_peak_within_budget": end["vram"]["peak_bytes"] <= model.plan.vram_budget_bytes,
+        "vram_peak_within_budget": end["vram"]["peak_bytes"] <= plan.vram_budget_bytes,
+        "vram_driver_bytes": max(end["vram"]["driver_bytes"], before["vram"]["driver_bytes"]),
+        "process_rss_bytes": max(end["process"]["rss_bytes"], before["process"]["rss_bytes"]),
+        "process_non_cache_bytes": max(end["process"]["non_cache_bytes"], before["process"]["non_cache_bytes"]),
         "warnings": end["warnings"],
     }
 
@@ -172,13 +183,6 @@ def _timed_generate(eng, prompt: list[int], params) -> _Timings:
     return t
 
 
-def _get(snapshot: dict, path) -> float:
-    value = snapshot
-    for key in path:
-        value = value.get(key, 0) if isinstance(value, dict) else 0
-    return float(value or 0)
-
-
 def report(r: dict) -> str:
     gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
     lines = [
@@ -200,7 +204,10 @@ def report(r: dict) -> str:
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
         f"VRAM peak    {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget "
-        f"({'within' if r['vram_peak_within_budget'] else 'OVER'})",
+        f"({'within' if r['vram_peak_within_budget'] else 'OVER'}); the driver shows "
+        f"{format_size(r['vram_driver_bytes']) if r['vram_driver_bytes'] else 'n/a (no NVML)'} for the process",
+        f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
+        f"{format_size(r['process_non_cache_bytes'])}",
     ]
     if "baseline" in r:
         b = r["baseline"]

@@ -1,4 +1,4 @@
-"""`sluice` command line (the contract in DESIGN.md). Errors: one sentence on stderr, non-zero exit."""
+"""`sluice` command line (the contract in README.md, "Command line"). Errors: one sentence on stderr, non-zero exit."""
 from __future__ import annotations
 
 import argparse

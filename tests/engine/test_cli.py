@@ -1,4 +1,4 @@
-"""The command-line contract of DESIGN.md, called exactly as external tests and benchmarks call it."""
+"""The command-line contract (README.md, "Command line"), called exactly as external tests and benchmarks call it."""
 import json
 import subprocess
 import sys

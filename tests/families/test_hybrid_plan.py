@@ -4,10 +4,9 @@ import pytest
 import torch
 
 from engine import SluiceError
-from engine.model.families.hybrid import GatedAttention, GatedDeltaNet, dims
+from engine.model.families.hybrid import dims
 from engine.model.spec import read_spec
-from engine.model.state import state_bytes
-from engine.plan.estimate import MAX_CONTEXT_TOKENS, _hybrid_state_bytes, model_shape
+from engine.plan.estimate import MAX_CONTEXT_TOKENS, _state_bytes, model_shape
 from tests.families.hybrid_models import QWEN3_5_TEXT, QWEN3_NEXT, VISION
 
 
@@ -35,21 +34,16 @@ def test_parameter_counts_match_transformers(make):
 
 
 @pytest.mark.parametrize("make", [qwen3_next_config, qwen3_5_config])
-def test_state_bytes_of_the_estimate_equal_the_engine(make):
+def test_state_in_the_estimate_is_kv_of_attention_layers_plus_fixed_deltanet_state(make):
     config = make()
     spec = read_spec(config)
-    merged = {**config, **config.get("text_config", {})}
     d = dims(spec)
-    specs = [GatedDeltaNet.state_specs(_Holder(d=d)) if d.is_linear(layer) else
-             GatedAttention.state_specs(_Holder(num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim))
-             for layer in range(spec.num_layers)]
-    assert _hybrid_state_bytes(merged, MAX_CONTEXT_TOKENS, 4) == state_bytes(specs, MAX_CONTEXT_TOKENS, torch.float32)
-
-
-class _Holder:
-    """The fields a mixer's state_specs reads (no weights needed)."""
-    def __init__(self, **fields):
-        self.__dict__.update(fields)
+    linear = sum(d.is_linear(layer) for layer in range(spec.num_layers))
+    context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
+    kv = 2 * (spec.num_layers - linear) * context * spec.num_kv_heads * spec.head_dim * 4
+    fixed = linear * (d.conv_channels * (d.conv_kernel - 1) * 4 + d.num_v_heads * d.k_head_dim * d.v_head_dim * 4)
+    assert _state_bytes(config, torch.float32) == kv + fixed
+    assert _state_bytes(config, torch.bfloat16) < kv + fixed      # KV and conv window in bf16, recurrent stays fp32
 
 
 def test_layer_pattern_from_full_attention_interval_and_real_qwen3_next_keys():

@@ -1,6 +1,9 @@
-"""Model families: each module reads its config quirks into a ModelSpec (`read_spec(cfg)`) and builds
-a Model from the dense weights (`build(spec, weights, dtype, device)`). A new family is one module
-here, registered in FAMILIES (imported on first use: this file imports nothing of the model)."""
+"""Model families. Each module here provides
+    read_spec(cfg) -> ModelSpec                      its config quirks (cfg: the transformers config)
+    state_specs(spec) -> [ {name: StateSpec} ]       per-layer state, from the config alone (estimate)
+    build(spec, weights, dtype, device) -> Model     its blocks over the dense weights
+A new family is one module, registered in FAMILIES (imported on first use: this file imports
+nothing of the model, so engine.model.spec can list the families)."""
 from __future__ import annotations
 
 import importlib

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.model import deltanet
-from engine.model.block import Block, Mlp, Rope, Router, Step
+from engine.model.block import Attention, Block, Mlp, Rope, Router, Step
 from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
 from engine.model.layers import apply_rope, attention, linear
 from engine.model.model import Model
@@ -50,6 +50,14 @@ def read_spec(cfg) -> ModelSpec:
 
 def dims(spec: ModelSpec) -> HybridDims:
     return read_hybrid_dims(spec.cfg)
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """Per-layer state from the config alone (the estimate uses it): KV for attention layers, fixed
+    DeltaNet state for the others."""
+    d = dims(spec)
+    return [GatedDeltaNet.specs(d) if d.is_linear(layer) else Attention.specs(spec.num_kv_heads, spec.head_dim)
+            for layer in range(spec.num_layers)]
 
 
 def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -93,7 +101,7 @@ class GatedAttention:
         self.q_norm, self.k_norm = w[prefix + "q_norm.weight"], w[prefix + "k_norm.weight"]
 
     def state_specs(self) -> dict[str, StateSpec]:
-        return {"k": StateSpec((self.num_kv_heads, self.head_dim)), "v": StateSpec((self.num_kv_heads, self.head_dim))}
+        return Attention.specs(self.num_kv_heads, self.head_dim)
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         # T = tokens, Hq / Hkv = query / kv heads, D = head dim
@@ -121,10 +129,14 @@ class GatedDeltaNet:
         self.a_log, self.dt_bias = w[prefix + "A_log"], w[prefix + "dt_bias"]
         self.norm, self.out = w[prefix + "norm.weight"], w[prefix + "out_proj.weight"]
 
-    def state_specs(self) -> dict[str, StateSpec]:
-        d = self.d
+    @staticmethod
+    def specs(d: HybridDims) -> dict[str, StateSpec]:
+        """Fixed size: the conv window (compute dtype) and the recurrent state (float32)."""
         return {"conv": StateSpec((d.conv_channels, d.conv_kernel - 1), per_token=False),
                 "recurrent": StateSpec((d.num_v_heads, d.k_head_dim, d.v_head_dim), per_token=False, dtype=torch.float32)}
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return self.specs(self.d)
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         # T = tokens, Hk / Hv = key / value heads, Dk / Dv = their dims, C = conv channels

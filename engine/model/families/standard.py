@@ -12,6 +12,7 @@ import torch
 from engine.model.block import Attention, Block, Mlp, Rope, Router
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
+from engine.model.state import StateSpec
 
 FAMILY_NAMES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
 
@@ -57,6 +58,11 @@ def _sliding_windows(cfg, family: str, num_layers: int) -> tuple[int | None, ...
     if family == "olmoe":
         return (None,) * num_layers
     return (window,) * num_layers
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """Per-layer state (keys and values), known from the config alone (the estimate uses it)."""
+    return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:

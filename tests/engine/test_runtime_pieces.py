@@ -1,0 +1,77 @@
+"""The runtime's pieces on their own: declared telemetry, model state, and the decode step agreeing
+with prefill (one model definition drives both)."""
+import pytest
+import torch
+
+import engine
+from engine.model.state import ModelState, StateSpec
+from engine.runtime.telemetry import COUNTERS, Telemetry, delta, phase_hit_rate
+
+
+def test_a_misspelt_telemetry_counter_fails_instead_of_becoming_a_new_one():
+    t = Telemetry()
+    with pytest.raises(KeyError, match="ram_hist"):
+        t.add(ram_hist=1)
+    with pytest.raises(KeyError):
+        t.set(decode_toks=1.0)
+    assert "ram_hits" in COUNTERS
+
+
+def test_hit_rates_and_phase_deltas_are_derived_in_one_place():
+    t = Telemetry()
+    t.add(ram_hits=1, ram_misses=3, vram_hits=6, vram_misses=2)
+    before = t.snapshot()
+    t.add(ram_hits=3, ram_misses=1)
+    after = t.snapshot()
+    assert after["ram_cache"]["hit_rate"] == 0.5 and after["vram"]["hit_rate"] == 0.75
+    assert phase_hit_rate(after, before, "ram_cache") == 0.75           # only what happened in between
+    assert delta(after, before, "ram_cache", "hits") == 3
+    assert Telemetry().snapshot()["ram_cache"]["hit_rate"] == 0.0        # nothing looked up yet
+
+
+def test_growing_state_keeps_earlier_positions_and_reset_clears_fixed_state():
+    specs = [{"k": StateSpec((2,)), "conv": StateSpec((3,), per_token=False)}]
+    state = ModelState(specs, max_tokens=40, dtype=torch.float32, device=torch.device("cpu"), static=False,
+                       initial_tokens=4)
+    first = torch.arange(6.0).view(3, 2)
+    state.append(0, "k", torch.arange(3), 0, first)
+    grown = state.append(0, "k", torch.arange(3, 9), 3, torch.ones(6, 2))     # past the initial 4: grows
+    assert grown.shape == (9, 2) and torch.equal(grown[:3], first)
+    state.fixed(0, "conv").fill_(5)
+    state.reset()
+    assert state.fixed(0, "conv").abs().sum() == 0
+
+
+def test_static_state_writes_at_device_positions_and_returns_the_whole_buffer():
+    state = ModelState([{"k": StateSpec((1,))}], max_tokens=8, dtype=torch.float32, device=torch.device("cpu"),
+                       static=True)
+    out = state.append(0, "k", torch.tensor([5]), None, torch.tensor([[7.0]]))
+    assert out.shape == (8, 1) and out[5, 0] == 7 and out[:5].abs().sum() == 0      # zeros, never garbage
+
+
+@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe"])
+def test_decode_step_continues_what_prefill_computed(sluice_models, family):
+    """prefill(p + [t]) and prefill(p) then decode(t) must give the same logits: one definition of
+    the model drives both paths, and the state written by prefill is the one decode reads."""
+    eng = engine.load(sluice_models(family, "bf16"))
+    prompt = [5, 17, 42, 99, 3, 250, 7]
+    try:
+        with torch.inference_mode():
+            whole = eng.runner.prefill(prompt).clone()
+            eng.runner.prefill(prompt[:-1])
+            stepped = eng.runner.decode(prompt[-1], len(prompt) - 1).clone()
+            routed_and_guessed = eng.runner.step.out[eng.spec.moe_layers[0]].ids
+    finally:
+        eng.close()
+    torch.testing.assert_close(stepped, whole, rtol=1e-4, atol=1e-4)
+    # a MoE layer's ids: its top-k, then the next MoE layer's own router's guess on the same input
+    assert routed_and_guessed.numel() == 2 * eng.spec.top_k
+
+
+def test_the_snapshot_says_what_the_process_holds_besides_the_cache():
+    t = Telemetry()
+    t.set(ram_used_bytes=1 << 20)
+    process = t.snapshot()["process"]
+    assert process["rss_bytes"] > 50 << 20                           # this test process: torch is loaded
+    assert process["non_cache_bytes"] == process["rss_bytes"] - (1 << 20)
+    assert t.snapshot()["vram"]["driver_bytes"] == 0                 # no GPU driver attached
