@@ -98,6 +98,7 @@ class Engine:
             return self.tokenizer(prompt)["input_ids"], False
         if not getattr(self.tokenizer, "chat_template", None):
             raise SluiceError("This model has no chat template; use a plain prompt instead of chat mode.")
+        _refuse_images(prompt)
         ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids), True
 
@@ -170,6 +171,16 @@ class Engine:
             with torch.inference_mode():
                 logits = self.runner.decode(token, position)
             position += 1
+
+
+def _refuse_images(messages) -> None:
+    """Sluice runs text models (of a vision-language checkpoint, the text part only)."""
+    for m in messages:
+        parts = m.get("content") if isinstance(m, dict) else None
+        has_media = isinstance(parts, list) and any(isinstance(p, dict) and p.get("type", "text") != "text" for p in parts)
+        if has_media or (isinstance(m, dict) and (m.get("images") or m.get("image"))):
+            raise SluiceError("Images are not supported: Sluice runs the text part of this model only; "
+                              "send the message without the image.")
 
 
 def _pick_device(device: str) -> torch.device:

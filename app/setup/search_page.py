@@ -5,6 +5,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWizardPage)
 
+from engine.hub.search import supported_families
+
 from .task import Task, stop_and_wait
 
 COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
@@ -102,7 +104,7 @@ class SearchPage(QWizardPage):
             if not hit.is_supported:
                 for col in range(len(COLUMNS)):
                     item.setForeground(col, self.palette().placeholderText())
-                item.setToolTip(0, "Sluice runs qwen3_moe, mixtral, olmoe and qwen2_moe models")
+                item.setToolTip(0, f"Sluice runs {', '.join(supported_families())} models")
             self.results.addTopLevelItem(item)
         supported = sum(h.is_supported for h in hits)
         self.status.setText(f"{len(hits)} models found, {supported} of them run in Sluice (listed first)."

@@ -22,7 +22,7 @@ from engine.errors import SluiceError
 from engine.format.layout import block_layout
 from engine.format.quant import FORMATS, quantize
 from engine.sizes import format_size
-from engine.model.spec import ModelSpec, canonical_dense_name, load_config_dict, read_spec
+from engine.model.spec import ModelSpec, canonical_dense_name, is_text_model_tensor, load_config_dict, read_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
@@ -105,7 +105,8 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
 
     layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
     layer_bytes = spec.num_experts * layout.block_bytes
-    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")]
+    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")
+                   and is_text_model_tensor(spec.family, n)]
     dense_bytes = sum(ckpt.nbytes(n) * (2 if n + "_scale_inv" in ckpt else 1) for n in dense_names)
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
 

@@ -21,6 +21,7 @@ from engine.model.families import FAMILIES, family_module
 SUPPORTED_FAMILIES = tuple(FAMILIES)
 _EXPERT_PREFIX = {"mixtral": "block_sparse_moe"}                  # checkpoint module name of the MoE block
 _EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}
+_TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
 
 
 @dataclass(frozen=True)
@@ -57,17 +58,26 @@ class ModelSpec:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         block = _EXPERT_PREFIX.get(self.family, "mlp")
         name = _EXPERT_PROJ.get(self.family, {}).get(proj, f"{proj}_proj")
-        return f"model.layers.{layer}.{block}.experts.{expert}.{name}.weight"
+        return f"{_TEXT_PREFIX.get(self.family, 'model.')}layers.{layer}.{block}.experts.{expert}.{name}.weight"
 
     def fused_expert_names(self, layer: int) -> tuple[str, str]:
         """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
-        return (f"model.layers.{layer}.mlp.experts.gate_up_proj", f"model.layers.{layer}.mlp.experts.down_proj")
+        p = f"{_TEXT_PREFIX.get(self.family, 'model.')}layers.{layer}.mlp.experts."
+        return p + "gate_up_proj", p + "down_proj"
 
 
 def canonical_dense_name(family: str, name: str) -> str:
-    """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`)."""
+    """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`,
+    Qwen3.5's `model.language_model.` -> `model.`)."""
     prefix = _EXPERT_PREFIX.get(family)
+    if family in _TEXT_PREFIX and name.startswith(_TEXT_PREFIX[family]):
+        name = "model." + name[len(_TEXT_PREFIX[family]):]
     return name.replace(f".{prefix}.", ".mlp.") if prefix else name
+
+
+def is_text_model_tensor(family: str, name: str) -> bool:
+    """False for the parts Sluice does not run: a vision tower, multi-token-prediction heads."""
+    return not name.startswith(("model.visual.", "mtp.", "model.mtp."))
 
 
 def load_config_dict(path: str | Path) -> dict:

@@ -57,6 +57,8 @@ class ModelShape:
 def model_shape(config: dict) -> ModelShape:
     """Parameter counts of a supported MoE config (matches transformers' num_parameters())."""
     family = config.get("model_type", "?")
+    if isinstance(config.get("text_config"), dict):       # a vision-language checkpoint: its text model only
+        config = {**config, **config["text_config"], "model_type": family}
     try:
         H, L, V = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
         nh = config["num_attention_heads"]
@@ -80,8 +82,10 @@ def model_shape(config: dict) -> ModelShape:
     shared = 0
     if config.get("shared_expert_intermediate_size"):
         shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
-    per_layer = attn + 2 * H
-    dense_params = L * per_layer + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
+    mixers = L * attn
+    if family in HYBRID_FAMILIES:
+        mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
+    dense_params = mixers + L * 2 * H + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
     dense_params += len(moe_layer_ids) * (E * H + shared)                # routers, shared experts
     embedding = V * H
     dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
@@ -89,6 +93,34 @@ def model_shape(config: dict) -> ModelShape:
     total = dense_params + len(moe_layer_ids) * E * expert
     active = dense_params + len(moe_layer_ids) * k * expert
     return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
+
+
+# ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")
+
+
+def _layer_types(config: dict) -> list[str]:
+    L = config["num_hidden_layers"]
+    interval = config.get("full_attention_interval") or 4
+    return config.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                         for i in range(L)]
+
+
+def _deltanet_dims(config: dict) -> tuple[int, int, int]:
+    """(key width, value width, value heads) of a DeltaNet layer."""
+    nv = config.get("linear_num_value_heads", 32)
+    return (config.get("linear_num_key_heads", 16) * config.get("linear_key_head_dim", 128),
+            nv * config.get("linear_value_head_dim", 128), nv)
+
+
+def _hybrid_mixer_params(config: dict, full_attention: int) -> int:
+    H, kernel = config["hidden_size"], config.get("linear_conv_kernel_dim", 4)
+    key, value, nv = _deltanet_dims(config)
+    deltanet = (H * (2 * key + 2 * value + 2 * nv)           # in_proj q, k, v, z, b, a
+                + (2 * key + value) * kernel + 2 * nv        # conv1d, A_log, dt_bias
+                + value // nv + value * H)                   # gated norm, out_proj
+    types = _layer_types(config)
+    return sum(full_attention if t == "full_attention" else deltanet for t in types)
 
 
 def format_params(n: int) -> str:

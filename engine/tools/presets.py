@@ -33,6 +33,15 @@ PRESETS = {
                           num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
                           max_position_embeddings=40960, rope_theta=1000000.0, rms_norm_eps=1e-6,
                           norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], tie_word_embeddings=False),
+    # Qwen/Qwen3.5-35B-A3B config.json, text model (all 40 layers: 30 Gated DeltaNet, 10 gated attention;
+    # 256 experts + 1 shared, top-8); the vision tower is not part of the benchmark
+    "qwen3.5-35b-a3b": dict(model_type="qwen3_5_moe", text_config=dict(
+        vocab_size=248320, hidden_size=2048, num_hidden_layers=40, full_attention_interval=4,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})),
 }
 NUM_DISTINCT_BLOCKS = 16
 
@@ -156,4 +165,5 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
 
 
 def _architecture(config: dict) -> str:
-    return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}[config["model_type"]]
+    return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
+            "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}[config["model_type"]]

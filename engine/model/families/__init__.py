@@ -12,6 +12,7 @@ from types import ModuleType
 # model_type (config.json) -> module in this package
 FAMILIES: dict[str, str] = {
     "qwen3_moe": "standard", "mixtral": "standard", "olmoe": "standard", "qwen2_moe": "standard",
+    "qwen3_next": "hybrid", "qwen3_5_moe": "hybrid",          # Gated-DeltaNet hybrids
 }
 
 

@@ -1,0 +1,192 @@
+"""qwen3_next, qwen3_5_moe (text model): Gated-DeltaNet hybrids with a softmax top-k MoE.
+
+Each layer mixes tokens either with a Gated DeltaNet (fixed-size conv + recurrent state, see
+engine.model.deltanet) or with gated full attention (q projection carries a per-head output gate,
+sigmoid(gate) * attention before o_proj; per-head q/k norm; rotary on the first rotary_dim dims
+of a head). Every RMSNorm outside the DeltaNet's gated norm scales by (1 + w). The MoE block is the
+softmax top-k router plus a sigmoid-gated shared expert. Checkpoint quirks are fixed at load:
+Qwen3-Next's head-interleaved in_proj_qkvz / in_proj_ba become Qwen3.5's in_proj_qkv, in_proj_z,
+in_proj_b, in_proj_a, so one code path runs both; Qwen3.5's vision tower is skipped at repack.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.model import deltanet
+from engine.model.block import Attention, Block, Mlp, Rope, Router, Step
+from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
+from engine.model.layers import apply_rope, attention, linear
+from engine.model.model import Model
+from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
+from engine.model.state import StateSpec
+
+
+def read_spec(cfg) -> ModelSpec:
+    family = cfg.model_type
+    if family == "qwen3_5_moe":
+        cfg = cfg.text_config            # the text model only
+    num_layers, num_experts = cfg.num_hidden_layers, cfg.num_experts
+    if family == "qwen3_next":
+        mlp_only = set(cfg.mlp_only_layers or [])
+        moe_layers = tuple(i for i in range(num_layers)
+                           if i not in mlp_only and num_experts > 0 and (i + 1) % cfg.decoder_sparse_step == 0)
+    else:
+        moe_layers = tuple(range(num_layers))
+    read_hybrid_dims(cfg)                # refuses unknown layer types early
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    return ModelSpec(
+        family=family, num_layers=num_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+        head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        rms_eps=cfg.rms_norm_eps, num_experts=num_experts, top_k=cfg.num_experts_per_tok,
+        expert_intermediate=cfg.moe_intermediate_size,
+        norm_topk_prob=bool(getattr(cfg, "norm_topk_prob", True)),    # Qwen3.5 always renormalises
+        moe_layers=moe_layers, dense_intermediate=getattr(cfg, "intermediate_size", 0),
+        shared_expert_intermediate=cfg.shared_expert_intermediate_size, qk_norm="head", clip_qkv=None,
+        sliding_windows=(None,) * num_layers, tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        eos_token_ids=as_ids(getattr(cfg, "eos_token_id", None)), max_position_embeddings=cfg.max_position_embeddings,
+        rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)), cfg=cfg)
+
+
+def dims(spec: ModelSpec) -> HybridDims:
+    return read_hybrid_dims(spec.cfg)
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """Per-layer state from the config alone (the estimate uses it): KV for attention layers, fixed
+    DeltaNet state for the others."""
+    d = dims(spec)
+    return [GatedDeltaNet.specs(d) if d.is_linear(layer) else Attention.specs(spec.num_kv_heads, spec.head_dim)
+            for layer in range(spec.num_layers)]
+
+
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm scaled by (1 + w), computed in float32 and cast back (as the reference rounds)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * (1.0 + weight.float())).to(x.dtype)
+
+
+def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary on the first R dims of each head (cos, sin [T, 1, R]); the rest passes through."""
+    rotary = cos.shape[-1]
+    return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+
+
+def split_qwen3_next_projections(weights: dict[str, torch.Tensor], d: HybridDims) -> None:
+    """Qwen3-Next's fused DeltaNet input projections -> Qwen3.5's separate ones (rows reordered, in place).
+
+    in_proj_qkvz rows are grouped per key head: [q_i, k_i, v of its value heads, z of its value heads];
+    in_proj_ba rows likewise [b of its value heads, a of its value heads]."""
+    nk, dk, per_group = d.num_k_heads, d.k_head_dim, d.num_v_heads // d.num_k_heads * d.v_head_dim
+    flat = lambda t: t.reshape(-1, t.shape[-1])          # noqa: E731  [nk, rows, H] -> [nk * rows, H]
+    for name in [n for n in weights if n.endswith("linear_attn.in_proj_qkvz.weight")]:
+        p = name.removesuffix("in_proj_qkvz.weight")
+        qkvz = weights.pop(name)
+        q, k, v, z = qkvz.view(nk, -1, qkvz.shape[-1]).split([dk, dk, per_group, per_group], dim=1)
+        weights[p + "in_proj_qkv.weight"] = torch.cat([flat(q), flat(k), flat(v)])
+        weights[p + "in_proj_z.weight"] = flat(z)
+        b, a = weights.pop(p + "in_proj_ba.weight").view(nk, -1, qkvz.shape[-1]).chunk(2, dim=1)
+        weights[p + "in_proj_b.weight"], weights[p + "in_proj_a.weight"] = flat(b), flat(a)
+
+
+class GatedAttention:
+    """GQA with a sigmoid output gate per query head, (1 + w) q/k norm per head, partial rotary.
+    KV goes to the step's state as "k" and "v"."""
+
+    def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, spec: ModelSpec, rope: Rope):
+        self.layer, self.rope, self.eps = layer, rope, spec.rms_eps
+        self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
+        self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
+        self.q_norm, self.k_norm = w[prefix + "q_norm.weight"], w[prefix + "k_norm.weight"]
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return Attention.specs(self.num_kv_heads, self.head_dim)
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        # T = tokens, Hq / Hkv = query / kv heads, D = head dim
+        q, gate = linear(x, *self.q).view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)   # [T, Hq, D] x2
+        k = linear(x, *self.k).view(-1, self.num_kv_heads, self.head_dim)
+        v = linear(x, *self.v).view(-1, self.num_kv_heads, self.head_dim)
+        q, k = offset_rms_norm(q, self.q_norm, self.eps), offset_rms_norm(k, self.k_norm, self.eps)
+        cos, sin = self.rope.cos_sin(step)
+        q, k = partial_rope(q, cos, sin), partial_rope(k, cos, sin)
+        keys = step.state.append(self.layer, "k", step.positions, step.start, k)
+        values = step.state.append(self.layer, "v", step.positions, step.start, v)
+        out = attention(q, keys, values, step.positions, None)                         # [T, Hq*D]
+        return linear(out * torch.sigmoid(gate.reshape(out.shape)), *self.o)
+
+
+class GatedDeltaNet:
+    """Short causal conv over q, k, v, then the gated delta rule (chunked for a prompt, one recurrent
+    step for one token: static shapes, state updated in place), gated RMSNorm, out_proj."""
+
+    def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, d: HybridDims, eps: float):
+        self.layer, self.d, self.eps = layer, d, eps
+        self.in_qkv, self.in_z = w[prefix + "in_proj_qkv.weight"], w[prefix + "in_proj_z.weight"]
+        self.in_a, self.in_b = w[prefix + "in_proj_a.weight"], w[prefix + "in_proj_b.weight"]
+        self.conv = w[prefix + "conv1d.weight"].view(d.conv_channels, -1)               # [C, K]
+        self.a_log, self.dt_bias = w[prefix + "A_log"], w[prefix + "dt_bias"]
+        self.norm, self.out = w[prefix + "norm.weight"], w[prefix + "out_proj.weight"]
+
+    @staticmethod
+    def specs(d: HybridDims) -> dict[str, StateSpec]:
+        """Fixed size: the conv window (compute dtype) and the recurrent state (float32)."""
+        return {"conv": StateSpec((d.conv_channels, d.conv_kernel - 1), per_token=False),
+                "recurrent": StateSpec((d.num_v_heads, d.k_head_dim, d.v_head_dim), per_token=False, dtype=torch.float32)}
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return self.specs(self.d)
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        # T = tokens, Hk / Hv = key / value heads, Dk / Dv = their dims, C = conv channels
+        d, T = self.d, x.shape[0]
+        qkv = deltanet.causal_conv(linear(x, self.in_qkv), step.state.fixed(self.layer, "conv"), self.conv)   # [T, C]
+        key_dim = d.num_k_heads * d.k_head_dim
+        q, k, v = qkv.split([key_dim, key_dim, d.num_v_heads * d.v_head_dim], dim=-1)
+        q, k = q.view(T, d.num_k_heads, d.k_head_dim), k.view(T, d.num_k_heads, d.k_head_dim)
+        v = v.view(T, d.num_v_heads, d.v_head_dim)
+        g, beta = deltanet.decay_and_beta(linear(x, self.in_a), linear(x, self.in_b), self.a_log, self.dt_bias)  # [T, Hv]
+        rule = deltanet.recurrent_delta_step if T == 1 else deltanet.chunked_delta_rule
+        out = rule(q, k, v, g, beta, step.state.fixed(self.layer, "recurrent"))        # [T, Hv, Dv]
+        z = linear(x, self.in_z).view(T, d.num_v_heads, d.v_head_dim)
+        return linear(deltanet.gated_rms_norm(out, z, self.norm, self.eps).reshape(T, -1), self.out)
+
+
+class OffsetNormBlock(Block):
+    """Block with (1 + w) pre- and post-norms."""
+
+    def mix(self, x: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x + self.mixer(offset_rms_norm(x, self.input_norm, self.eps), step)
+        return x, offset_rms_norm(x, self.post_norm, self.eps)
+
+
+class HybridModel(Model):
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(offset_rms_norm(x[-1:], self.final_norm, self.eps), self.lm_head)[0].float()
+
+
+def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
+    d = dims(spec)
+    if spec.family == "qwen3_next":
+        split_qwen3_next_projections(w, d)
+    if spec.rope_type == "default":     # partial rotary: the reference's default rope covers rotary_dim only
+        inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d.rotary_dim, 2, dtype=torch.float) / d.rotary_dim))
+        scaling = 1.0
+    else:
+        inv_freq, scaling = rope_inv_freq(spec)
+    rope = Rope(inv_freq.to(device), scaling, dtype)
+    blocks = []
+    for layer in range(spec.num_layers):
+        p = f"model.layers.{layer}."
+        mixer = GatedDeltaNet(layer, w, p + "linear_attn.", d, spec.rms_eps) if d.is_linear(layer) \
+            else GatedAttention(layer, w, p + "self_attn.", spec, rope)
+        norms = (w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"], spec.rms_eps)
+        if not spec.is_moe_layer(layer):
+            blocks.append(OffsetNormBlock(mixer, *norms, mlp=Mlp(w, p + "mlp.")))
+            continue
+        router = Router(w[p + "mlp.gate.weight"], spec.top_k, spec.norm_topk_prob)
+        shared = Mlp(w, p + "mlp.shared_expert.", gate=w[p + "mlp.shared_expert_gate.weight"])
+        blocks.append(OffsetNormBlock(mixer, *norms, router=router, shared=shared))
+    embed = w["model.embed_tokens.weight"]
+    return HybridModel(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps)
