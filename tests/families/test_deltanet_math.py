@@ -1,7 +1,6 @@
 """The DeltaNet math against transformers' own torch functions (qwen3_next), float32, random inputs."""
 import pytest
 import torch
-import torch.nn.functional as F
 
 from engine.model import deltanet
 
