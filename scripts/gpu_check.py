@@ -145,15 +145,15 @@ def _graph_time(call, n):
     return sorted(times)[len(times) // 2]
 
 
-def stage_tests():
+def stage_tests(paths=("tests/kernels", "tests/streaming"), extra=("-k", "not bench")):
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/kernels", "tests/streaming", "-q",
-                           "-p", "no:cacheprovider", "-k", "not bench"], cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra],
+                          cwd=ROOT, capture_output=True, text=True)
     (OUT / "pytest.txt").write_text(proc.stdout[-200000:] + "\n" + proc.stderr[-20000:])
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
     RESULTS["tests"] = {"rc": proc.returncode, "tail": tail, "stderr": proc.stderr[-2000:],
                         "seconds": time.perf_counter() - start}
-    print(f"pytest tests/kernels tests/streaming on GPU: rc {proc.returncode} in {time.perf_counter() - start:.0f} s")
+    print(f"pytest {' '.join(paths)} on GPU: rc {proc.returncode} in {time.perf_counter() - start:.0f} s")
     print(tail)
     save()
 
@@ -295,6 +295,7 @@ STAGES = {
     "kernels": stage_kernels,
     "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
     "tests": stage_tests,
+    "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
     "bench-olmoe": lambda: [
