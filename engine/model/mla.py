@@ -19,8 +19,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers import linear, rms_norm
-from engine.model.rotary import apply_rope_half, apply_rope_interleaved
+from engine.model.layers import apply_rope, linear, rms_norm
+from engine.model.rotary import apply_rope_interleaved
 
 # q_a_layernorm and kv_a_layernorm are built without the config's rms_norm_eps in every reference
 # implementation (DeepseekV2RMSNorm(rank) -> eps 1e-6), also where rms_norm_eps is 1e-5 (GLM-4.7-Flash).
@@ -107,18 +107,19 @@ class MlaAttention:
         return causal_attention(q, k, v, q_positions, s.softmax_scale)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                append: Callable[[str, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+                store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
         """x [T, D] (normed) at positions [T] -> attention output [T, D].
 
-        append(name, value [T, width]) stores this step's per-token state and returns all of it so far.
+        store(kv_latent [T, r], k_rope [T, dr]) keeps this step's per-token state (state_widths) and
+        returns all of it so far ([S, r], [S, dr]).
         """
         q = self.query(x, cos, sin)
         kv_latent, k_rope = self.latent(x, cos, sin)
-        out = self.attend(q, append("kv_latent", kv_latent), append("k_rope", k_rope), positions)
+        out = self.attend(q, *store(kv_latent, k_rope), positions)
         return linear(out, self.w["o_proj.weight"], self.w.get("o_proj.bias"))
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        return apply_rope_interleaved(x, cos, sin) if self.shape.rope_interleave else apply_rope_half(x, cos, sin)
+        return apply_rope_interleaved(x, cos, sin) if self.shape.rope_interleave else apply_rope(x, cos, sin)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,

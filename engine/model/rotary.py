@@ -4,7 +4,8 @@ Every variant uses the same tables: cos, sin = cat(freqs, freqs) * attention_sca
 R = rotary dim, broadcast over heads; `engine.model.layers.rope_cos_sin`). They differ in which
 dimensions are paired:
   half        (Llama, GLM, MiniMax)   x[i] with x[i + R/2]; with R < head_dim only the first R
-                                      dims rotate and the rest pass through (partial rotary)
+                                      dims rotate and the rest pass through (partial rotary):
+                                      `engine.model.layers.apply_rope`
   interleaved (DeepSeek, GLM-Lite)    x[2i] with x[2i+1]; the result is laid out de-interleaved
                                       (all first members, then all second members), as in
                                       transformers. Query and key get the same permutation, so
@@ -37,16 +38,6 @@ def rope_frequencies(cfg) -> tuple[torch.Tensor, float]:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu")
     return inv_freq.float(), float(scaling)
-
-
-def apply_rope_half(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, D]; rotates the first R = cos.shape[-1] dims in halves, passes the rest through."""
-    rotary = cos.shape[-1]
-    x_rot, x_pass = x[..., :rotary], x[..., rotary:]
-    half = rotary // 2
-    rotated = torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1)
-    out = x_rot * cos + rotated * sin
-    return torch.cat((out, x_pass), dim=-1) if x_pass.shape[-1] else out
 
 
 def apply_rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-from engine.model.layers import rope_cos_sin
+from engine.model.layers import apply_rope, rope_cos_sin
 from engine.model.mla import MlaAttention, MlaShape
-from engine.model.rotary import apply_rope_half, apply_rope_interleaved, rope_frequencies
+from engine.model.rotary import apply_rope_interleaved, rope_frequencies
 from engine.model.routers import GroupedRouter
 
 MLA = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16,
@@ -60,13 +60,14 @@ def test_mla_matches_transformers_in_prefill_and_decode(family, kw):
     inv_freq, scaling = rope_frequencies(cfg)
     state = {}
 
-    def append(name, value):
-        state[name] = torch.cat([state[name], value]) if name in state else value
-        return state[name]
+    def store(kv_latent, k_rope):
+        for name, value in (("kv_latent", kv_latent), ("k_rope", k_rope)):
+            state[name] = torch.cat([state[name], value]) if name in state else value
+        return state["kv_latent"], state["k_rope"]
 
     def step(lo, hi):
         cos, sin = rope_cos_sin(positions[lo:hi], inv_freq, scaling, torch.float32)
-        return mine.forward(x[0, lo:hi], cos, sin, positions[lo:hi], append)
+        return mine.forward(x[0, lo:hi], cos, sin, positions[lo:hi], store)
 
     got = torch.cat([step(0, 5)] + [step(t, t + 1) for t in range(5, T)])        # prefill 5, then decode one by one
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -99,8 +100,8 @@ def test_partial_rotary_rotates_the_first_dims_only_like_glm():
     inv_freq, scaling = rope_frequencies(cfg)
     assert inv_freq.shape == (4,)
     cos, sin = rope_cos_sin(torch.arange(6), inv_freq, scaling, torch.float32)
-    torch.testing.assert_close(apply_rope_half(q[0].transpose(0, 1), cos, sin), hq[0].transpose(0, 1))
-    torch.testing.assert_close(apply_rope_half(k[0].transpose(0, 1), cos, sin), hk[0].transpose(0, 1))
+    torch.testing.assert_close(apply_rope(q[0].transpose(0, 1), cos, sin), hq[0].transpose(0, 1))
+    torch.testing.assert_close(apply_rope(k[0].transpose(0, 1), cos, sin), hk[0].transpose(0, 1))
 
 
 ROUTER = dict(hidden_size=64, num_experts_per_tok=3, routed_scaling_factor=2.5, n_group=4, topk_group=2,

@@ -12,6 +12,9 @@ from types import ModuleType
 # model_type (config.json) -> module in this package
 FAMILIES: dict[str, str] = {
     "qwen3_moe": "standard", "mixtral": "standard", "olmoe": "standard", "qwen2_moe": "standard",
+    # DeepSeek-style: MLA or GQA, grouped sigmoid/softmax routers, shared experts, leading dense layers
+    "deepseek_v2": "deepseek_style", "deepseek_v3": "deepseek_style", "glm4_moe": "deepseek_style",
+    "glm4_moe_lite": "deepseek_style", "minimax_m2": "deepseek_style",
 }
 
 
