@@ -22,7 +22,7 @@ from engine.errors import SluiceError
 from engine.format.layout import block_layout
 from engine.format.quant import FORMATS, quantize
 from engine.sizes import format_size
-from engine.model.deepseek_style import is_beyond_last_layer
+from engine.model.families.deepseek_style import is_beyond_last_layer
 from engine.model.spec import ModelSpec, canonical_dense_name, load_config_dict, read_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",

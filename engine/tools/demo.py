@@ -28,7 +28,7 @@ FAMILY_KWARGS = {
                       shared_expert_intermediate_size=64, qkv_bias=True),
 }
 # DeepSeek-style families with every quirk on: a dense first layer, shared experts, more than one
-# expert group, YaRN with mscale, partial rotary, QK norm, attention biases (engine.model.deepseek_style).
+# expert group, YaRN with mscale, partial rotary, QK norm, attention biases (engine.model.families.deepseek_style).
 _MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
             head_dim=8, moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1)
 _YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 64,
