@@ -80,6 +80,8 @@ def model_shape(config: dict) -> ModelShape:
     shared = 0
     if config.get("shared_expert_intermediate_size"):
         shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
+    if family in DEEPSEEK_STYLE:
+        attn, shared, I_expert = _deepseek_style_sizes(config, attn, E)
     per_layer = attn + 2 * H
     dense_params = L * per_layer + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
     dense_params += len(moe_layer_ids) * (E * H + shared)                # routers, shared experts
@@ -89,6 +91,33 @@ def model_shape(config: dict) -> ModelShape:
     total = dense_params + len(moe_layer_ids) * E * expert
     active = dense_params + len(moe_layer_ids) * k * expert
     return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
+
+
+# DeepSeek-style families (engine.model.families.deepseek_style): MLA, shared experts without a gate,
+# a correction bias per router, leading dense layers (first_k_dense_replace, mlp_layer_types)
+DEEPSEEK_STYLE = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+
+
+def _deepseek_style_sizes(config: dict, gqa_attn: int, num_experts: int) -> tuple[int, int, int]:
+    """(attention params per layer, shared expert + router bias params per MoE layer, expert intermediate)."""
+    H, nh = config["hidden_size"], config["num_attention_heads"]
+    family = config["model_type"]
+    if family in MLA_FAMILIES:
+        r, dr = config["kv_lora_rank"], config["qk_rope_head_dim"]
+        qk, v = config["qk_nope_head_dim"] + dr, config["v_head_dim"]
+        q_lora = config.get("q_lora_rank")
+        attn = (H * q_lora + q_lora + q_lora * nh * qk) if q_lora else H * nh * qk
+        attn += H * (r + dr) + r + r * nh * (config["qk_nope_head_dim"] + v) + nh * v * H
+    else:
+        hd = config.get("head_dim") or H // nh
+        nkv = config.get("num_key_value_heads") or nh
+        attn = gqa_attn + (2 * hd if config.get("use_qk_norm") else 0) + (nh * hd + nkv * hd if family == "minimax_m2" else 0)
+    if family == "minimax_m2":
+        return attn, num_experts, config["intermediate_size"]
+    shared = 3 * H * config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0)
+    bias = 0 if family == "deepseek_v2" else num_experts                 # V2 routes without a correction bias
+    return attn, shared + bias, config["moe_intermediate_size"]
 
 
 def format_params(n: int) -> str:
@@ -103,8 +132,9 @@ def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
     skip = set(config.get("mlp_only_layers") or [])
     step = config.get("decoder_sparse_step") or 1
     first_dense = config.get("first_k_dense_replace") or 0
+    types = config.get("mlp_layer_types") or ["sparse"] * num_layers        # glm4_moe_lite
     return [i for i in range(num_layers)
-            if num_experts > 0 and i not in skip and (i + 1) % step == 0 and i >= first_dense]
+            if num_experts > 0 and i not in skip and (i + 1) % step == 0 and i >= first_dense and types[i] == "sparse"]
 
 
 def expert_block_bytes(shape: ModelShape, quant: str) -> int:

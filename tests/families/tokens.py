@@ -9,9 +9,10 @@ PROMPT_IDS = [5, 17, 42, 99, 3, 250, 7, 63, 120, 11, 300, 8]
 NEW_TOKENS = 24
 
 
-def assert_streamed_tokens_match(hf_dir, model_dir, quant: str) -> None:
+def assert_streamed_tokens_match(hf_dir, model_dir, quant: str, **load) -> None:
+    """load: engine.load options (device, dtype); the budgets force streaming on the CPU's plan."""
     vram, ram = streaming_budgets(model_dir)
-    eng = engine.load(model_dir, vram_budget=vram, ram_cache=ram)
+    eng = engine.load(model_dir, vram_budget=None if load else vram, ram_cache=ram, **load)
     try:
         ours = [e.token_id for e in eng.generate(PROMPT_IDS, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
         tel = eng.telemetry()

@@ -91,14 +91,25 @@ def read_spec(cfg) -> ModelSpec:
         rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)), cfg=cfg)
 
 
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """Per-layer state known from the config alone (the estimate uses it): MLA's latent and rope key, or K/V."""
+    if spec.family in MLA_FAMILIES:
+        return [MlaMixer.specs(MlaShape.from_config(spec.cfg)) for _ in range(spec.num_layers)]
+    return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
+
+
 class MlaMixer:
     """MLA as a Block mixer: per token the state keeps "kv_latent" [r] and "k_rope" [dr] (engine.model.mla)."""
 
     def __init__(self, layer: int, attention: MlaAttention, rope: Rope):
         self.layer, self.attention, self.rope = layer, attention, rope
 
+    @staticmethod
+    def specs(shape: MlaShape) -> dict[str, StateSpec]:
+        return {name: StateSpec((width,)) for name, width in shape.state_widths().items()}
+
     def state_specs(self) -> dict[str, StateSpec]:
-        return {name: StateSpec((width,)) for name, width in self.attention.shape.state_widths().items()}
+        return self.specs(self.attention.shape)
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         cos, sin = self.rope.cos_sin(step)
