@@ -61,6 +61,7 @@ class Checkpoint:
                 if tensor != "__metadata__":
                     self.file_of[tensor] = name
         self._handles: dict[str, object] = {}
+        self.fp8_block = _fp8_block_size(self.dir)
 
     def names(self) -> list[str]:
         return list(self.file_of)
@@ -89,7 +90,7 @@ class Checkpoint:
         scale_name = name + "_scale_inv"
         if scale_name not in self.file_of:
             return tensor
-        return dequantize_fp8_blocks(tensor, self.get(scale_name))
+        return dequantize_fp8_blocks(tensor, self.get(scale_name), self.fp8_block)
 
     def fingerprint(self) -> dict[str, dict]:
         """Per shard: size, modification time and a hash of its header: detects a changed snapshot cheaply."""
@@ -101,13 +102,35 @@ class Checkpoint:
         return out
 
 
-def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor) -> torch.Tensor:
-    """FP8 weight [R, C] with one scale per block (scale grid [R/bm, C/bn], DeepSeek-V3 / Qwen-FP8 style) -> float32."""
+def _fp8_block_size(model_dir: Path) -> tuple[int, int] | None:
+    """quantization_config.weight_block_size of the snapshot's config.json ([128, 128] for DeepSeek-V3), if any."""
+    try:
+        block = json.loads((model_dir / "config.json").read_text())["quantization_config"]["weight_block_size"]
+        return int(block[0]), int(block[1])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return None
+
+
+def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor,
+                          block: tuple[int, int] | None = None) -> torch.Tensor:
+    """FP8 weight [R, C] with one scale per block (DeepSeek-V3 / Qwen-FP8 style) -> float32.
+
+    The scale grid is [ceil(R/bm), ceil(C/bn)]: edge blocks may be partial (DeepSeek-V3's
+    kv_a_proj_with_mqa has 576 rows in 128-row blocks). Without a known block size it is the
+    power of two that gives this grid (else an exact division).
+    """
     rows, cols = weight.shape
-    grid_rows, grid_cols = scale_inv.shape if scale_inv.dim() == 2 else (1, 1)
-    if rows % grid_rows or cols % grid_cols:
-        raise SluiceError(f"An FP8 weight of shape {rows}x{cols} does not divide into its {grid_rows}x{grid_cols} "
+    grid = scale_inv.shape if scale_inv.dim() == 2 else (1, 1)
+    sizes = block or tuple(_block_for(n, g) for n, g in zip((rows, cols), grid))
+    if any(b is None or -(-n // b) != g for n, g, b in zip((rows, cols), grid, sizes)):
+        raise SluiceError(f"An FP8 weight of shape {rows}x{cols} does not match its {grid[0]}x{grid[1]} "
                           "scale blocks; the checkpoint is damaged or of an unknown FP8 layout.")
-    blocks = weight.float().reshape(grid_rows, rows // grid_rows, grid_cols, cols // grid_cols)
-    scales = scale_inv.float().reshape(grid_rows, 1, grid_cols, 1)
-    return (blocks * scales).reshape(rows, cols)
+    scales = scale_inv.float().repeat_interleave(sizes[0], 0)[:rows].repeat_interleave(sizes[1], 1)[:, :cols]
+    return weight.float() * scales
+
+
+def _block_for(n: int, grid: int) -> int | None:
+    size = 1 << (-(-n // grid) - 1).bit_length()            # next power of two >= ceil(n / grid)
+    if -(-n // size) == grid:
+        return size
+    return n // grid if n % grid == 0 else None

@@ -22,6 +22,7 @@ from engine.errors import SluiceError
 from engine.format.layout import block_layout
 from engine.format.quant import FORMATS, quantize
 from engine.sizes import format_size
+from engine.model.families.deepseek_style import is_beyond_last_layer
 from engine.model.spec import ModelSpec, canonical_dense_name, is_text_model_tensor, load_config_dict, read_spec
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
@@ -105,8 +106,9 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
 
     layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
     layer_bytes = spec.num_experts * layout.block_bytes
+    # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
     dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")
-                   and is_text_model_tensor(spec.family, n)]
+                   and is_text_model_tensor(spec.family, n) and not is_beyond_last_layer(n, spec.num_layers)]
     dense_bytes = sum(ckpt.nbytes(n) * (2 if n + "_scale_inv" in ckpt else 1) for n in dense_names)
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
 

@@ -27,8 +27,12 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [T, heads, D]
-    half = x.shape[-1] // 2
+    # x [T, heads, D]; cos, sin [T, 1, R]: the first R dims rotate in halves, the rest pass through
+    # (partial rotary: GLM-4.5, MiniMax-M2)
+    rotary = cos.shape[-1]
+    if rotary < x.shape[-1]:
+        return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+    half = rotary // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos + rotated * sin
 

@@ -19,8 +19,8 @@ from engine.errors import SluiceError
 from engine.model.families import FAMILIES, family_module
 
 SUPPORTED_FAMILIES = tuple(FAMILIES)
-_EXPERT_PREFIX = {"mixtral": "block_sparse_moe"}                  # checkpoint module name of the MoE block
-_EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}}
+_EXPERT_PREFIX = {"mixtral": "block_sparse_moe", "minimax_m2": "block_sparse_moe"}   # checkpoint module name of the MoE block
+_EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}, "minimax_m2": {"gate": "w1", "up": "w3", "down": "w2"}}
 _TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
 
 
@@ -94,6 +94,8 @@ def load_config_dict(path: str | Path) -> dict:
 def hf_config(config: dict):
     """The transformers config object for a config dict (refuses unsupported families)."""
     model_type = config.get("model_type")
+    from engine.model.families.deepseek_style import refuse_unhandled
+    refuse_unhandled(config)
     if model_type not in SUPPORTED_FAMILIES:
         raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
     from transformers import AutoConfig

@@ -82,6 +82,8 @@ def model_shape(config: dict) -> ModelShape:
     shared = 0
     if config.get("shared_expert_intermediate_size"):
         shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
+    if family in DEEPSEEK_STYLE:
+        attn, shared, I_expert = _deepseek_style_sizes(config, attn, E)
     mixers = L * attn
     if family in HYBRID_FAMILIES:
         mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
@@ -123,6 +125,33 @@ def _hybrid_mixer_params(config: dict, full_attention: int) -> int:
     return sum(full_attention if t == "full_attention" else deltanet for t in types)
 
 
+# DeepSeek-style families (engine.model.families.deepseek_style): MLA, shared experts without a gate,
+# a correction bias per router, leading dense layers (first_k_dense_replace, mlp_layer_types)
+DEEPSEEK_STYLE = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+
+
+def _deepseek_style_sizes(config: dict, gqa_attn: int, num_experts: int) -> tuple[int, int, int]:
+    """(attention params per layer, shared expert + router bias params per MoE layer, expert intermediate)."""
+    H, nh = config["hidden_size"], config["num_attention_heads"]
+    family = config["model_type"]
+    if family in MLA_FAMILIES:
+        r, dr = config["kv_lora_rank"], config["qk_rope_head_dim"]
+        qk, v = config["qk_nope_head_dim"] + dr, config["v_head_dim"]
+        q_lora = config.get("q_lora_rank")
+        attn = (H * q_lora + q_lora + q_lora * nh * qk) if q_lora else H * nh * qk
+        attn += H * (r + dr) + r + r * nh * (config["qk_nope_head_dim"] + v) + nh * v * H
+    else:
+        hd = config.get("head_dim") or H // nh
+        nkv = config.get("num_key_value_heads") or nh
+        attn = gqa_attn + (2 * hd if config.get("use_qk_norm") else 0) + (nh * hd + nkv * hd if family == "minimax_m2" else 0)
+    if family == "minimax_m2":
+        return attn, num_experts, config["intermediate_size"]
+    shared = 3 * H * config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0)
+    bias = 0 if family == "deepseek_v2" else num_experts                 # V2 routes without a correction bias
+    return attn, shared + bias, config["moe_intermediate_size"]
+
+
 def format_params(n: int) -> str:
     """30532122624 -> '30.5B'."""
     for unit, scale in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -135,8 +164,9 @@ def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
     skip = set(config.get("mlp_only_layers") or [])
     step = config.get("decoder_sparse_step") or 1
     first_dense = config.get("first_k_dense_replace") or 0
+    types = config.get("mlp_layer_types") or ["sparse"] * num_layers        # glm4_moe_lite
     return [i for i in range(num_layers)
-            if num_experts > 0 and i not in skip and (i + 1) % step == 0 and i >= first_dense]
+            if num_experts > 0 and i not in skip and (i + 1) % step == 0 and i >= first_dense and types[i] == "sparse"]
 
 
 def expert_block_bytes(shape: ModelShape, quant: str) -> int:

@@ -185,7 +185,9 @@ def _timed_generate(eng, prompt: list[int], params) -> _Timings:
 
 def report(r: dict) -> str:
     gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
-    lines = [
+    from engine.tools.presets import PRESET_NOTES
+    lines = [f"note: {PRESET_NOTES[r['preset']]}"] if r["preset"] in PRESET_NOTES else []
+    lines += [
         f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
         f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",

@@ -27,6 +27,26 @@ FAMILY_KWARGS = {
     "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=64, qkv_bias=True),
 }
+# DeepSeek-style families with every quirk on: a dense first layer, shared experts, more than one
+# expert group, YaRN with mscale, partial rotary, QK norm, attention biases (engine.model.families.deepseek_style).
+_MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16,
+            head_dim=8, moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1)
+_YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 64,
+         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+FAMILY_KWARGS.update({
+    "deepseek_v2": dict(_MLA, n_routed_experts=16, num_experts_per_tok=3, q_lora_rank=24, topk_method="group_limited_greedy",
+                        n_group=4, topk_group=2, routed_scaling_factor=1.5, rope_parameters=_YARN),
+    "deepseek_v3": dict(_MLA, n_routed_experts=16, num_experts_per_tok=3, q_lora_rank=24, n_group=4, topk_group=2,
+                        routed_scaling_factor=2.5, norm_topk_prob=True, rope_parameters=_YARN),
+    "glm4_moe": dict(n_routed_experts=16, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
+                     first_k_dense_replace=1, n_group=4, topk_group=2, routed_scaling_factor=2.5, use_qk_norm=True,
+                     attention_bias=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                           "partial_rotary_factor": 0.5}),
+    "glm4_moe_lite": dict(_MLA, n_routed_experts=16, num_experts_per_tok=3, q_lora_rank=24, n_group=4, topk_group=2,
+                          routed_scaling_factor=1.8, norm_topk_prob=True),
+    "minimax_m2": dict(num_local_experts=16, num_experts_per_tok=3, intermediate_size=32,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+})
 
 
 def train_tiny_tokenizer(dst_dir: str | Path):
@@ -77,6 +97,9 @@ def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: 
             else:
                 fan_in = param.shape[-1]
                 param.copy_(torch.randn_like(param) * weight_std * (64 / fan_in) ** 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):     # zero at init: make the selection-only bias matter
+                buffer.copy_(0.5 * torch.randn_like(buffer))
     model.to(getattr(torch, dtype)).save_pretrained(str(dst))
     return dst
 

@@ -43,6 +43,31 @@ PRESETS = {
         max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})),
 }
+# DeepSeek-style presets (MLA, shared experts, dense first layers, grouped routers)
+_DEEPSEEK_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
+                      beta_fast=32.0, beta_slow=1.0)
+PRESETS.update({
+    # deepseek-ai/DeepSeek-V2-Lite config.json (15.7B: 64 routed + 2 shared experts, top-6, MLA without q LoRA)
+    "deepseek-v2-lite": dict(model_type="deepseek_v2", vocab_size=102400, hidden_size=2048, intermediate_size=10944,
+                             moe_intermediate_size=1408, num_hidden_layers=27, num_attention_heads=16,
+                             num_key_value_heads=16, n_routed_experts=64, n_shared_experts=2, num_experts_per_tok=6,
+                             first_k_dense_replace=1, kv_lora_rank=512, q_lora_rank=None, qk_nope_head_dim=128,
+                             qk_rope_head_dim=64, v_head_dim=128, topk_method="greedy", routed_scaling_factor=1.0,
+                             max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                             rope_parameters=dict(_DEEPSEEK_YARN, mscale=0.707, mscale_all_dim=0.707)),
+    # deepseek-ai/DeepSeek-V3 config.json layer shapes (7168 hidden, 256 routed + 1 shared, top-8 of 4 of 8
+    # groups, MLA), with 4 of its 61 layers (1 dense + 3 MoE; the full model's experts take 1.3 TB in bf16)
+    "deepseek-v3-4-layers": dict(model_type="deepseek_v3", vocab_size=129280, hidden_size=7168, intermediate_size=18432,
+                                 moe_intermediate_size=2048, num_hidden_layers=4, num_attention_heads=128,
+                                 num_key_value_heads=128, n_routed_experts=256, n_shared_experts=1,
+                                 num_experts_per_tok=8, n_group=8, topk_group=4, first_k_dense_replace=1,
+                                 kv_lora_rank=512, q_lora_rank=1536, qk_nope_head_dim=128, qk_rope_head_dim=64,
+                                 v_head_dim=128, routed_scaling_factor=2.5, norm_topk_prob=True,
+                                 max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                                 rope_parameters=dict(_DEEPSEEK_YARN, mscale=1.0, mscale_all_dim=1.0)),
+})
+# said in the bench output: how a preset differs from the real model
+PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)"}
 NUM_DISTINCT_BLOCKS = 16
 
 
@@ -63,7 +88,8 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     cfg = AutoConfig.for_model(config["model_type"], **fields)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    return {n: tuple(p.shape) for n, p in model.named_parameters() if ".experts." not in n}
+    # state_dict: parameters and persistent buffers (DeepSeek-V3's e_score_correction_bias)
+    return {n: tuple(p.shape) for n, p in model.state_dict().items() if ".experts." not in n}
 
 
 def _random_dense(shapes: dict, device, generator: torch.Generator) -> dict[str, torch.Tensor]:

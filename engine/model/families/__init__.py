@@ -13,6 +13,9 @@ from types import ModuleType
 FAMILIES: dict[str, str] = {
     "qwen3_moe": "standard", "mixtral": "standard", "olmoe": "standard", "qwen2_moe": "standard",
     "qwen3_next": "hybrid", "qwen3_5_moe": "hybrid",          # Gated-DeltaNet hybrids
+    # DeepSeek-style: MLA or GQA, grouped sigmoid/softmax routers, shared experts, leading dense layers
+    "deepseek_v2": "deepseek_style", "deepseek_v3": "deepseek_style", "glm4_moe": "deepseek_style",
+    "glm4_moe_lite": "deepseek_style", "minimax_m2": "deepseek_style",
 }
 
 

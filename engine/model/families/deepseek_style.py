@@ -1,0 +1,170 @@
+"""DeepSeek-style MoE families: config quirks, checkpoint names and per-layer pieces.
+
+  deepseek_v2    MLA (q LoRA optional: V2-Lite has none), softmax router, group max (group_limited_greedy)
+  deepseek_v3    MLA, sigmoid router + correction bias, groups by top-2 sum (also Kimi-K2)
+  glm4_moe       GQA with partial rotary, optional per-head QK norm and qkv bias; V3's router (GLM-4.5..4.7)
+  glm4_moe_lite  MLA with V3's router; dense/sparse layers from mlp_layer_types (GLM-4.7-Flash)
+  minimax_m2     GQA with QK norm over the whole projection and partial rotary; sigmoid + bias, no groups
+All but MiniMax-M2 have shared experts (plain SwiGLU, no gate) and leading dense layers.
+Checkpoints may hold multi-token-prediction layers after the last decoder layer
+(`model.layers.{num_hidden_layers}...`); Sluice decodes without them, as transformers does, and
+repack skips them.
+"""
+from __future__ import annotations
+
+import re
+
+import torch
+
+from engine.errors import SluiceError
+from engine.model.block import Attention, Block, Mlp, Rope, Step
+from engine.model.mla import MlaAttention, MlaShape
+from engine.model.model import Model
+from engine.model.routers import GroupedRouter
+from engine.model.rotary import rope_frequencies
+from engine.model.spec import ModelSpec, as_ids
+from engine.model.state import StateSpec
+
+FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+# Neighbours of these families whose extra machinery Sluice does not run: refused before any download.
+UNHANDLED_VARIANTS = {
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
+                    "DeepSeek-V3, V3.1 and R1 are.",
+    "glm_moe_dsa": "GLM-5's sparse attention (its indexer) is not supported yet; GLM-4.5 to 4.7 are.",
+}
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def refuse_unhandled(config: dict) -> None:
+    """One sentence for a config these families cannot run exactly (raw config.json, before transformers reads it)."""
+    family = config.get("model_type")
+    if family in UNHANDLED_VARIANTS:
+        raise SluiceError(UNHANDLED_VARIANTS[family])
+    if family not in FAMILIES:
+        return
+    what = {"deepseek_v2": "DeepSeek-V2", "deepseek_v3": "DeepSeek-V3"}.get(family, family)
+    scoring = config.get("scoring_func")
+    expected = "softmax" if family == "deepseek_v2" else "sigmoid"
+    if scoring not in (None, expected):
+        raise SluiceError(f"This {what} model scores experts with '{scoring}', but its architecture uses '{expected}'; "
+                          "Sluice cannot run it exactly.")
+    if family == "deepseek_v3" and config.get("topk_method") not in (None, "noaux_tc"):
+        raise SluiceError(f"This DeepSeek-V3 model routes with topk_method '{config['topk_method']}'; "
+                          "Sluice runs only 'noaux_tc' (sigmoid scores with a correction bias).")
+    if (config.get("moe_layer_freq") or 1) != 1:
+        raise SluiceError(f"This {what} model has MoE only every {config['moe_layer_freq']} layers "
+                          "(moe_layer_freq), which Sluice does not support.")
+    if config.get("mlp_bias"):
+        raise SluiceError(f"This {what} model has MLP biases (mlp_bias), which Sluice does not support.")
+
+
+def read_spec(cfg) -> ModelSpec:
+    family, num_layers = cfg.model_type, cfg.num_hidden_layers
+    if family == "minimax_m2":
+        num_experts, expert_intermediate, shared = cfg.num_local_experts, cfg.intermediate_size, 0
+        moe_layers = tuple(range(num_layers))
+    else:
+        num_experts, expert_intermediate = cfg.n_routed_experts, cfg.moe_intermediate_size
+        shared = cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)
+        if family == "glm4_moe_lite":
+            moe_layers = tuple(i for i, t in enumerate(cfg.mlp_layer_types) if t == "sparse")
+        else:
+            moe_layers = tuple(range(cfg.first_k_dense_replace or 0, num_layers))
+    router = GroupedRouter.from_config(cfg)
+    router.check(num_experts)
+    is_mla = family in MLA_FAMILIES
+    rope = dict(getattr(cfg, "rope_parameters", None) or {})
+    if is_mla and rope.get("partial_rotary_factor", 1.0) != 1.0:
+        raise SluiceError("This model combines latent attention with partial rotary, which Sluice does not support.")
+    return ModelSpec(
+        family=family, num_layers=num_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        num_heads=cfg.num_attention_heads,
+        num_kv_heads=cfg.num_attention_heads if is_mla else cfg.num_key_value_heads,
+        head_dim=cfg.qk_rope_head_dim if is_mla else getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads,
+        rms_eps=cfg.rms_norm_eps, num_experts=num_experts, top_k=cfg.num_experts_per_tok,
+        expert_intermediate=expert_intermediate, norm_topk_prob=router.renormalize, moe_layers=moe_layers,
+        dense_intermediate=cfg.intermediate_size, shared_expert_intermediate=shared, qk_norm=_qk_norm(cfg),
+        clip_qkv=None, sliding_windows=(None,) * num_layers,
+        tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        eos_token_ids=as_ids(getattr(cfg, "eos_token_id", None)), max_position_embeddings=cfg.max_position_embeddings,
+        rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)), cfg=cfg)
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """Per-layer state known from the config alone (the estimate uses it): MLA's latent and rope key, or K/V."""
+    if spec.family in MLA_FAMILIES:
+        return [MlaMixer.specs(MlaShape.from_config(spec.cfg)) for _ in range(spec.num_layers)]
+    return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
+
+
+class MlaMixer:
+    """MLA as a Block mixer: per token the state keeps "kv_latent" [r] and "k_rope" [dr] (engine.model.mla)."""
+
+    def __init__(self, layer: int, attention: MlaAttention, rope: Rope):
+        self.layer, self.attention, self.rope = layer, attention, rope
+
+    @staticmethod
+    def specs(shape: MlaShape) -> dict[str, StateSpec]:
+        return {name: StateSpec((width,)) for name, width in shape.state_widths().items()}
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return self.specs(self.attention.shape)
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        cos, sin = self.rope.cos_sin(step)
+
+        def store(kv_latent, k_rope):
+            return (step.state.append(self.layer, "kv_latent", step.positions, step.start, kv_latent),
+                    step.state.append(self.layer, "k_rope", step.positions, step.start, k_rope))
+        return self.attention.forward(x, cos, sin, step.positions, store)
+
+
+class RouterPiece:
+    """GroupedRouter bound to one layer's weights; route(h) is a pure function of h (speculation uses it)."""
+
+    def __init__(self, router: GroupedRouter, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.router, self.weight, self.bias = router, weight.float(), None if bias is None else bias.float()
+
+    def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights, ids = self.router.route(h, self.weight, self.bias)          # [T, K] float32, [T, K]
+        return weights.to(h.dtype), ids
+
+
+def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
+    cfg = spec.cfg
+    inv_freq, scaling = rope_frequencies(cfg)
+    rope = Rope(inv_freq.to(device), scaling, dtype)
+    router = GroupedRouter.from_config(cfg)
+    mla = MlaShape.from_config(cfg) if spec.family in MLA_FAMILIES else None
+    blocks = []
+    for layer in range(spec.num_layers):
+        p = f"model.layers.{layer}."
+        a = p + "self_attn."
+        if mla is not None:
+            mixer = MlaMixer(layer, MlaAttention(mla, {k[len(a):]: v for k, v in w.items() if k.startswith(a)}), rope)
+        else:
+            mixer = Attention(layer, w, a, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                              head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm)
+        norms = (w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"], spec.rms_eps)
+        if not spec.is_moe_layer(layer):
+            blocks.append(Block(mixer, *norms, mlp=Mlp(w, p + "mlp.")))
+            continue
+        # the correction bias: mlp.gate.* (DeepSeek-V3, GLM) or mlp.* (MiniMax-M2's block_sparse_moe)
+        bias = w.get(p + "mlp.gate.e_score_correction_bias", w.get(p + "mlp.e_score_correction_bias"))
+        shared = Mlp(w, p + "mlp.shared_experts.") if spec.shared_expert_intermediate else None
+        blocks.append(Block(mixer, *norms, router=RouterPiece(router, w[p + "mlp.gate.weight"], bias), shared=shared))
+    embed = w["model.embed_tokens.weight"]
+    return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps)
+
+
+def _qk_norm(cfg) -> str:
+    if cfg.model_type == "glm4_moe":
+        return "head" if cfg.use_qk_norm else "none"
+    return "full" if cfg.model_type == "minimax_m2" else "none"     # MiniMax-M2 always norms q and k
+
+
+def is_beyond_last_layer(name: str, num_layers: int) -> bool:
+    """A tensor of a layer after the decoder's last (multi-token prediction): not needed to decode."""
+    m = _LAYER.match(name)
+    return m is not None and int(m.group(1)) >= num_layers

@@ -1,0 +1,145 @@
+"""Multi-head latent attention (MLA: DeepSeek-V2/V3, Kimi-K2, GLM-4.7-Flash; reused by DeepSeek-V4).
+
+Per token the state keeps only the compressed latent (kv_lora_rank values, after its RMSNorm) and
+the one shared rope key (qk_rope_head_dim values, already rotated): DeepSeek-V3 stores 576 values
+per token and layer instead of 128 heads x (192 + 128) for full K/V. Keys and values of all heads
+are expanded from the latents at each step (kv_b_proj), as transformers does.
+
+Weights are the layer's `self_attn.*` tensors under their checkpoint names without the prefix:
+  q_proj.weight                                   (q_lora_rank absent: V2-Lite)
+  q_a_proj.weight [+bias], q_a_layernorm.weight, q_b_proj.weight     (q_lora_rank set: V2, V3)
+  kv_a_proj_with_mqa.weight [+bias], kv_a_layernorm.weight, kv_b_proj.weight, o_proj.weight [+bias]
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.layers import apply_rope, linear, rms_norm
+from engine.model.rotary import apply_rope_interleaved
+
+# q_a_layernorm and kv_a_layernorm are built without the config's rms_norm_eps in every reference
+# implementation (DeepseekV2RMSNorm(rank) -> eps 1e-6), also where rms_norm_eps is 1e-5 (GLM-4.7-Flash).
+LATENT_NORM_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class MlaShape:
+    num_heads: int
+    q_lora_rank: int | None          # None: one q_proj (V2-Lite); else q_a -> norm -> q_b
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    rope_interleave: bool            # DeepSeek pairs (2i, 2i+1); False: halves (rope_interleave=false configs)
+    softmax_scale: float             # qk_head_dim^-0.5, times mscale^2 with YaRN's mscale_all_dim
+
+    @classmethod
+    def from_config(cls, cfg) -> "MlaShape":
+        qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+        return cls(num_heads=cfg.num_attention_heads, q_lora_rank=getattr(cfg, "q_lora_rank", None) or None,
+                   kv_lora_rank=cfg.kv_lora_rank, qk_nope_head_dim=cfg.qk_nope_head_dim,
+                   qk_rope_head_dim=cfg.qk_rope_head_dim, v_head_dim=cfg.v_head_dim,
+                   rope_interleave=bool(getattr(cfg, "rope_interleave", True)),
+                   softmax_scale=qk_head_dim ** -0.5 * yarn_softmax_factor(getattr(cfg, "rope_parameters", None) or {}))
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def state_widths(self) -> dict[str, int]:
+        """Per-token state of one layer: name -> values per token."""
+        return {"kv_latent": self.kv_lora_rank, "k_rope": self.qk_rope_head_dim}
+
+    def state_bytes_per_token(self, dtype_bytes: int) -> int:
+        return sum(self.state_widths().values()) * dtype_bytes
+
+
+def yarn_softmax_factor(rope_parameters: dict) -> float:
+    """DeepSeek's YaRN softmax correction: mscale(factor, mscale_all_dim)^2, 1 without it."""
+    mscale_all_dim = rope_parameters.get("mscale_all_dim") or 0
+    factor = rope_parameters.get("factor") or 1.0
+    if rope_parameters.get("rope_type", "default") == "default" or not mscale_all_dim or factor <= 1:
+        return 1.0
+    mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+    return mscale * mscale
+
+
+class MlaAttention:
+    """One layer's MLA. `forward` is the whole mixer; query/latent/attend are its parts (prefill, decode)."""
+
+    def __init__(self, shape: MlaShape, weights: dict[str, torch.Tensor]):
+        self.shape, self.w = shape, weights
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> q [T, H, nope + rope], rope part rotated."""
+        s, w = self.shape, self.w
+        if s.q_lora_rank is None:
+            q = linear(x, w["q_proj.weight"])
+        else:
+            q_a = linear(x, w["q_a_proj.weight"], w.get("q_a_proj.bias"))                 # [T, q_lora]
+            q = linear(rms_norm(q_a, w["q_a_layernorm.weight"], LATENT_NORM_EPS), w["q_b_proj.weight"])
+        q = q.view(x.shape[0], s.num_heads, s.qk_head_dim)                                 # [T, H, nope+rope]
+        q_nope, q_rope = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
+        return torch.cat((q_nope, self._rope(q_rope, cos, sin)), dim=-1)
+
+    def latent(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, D] -> what the state keeps per token: kv_latent [T, r] (normed), k_rope [T, dr] (rotated)."""
+        s, w = self.shape, self.w
+        compressed = linear(x, w["kv_a_proj_with_mqa.weight"], w.get("kv_a_proj_with_mqa.bias"))   # [T, r + dr]
+        kv_latent, k_rope = compressed.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
+        kv_latent = rms_norm(kv_latent, w["kv_a_layernorm.weight"], LATENT_NORM_EPS)
+        k_rope = self._rope(k_rope[:, None, :], cos, sin)[:, 0, :]                          # one head shared by all
+        return kv_latent, k_rope
+
+    def attend(self, q: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
+               q_positions: torch.Tensor) -> torch.Tensor:
+        """q [T, H, nope+rope] at q_positions [T]; kv_latent [S, r], k_rope [S, dr] at positions 0..S-1 -> [T, H*v]."""
+        # S = tokens so far, H = heads
+        s = self.shape
+        kv = linear(kv_latent, self.w["kv_b_proj.weight"]).view(-1, s.num_heads, s.qk_nope_head_dim + s.v_head_dim)
+        k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)                   # [S, H, nope], [S, H, v]
+        k = torch.cat((k_nope, k_rope[:, None, :].expand(-1, s.num_heads, -1)), dim=-1)     # [S, H, nope+rope]
+        return causal_attention(q, k, v, q_positions, s.softmax_scale)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """x [T, D] (normed) at positions [T] -> attention output [T, D].
+
+        store(kv_latent [T, r], k_rope [T, dr]) keeps this step's per-token state (state_widths) and
+        returns all of it so far ([S, r], [S, dr]).
+        """
+        q = self.query(x, cos, sin)
+        kv_latent, k_rope = self.latent(x, cos, sin)
+        out = self.attend(q, *store(kv_latent, k_rope), positions)
+        return linear(out, self.w["o_proj.weight"], self.w.get("o_proj.bias"))
+
+    def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope_interleaved(x, cos, sin) if self.shape.rope_interleave else apply_rope(x, cos, sin)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Causal attention, one KV head per query head, value width may differ from the key width.
+
+    q [T, H, Dk], k [S, H, Dk], v [S, H, Dv] (positions 0..S-1) -> [T, H * Dv].
+    """
+    num_tokens, num_heads = q.shape[0], q.shape[1]
+    key_positions = torch.arange(k.shape[0], device=q.device)
+    visible = key_positions[None, :] <= q_positions[:, None]                               # [T, S]
+    if q.is_cuda:
+        # 4-D [1, H, tokens, D]: with 3-D inputs SDPA takes the math kernel (see layers.attention)
+        qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+        if num_tokens == k.shape[0]:
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
+        else:
+            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, scale=scale)
+        return out[0].transpose(0, 1).reshape(num_tokens, num_heads * v.shape[-1])
+    scores = torch.einsum("thd,shd->hts", q, k) * scale                                  # [H, T, S]
+    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.einsum("hts,shd->thd", probs, v).reshape(num_tokens, num_heads * v.shape[-1])

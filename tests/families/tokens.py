@@ -1,0 +1,24 @@
+"""Greedy tokens through the user's path (engine.load(...).generate) with experts really streaming,
+compared with transformers on the same (dequantised) weights."""
+import engine
+from engine import GenerationParams
+from tests.engine.reference import load_reference, reference_greedy
+from tests.engine.test_reference_equality import streaming_budgets
+
+PROMPT_IDS = [5, 17, 42, 99, 3, 250, 7, 63, 120, 11, 300, 8]
+NEW_TOKENS = 24
+
+
+def assert_streamed_tokens_match(hf_dir, model_dir, quant: str, **load) -> None:
+    """load: engine.load options (device, dtype); the budgets force streaming on the CPU's plan."""
+    vram, ram = streaming_budgets(model_dir)
+    eng = engine.load(model_dir, vram_budget=None if load else vram, ram_cache=ram, **load)
+    try:
+        ours = [e.token_id for e in eng.generate(PROMPT_IDS, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
+        tel = eng.telemetry()
+    finally:
+        eng.close()
+    theirs = reference_greedy(load_reference(hf_dir, quant), PROMPT_IDS, NEW_TOKENS)
+    assert ours == theirs
+    assert tel["ram_cache"]["capacity_bytes"] < eng.model.expert_bytes_total
+    assert tel["ram_cache"]["evictions"] > 0 and tel["disk"]["bytes_read"] > eng.model.expert_bytes_total // 3
