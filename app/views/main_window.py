@@ -169,6 +169,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.chat_view.edit_requested.connect(self.composer.begin_edit)
         self.conversations.export_requested.connect(self._export_by_id)
         c.generating_changed.connect(self._on_generating_changed)
+        c.conversation_opened.connect(lambda *_: self._update_composer())
         c.error.connect(self.show_error)
         h.load_progress.connect(self._on_load_progress)
         h.loaded.connect(self._on_loaded)
@@ -206,11 +207,16 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             return
         self.controller.edit_and_resend(message_id, text)
 
+    def _update_composer(self) -> None:
+        self.composer.set_generating(self.controller.is_generating_here, self.controller.streaming_title())
+
     def _on_generating_changed(self, is_generating: bool) -> None:
-        self.composer.set_generating(is_generating)
-        if is_generating:
-            self._stream_started_s = None
-            self.speed_label.setText("generating…")
+        """Send/Stop and the status bar follow the engine: set on start, cleared on every end (done,
+        stopped before the first token, failed); a finished answer's speed is set after this."""
+        self._update_composer()
+        self._stream_started_s = None
+        self.speed_label.setToolTip("")
+        self.speed_label.setText("generating…" if is_generating else "")
 
     def _on_chunk(self, _request_id: int, _text: str, num_tokens: int) -> None:
         now = time.perf_counter()
@@ -240,13 +246,13 @@ class MainWindow(ModelActionsMixin, QMainWindow):
     def _on_estimated(self, prediction: dict) -> None:
         self.panels.predicted_tok_s = prediction["tok_s"]
         stats = self._last_stats or {}
-        if stats.get("tok_s"):
-            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s (roofline {prediction['tok_s']:.1f}) · "
+        if stats.get("tok_s") and not self.controller.is_generating:
+            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s of {prediction['tok_s']:.1f} possible · "
                                      f"TTFT {stats.get('ttft_s') or 0:.2f} s")
-            self.speed_label.setToolTip("Roofline: the speed this computer's measured disk and memory bandwidths "
-                                        "allow at the cache hit rates seen so far (the setup wizard's estimate). "
-                                        "The gap to the measured speed is per-read and per-layer overhead, "
-                                        "largest on tiny models.")
+            self.speed_label.setToolTip("“Possible”: the fastest this machine could go, from its measured disk "
+                                        "and memory speeds at the cache hit rates seen so far (the setup wizard's "
+                                        "estimate). The gap to the measured speed is per-read and per-layer "
+                                        "overhead, largest on tiny models.")
 
     def edit_chat_settings(self) -> None:
         if self.controller.conversation is None:

@@ -8,9 +8,9 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from engine.errors import SluiceError
-from engine.sizes import parse_size
 from engine.model.spec import read_spec
 
+from ..model_options import load_options
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
 from .dialogs import JobDialog
 
@@ -55,12 +55,9 @@ class ModelActionsMixin:
 
     def load_model(self, path: str | Path) -> None:
         """Load in the engine thread; a generation in progress is stopped first (its answer is kept)."""
-        options = {"device": self.settings.resolved_device()}
         try:
-            for key in ("vram_budget", "ram_cache"):
-                value = getattr(self.settings, key)
-                options[key] = parse_size(value) if value else None
-        except Exception as exc:
+            options = load_options(self.settings, self.store, path)
+        except SluiceError as exc:
             self.show_error(str(exc))
             return
         self.controller.stop()
@@ -93,7 +90,9 @@ class ModelActionsMixin:
         self.settings.last_model = info.get("path", "")
         self.settings.save(self.store)
         self._hide_load_bar()
-        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')}")
+        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')} · "
+                                 f"context {info.get('max_context', 0):,} tokens")
+        self.model_label.setToolTip(self.model_label.text())
         device = str(info.get("device", "cpu"))
         self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU {device}")
         self.panels.engine_device = device
