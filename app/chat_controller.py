@@ -130,6 +130,19 @@ class ChatController(QObject):
     def messages(self) -> list[Message]:
         return self.store.messages(self.conversation.id) if self.conversation else []
 
+    # presets and the defaults of new chats ------------------------------------------------------
+    def chat_presets(self) -> dict[str, ChatSettings]:
+        return chat_presets.presets(self.store)
+
+    def save_chat_preset(self, name: str, settings: ChatSettings) -> None:
+        chat_presets.save_preset(self.store, name, settings)
+
+    def delete_chat_preset(self, name: str) -> None:
+        chat_presets.delete_preset(self.store, name)
+
+    def save_default_chat_settings(self, settings: ChatSettings) -> None:
+        chat_presets.save_default_settings(self.store, settings)
+
     # generation ----------------------------------------------------------------------------------
     def send(self, text: str) -> bool:
         """Add the user's message and start the answer. False (nothing sent) while any answer streams:

@@ -16,6 +16,7 @@ from engine.sizes import parse_size
 from .. import paths
 from ..chat_controller import ChatController
 from ..export import export_conversation
+from ..model_options import model_context, set_model_context
 from ..models_dir import is_sluice_model
 from ..settings import AppSettings
 from ..store import Store
@@ -24,7 +25,9 @@ from . import theme
 from .chat_view import ChatView
 from .composer import Composer
 from .conversation_list import ConversationList
-from .dialogs import AppSettingsDialog, ChatSettingsDialog, error_box
+from .chat_settings_dialog import ChatSettingsDialog
+from .dialogs import error_box
+from .settings_dialog import AppSettingsDialog
 from .first_run import FirstRunPage
 from .panels import LivePanels
 from .window_models import ModelActionsMixin, freeze_heap
@@ -40,6 +43,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.controller = ChatController(self.store, self.host, self)
         self.model_info: dict | None = None
         self.loading_path: str | None = None
+        self.failed_model_path: str | None = None   # the model whose last load failed (Settings retries it)
         self.last_dialog = None          # the latest error dialog or job progress dialog (tests read it)
         self.last_wizard = None          # the latest setup wizard (download or repack)
         self._job_dialogs: dict = {}     # job id -> JobDialog
@@ -257,18 +261,22 @@ class MainWindow(ModelActionsMixin, QMainWindow):
     def edit_chat_settings(self) -> None:
         if self.controller.conversation is None:
             self.controller.new_conversation()
-        dialog = ChatSettingsDialog(self.controller.conversation.settings, self)
+        dialog = ChatSettingsDialog(self.controller.conversation.settings, self, self.controller)
         dialog.accepted.connect(lambda: self.controller.set_chat_settings(dialog.value()))
         dialog.open()
         self.last_dialog = dialog
 
     def edit_app_settings(self) -> None:
-        dialog = AppSettingsDialog(self.settings, self)
-        dialog.accepted.connect(lambda: self.apply_app_settings(dialog.value()))
+        path = self.model_info["path"] if self.model_info else None
+        dialog = AppSettingsDialog(self.settings, self, self.model_info,
+                                   model_context(self.store, path) if path else None)
+        dialog.accepted.connect(lambda: self.apply_app_settings(dialog.value(), dialog.context_value()))
         dialog.open()
         self.last_dialog = dialog
 
-    def apply_app_settings(self, settings: AppSettings) -> None:
+    def apply_app_settings(self, settings: AppSettings, context: int | None = None) -> None:
+        """Save the settings; the model (the loaded one, or the one whose load just failed) is reloaded when
+        the device, a budget or its context changed, so changing a setting back undoes it."""
         try:
             for value in (settings.vram_budget, settings.ram_cache):
                 if value:
@@ -276,13 +284,17 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         except Exception as exc:
             self.show_error(str(exc))
             return
+        path = self.model_info["path"] if self.model_info else self.failed_model_path
         reload = (settings.device, settings.vram_budget, settings.ram_cache) != \
                  (self.settings.device, self.settings.vram_budget, self.settings.ram_cache)
+        if self.model_info and context != model_context(self.store, path):
+            set_model_context(self.store, path, context)
+            reload = True
         self.settings = settings
         self.settings.save(self.store)
         self.refresh_models()
-        if reload and self.model_info:
-            self.load_model(self.model_info["path"])
+        if path and (reload or self.failed_model_path):
+            self.load_model(path)
 
     def export_conversation(self, path: str | Path | None = None) -> Path | None:
         conversation = self.controller.conversation

@@ -62,6 +62,7 @@ class ModelActionsMixin:
             return
         self.controller.stop()
         self.loading_path = str(path)
+        self.failed_model_path = None
         self.model_info = None
         self.panels.predicted_tok_s = None
         self.speed_label.setText("")
@@ -101,6 +102,7 @@ class ModelActionsMixin:
         self.model_loaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
+        self.failed_model_path = self.loading_path if message else None
         self.loading_path = None
         self._hide_load_bar()
         self.model_label.setText("No model")
