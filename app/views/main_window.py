@@ -58,6 +58,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self._build_toolbar()
         self._build_central()
         self._build_panels()
+        self._build_menus()
         self._build_status_bar()
         self._build_shortcuts()
         self._connect()
@@ -159,11 +160,32 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         status.addPermanentWidget(self.speed_label)
         status.addPermanentWidget(self.device_label)
 
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        file.addAction("&New chat", QKeySequence.StandardKey.New, self.controller.new_conversation)
+        file.addAction("&Open model folder…", QKeySequence.StandardKey.Open, self.open_folder)
+        file.addAction("&Download a model…", self.open_download_wizard)
+        file.addAction("&Export chat…", QKeySequence("Ctrl+E"), lambda: self.export_conversation())
+        file.addSeparator()
+        self.quit_action = file.addAction("&Quit", QKeySequence("Ctrl+Q"), self.close)
+        edit = bar.addMenu("&Edit")
+        edit.addAction("&Stop the answer", self.controller.stop)
+        edit.addAction("&Chat settings…", self.edit_chat_settings)
+        edit.addSeparator()
+        edit.addAction("Se&ttings…", QKeySequence.StandardKey.Preferences, self.edit_app_settings)
+        view = bar.addMenu("&View")
+        view.addAction(self.panels_action)
+        view.addAction("&Focus the message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus)
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction("&About Sluice", self.show_about)
+
+    def show_about(self) -> None:
+        from .about import show_about
+        self.last_dialog = show_about(self)
+
     def _build_shortcuts(self) -> None:
-        QShortcut(QKeySequence.StandardKey.New, self, self.controller.new_conversation)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.controller.stop)
-        QShortcut(QKeySequence("Ctrl+E"), self, lambda: self.export_conversation())
-        QShortcut(QKeySequence("Ctrl+L"), self, self.composer.edit.setFocus)
 
     def _connect(self) -> None:
         c, h = self.controller, self.host
@@ -218,6 +240,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         """Send/Stop and the status bar follow the engine: set on start, cleared on every end (done,
         stopped before the first token, failed); a finished answer's speed is set after this."""
         self._update_composer()
+        self.panels.set_busy(is_generating)
         self._stream_started_s = None
         self.speed_label.setToolTip("")
         self.speed_label.setText("generating…" if is_generating else "")

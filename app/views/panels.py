@@ -17,7 +17,8 @@ from ..gpu_info import GpuInfo
 from ..telemetry_history import TelemetryHistory, thread_last_core
 from .slot_map import STATE_COLORS, SlotMap
 
-REFRESH_MS = 100
+REFRESH_MS = 100          # while the engine works (generating, loading)
+IDLE_REFRESH_MS = 1000    # while it waits: nothing moves but the clock; hidden panels do not refresh at all
 PLOT_HEIGHT_PX = 96
 COLORS = {"engine": "#3b82f6", "system": "#9ca3af", "prefill": "#f59e0b", "decode": "#10b981", "hit": "#8b5cf6"}
 
@@ -38,7 +39,7 @@ class LivePanels(QWidget):
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
-        self.predicted_tok_s: float | None = None      # the roofline prediction (engine.plan.estimate), when known
+        self.predicted_tok_s: float | None = None      # the fastest this machine could go (engine.plan.estimate)
         self._ticks = 0
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -54,6 +55,8 @@ class LivePanels(QWidget):
         form.addRow("GPU", self.gpu_label)
         form.addRow("Decode thread", self.core_label)
         form.addRow("Tokens/s", self.speed_label)
+        self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
+                                    "could go at the cache hit rates seen so far.")
         form.addRow("Speculation recall", self.speculation_label)
         layout.addWidget(summary)
 
@@ -95,9 +98,9 @@ class LivePanels(QWidget):
         layout.addWidget(io_box)
         layout.addStretch(1)
 
-        self.timer = QTimer(self, interval=REFRESH_MS)
+        self.timer = QTimer(self, interval=IDLE_REFRESH_MS)
         self.timer.timeout.connect(self.refresh)
-        self.timer.start()
+        self.is_busy = False
         self.apply_palette()
 
     def _plot(self, title: str, curves: dict[str, str], y_range=None):
@@ -134,6 +137,22 @@ class LivePanels(QWidget):
             plot.getPlotItem().titleLabel.setText(plot.getPlotItem().titleLabel.text, color=foreground, size="8pt")
 
     # refresh ---------------------------------------------------------------------------------------
+    def set_busy(self, is_busy: bool) -> None:
+        """10 Hz while the engine works, 1 Hz while it waits (after one refresh with its final figures)."""
+        self.is_busy = is_busy
+        self.timer.setInterval(REFRESH_MS if is_busy else IDLE_REFRESH_MS)
+        if not is_busy and self.isVisible():
+            self.refresh()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.refresh()
+        self.timer.start()
+
+    def hideEvent(self, event) -> None:
+        super().hideEvent(event)
+        self.timer.stop()
+
     def refresh(self) -> None:
         snapshot = self._telemetry_source() or {}
         try:
@@ -172,7 +191,7 @@ class LivePanels(QWidget):
         else:
             self.core_label.setText("—")
         speed = snapshot.get("speed") or {}
-        predicted = f" · roofline {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
+        predicted = f" · possible {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
         self.speed_label.setText(f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
                                  f"{speed.get('prefill_tok_s', 0.0):.1f}{predicted}")
         spec = snapshot.get("speculation") or {}

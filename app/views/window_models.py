@@ -73,6 +73,7 @@ class ModelActionsMixin:
         self.load_bar.setRange(0, 0)
         self.load_bar.setVisible(True)
         self.load_cancel.setVisible(True)
+        self.panels.set_busy(True)
         self.host.load(str(path), **options)
 
     def cancel_load(self) -> None:
@@ -111,6 +112,7 @@ class ModelActionsMixin:
             self.show_error(message)
 
     def _hide_load_bar(self) -> None:
+        self.panels.set_busy(self.controller.is_generating)
         self.load_bar.setVisible(False)
         self.load_cancel.setVisible(False)
 
