@@ -15,7 +15,7 @@ from engine.sizes import parse_size
 
 from .. import paths
 from ..chat_controller import ChatController
-from ..export import export_conversation
+from ..export import EXPORT_DIR_KEY, FILTERS, export_conversation, path_for_filter
 from ..model_options import model_context, set_model_context
 from ..models_dir import is_sluice_model
 from ..settings import AppSettings
@@ -326,10 +326,13 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             return None
         if path is None:
             safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conversation.title).strip() or "chat"
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{safe}.md"),
-                                                  "Markdown (*.md);;JSON (*.json)")
+            folder = Path(self.store.get_setting(EXPORT_DIR_KEY, "") or Path.home())
+            path, selected = QFileDialog.getSaveFileName(self, "Export chat", str(folder / f"{safe}.md"),
+                                                         ";;".join(FILTERS))
             if not path:
                 return None
+            path = path_for_filter(path, selected)
+            self.store.set_setting(EXPORT_DIR_KEY, str(Path(path).parent))
         try:
             return export_conversation(path, conversation, self.controller.messages())
         except OSError as exc:
