@@ -81,7 +81,8 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.addToolBar(bar)
         bar.addWidget(QLabel(" Model "))
         self.model_picker = QComboBox()
-        self.model_picker.setMinimumWidth(320)
+        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_picker.setMinimumContentsLength(28)      # long names elide; the tooltip has the whole name
         self.model_picker.setToolTip("Installed models (in the models folder set in Settings)")
         self.model_picker.activated.connect(self._on_model_picked)
         bar.addWidget(self.model_picker)
@@ -102,7 +103,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
     def _build_central(self) -> None:
         self.conversations = ConversationList(self.controller)
-        self.conversations.setMinimumWidth(200)
+        self.conversations.setMinimumWidth(160)
         self.chat_view = ChatView(self.controller)
         self.composer = Composer()
         chat_page = QWidget()
@@ -133,7 +134,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         scroll = QScrollArea()
         scroll.setWidget(self.panels)
         scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(380)
+        scroll.setMinimumWidth(300)          # with the chat list, the window fits 900 px
         self.panels_dock = QDockWidget("Machinery (live)", self)
         self.panels_dock.setObjectName("panelsDock")
         self.panels_dock.setWidget(scroll)

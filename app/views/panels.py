@@ -14,7 +14,7 @@ from engine.plan.hardware import format_cpu_list
 from engine.sizes import format_size
 
 from ..gpu_info import GpuInfo
-from ..telemetry_history import TelemetryHistory, thread_last_core
+from ..telemetry_history import GB, TelemetryHistory, thread_last_core
 from .slot_map import STATE_COLORS, SlotMap
 
 REFRESH_MS = 100          # while the engine works (generating, loading)
@@ -78,7 +78,8 @@ class LivePanels(QWidget):
         self.cache_bar.setRange(0, 1000)
         self.cache_bar.setFormat("—")
         self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
-        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 1))
+        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
+                                                    units="%")
         cache_layout.addWidget(self.cache_bar)
         cache_layout.addWidget(self.cache_label)
         cache_layout.addWidget(self.hit_plot)
@@ -86,11 +87,11 @@ class LivePanels(QWidget):
 
         io_box = QGroupBox("Throughput")
         io_layout = QVBoxLayout(io_box)
-        self.disk_plot, self.disk_curves = self._plot("disk GB/s (last 60 s)", {"engine": COLORS["engine"],
-                                                                   "system": COLORS["system"]})
-        self.h2d_plot, self.h2d_curves = self._plot("host→device GB/s", {"h2d": COLORS["engine"]})
-        self.tok_plot, self.tok_curves = self._plot("tokens/s", {"decode": COLORS["decode"],
-                                                                "prefill": COLORS["prefill"]})
+        self.disk_plot, self.disk_curves = self._plot("disk reads, last 60 s", {"engine": COLORS["engine"],
+                                                                 "system": COLORS["system"]}, units="B/s")
+        self.h2d_plot, self.h2d_curves = self._plot("host → device copies", {"h2d": COLORS["engine"]}, units="B/s")
+        self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
+                                                                          "prefill": COLORS["prefill"]})
         self.disk_label = QLabel("engine read 0 B")
         io_layout.addWidget(self.disk_label)
         for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
@@ -103,20 +104,26 @@ class LivePanels(QWidget):
         self.is_busy = False
         self.apply_palette()
 
-    def _plot(self, title: str, curves: dict[str, str], y_range=None):
+    def _plot(self, title: str, curves: dict[str, str], y_range=None, units: str | None = None):
+        """A small plot; its axis shows human units (SI prefixes: "80 kB/s", not "8e-05") and its legend is
+        in the title, coloured like the lines, so it never hides them."""
         plot = pg.PlotWidget()
         plot.setFixedHeight(PLOT_HEIGHT_PX)
         plot.setMenuEnabled(False)
         plot.setMouseEnabled(x=False, y=False)
         plot.hideButtons()
         # no grid: its lines cost half the paint time of a plot (about 2.5 of 5 ms)
+        if len(curves) > 1:
+            title += ": " + " · ".join(f"<span style='color:{color}'>{name}{' (dashed)' if name == 'system' else ''}"
+                                        f"</span>" for name, color in curves.items())
         plot.setTitle(title, size="8pt")
+        if units:
+            plot.setLabel("left", units=units)
+            plot.getAxis("left").enableAutoSIPrefix(units != "%")
         if y_range:
             plot.setYRange(*y_range)
         else:
             plot.enableAutoRange(axis="y")
-        if len(curves) > 1:
-            plot.addLegend(offset=(4, 4), labelTextSize="7pt")
         plot.getViewBox().setLimits(yMin=0)          # all values are >= 0; no empty negative half
         plot.hideAxis("bottom")                      # x: the last 60 s, newest on the right
         # the system's disk reads include the engine's own; draw them dashed, beneath the engine's line
@@ -218,10 +225,10 @@ class LivePanels(QWidget):
         if not times:
             return
         x = [t - times[-1] for t in times]          # seconds before now
-        self.hit_curves["interval"].setData(x, h.values("hit_rate"))
-        self.disk_curves["engine"].setData(x, h.values("disk_gbps"))
-        self.disk_curves["system"].setData(x, h.values("system_disk_gbps"))
-        self.h2d_curves["h2d"].setData(x, h.values("h2d_gbps"))
+        self.hit_curves["interval"].setData(x, [100 * v for v in h.values("hit_rate")])
+        self.disk_curves["engine"].setData(x, [GB * v for v in h.values("disk_gbps")])       # bytes/s: SI axis
+        self.disk_curves["system"].setData(x, [GB * v for v in h.values("system_disk_gbps")])
+        self.h2d_curves["h2d"].setData(x, [GB * v for v in h.values("h2d_gbps")])
         self.tok_curves["decode"].setData(x, h.values("decode_tok_s"))
         self.tok_curves["prefill"].setData(x, h.values("prefill_tok_s"))
 

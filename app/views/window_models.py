@@ -45,6 +45,7 @@ class ModelActionsMixin:
             self.model_picker.addItem(Path(current).name, current)
         index = self.model_picker.findData(current) if current else 0
         self.model_picker.setCurrentIndex(max(index, 0))
+        self.model_picker.setToolTip(self.model_picker.currentText() or "Installed models")
         self.model_picker.blockSignals(False)
         self._update_page()
 
