@@ -9,6 +9,18 @@ from pathlib import Path
 from .store import Conversation, Message
 
 
+FILTERS = {"Markdown (*.md)": ".md", "JSON (*.json)": ".json"}     # file dialog filter -> extension
+EXPORT_DIR_KEY = "export_dir"                                       # the store setting: the last folder used
+
+
+def path_for_filter(path: str | Path, selected_filter: str) -> Path:
+    """The file the user meant: the chosen filter's extension is added when the name has neither."""
+    path = Path(path)
+    if path.suffix.lower() not in FILTERS.values():
+        path = path.with_name(path.name + FILTERS.get(selected_filter, ".md"))
+    return path
+
+
 def stats_line(stats: dict) -> str:
     """'12.3 tok/s · TTFT 0.42 s · 87 tokens · stopped' (parts that are known)."""
     parts = []
@@ -17,11 +29,15 @@ def stats_line(stats: dict) -> str:
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {stats['ttft_s']:.2f} s")
     if stats.get("num_tokens"):
-        parts.append(f"{stats['num_tokens']} tokens")
+        parts.append(f"{stats['num_tokens']:,} token{'s' if stats['num_tokens'] != 1 else ''}")
     reason = stats.get("finish_reason")
-    if reason in ("cancelled", "length"):
-        parts.append({"cancelled": "stopped", "length": "max tokens reached"}[reason])
+    if reason in FINISH_WORDS:
+        parts.append(FINISH_WORDS[reason])
     return " · ".join(parts)
+
+
+FINISH_WORDS = {"cancelled": "stopped", "length": "max new tokens reached",
+                "context_full": "stopped: the model's context is full"}
 
 
 def to_markdown(conversation: Conversation, messages: list[Message]) -> str:
@@ -33,8 +49,12 @@ def to_markdown(conversation: Conversation, messages: list[Message]) -> str:
     for message in messages:
         heading = "You" if message.role == "user" else "Assistant"
         model = message.stats.get("model")
-        lines += [f"## {heading}" + (f" ({model})" if model else ""), "", message.content, ""]
-        if message.role == "assistant" and stats_line(message.stats):
+        lines += [f"## {heading}" + (f" ({model})" if model else ""), ""]
+        if message.content:
+            lines += [message.content, ""]
+        if message.state == "error":
+            lines += [f"_This answer failed: {message.stats.get('error', 'no reason was recorded')}_", ""]
+        elif message.role == "assistant" and stats_line(message.stats):
             lines += [f"_{stats_line(message.stats)}_", ""]
     return "\n".join(lines)
 

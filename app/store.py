@@ -44,6 +44,7 @@ class ChatSettings:
     top_k: int = 40
     max_new_tokens: int = 512
     seed: int | None = None
+    context_overflow: str = "middle"        # app.context_policy.POLICIES: what goes when the chat outgrows the context
 
     @classmethod
     def from_dict(cls, data: dict) -> "ChatSettings":

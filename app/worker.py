@@ -54,6 +54,7 @@ class EngineWorker(QObject):
     chunk = Signal(int, str, int)                  # request id, new text, tokens so far
     finished = Signal(int, dict)                   # request id, stats: num_tokens, tok_s, ttft_s, finish_reason
     failed = Signal(int, str)                      # request id, one sentence
+    context_fitted = Signal(int, dict)             # request id, {dropped (message indexes), prompt_tokens, max_context, max_new_tokens}
     job_progress = Signal(int, int, int, str)      # job id, done, total, message
     job_finished = Signal(int, str)                # job id, result path
     job_failed = Signal(int, str)                  # job id, one sentence ("" when cancelled)
@@ -121,7 +122,15 @@ class EngineWorker(QObject):
             self.finished.emit(request_id, stats)
             return
         self._running_request = request_id
-        params = self._fit_to_context(messages, params)
+        policy = params.pop("context_overflow", None)
+        try:
+            messages, params, asked_max_new_tokens = self._fit_to_context(request_id, messages, params, policy)
+        except Exception as exc:
+            self._running_request = None
+            self._cancelled_requests.discard(request_id)
+            _log_failure(exc, "fitting the chat to the context failed")
+            self.failed.emit(request_id, user_message(exc))
+            return
         t_start = time.perf_counter()
         t_first = t_last = None
         pending, last_emit = "", 0.0
@@ -158,22 +167,23 @@ class EngineWorker(QObject):
         if stats["num_tokens"] > 1 and t_last > t_first:
             stats["tok_s"] = (stats["num_tokens"] - 1) / (t_last - t_first)   # decode rate, TTFT excluded
         stats["finish_reason"] = stats["finish_reason"] or "eos"
+        if stats["finish_reason"] == "length" and params.get("max_new_tokens", 0) < asked_max_new_tokens:
+            stats["finish_reason"] = "context_full"      # the answer filled the context, not the asked limit
         self.finished.emit(request_id, stats)
 
-    def _fit_to_context(self, messages: list, params: dict) -> dict:
-        """Shrink max_new_tokens so prompt + answer fit the model's context (the demo has only 512 tokens)."""
+    def _fit_to_context(self, request_id: int, messages: list, params: dict, policy: str | None):
+        """Leave out turns the context cannot hold (app.context_policy) and lower max_new_tokens to the room
+        left; reports what was left out (context_fitted). Returns (messages, params, the asked max_new_tokens)."""
+        from .context_policy import DEFAULT_POLICY, fit_chat
+        asked = params.get("max_new_tokens", 0)
         max_context = self.engine.info.get("max_context")
         encode = getattr(self.engine, "encode", None)
-        if not max_context or encode is None:
-            return params
-        try:
-            num_prompt_tokens = len(encode(messages)[0])
-        except Exception:        # the engine reports prompt problems itself, in generate()
-            return params
-        room = max_context - num_prompt_tokens
-        if 0 < room < params.get("max_new_tokens", 0):
-            params = {**params, "max_new_tokens": room}
-        return params
+        if not max_context or encode is None or not isinstance(messages, list):
+            return messages, params, asked
+        fitted = fit_chat(messages, lambda chat: len(encode(chat)[0]), max_context, asked, policy or DEFAULT_POLICY)
+        self.context_fitted.emit(request_id, {"dropped": fitted.dropped, "prompt_tokens": fitted.num_prompt_tokens,
+                                              "max_context": max_context, "max_new_tokens": fitted.max_new_tokens})
+        return fitted.messages, {**params, "max_new_tokens": fitted.max_new_tokens}, asked
 
     @Slot(int, str, dict)
     def run_job(self, job_id: int, kind: str, args: dict) -> None:
@@ -262,6 +272,7 @@ class EngineHost(QObject):
     chunk = Signal(int, str, int)
     finished = Signal(int, dict)
     failed = Signal(int, str)
+    context_fitted = Signal(int, dict)
     job_progress = Signal(int, int, int, str)
     job_finished = Signal(int, str)
     job_failed = Signal(int, str)
@@ -280,7 +291,7 @@ class EngineHost(QObject):
         self.worker = EngineWorker(load_fn)
         self.worker.moveToThread(self.thread)
         for name in ("started", "load_progress", "loaded", "load_failed", "chunk", "finished", "failed",
-                     "job_progress", "job_finished", "job_failed", "estimated"):
+                     "context_fitted", "job_progress", "job_finished", "job_failed", "estimated"):
             getattr(self.worker, name).connect(getattr(self, name))     # signal -> signal, queued to GUI
         self._request_load.connect(self.worker.load_model)
         self._request_generate.connect(self.worker.generate)

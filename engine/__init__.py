@@ -17,7 +17,7 @@ from engine.params import GenerationParams, TokenEvent
 def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
          max_context: int | None = None):
     """Open a Sluice model dir (or a Hugging Face snapshot, repacked on the fly) and return an Engine.
-    max_context: tokens of context to hold (default: the model's, up to engine.MAX_CONTEXT_TOKENS)."""
+    max_context: prompt + answer tokens; default the model's own limit cut to what the VRAM budget holds."""
     from engine.engine import Engine
     return Engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache=ram_cache,
                        dtype=dtype, progress=progress, max_context=max_context)

@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -21,7 +22,7 @@ from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
-from engine.runtime.budget import MAX_CONTEXT_TOKENS
+from engine.runtime.budget import fit_context, prefill_workspace_bytes
 from engine.runtime.runner import Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
@@ -32,17 +33,41 @@ class Engine:
         self.telemetry_source = Telemetry()
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
-        self.max_context = max_context or min(self.spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
         available = available_memory()
         is_cuda = device.type == "cuda"
+        default_vram = torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4
+        self.max_context = self._choose_context(max_context, vram_budget or default_vram)
         eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
         self.runner = Runner(model, device, dtype, self.telemetry_source, vram_budget=vram_budget, ram_cache=ram_cache,
                              max_tokens=self.max_context, use_graphs=not eager, use_kernels=not eager,
-                             default_vram=torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4,
-                             default_ram=available // 2, progress=progress)
+                             default_vram=default_vram, default_ram=available // 2, progress=progress)
         self.plan = self.runner.plan
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = set(self.spec.eos_token_ids) | self._generation_config_eos()
+
+    def _choose_context(self, requested: int | None, vram_budget: int) -> int:
+        """The context (prompt + answer tokens) the model state is made for: as asked, or the model's own
+        limit cut to what the VRAM budget holds beside the dense weights and the expert slots (runtime.budget)."""
+        from engine.runtime.experts import decoded_expert_bytes
+        from engine.model.families import family_module
+        from engine.model.state import state_bytes
+        spec, layout = self.spec, self.model.layout
+        limit = spec.max_position_embeddings
+        if requested is not None:
+            if not 1 <= requested <= limit:
+                raise SluiceError(f"A context of {requested} tokens is not possible for this model: choose "
+                                  f"between 1 and {limit} tokens (its own limit).")
+            return requested
+        elem = torch.empty((), dtype=self.dtype).element_size()
+        state_specs = family_module(spec.family).state_specs(spec)
+        dense_params = sum(math.prod(t["shape"]) for t in self.model.manifest["dense"]["tensors"].values())
+        is_cuda = self.device.type == "cuda"
+
+        def bytes_for_tokens(n: int) -> int:
+            return state_bytes(state_specs, n, self.dtype) + (prefill_workspace_bytes(spec, n, elem) if is_cuda else 0)
+        return fit_context(max_tokens=limit, bytes_for_tokens=bytes_for_tokens, vram_budget=vram_budget,
+                           dense_bytes=dense_params * elem, top_k=spec.top_k,
+                           device_slot_bytes=layout.block_bytes + (0 if is_cuda else decoded_expert_bytes(layout, self.dtype)))
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
@@ -67,6 +92,10 @@ class Engine:
                 "expert_bytes_total": self.model.expert_bytes_total, "slots_per_bank": self.plan.slots_per_bank,
                 "ram_cache_bytes": self.plan.ram_cache_bytes, "vram_budget_bytes": self.plan.vram_budget_bytes,
                 "direct_io": self.runner.store.is_direct, "max_context": self.max_context,
+                "model_max_context": self.spec.max_position_embeddings,
+                "min_ram_cache_bytes": self.spec.top_k * self.model.layout.block_bytes,
+                "min_vram_budget_bytes": (self.plan.dense_bytes + self.plan.kv_bytes + self.plan.workspace_bytes
+                                          + 2 * self.spec.top_k * self.plan.device_slot_bytes),
                 "has_chat_template": bool(self.tokenizer is not None and getattr(self.tokenizer, "chat_template", None))}
 
     def _load_tokenizer(self):

@@ -2,8 +2,9 @@
 
     .venv/bin/python scripts/screenshots.py            # re-runs itself under xvfb-run when there is no display
 Needs: apt-get install -y --no-install-recommends xvfb xauth libxcb-icccm4 libxcb-keysyms1
-Writes docs/screenshots/{first-run,chat,panels,markdown,error-dialog}.png. Uses a fresh data dir
-and the built-in demo model (random weights: its answers are noise by design).
+Writes docs/screenshots/{first-run,chat,panels,long-chat,background-answer,markdown,settings-error,
+catalog-offline,error-dialog}.png. Uses a fresh data dir and the built-in demo model (random weights:
+its answers are noise by design), with its own budgets, which make it stream.
 """
 from __future__ import annotations
 
@@ -92,9 +93,7 @@ def take_screenshots() -> int:
     pump(0.5)
     shot("first-run")
 
-    # Small budgets so the demo really streams experts (RAM cache hits and misses, disk reads).
-    window.settings.vram_budget, window.settings.ram_cache = "1400KB", "400KB"
-    window.start_demo()
+    window.start_demo()              # the demo's own budgets: RAM cache hits and misses, disk reads
     wait_until(lambda: window.model_info is not None, 120)
     window.controller.new_conversation()
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=440, temperature=0.8, seed=7))
@@ -103,9 +102,35 @@ def take_screenshots() -> int:
     pump(1.5)                            # mid-answer (~250 tokens at ~200 tok/s): the plots have history
     shot("panels")
     wait_until(lambda: not window.controller.is_generating, 120)
-    wait_until(lambda: "roofline" in window.speed_label.text(), 60)    # the roofline, beside the measured
+    wait_until(lambda: "possible" in window.speed_label.text(), 60)    # the fastest possible, beside the measured
     window.panels_dock.setVisible(False)
     shot("chat")
+
+    # A long chat, past the demo's old 512-token limit and past its 4,096-token context: the middle is dropped.
+    long_chat = window.store.create_conversation("A long chat", ChatSettings(max_new_tokens=120, seed=3))
+    for i in range(7):
+        window.store.add_message(long_chat.id, "user", f"Question {i + 1}: " + "how do experts stream from disk? " * 20)
+        window.store.add_message(long_chat.id, "assistant", f"Answer {i + 1}: " + "the cache keeps hot experts close. " * 20)
+    window.conversations.refresh()
+    window.controller.open_conversation(long_chat.id)
+    window.composer.edit.setPlainText("And what happens when the chat is longer than the context?")
+    window.composer.submit()
+    wait_until(lambda: not window.controller.is_generating, 120)
+    window.chat_view.ensureWidgetVisible(window.chat_view.context_marker)
+    shot("long-chat")
+
+    # An answer streaming in one chat while the user reads another.
+    window.controller.new_conversation()
+    window.controller.set_chat_settings(ChatSettings(max_new_tokens=2000, seed=11))
+    window.composer.edit.setPlainText("Write a long story about a river.")
+    window.composer.submit()
+    pump(0.5)
+    window.controller.open_conversation(conversation_id=long_chat.id)
+    window.composer.edit.setPlainText("A follow-up, typed while the other chat is answered")
+    shot("background-answer")
+    window.controller.stop()
+    wait_until(lambda: not window.controller.is_generating, 60)
+    window.composer.edit.clear()
     window.panels_dock.setVisible(True)
 
     # Markdown rendering: an answer with a thought, code and a table, stored as a finished message.
@@ -116,6 +141,26 @@ def take_screenshots() -> int:
     window.conversations.refresh()
     window.controller.open_conversation(conversation.id)
     shot("markdown")
+
+    window.edit_app_settings()                   # a size the model cannot use: said in place, dialog stays
+    dialog = window.last_dialog
+    dialog.vram_budget.setText("1MB")
+    dialog.ram_cache.setText("lots")
+    dialog.accept()
+    pump(0.3)
+    dialog.grab().save(str(OUT / "settings-error.png"))
+    print("wrote", OUT / "settings-error.png")
+    dialog.reject()
+
+    from app.setup import open_download_wizard     # offline: the catalog, and the search error with Retry
+    wizard = open_download_wizard(window, window.settings.models_path(), lambda path: None)
+    wizard.search_page.query.setText("qwen moe")
+    wizard.search_page.search()
+    wait_until(wizard.search_page.retry_button.isVisible, 30)
+    pump(0.3)
+    wizard.grab().save(str(OUT / "catalog-offline.png"))
+    print("wrote", OUT / "catalog-offline.png")
+    wizard.reject()
 
     window.apply_app_settings(type(window.settings)(**{**window.settings.__dict__, "vram_budget": "1MB"}))
     wait_until(lambda: window.last_dialog is not None and window.last_dialog.objectName() == "errorDialog", 60)

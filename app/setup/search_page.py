@@ -1,7 +1,7 @@
 """Wizard page 1: find a model by text, or paste its name or address, with an optional revision."""
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWizardPage)
 
@@ -10,6 +10,7 @@ from engine.hub.search import supported_families
 from .task import Task, stop_and_wait
 
 COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
+SEARCH_TIMEOUT_S = 6        # the hub client retries for up to half a minute offline: say so before that
 
 
 class SearchPage(QWizardPage):
@@ -29,6 +30,12 @@ class SearchPage(QWizardPage):
         self.token_button.setToolTip("For gated or private models: a token from huggingface.co/settings/tokens")
         self.status = QLabel()
         self.status.setWordWrap(True)
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.setVisible(False)
+        self._timeout = QTimer(self, singleShot=True, interval=SEARCH_TIMEOUT_S * 1000)
+        self._timeout.timeout.connect(lambda: self._on_failed(
+            f"The Hugging Face hub did not answer within {SEARCH_TIMEOUT_S} s; check the internet connection "
+            "and press Retry. The models listed here need no search."))
         self.results = QTreeWidget()
         self.results.setHeaderLabels(COLUMNS)
         self.results.setRootIsDecorated(False)
@@ -50,10 +57,14 @@ class SearchPage(QWizardPage):
         layout = QVBoxLayout(self)
         layout.addLayout(row)
         layout.addWidget(self.results, 1)
-        layout.addWidget(self.status)
+        status_row = QHBoxLayout()
+        status_row.addWidget(self.status, 1)
+        status_row.addWidget(self.retry_button)
+        layout.addLayout(status_row)
         layout.addLayout(options)
 
         self.search_button.clicked.connect(self.search)
+        self.retry_button.clicked.connect(self.search)
         self.query.returnPressed.connect(self.search)
         self.query.textEdited.connect(lambda _: self.results.clearSelection())   # a typed name wins
         self.query.textChanged.connect(self.completeChanged)
@@ -63,6 +74,20 @@ class SearchPage(QWizardPage):
 
     def initializePage(self) -> None:
         self._list_unfinished()
+        self._list_catalog()
+
+    def _list_catalog(self) -> None:
+        """The shipped catalog of supported models, shown before any search and offline."""
+        from .catalog import load_catalog
+        for model in load_catalog():
+            item = QTreeWidgetItem([model.repo, model.family, "yes", "", ""])
+            item.setData(0, Qt.ItemDataRole.UserRole, model.repo)
+            item.setToolTip(0, model.describe())
+            item.setText(0, f"{model.repo}  ({model.total_params_b:g}B, {model.active_params_b:g}B active, "
+                            f"{model.download_gb:g} GB)")
+            self.results.addTopLevelItem(item)
+        if not self.status.text():
+            self.status.setText("Models Sluice runs well, from its catalog; search the hub for others.")
 
     def _list_unfinished(self) -> None:
         """Downloads stopped earlier (paused, app closed, network lost) come first: one click continues."""
@@ -84,15 +109,22 @@ class SearchPage(QWizardPage):
     def search(self) -> None:
         from engine.hub.search import search
         text = self.query.text().strip()
-        stop_and_wait(self.task)
+        if self.task is not None and self.task.isRunning():    # a search that hangs: let it end on its own
+            self.task.finished_ok.disconnect()
+            self.task.failed.disconnect()
         self.status.setText("Searching the hub…")
         self.search_button.setEnabled(False)
+        self.retry_button.setVisible(False)
+        self._timeout.start()
         self.task = Task(lambda report, stop: search(text), self)
         self.task.finished_ok.connect(self._on_results)
         self.task.failed.connect(self._on_failed)
         self.task.start()
 
     def _on_results(self, hits) -> None:
+        if not self._timeout.isActive():
+            return                                  # too late: the timeout message is showing
+        self._timeout.stop()
         self.search_button.setEnabled(True)
         self.results.clear()
         for hit in hits:
@@ -113,7 +145,9 @@ class SearchPage(QWizardPage):
             self.results.setCurrentItem(self.results.topLevelItem(0))
 
     def _on_failed(self, message: str) -> None:
+        self._timeout.stop()
         self.search_button.setEnabled(True)
+        self.retry_button.setVisible(True)
         self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
 
     def ask_token(self) -> None:
@@ -147,4 +181,5 @@ class SearchPage(QWizardPage):
         return True
 
     def cleanupPage(self) -> None:
+        self._timeout.stop()
         stop_and_wait(self.task)

@@ -38,6 +38,14 @@ class ChatView(QScrollArea):
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.placeholder.setStyleSheet(f"color: {theme.muted_color()}; font-size: 14px; padding: 40px;")
         self._layout.addWidget(self.placeholder)
+        self.context_marker = QLabel()             # where older turns were left out of the model's context
+        self.context_marker.setObjectName("contextMarker")
+        self.context_marker.setWordWrap(True)
+        self.context_marker.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.context_marker.setStyleSheet(f"color: {theme.muted_color()}; border-top: 1px dashed "
+                                          f"{theme.muted_color()}; padding: 4px; font-size: 12px;")
+        self.context_marker.setVisible(False)
+        self._layout.addWidget(self.context_marker)
         self._layout.addStretch(1)
         outer.addWidget(self._column, 0, Qt.AlignmentFlag.AlignHCenter)
         self.setWidget(container)
@@ -49,6 +57,7 @@ class ChatView(QScrollArea):
         controller.message_added.connect(self._on_message_added)
         controller.message_streamed.connect(self._on_message_streamed)
         controller.message_finished.connect(self._on_message_finished)
+        controller.context_fitted.connect(lambda _message: self._place_context_marker())
         controller.generating_changed.connect(lambda _: self._update_regenerate())
 
     def resizeEvent(self, event) -> None:
@@ -66,8 +75,12 @@ class ChatView(QScrollArea):
             self._add(message)
         self._follow = True
         self._update_regenerate()
+        self._place_context_marker()
 
     def _on_message_added(self, message: Message) -> None:
+        conversation = self.controller.conversation
+        if conversation is None or message.conversation_id != conversation.id:
+            return                                  # an answer streaming in another chat
         self._add(message)
         self._follow = True
         self._update_regenerate()
@@ -82,6 +95,25 @@ class ChatView(QScrollArea):
         if widget is not None:
             widget.update_message(message)
         self._update_regenerate()
+        self._place_context_marker()
+
+    def _place_context_marker(self) -> None:
+        """A line after the last message the latest answer could not see (context overflow policy)."""
+        self._layout.removeWidget(self.context_marker)
+        self.context_marker.setVisible(False)
+        answers = [w.message for w in self.widgets.values() if w.message.role == "assistant"]
+        context = next((m.stats.get("context") for m in reversed(answers) if m.stats.get("context")), None)
+        if not context or not context.get("num_dropped") or context["dropped_ids"][-1] not in self.widgets:
+            self._layout.insertWidget(self._layout.count() - 1, self.context_marker)
+            return
+        count = context["num_dropped"]
+        self.context_marker.setText(
+            f"{count} earlier message{'s' if count != 1 else ''} above {'are' if count != 1 else 'is'} no longer "
+            f"in the model's context ({context['max_context']:,} tokens) and {'were' if count != 1 else 'was'} "
+            f"left out of the latest answer. Chat settings choose what is kept.")
+        index = self._layout.indexOf(self.widgets[context["dropped_ids"][-1]])
+        self._layout.insertWidget(index + 1, self.context_marker)
+        self.context_marker.setVisible(True)
 
     def _add(self, message: Message) -> None:
         widget = MessageWidget(message, self.renderer, self._column)

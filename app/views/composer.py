@@ -38,6 +38,7 @@ class Composer(QWidget):
         super().__init__(parent)
         self.editing_message_id: int | None = None
         self._is_generating = False
+        self._busy_elsewhere: str | None = None
         layout = QVBoxLayout(self)
         layout.setContentsMargins(16, 4, 16, 12)
         self.setMaximumWidth(MAX_COLUMN_WIDTH + 32)     # lines up with the chat column
@@ -53,6 +54,19 @@ class Composer(QWidget):
         banner.addWidget(cancel)
         self.edit_banner.setVisible(False)
         layout.addWidget(self.edit_banner)
+        self.busy_banner = QWidget()               # another chat's answer is streaming: one at a time
+        busy = QHBoxLayout(self.busy_banner)
+        busy.setContentsMargins(0, 0, 0, 0)
+        self.busy_label = QLabel()
+        self.busy_label.setWordWrap(True)
+        self.busy_label.setStyleSheet(f"color: {theme.muted_color()};")
+        self.stop_other_button = QToolButton()
+        self.stop_other_button.setText("Stop that answer")
+        self.stop_other_button.clicked.connect(self.stop_requested)
+        busy.addWidget(self.busy_label, 1)
+        busy.addWidget(self.stop_other_button)
+        self.busy_banner.setVisible(False)
+        layout.addWidget(self.busy_banner)
 
         row = QHBoxLayout()
         self.edit = PromptEdit()
@@ -77,10 +91,20 @@ class Composer(QWidget):
         self.edit.setFixedHeight(num_lines * self.edit.fontMetrics().lineSpacing() + 2 * int(
             self.edit.document().documentMargin()) + margins.top() + margins.bottom() + 4)
 
-    def set_generating(self, is_generating: bool) -> None:
+    def set_generating(self, is_generating: bool, busy_elsewhere: str | None = None) -> None:
+        """is_generating: this chat's answer streams (the button stops it). busy_elsewhere: the title of
+        another chat whose answer streams; sending waits for it (the engine answers one chat at a time)."""
         self._is_generating = is_generating
+        self._busy_elsewhere = busy_elsewhere
         self.send_button.setText("Stop" if is_generating else "Send")
-        self.send_button.setToolTip("Stop the answer (Esc)" if is_generating else "Send (Enter)")
+        self.send_button.setEnabled(is_generating or busy_elsewhere is None)
+        self.send_button.setToolTip("Stop the answer (Esc)" if is_generating else
+                                    "Send (Enter)" if busy_elsewhere is None else
+                                    "Another chat is being answered; send when it is done")
+        self.busy_banner.setVisible(busy_elsewhere is not None)
+        if busy_elsewhere is not None:
+            self.busy_label.setText(f"Answering in “{busy_elsewhere}”. Sluice answers one chat at a time: "
+                                    "you can type now and send when that answer is done.")
 
     def begin_edit(self, message_id: int, text: str) -> None:
         self.editing_message_id = message_id
@@ -95,7 +119,7 @@ class Composer(QWidget):
 
     def submit(self) -> None:
         text = self.edit.toPlainText().strip()
-        if not text or self._is_generating:
+        if not text or self._is_generating or self._busy_elsewhere is not None:
             return
         if self.editing_message_id is not None:
             message_id = self.editing_message_id

@@ -2,13 +2,26 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QColor, QIcon, QKeySequence, QPainter, QPixmap
 from PySide6.QtWidgets import (QAbstractItemView, QLineEdit, QListWidget, QListWidgetItem, QMenu, QMessageBox,
                                QPushButton, QVBoxLayout, QWidget)
 
 from ..chat_controller import ChatController
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+STREAMING_ROLE = Qt.ItemDataRole.UserRole + 1      # True on the chat whose answer is streaming
+
+
+def _dot_icon(color: str = "#10b981", size: int = 12) -> QIcon:
+    pixmap = QPixmap(size, size)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    painter.setBrush(QColor(color))
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.drawEllipse(2, 2, size - 4, size - 4)
+    painter.end()
+    return QIcon(pixmap)
 
 
 class ConversationList(QWidget):
@@ -18,6 +31,7 @@ class ConversationList(QWidget):
         super().__init__(parent)
         self.controller = controller
         self.confirm_delete = True       # tests switch the question dialog off
+        self._streaming_icon = _dot_icon()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(8, 8, 4, 8)
         self.new_button = QPushButton("New chat")
@@ -52,11 +66,16 @@ class ConversationList(QWidget):
 
     def refresh(self) -> None:
         current = self.controller.conversation.id if self.controller.conversation else None
+        streaming = self.controller.streaming_conversation_id
         self.list.blockSignals(True)
         self.list.clear()
         for conversation in self.controller.store.conversations(self.search.text()):
             item = QListWidgetItem(conversation.title)
             item.setData(ID_ROLE, conversation.id)
+            item.setData(STREAMING_ROLE, conversation.id == streaming)
+            if conversation.id == streaming:
+                item.setIcon(self._streaming_icon)
+                item.setToolTip(f"{conversation.title}\nAnswering now")
             item.setFlags(item.flags() | Qt.ItemFlag.ItemIsEditable)
             self.list.addItem(item)
             if conversation.id == current:

@@ -19,7 +19,8 @@ class FirstRunPage(QWidget):
         outer = QVBoxLayout(self)
         outer.addStretch(1)
         card = QFrame()
-        card.setFixedWidth(560)      # a fixed width lets the wrapped labels take their full height
+        card.setMinimumWidth(320)    # narrow windows (900 px with panels) shrink it; its labels wrap
+        card.setMaximumWidth(560)
         layout = QVBoxLayout(card)
         layout.setSpacing(10)
         icon = QLabel()

@@ -15,7 +15,8 @@ from engine.sizes import parse_size
 
 from .. import paths
 from ..chat_controller import ChatController
-from ..export import export_conversation
+from ..export import EXPORT_DIR_KEY, FILTERS, export_conversation, path_for_filter
+from ..model_options import model_context, set_model_context
 from ..models_dir import is_sluice_model
 from ..settings import AppSettings
 from ..store import Store
@@ -24,7 +25,9 @@ from . import theme
 from .chat_view import ChatView
 from .composer import Composer
 from .conversation_list import ConversationList
-from .dialogs import AppSettingsDialog, ChatSettingsDialog, error_box
+from .chat_settings_dialog import ChatSettingsDialog
+from .dialogs import error_box
+from .settings_dialog import AppSettingsDialog
 from .first_run import FirstRunPage
 from .panels import LivePanels
 from .window_models import ModelActionsMixin, freeze_heap
@@ -40,6 +43,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.controller = ChatController(self.store, self.host, self)
         self.model_info: dict | None = None
         self.loading_path: str | None = None
+        self.failed_model_path: str | None = None   # the model whose last load failed (Settings retries it)
         self.last_dialog = None          # the latest error dialog or job progress dialog (tests read it)
         self.last_wizard = None          # the latest setup wizard (download or repack)
         self._job_dialogs: dict = {}     # job id -> JobDialog
@@ -54,6 +58,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self._build_toolbar()
         self._build_central()
         self._build_panels()
+        self._build_menus()
         self._build_status_bar()
         self._build_shortcuts()
         self._connect()
@@ -76,7 +81,8 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.addToolBar(bar)
         bar.addWidget(QLabel(" Model "))
         self.model_picker = QComboBox()
-        self.model_picker.setMinimumWidth(320)
+        self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_picker.setMinimumContentsLength(28)      # long names elide; the tooltip has the whole name
         self.model_picker.setToolTip("Installed models (in the models folder set in Settings)")
         self.model_picker.activated.connect(self._on_model_picked)
         bar.addWidget(self.model_picker)
@@ -97,7 +103,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
     def _build_central(self) -> None:
         self.conversations = ConversationList(self.controller)
-        self.conversations.setMinimumWidth(200)
+        self.conversations.setMinimumWidth(160)
         self.chat_view = ChatView(self.controller)
         self.composer = Composer()
         chat_page = QWidget()
@@ -128,7 +134,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         scroll = QScrollArea()
         scroll.setWidget(self.panels)
         scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(380)
+        scroll.setMinimumWidth(300)          # with the chat list, the window fits 900 px
         self.panels_dock = QDockWidget("Machinery (live)", self)
         self.panels_dock.setObjectName("panelsDock")
         self.panels_dock.setWidget(scroll)
@@ -155,11 +161,32 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         status.addPermanentWidget(self.speed_label)
         status.addPermanentWidget(self.device_label)
 
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        file = bar.addMenu("&File")
+        file.addAction("&New chat", QKeySequence.StandardKey.New, self.controller.new_conversation)
+        file.addAction("&Open model folder…", QKeySequence.StandardKey.Open, self.open_folder)
+        file.addAction("&Download a model…", self.open_download_wizard)
+        file.addAction("&Export chat…", QKeySequence("Ctrl+E"), lambda: self.export_conversation())
+        file.addSeparator()
+        self.quit_action = file.addAction("&Quit", QKeySequence("Ctrl+Q"), self.close)
+        edit = bar.addMenu("&Edit")
+        edit.addAction("&Stop the answer", self.controller.stop)
+        edit.addAction("&Chat settings…", self.edit_chat_settings)
+        edit.addSeparator()
+        edit.addAction("Se&ttings…", QKeySequence.StandardKey.Preferences, self.edit_app_settings)
+        view = bar.addMenu("&View")
+        view.addAction(self.panels_action)
+        view.addAction("&Focus the message box", QKeySequence("Ctrl+L"), self.composer.edit.setFocus)
+        help_menu = bar.addMenu("&Help")
+        help_menu.addAction("&About Sluice", self.show_about)
+
+    def show_about(self) -> None:
+        from .about import show_about
+        self.last_dialog = show_about(self)
+
     def _build_shortcuts(self) -> None:
-        QShortcut(QKeySequence.StandardKey.New, self, self.controller.new_conversation)
         QShortcut(QKeySequence(Qt.Key.Key_Escape), self, self.controller.stop)
-        QShortcut(QKeySequence("Ctrl+E"), self, lambda: self.export_conversation())
-        QShortcut(QKeySequence("Ctrl+L"), self, self.composer.edit.setFocus)
 
     def _connect(self) -> None:
         c, h = self.controller, self.host
@@ -169,6 +196,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.chat_view.edit_requested.connect(self.composer.begin_edit)
         self.conversations.export_requested.connect(self._export_by_id)
         c.generating_changed.connect(self._on_generating_changed)
+        c.conversation_opened.connect(lambda *_: self._update_composer())
         c.error.connect(self.show_error)
         h.load_progress.connect(self._on_load_progress)
         h.loaded.connect(self._on_loaded)
@@ -206,11 +234,17 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             return
         self.controller.edit_and_resend(message_id, text)
 
+    def _update_composer(self) -> None:
+        self.composer.set_generating(self.controller.is_generating_here, self.controller.streaming_title())
+
     def _on_generating_changed(self, is_generating: bool) -> None:
-        self.composer.set_generating(is_generating)
-        if is_generating:
-            self._stream_started_s = None
-            self.speed_label.setText("generating…")
+        """Send/Stop and the status bar follow the engine: set on start, cleared on every end (done,
+        stopped before the first token, failed); a finished answer's speed is set after this."""
+        self._update_composer()
+        self.panels.set_busy(is_generating)
+        self._stream_started_s = None
+        self.speed_label.setToolTip("")
+        self.speed_label.setText("generating…" if is_generating else "")
 
     def _on_chunk(self, _request_id: int, _text: str, num_tokens: int) -> None:
         now = time.perf_counter()
@@ -240,29 +274,33 @@ class MainWindow(ModelActionsMixin, QMainWindow):
     def _on_estimated(self, prediction: dict) -> None:
         self.panels.predicted_tok_s = prediction["tok_s"]
         stats = self._last_stats or {}
-        if stats.get("tok_s"):
-            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s (roofline {prediction['tok_s']:.1f}) · "
+        if stats.get("tok_s") and not self.controller.is_generating:
+            self.speed_label.setText(f"{stats['tok_s']:.1f} tok/s of {prediction['tok_s']:.1f} possible · "
                                      f"TTFT {stats.get('ttft_s') or 0:.2f} s")
-            self.speed_label.setToolTip("Roofline: the speed this computer's measured disk and memory bandwidths "
-                                        "allow at the cache hit rates seen so far (the setup wizard's estimate). "
-                                        "The gap to the measured speed is per-read and per-layer overhead, "
-                                        "largest on tiny models.")
+            self.speed_label.setToolTip("“Possible”: the fastest this machine could go, from its measured disk "
+                                        "and memory speeds at the cache hit rates seen so far (the setup wizard's "
+                                        "estimate). The gap to the measured speed is per-read and per-layer "
+                                        "overhead, largest on tiny models.")
 
     def edit_chat_settings(self) -> None:
         if self.controller.conversation is None:
             self.controller.new_conversation()
-        dialog = ChatSettingsDialog(self.controller.conversation.settings, self)
+        dialog = ChatSettingsDialog(self.controller.conversation.settings, self, self.controller)
         dialog.accepted.connect(lambda: self.controller.set_chat_settings(dialog.value()))
         dialog.open()
         self.last_dialog = dialog
 
     def edit_app_settings(self) -> None:
-        dialog = AppSettingsDialog(self.settings, self)
-        dialog.accepted.connect(lambda: self.apply_app_settings(dialog.value()))
+        path = self.model_info["path"] if self.model_info else None
+        dialog = AppSettingsDialog(self.settings, self, self.model_info,
+                                   model_context(self.store, path) if path else None)
+        dialog.accepted.connect(lambda: self.apply_app_settings(dialog.value(), dialog.context_value()))
         dialog.open()
         self.last_dialog = dialog
 
-    def apply_app_settings(self, settings: AppSettings) -> None:
+    def apply_app_settings(self, settings: AppSettings, context: int | None = None) -> None:
+        """Save the settings; the model (the loaded one, or the one whose load just failed) is reloaded when
+        the device, a budget or its context changed, so changing a setting back undoes it."""
         try:
             for value in (settings.vram_budget, settings.ram_cache):
                 if value:
@@ -270,13 +308,17 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         except Exception as exc:
             self.show_error(str(exc))
             return
+        path = self.model_info["path"] if self.model_info else self.failed_model_path
         reload = (settings.device, settings.vram_budget, settings.ram_cache) != \
                  (self.settings.device, self.settings.vram_budget, self.settings.ram_cache)
+        if self.model_info and context != model_context(self.store, path):
+            set_model_context(self.store, path, context)
+            reload = True
         self.settings = settings
         self.settings.save(self.store)
         self.refresh_models()
-        if reload and self.model_info:
-            self.load_model(self.model_info["path"])
+        if path and (reload or self.failed_model_path):
+            self.load_model(path)
 
     def export_conversation(self, path: str | Path | None = None) -> Path | None:
         conversation = self.controller.conversation
@@ -285,10 +327,13 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             return None
         if path is None:
             safe = "".join(ch if ch.isalnum() or ch in " -_" else "_" for ch in conversation.title).strip() or "chat"
-            path, _ = QFileDialog.getSaveFileName(self, "Export chat", str(Path.home() / f"{safe}.md"),
-                                                  "Markdown (*.md);;JSON (*.json)")
+            folder = Path(self.store.get_setting(EXPORT_DIR_KEY, "") or Path.home())
+            path, selected = QFileDialog.getSaveFileName(self, "Export chat", str(folder / f"{safe}.md"),
+                                                         ";;".join(FILTERS))
             if not path:
                 return None
+            path = path_for_filter(path, selected)
+            self.store.set_setting(EXPORT_DIR_KEY, str(Path(path).parent))
         try:
             return export_conversation(path, conversation, self.controller.messages())
         except OSError as exc:

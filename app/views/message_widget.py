@@ -60,8 +60,8 @@ class MessageWidget(QFrame):
         header = QHBoxLayout()
         self.role_label = QLabel()
         self.role_label.setStyleSheet("font-weight: 600;")
-        header.addWidget(self.role_label)
-        header.addStretch(1)
+        self.role_label.setWordWrap(True)            # a long model name wraps instead of being cut off
+        header.addWidget(self.role_label, 1)
         self.copy_button = self._tool_button("Copy", "Copy this message as Markdown")
         self.copy_button.clicked.connect(lambda: self._copy(self.message.content))
         self.edit_button = self._tool_button("Edit", "Edit this message and send it again")
@@ -78,6 +78,7 @@ class MessageWidget(QFrame):
         self.body.anchorClicked.connect(self._on_anchor)
         layout.addWidget(self.body)
         self.stats_label = QLabel()
+        self.stats_label.setWordWrap(True)           # an error is a whole sentence
         layout.addWidget(self.stats_label)
         self._apply_colors()
         self.update_message(message)

@@ -14,10 +14,11 @@ from engine.plan.hardware import format_cpu_list
 from engine.sizes import format_size
 
 from ..gpu_info import GpuInfo
-from ..telemetry_history import TelemetryHistory, thread_last_core
+from ..telemetry_history import GB, TelemetryHistory, thread_last_core
 from .slot_map import STATE_COLORS, SlotMap
 
-REFRESH_MS = 100
+REFRESH_MS = 100          # while the engine works (generating, loading)
+IDLE_REFRESH_MS = 1000    # while it waits: nothing moves but the clock; hidden panels do not refresh at all
 PLOT_HEIGHT_PX = 96
 COLORS = {"engine": "#3b82f6", "system": "#9ca3af", "prefill": "#f59e0b", "decode": "#10b981", "hit": "#8b5cf6"}
 
@@ -38,7 +39,7 @@ class LivePanels(QWidget):
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
-        self.predicted_tok_s: float | None = None      # the roofline prediction (engine.plan.estimate), when known
+        self.predicted_tok_s: float | None = None      # the fastest this machine could go (engine.plan.estimate)
         self._ticks = 0
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -54,6 +55,8 @@ class LivePanels(QWidget):
         form.addRow("GPU", self.gpu_label)
         form.addRow("Decode thread", self.core_label)
         form.addRow("Tokens/s", self.speed_label)
+        self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
+                                    "could go at the cache hit rates seen so far.")
         form.addRow("Speculation recall", self.speculation_label)
         layout.addWidget(summary)
 
@@ -75,7 +78,8 @@ class LivePanels(QWidget):
         self.cache_bar.setRange(0, 1000)
         self.cache_bar.setFormat("—")
         self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
-        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 1))
+        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
+                                                    units="%")
         cache_layout.addWidget(self.cache_bar)
         cache_layout.addWidget(self.cache_label)
         cache_layout.addWidget(self.hit_plot)
@@ -83,11 +87,11 @@ class LivePanels(QWidget):
 
         io_box = QGroupBox("Throughput")
         io_layout = QVBoxLayout(io_box)
-        self.disk_plot, self.disk_curves = self._plot("disk GB/s (last 60 s)", {"engine": COLORS["engine"],
-                                                                   "system": COLORS["system"]})
-        self.h2d_plot, self.h2d_curves = self._plot("host→device GB/s", {"h2d": COLORS["engine"]})
-        self.tok_plot, self.tok_curves = self._plot("tokens/s", {"decode": COLORS["decode"],
-                                                                "prefill": COLORS["prefill"]})
+        self.disk_plot, self.disk_curves = self._plot("disk reads, last 60 s", {"engine": COLORS["engine"],
+                                                                 "system": COLORS["system"]}, units="B/s")
+        self.h2d_plot, self.h2d_curves = self._plot("host → device copies", {"h2d": COLORS["engine"]}, units="B/s")
+        self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
+                                                                          "prefill": COLORS["prefill"]})
         self.disk_label = QLabel("engine read 0 B")
         io_layout.addWidget(self.disk_label)
         for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
@@ -95,25 +99,31 @@ class LivePanels(QWidget):
         layout.addWidget(io_box)
         layout.addStretch(1)
 
-        self.timer = QTimer(self, interval=REFRESH_MS)
+        self.timer = QTimer(self, interval=IDLE_REFRESH_MS)
         self.timer.timeout.connect(self.refresh)
-        self.timer.start()
+        self.is_busy = False
         self.apply_palette()
 
-    def _plot(self, title: str, curves: dict[str, str], y_range=None):
+    def _plot(self, title: str, curves: dict[str, str], y_range=None, units: str | None = None):
+        """A small plot; its axis shows human units (SI prefixes: "80 kB/s", not "8e-05") and its legend is
+        in the title, coloured like the lines, so it never hides them."""
         plot = pg.PlotWidget()
         plot.setFixedHeight(PLOT_HEIGHT_PX)
         plot.setMenuEnabled(False)
         plot.setMouseEnabled(x=False, y=False)
         plot.hideButtons()
         # no grid: its lines cost half the paint time of a plot (about 2.5 of 5 ms)
+        if len(curves) > 1:
+            title += ": " + " · ".join(f"<span style='color:{color}'>{name}{' (dashed)' if name == 'system' else ''}"
+                                        f"</span>" for name, color in curves.items())
         plot.setTitle(title, size="8pt")
+        if units:
+            plot.setLabel("left", units=units)
+            plot.getAxis("left").enableAutoSIPrefix(units != "%")
         if y_range:
             plot.setYRange(*y_range)
         else:
             plot.enableAutoRange(axis="y")
-        if len(curves) > 1:
-            plot.addLegend(offset=(4, 4), labelTextSize="7pt")
         plot.getViewBox().setLimits(yMin=0)          # all values are >= 0; no empty negative half
         plot.hideAxis("bottom")                      # x: the last 60 s, newest on the right
         # the system's disk reads include the engine's own; draw them dashed, beneath the engine's line
@@ -134,6 +144,22 @@ class LivePanels(QWidget):
             plot.getPlotItem().titleLabel.setText(plot.getPlotItem().titleLabel.text, color=foreground, size="8pt")
 
     # refresh ---------------------------------------------------------------------------------------
+    def set_busy(self, is_busy: bool) -> None:
+        """10 Hz while the engine works, 1 Hz while it waits (after one refresh with its final figures)."""
+        self.is_busy = is_busy
+        self.timer.setInterval(REFRESH_MS if is_busy else IDLE_REFRESH_MS)
+        if not is_busy and self.isVisible():
+            self.refresh()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self.refresh()
+        self.timer.start()
+
+    def hideEvent(self, event) -> None:
+        super().hideEvent(event)
+        self.timer.stop()
+
     def refresh(self) -> None:
         snapshot = self._telemetry_source() or {}
         try:
@@ -172,7 +198,7 @@ class LivePanels(QWidget):
         else:
             self.core_label.setText("—")
         speed = snapshot.get("speed") or {}
-        predicted = f" · roofline {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
+        predicted = f" · possible {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
         self.speed_label.setText(f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
                                  f"{speed.get('prefill_tok_s', 0.0):.1f}{predicted}")
         spec = snapshot.get("speculation") or {}
@@ -199,10 +225,10 @@ class LivePanels(QWidget):
         if not times:
             return
         x = [t - times[-1] for t in times]          # seconds before now
-        self.hit_curves["interval"].setData(x, h.values("hit_rate"))
-        self.disk_curves["engine"].setData(x, h.values("disk_gbps"))
-        self.disk_curves["system"].setData(x, h.values("system_disk_gbps"))
-        self.h2d_curves["h2d"].setData(x, h.values("h2d_gbps"))
+        self.hit_curves["interval"].setData(x, [100 * v for v in h.values("hit_rate")])
+        self.disk_curves["engine"].setData(x, [GB * v for v in h.values("disk_gbps")])       # bytes/s: SI axis
+        self.disk_curves["system"].setData(x, [GB * v for v in h.values("system_disk_gbps")])
+        self.h2d_curves["h2d"].setData(x, [GB * v for v in h.values("h2d_gbps")])
         self.tok_curves["decode"].setData(x, h.values("decode_tok_s"))
         self.tok_curves["prefill"].setData(x, h.values("prefill_tok_s"))
 

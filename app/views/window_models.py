@@ -8,9 +8,9 @@ from pathlib import Path
 from PySide6.QtWidgets import QFileDialog
 
 from engine.errors import SluiceError
-from engine.sizes import parse_size
 from engine.model.spec import read_spec
 
+from ..model_options import load_options
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
 from .dialogs import JobDialog
 
@@ -45,6 +45,7 @@ class ModelActionsMixin:
             self.model_picker.addItem(Path(current).name, current)
         index = self.model_picker.findData(current) if current else 0
         self.model_picker.setCurrentIndex(max(index, 0))
+        self.model_picker.setToolTip(self.model_picker.currentText() or "Installed models")
         self.model_picker.blockSignals(False)
         self._update_page()
 
@@ -55,16 +56,14 @@ class ModelActionsMixin:
 
     def load_model(self, path: str | Path) -> None:
         """Load in the engine thread; a generation in progress is stopped first (its answer is kept)."""
-        options = {"device": self.settings.resolved_device()}
         try:
-            for key in ("vram_budget", "ram_cache"):
-                value = getattr(self.settings, key)
-                options[key] = parse_size(value) if value else None
-        except Exception as exc:
+            options = load_options(self.settings, self.store, path)
+        except SluiceError as exc:
             self.show_error(str(exc))
             return
         self.controller.stop()
         self.loading_path = str(path)
+        self.failed_model_path = None
         self.model_info = None
         self.panels.predicted_tok_s = None
         self.speed_label.setText("")
@@ -75,6 +74,7 @@ class ModelActionsMixin:
         self.load_bar.setRange(0, 0)
         self.load_bar.setVisible(True)
         self.load_cancel.setVisible(True)
+        self.panels.set_busy(True)
         self.host.load(str(path), **options)
 
     def cancel_load(self) -> None:
@@ -93,7 +93,9 @@ class ModelActionsMixin:
         self.settings.last_model = info.get("path", "")
         self.settings.save(self.store)
         self._hide_load_bar()
-        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')}")
+        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')} · "
+                                 f"context {info.get('max_context', 0):,} tokens")
+        self.model_label.setToolTip(self.model_label.text())
         device = str(info.get("device", "cpu"))
         self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU {device}")
         self.panels.engine_device = device
@@ -102,6 +104,7 @@ class ModelActionsMixin:
         self.model_loaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
+        self.failed_model_path = self.loading_path if message else None
         self.loading_path = None
         self._hide_load_bar()
         self.model_label.setText("No model")
@@ -110,6 +113,7 @@ class ModelActionsMixin:
             self.show_error(message)
 
     def _hide_load_bar(self) -> None:
+        self.panels.set_busy(self.controller.is_generating)
         self.load_bar.setVisible(False)
         self.load_cancel.setVisible(False)
 

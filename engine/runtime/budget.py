@@ -63,3 +63,24 @@ def prefill_workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int, device_t
     acts = t * (spec.hidden_size * 12 + spec.num_heads * spec.head_dim * 4) * 4
     expert = 3 * spec.expert_intermediate * spec.hidden_size * 4 + t * spec.expert_intermediate * 3 * 4
     return scores + acts + expert + spec.vocab_size * 8 + (64 << 20)
+
+
+KV_SHARE = 0.5     # the context may take at most this share of the VRAM left after dense weights and minimal slots
+MIN_CONTEXT_TOKENS = 512     # below this a chat is not usable: plan_budgets then reports the budget as too small
+
+
+def fit_context(*, max_tokens: int, bytes_for_tokens, vram_budget: int, dense_bytes: int, top_k: int,
+                device_slot_bytes: int) -> int:
+    """The longest context (<= max_tokens, the model's own limit) whose KV cache (and prefill workspace,
+    `bytes_for_tokens(n)`, growing with n) takes at most KV_SHARE of the VRAM budget left after the dense
+    weights and one token's expert slots: the rest stays for expert slots. At least MIN_CONTEXT_TOKENS
+    (or the model's limit); a budget too small for that is reported by plan_budgets."""
+    room = int(KV_SHARE * (vram_budget - dense_bytes - 2 * top_k * device_slot_bytes))
+    low, high = min(MIN_CONTEXT_TOKENS, max_tokens), max(1, max_tokens)
+    while low < high:                               # the largest n with bytes_for_tokens(n) <= room
+        middle = (low + high + 1) // 2
+        if bytes_for_tokens(middle) <= room:
+            low = middle
+        else:
+            high = middle - 1
+    return low

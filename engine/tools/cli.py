@@ -11,54 +11,60 @@ EXIT_USER_ERROR = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description="Run huge Mixture-of-Experts models by streaming experts from disk.")
+    parser = argparse.ArgumentParser(
+        prog="sluice", description="Run huge Mixture-of-Experts models by streaming experts from disk.",
+        epilog="Run `sluice` with no command to open the desktop app. `sluice COMMAND --help` explains a command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("repack", help="turn a Hugging Face snapshot into a Sluice model folder")
-    p.add_argument("src_dir")
-    p.add_argument("dst_dir")
-    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="bf16")
+    p.add_argument("src_dir", help="the Hugging Face snapshot folder (config.json and .safetensors files)")
+    p.add_argument("dst_dir", help="the Sluice model folder to create")
+    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="bf16",
+                   help="format of the expert weights: bf16 (lossless, default), fp8 or nvfp4 (smaller, faster)")
 
     p = sub.add_parser("generate", help="generate text from a prompt")
-    p.add_argument("model_dir")
+    p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--prompt")
+    src.add_argument("--prompt", help="the prompt text")
     src.add_argument("--prompt-ids", help="comma-separated token ids, e.g. 1,2,3")
     p.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
     p.add_argument("--system", help="system prompt (with --chat)")
-    p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int)
+    p.add_argument("--max-new-tokens", type=int, default=128, help="most tokens to generate (default 128)")
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature; 0 = greedy, the default here, for reproducible output "
+                        "(the app's chats default to 0.7)")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most likely tokens "
+                                                             "up to this probability mass (default 1.0: all)")
+    p.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (default 0: off)")
+    p.add_argument("--seed", type=int, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
     p.add_argument("--json", action="store_true", help="print one JSON object: token_ids, text, telemetry")
 
     p = sub.add_parser("download", help="download a model from the Hugging Face hub")
-    p.add_argument("repo_id")
-    p.add_argument("--revision")
-    p.add_argument("--dir", dest="dst_dir")
+    p.add_argument("repo_id", help="the model on the hub, as owner/name or its address")
+    p.add_argument("--revision", help="a branch, tag or commit (default: the newest)")
+    p.add_argument("--dir", dest="dst_dir", help="where to put it (default: <data dir>/models/.downloads/owner--name)")
 
     p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming")
     p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
-    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="fp8")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--vram-budget")
-    p.add_argument("--ram-cache")
-    p.add_argument("--prompt-tokens", type=int, default=2048)
-    p.add_argument("--new-tokens", type=int, default=256)
-    p.add_argument("--baseline", choices=["accelerate"])
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4"], default="fp8", help="expert format (default fp8)")
+    p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    p.add_argument("--vram-budget", help="e.g. 4GB; what the driver shows for the process")
+    p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
+    p.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length (default 2048)")
+    p.add_argument("--new-tokens", type=int, default=256, help="tokens to decode (default 256)")
+    p.add_argument("--baseline", choices=["accelerate"], help="also run this reference engine for comparison")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the results")
 
     sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
     p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (not available yet)")
-    p.add_argument("model_dir")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("model_dir", help="a Sluice model folder")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
     return parser
 
 

@@ -105,6 +105,10 @@ def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: 
 
 
 DEMO_NAME = "Sluice demo (random weights, produces noise)"
+DEMO_CONTEXT_TOKENS = 4096      # holds a real multi-turn chat: several exchanges of 512-token answers
+# Budgets that make the demo really stream, so its panels show hits and misses: 6 device slots per bank
+# and a 32-block RAM cache, against its 64 experts (tests/app/test_demo_model.py checks these numbers).
+DEMO_LOAD_OPTIONS = {"vram_budget": 5_060_000, "ram_cache": 400_000, "max_context": DEMO_CONTEXT_TOKENS}
 
 
 def build_demo_model(dst_dir: str | Path, progress=None) -> Path:
@@ -115,10 +119,21 @@ def build_demo_model(dst_dir: str | Path, progress=None) -> Path:
     with tempfile.TemporaryDirectory(prefix="sluice-demo-") as tmp:
         if progress:
             progress(0, 1, "Building a small random-weight model")
-        build_hf_model("qwen3_moe", tmp, num_layers=4, num_experts=16, num_experts_per_tok=4)
+        build_hf_model("qwen3_moe", tmp, num_layers=4, num_experts=16, num_experts_per_tok=4,
+                       max_position_embeddings=DEMO_CONTEXT_TOKENS)
         _mute_unprintable_tokens(Path(tmp))
         repack(tmp, dst, quant="bf16", progress=progress, display_name=DEMO_NAME)
     return dst
+
+
+def demo_load_options(model_dir: str | Path) -> dict:
+    """engine.load options for the demo model (its budgets and context), {} for any other model."""
+    import json
+    try:
+        manifest = json.loads((Path(model_dir) / "sluice.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return dict(DEMO_LOAD_OPTIONS) if manifest.get("name") == DEMO_NAME else {}
 
 
 def _mute_unprintable_tokens(model_dir: Path) -> None:

@@ -54,14 +54,21 @@ def test_markdown_code_blocks_thinks_and_escaping():
 def test_history_drops_thoughts_errors_and_adds_the_system_prompt(tmp_path):
     store = Store(tmp_path / "chat.db")
     c = store.create_conversation()
-    store.add_message(c.id, "user", "q1")
-    store.add_message(c.id, "assistant", "<think>hmm</think>a1")
+    q1 = store.add_message(c.id, "user", "q1")
+    a1 = store.add_message(c.id, "assistant", "<think>hmm</think>a1")
     store.add_message(c.id, "assistant", "", state="error")
-    store.add_message(c.id, "user", "q2")
-    history = history_for_engine(ChatSettings(system_prompt="Be kind."), store.messages(c.id))
+    q2 = store.add_message(c.id, "user", "q2")
+    history, ids = history_for_engine(ChatSettings(system_prompt="Be kind."), store.messages(c.id))
     assert history == [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "q1"},
                        {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"}]
+    assert ids == [None, q1.id, a1.id, q2.id]
+
+
+def test_titles_are_one_plain_line():
     assert title_from("  a   very " + "long " * 20) .endswith("…") and len(title_from("x" * 100)) == 48
+    assert title_from("## How do I **parse** `json` in [Python](https://python.org)?") == \
+        "How do I parse json in Python?"
+    assert title_from("- item one\n- item two") == "item one item two"
 
 
 def test_export_formats(tmp_path):

@@ -73,7 +73,7 @@ def test_settings_persist_across_restarts(qtbot, data_dir, tmp_path):
     window.edit_app_settings()
     app_dialog = window.last_dialog
     app_dialog.models_dir.setText(str(tmp_path / "my-models"))
-    app_dialog.device.setCurrentText("cpu")
+    app_dialog.device.setCurrentIndex(app_dialog.device.findData("cpu"))
     app_dialog.ram_cache.setText("3GB")
     app_dialog.accept()
     window.panels_action.setChecked(False)                                            # hide the live panels

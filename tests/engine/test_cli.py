@@ -50,3 +50,15 @@ def test_errors_are_one_sentence_without_traceback(tmp_path):
     assert result.returncode != 0
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1 and "does not exist" in result.stderr
+
+
+def test_every_option_has_help_and_plain_sluice_opens_the_app():
+    import argparse
+    from engine.tools.cli import build_parser
+    parser = build_parser()
+    assert "`sluice` with no command to open the desktop app" in parser.format_help()
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    for name, sub in subparsers.choices.items():
+        for action in sub._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"sluice {name}: {action.dest} has no help text"

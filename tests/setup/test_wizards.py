@@ -33,7 +33,7 @@ def _search_and_pick(qtbot, wizard, text, repo_id):
     page = wizard.search_page
     qtbot.keyClicks(page.query, text)
     qtbot.mouseClick(page.search_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: page.results.topLevelItemCount() > 0, timeout=WAIT_MS)
+    qtbot.waitUntil(page.search_button.isEnabled, timeout=WAIT_MS)        # the catalog rows were there before
     for i in range(page.results.topLevelItemCount()):
         if page.results.topLevelItem(i).text(0) == repo_id:
             page.results.setCurrentItem(page.results.topLevelItem(i))

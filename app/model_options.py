@@ -1,0 +1,44 @@
+"""The options a model is loaded with: the app settings' device and budgets, the context chosen for
+this model (kept per model path), and the demo model's own budgets where the user set none. Qt-free."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.sizes import parse_size
+
+from .settings import AppSettings
+from .store import Store
+
+CONTEXTS_KEY = "model_contexts"      # model path -> context tokens (absent: the engine's default)
+
+
+def model_context(store: Store, path: str | Path) -> int | None:
+    return (store.get_setting(CONTEXTS_KEY, {}) or {}).get(str(path))
+
+
+def set_model_context(store: Store, path: str | Path, tokens: int | None) -> None:
+    contexts = store.get_setting(CONTEXTS_KEY, {}) or {}
+    if tokens:
+        contexts[str(path)] = int(tokens)
+    else:
+        contexts.pop(str(path), None)
+    store.set_setting(CONTEXTS_KEY, contexts)
+
+
+def load_options(settings: AppSettings, store: Store, path: str | Path) -> dict:
+    """engine.load keyword arguments; raises SluiceError for a size that cannot be read."""
+    from engine.tools.demo import demo_load_options
+    options = demo_load_options(path)
+    if settings.vram_budget:
+        options.pop("max_context", None)     # the demo's context is sized for its own budget: fit the user's
+    options["device"] = settings.resolved_device()
+    for key in ("vram_budget", "ram_cache"):
+        value = getattr(settings, key)
+        if value:
+            options[key] = parse_size(value)
+        else:
+            options.setdefault(key, None)
+    context = model_context(store, path)
+    if context:
+        options["max_context"] = context
+    return options

@@ -1,0 +1,96 @@
+"""Settings checked in place, devices this machine has, limits beside sizes, the context per model,
+changing back reloads; chat defaults for new chats and named presets."""
+from PySide6.QtWidgets import QDialogButtonBox, QLabel
+
+from app_helpers import WAIT_MS, make_window
+from app.store import ChatSettings
+from app.views.settings_dialog import AppSettingsDialog, MachineLimits
+from engine.sizes import format_size
+
+GiB = 2**30
+
+
+def test_only_devices_this_machine_has_are_offered(qtbot, data_dir):
+    window = make_window(qtbot, data_dir)
+    settings = window.settings
+    without_gpu = AppSettingsDialog(settings, window, limits=MachineLimits(16 * GiB))
+    assert [without_gpu.device.itemData(i) for i in range(without_gpu.device.count())] == ["auto", "cpu"]
+    assert "No CUDA GPU" in without_gpu.device_note.text()
+    with_gpu = AppSettingsDialog(settings, window, limits=MachineLimits(16 * GiB, "RTX 5060", 8 * GiB))
+    assert with_gpu.device.findData("cuda") >= 0
+    assert window.shutdown()
+
+
+def test_a_wrong_size_says_so_under_its_field_and_the_dialog_keeps_the_edits(qtbot, data_dir):
+    window = make_window(qtbot, data_dir)
+    info = {"name": "demo", "min_ram_cache_bytes": 48 * 1024, "min_vram_budget_bytes": 5 * 2**20,
+            "model_max_context": 4096, "max_context": 4096}
+    dialog = AppSettingsDialog(window.settings, window, info, limits=MachineLimits(16 * GiB))
+    qtbot.addWidget(dialog)
+    dialog.show()
+    notes = [label.text() for label in dialog.findChildren(QLabel)]
+    assert any(f"This computer: {format_size(16 * GiB)} of RAM. demo needs at least 48.00 KiB" in n for n in notes)
+    assert any("No GPU" in n and "demo needs at least 5.00 MiB" in n for n in notes)
+    dialog.ram_cache.setText("lots")
+    dialog.vram_budget.setText("1KB")
+    dialog.models_dir.setText("/somewhere/else")
+    dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    assert dialog.isVisible() and dialog.result() == 0
+    assert "Cannot read the size 'lots'" in dialog.ram_error.text() and dialog.ram_error.isVisible()
+    assert "too small for demo" in dialog.vram_error.text() and "5.00 MiB" in dialog.vram_error.text()
+    assert dialog.models_dir.text() == "/somewhere/else"                      # nothing typed is lost
+    dialog.ram_cache.setText("64GB")                                          # more than this machine has
+    dialog.vram_budget.setText("")
+    dialog.accept()
+    assert dialog.isVisible() and "more than this computer has" in dialog.ram_error.text()
+    assert not dialog.vram_error.isVisible()
+    dialog.ram_cache.setText("1GB")
+    dialog.accept()
+    assert not dialog.isVisible() and dialog.value().ram_cache == "1GB"
+    assert window.shutdown()
+
+
+def test_the_context_is_set_per_model_and_changing_a_setting_back_reloads(qtbot, loaded_window):
+    window = loaded_window
+    assert "context 4,096 tokens" in window.model_label.text()
+    window.edit_app_settings()
+    dialog = window.last_dialog
+    assert dialog.context.maximum() == 4096
+    dialog.context.setValue(2048)
+    with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS) as loaded:
+        dialog.accept()
+    assert loaded.args[0]["max_context"] == 2048 and "context 2,048 tokens" in window.model_label.text()
+    good = window.settings
+    with qtbot.waitSignal(window.host.load_failed, timeout=WAIT_MS):
+        window.apply_app_settings(type(good)(**{**good.__dict__, "vram_budget": "1MB"}), 2048)
+    window.last_dialog.accept()
+    assert window.model_info is None
+    with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS) as reloaded:       # changed back: loads again
+        window.apply_app_settings(type(good)(**{**good.__dict__, "vram_budget": ""}), 2048)
+    assert reloaded.args[0]["max_context"] == 2048
+
+
+def test_new_chats_start_with_the_default_settings_and_presets_are_named(qtbot, data_dir):
+    window = make_window(qtbot, data_dir)
+    window.edit_chat_settings()
+    dialog = window.last_dialog
+    assert dialog.system_prompt.toPlainText() == "" and dialog.system_prompt.placeholderText().startswith("None.")
+    dialog.system_prompt.setPlainText("Answer in French.")
+    dialog.temperature.setValue(0.2)
+    dialog.save_preset("French")
+    dialog.save_default.click()
+    dialog.accept()
+    window.controller.new_conversation()
+    assert window.controller.conversation.settings.system_prompt == "Answer in French."
+    assert window.controller.conversation.settings.temperature == 0.2
+    window.edit_chat_settings()
+    dialog = window.last_dialog
+    dialog.set_value(ChatSettings())
+    index = dialog.preset.findData("French")
+    dialog.preset.setCurrentIndex(index)
+    dialog.preset.activated.emit(index)
+    assert dialog.value().system_prompt == "Answer in French." and dialog.value().temperature == 0.2
+    dialog._delete_preset()
+    assert dialog.preset.findData("French") == -1 and "French" not in window.controller.chat_presets()
+    dialog.reject()
+    assert window.shutdown()

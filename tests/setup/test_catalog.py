@@ -1,0 +1,56 @@
+"""The shipped catalog of supported models: shown before any search and offline; a hub that does not
+answer is reported within seconds, with Retry in view."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+pytest.importorskip("pytestqt")
+
+from app.setup.catalog import load_catalog  # noqa: E402
+from engine.hub.search import supported_families  # noqa: E402
+
+
+def test_the_catalog_lists_supported_families_with_sizes_and_active_parameters():
+    models = load_catalog()
+    assert len(models) >= 6 and len({m.repo for m in models}) == len(models)
+    for model in models:
+        assert model.family in supported_families() and "/" in model.repo
+        assert 0 < model.active_params_b < model.total_params_b and model.download_gb > 0
+
+
+def test_the_wizard_shows_the_catalog_offline_and_a_failed_search_offers_retry(qtbot, tmp_path):
+    from app.setup.wizards import DownloadWizard
+    wizard = DownloadWizard(tmp_path / "models")
+    qtbot.addWidget(wizard)
+    wizard.show()
+    page = wizard.search_page
+    repos = [page.results.topLevelItem(i).data(0, 256) for i in range(page.results.topLevelItemCount())]
+    assert repos == [m.repo for m in load_catalog()]                     # before any search, no network
+    page.results.setCurrentItem(page.results.topLevelItem(0))
+    assert page.isComplete()
+    page.query.setText("qwen")
+    page.search()                                                        # HF_HUB_OFFLINE: fails at once
+    qtbot.waitUntil(page.retry_button.isVisible, timeout=5000)
+    assert page.search_button.isEnabled() and page.status.text()
+    wizard.reject()
+
+
+def test_a_hub_that_does_not_answer_is_reported_within_seconds(qtbot, tmp_path, monkeypatch):
+    from app.setup import search_page
+    from app.setup.wizards import DownloadWizard
+    from engine.hub import search as hub_search
+    release = threading.Event()
+    monkeypatch.setattr(hub_search, "search", lambda *a, **k: release.wait(30) and [])   # a silent network
+    wizard = DownloadWizard(tmp_path / "models")
+    qtbot.addWidget(wizard)
+    wizard.show()
+    page = wizard.search_page
+    page._timeout.setInterval(300)                                       # SEARCH_TIMEOUT_S, shortened
+    page.search()
+    qtbot.waitUntil(page.retry_button.isVisible, timeout=3000)
+    assert f"did not answer within {search_page.SEARCH_TIMEOUT_S} s" in page.status.text()
+    assert page.results.topLevelItemCount() == len(load_catalog())      # the catalog is still there to pick
+    release.set()
+    wizard.reject()
