@@ -100,11 +100,33 @@ class MlaAttention:
                q_positions: torch.Tensor) -> torch.Tensor:
         """q [T, H, nope+rope] at q_positions [T]; kv_latent [S, r], k_rope [S, dr] at positions 0..S-1 -> [T, H*v]."""
         # S = tokens so far, H = heads
+        if q.shape[0] == 1:
+            return self._attend_absorbed(q, kv_latent, k_rope, q_positions)
         s = self.shape
         kv = linear(kv_latent, self.w["kv_b_proj.weight"]).view(-1, s.num_heads, s.qk_nope_head_dim + s.v_head_dim)
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)                   # [S, H, nope], [S, H, v]
         k = torch.cat((k_nope, k_rope[:, None, :].expand(-1, s.num_heads, -1)), dim=-1)     # [S, H, nope+rope]
         return causal_attention(q, k, v, q_positions, s.softmax_scale)
+
+    def _attend_absorbed(self, q: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
+                         q_positions: torch.Tensor) -> torch.Tensor:
+        """One decode token, attending in the latent space: kv_b_proj's key half is folded into the
+        query and its value half applied after the softmax, so the step costs O(S x r) per head
+        instead of expanding every cached latent into full keys and values (O(S x r x H x (nope+v)):
+        on CUDA the state is static and holds the whole context, so that expansion would run over
+        all of it at every token)."""
+        # H = heads, r = kv_lora_rank, S = positions held, n = nope dim, dv = value dim
+        s = self.shape
+        w_kv = self.w["kv_b_proj.weight"].view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
+        w_k, w_v = w_kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)                # [H, n, r], [H, dv, r]
+        q_nope, q_rope = q[0].split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)   # [H, n], [H, dr]
+        q_latent = torch.einsum("hn,hnr->hr", q_nope, w_k)                              # [H, r]
+        scores = (q_latent @ kv_latent.T + q_rope @ k_rope.T).float() * s.softmax_scale  # [H, S]
+        visible = torch.arange(kv_latent.shape[0], device=q.device) <= q_positions[0]
+        scores = scores.masked_fill(~visible, float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out_latent = probs @ kv_latent                                                   # [H, r]
+        return torch.einsum("hr,hvr->hv", out_latent, w_v).reshape(1, s.num_heads * s.v_head_dim)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
