@@ -22,7 +22,7 @@ from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
-from engine.runtime.budget import fit_context, prefill_workspace_bytes
+from engine.runtime.budget import MAX_CONTEXT_TOKENS, fit_context, prefill_workspace_bytes
 from engine.runtime.runner import Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
@@ -58,6 +58,7 @@ class Engine:
                 raise SluiceError(f"A context of {requested} tokens is not possible for this model: choose "
                                   f"between 1 and {limit} tokens (its own limit).")
             return requested
+        limit = min(limit, MAX_CONTEXT_TOKENS)
         elem = torch.empty((), dtype=self.dtype).element_size()
         state_specs = family_module(spec.family).state_specs(spec)
         dense_params = sum(math.prod(t["shape"]) for t in self.model.manifest["dense"]["tensors"].values())

@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from engine.errors import SluiceError
 
-MAX_CONTEXT_TOKENS = 8192      # the longest context the engine keeps state for, unless asked for more
+# The longest context a model gets by default (the user may ask for up to the model's own limit): on
+# CUDA the state is static at full size, and a decode step attends over the whole buffer.
+MAX_CONTEXT_TOKENS = 32768
 from engine.sizes import format_size
 
 
