@@ -123,35 +123,42 @@ class Store:
             raise
 
     @classmethod
+    def in_memory(cls, path: Path | str) -> "Store":
+        """An empty store that saves nothing (`path` is only the name it reports)."""
+        return cls(path, connection=sqlite3.connect(":memory:", isolation_level=None))
+
+    @classmethod
     def read_only_copy(cls, path: Path | str) -> "Store":
         """An in-memory copy of the database at `path` (empty when it cannot be read): the app works,
         nothing is saved. For a file that is read-only or locked by another program."""
         path = Path(path)
-        memory = sqlite3.connect(":memory:", isolation_level=None)
         for query in ("mode=ro", "immutable=1"):     # immutable: a read-only folder cannot hold the WAL index
+            memory = sqlite3.connect(":memory:", isolation_level=None)
             try:
                 source = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True, timeout=BUSY_TIMEOUT_S)
                 try:
                     source.backup(memory)
                 finally:
                     source.close()
-                break
+                return cls(path, connection=memory)
             except (sqlite3.Error, OSError, ValueError) as exc:
+                memory.close()
                 log.warning("reading %s with %s failed: %s", path, query, exc)
-        return cls(path, connection=memory)
+        return cls.in_memory(path)
 
     def _prepare(self) -> None:
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=NORMAL")    # WAL + NORMAL: durable across app crashes
-        self._db.execute("PRAGMA foreign_keys=ON")
+        # checks first, so a file that is not ours is left byte for byte as it was
         verdict = self._db.execute("PRAGMA quick_check").fetchone()[0]
         if verdict != "ok":
             raise sqlite3.DatabaseError(f"database disk image is malformed ({verdict})")
-        self._db.executescript(_SCHEMA)
-        for table, columns in _COLUMNS.items():
+        for table, columns in _COLUMNS.items():     # an existing table must be ours (not another program's)
             found = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
-            if not columns <= found:
+            if found and not columns <= found:
                 raise sqlite3.DatabaseError(f"the {table} table lacks columns {sorted(columns - found)}")
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")    # WAL + NORMAL: durable across app crashes
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.executescript(_SCHEMA)
         self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         self._db.execute("UPDATE messages SET state='interrupted' WHERE state='streaming'")
 
