@@ -16,7 +16,7 @@ import torch
 from engine.format import modeldir
 from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
-from engine.plan.hardware import available_memory
+from engine.plan.hardware import available_memory, check_ram_cache_fits
 from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
@@ -48,6 +48,7 @@ class Engine:
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
              max_context: int | None = None) -> "Engine":
         dev = _pick_device(device)
+        check_ram_cache_fits(parse_size(ram_cache))
         path = resolve_model_dir(Path(model_dir).expanduser(), progress)
         model = modeldir.open_model_dir(path)
         if dtype is None:
@@ -103,6 +104,7 @@ class Engine:
 
     def generate(self, prompt, params: GenerationParams | None = None) -> Iterator[TokenEvent]:
         params = params or GenerationParams()
+        params.validate(self.spec.vocab_size, prompt)
         prompt_ids, is_chat = self.encode(prompt)
         if not prompt_ids:
             raise SluiceError("The prompt is empty; type something to send.")

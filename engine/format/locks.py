@@ -28,7 +28,7 @@ def exclusive(destination: Path, what: str, say=None, cancel_event: threading.Ev
 
     `what` completes "Another Sluice process is ... ": e.g. "repacking into '/x'". While waiting,
     `cancel_event` is checked every POLL_S and `on_cancel()` raises (the caller's cancel exception)."""
-    lock = FileLock(str(lock_path(destination)))
+    lock = FileLock(str(lock_path(destination)), is_singleton=True)   # re-entrant within one thread
     waited = False
     try:
         lock.acquire(timeout=0)
