@@ -40,7 +40,8 @@ def fs_error_sentence(exc: OSError, path=None, then: str = "") -> str | None:
 def allocation_sentence(exc: BaseException) -> str | None:
     """One sentence for a failed memory allocation (MemoryError, torch's CPU or CUDA allocator), or None."""
     text = str(exc).lower()
-    if isinstance(exc, MemoryError) or (isinstance(exc, RuntimeError) and any(m in text for m in _ALLOCATION_MARKERS)):
+    if isinstance(exc, MemoryError) or (isinstance(exc, OSError) and exc.errno == errno.ENOMEM) \
+            or (isinstance(exc, RuntimeError) and any(m in text for m in _ALLOCATION_MARKERS)):
         return ("Sluice ran out of memory; choose a smaller RAM cache or VRAM budget (--ram-cache, --vram-budget, "
                 "or Settings), or close other programs.")
     return None
@@ -50,7 +51,7 @@ def user_sentence(exc: BaseException) -> str | None:
     """The sentence to show for `exc` when the user can act on it, else None (a bug: log the traceback)."""
     if isinstance(exc, SluiceError):
         return str(exc)
-    if isinstance(exc, OSError):
+    if isinstance(exc, OSError) and exc.errno != errno.ENOMEM:
         return fs_error_sentence(exc)
     return allocation_sentence(exc)
 

@@ -10,9 +10,10 @@ import torch
 
 from engine.errors import SluiceError
 from engine.format import integrity
+from engine.format.config_check import checked_spec
 from engine.format.layout import Field, Layout
 from engine.format.manifest_schema import check_manifest
-from engine.model.spec import ModelSpec, read_spec
+from engine.model.spec import ModelSpec
 
 MANIFEST = "sluice.json"
 DENSE_FILE = "dense.safetensors"
@@ -94,7 +95,7 @@ def open_model_dir(path: str | Path, verify_experts: bool = False) -> ModelDir:
     if (p / EXPERTS_FILE).stat().st_size < manifest["experts"]["total_bytes"]:
         raise SluiceError(f"'{p / EXPERTS_FILE}' is truncated; repack the model again.")
     integrity.verify_files(p, (lambda d: verify_checksums(d, manifest)) if verify_experts else None)
-    spec = read_spec(manifest["config"])
+    spec = checked_spec(manifest["config"], str(p / MANIFEST))
     experts = manifest["experts"]
     if experts["num_experts"] != spec.num_experts or experts["intermediate"] != spec.expert_intermediate \
             or experts["hidden"] != spec.hidden_size or sorted(int(k) for k in experts["layers"]) != list(spec.moe_layers):

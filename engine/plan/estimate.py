@@ -155,8 +155,13 @@ class Estimate:
     h2d_bytes_per_token: float
     compute_s: float
     tok_s: float
-    verdict: str                   # "fits fast" | "fits but slow" | "will not run"
+    verdict: str                   # "fits fast" | "fits but slow" | "will not run" | "unavailable"
     reason: str                    # one sentence for the user
+
+    @property
+    def is_usable(self) -> bool:
+        """The model can be repacked at this quant and run here."""
+        return self.verdict not in ("will not run", "unavailable")
 
     @property
     def bytes_per_token(self) -> float:
@@ -180,7 +185,10 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
-    block = expert_block_bytes(shape, quant)
+    try:
+        block = expert_block_bytes(shape, quant)
+    except SluiceError as exc:          # e.g. nvfp4 on widths not divisible by 16: the other quants still apply
+        return unavailable(quant, shape, download_bytes, str(exc))
     num_blocks = shape.num_moe_layers * shape.num_experts
     expert_bytes = num_blocks * block
     source_elem = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
@@ -255,6 +263,12 @@ def _state_bytes(config: dict, dtype) -> int:
     spec = read_spec(config)
     context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
     return state_bytes(family_module(spec.family).state_specs(spec), context, dtype)
+
+
+def unavailable(quant: str, shape: ModelShape, download_bytes: int, reason: str) -> Estimate:
+    """The estimate of a quant this model cannot be repacked to: no sizes, no speed, the reason."""
+    return Estimate(quant, shape, 0, 0, 0, download_bytes, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                    "unavailable", reason)
 
 
 def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_s: float) -> tuple[str, str]:

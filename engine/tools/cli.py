@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sluice: {exc}", file=sys.stderr)
         return EXIT_USER_ERROR
     except OSError as exc:            # a full or read-only disk, a permission, a file where a folder should be
-        sentence = fs_error_sentence(exc) or f"{exc.strerror or exc} ('{exc.filename}'); check the path and try again."
+        sentence = fs_error_sentence(exc) or allocation_sentence(exc) or \
+            f"{exc.strerror or exc} ('{exc.filename}'); check the path and try again."
         print(f"sluice: {sentence}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BrokenPipeError:           # e.g. `sluice generate ... | head`

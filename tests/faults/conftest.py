@@ -38,3 +38,29 @@ def small_fs():
     yield mount
     for path in reversed(mounted):
         subprocess.run(["umount", "-l", str(path)], check=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_snapshot(tmp_path_factory):
+    """A 2-layer qwen3_moe HF snapshot (8 experts) with a tokenizer: every fault test starts from it."""
+    from engine.tools.demo import build_hf_model
+    return build_hf_model("qwen3_moe", tmp_path_factory.mktemp("snap") / "tiny", num_layers=2, num_experts=8,
+                          num_experts_per_tok=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory, tiny_snapshot):
+    """tiny_snapshot repacked (bf16); copy it before damaging it."""
+    from engine.format.repack import repack
+    return repack(tiny_snapshot, tmp_path_factory.mktemp("model") / "tiny")
+
+
+@pytest.fixture
+def cli(capsys):
+    """cli(*args) -> (exit code, stderr) of the real `sluice` command line, in this process."""
+    from engine.tools.cli import main
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        return code, capsys.readouterr().err
+    return run
