@@ -22,7 +22,7 @@ def checked_spec(config: dict, where: str) -> ModelSpec:
         spec = read_spec(config)
     except SluiceError:
         raise
-    except (TypeError, ValueError, KeyError, AttributeError, ZeroDivisionError, OverflowError) as exc:
+    except Exception as exc:      # transformers' config classes raise many types for a bad value (their own too)
         raise SluiceError(f"The model config in '{where}' has a missing or wrong value ({type(exc).__name__}: "
                           f"{exc}); download the model again or fix config.json.") from None
     problem = spec_problem(spec)
