@@ -7,6 +7,7 @@ CLI (exit code 2), the app's dialogs and the server all say the same thing.
 from __future__ import annotations
 
 import errno
+import os
 from contextlib import contextmanager
 
 
@@ -30,6 +31,8 @@ def fs_error_sentence(exc: OSError, path=None, then: str = "") -> str | None:
     """One sentence for a file system error a user can fix, or None for other errors.
     `path` names the place when the error carries no file name; `then` is appended (e.g. how to resume)."""
     advice = _FS_ADVICE.get(exc.errno)
+    if exc.errno == errno.EEXIST and exc.filename and not os.path.isdir(exc.filename):   # mkdir through a file
+        advice = "it is a file where a folder should be; move it away or choose another folder"
     if advice is None:
         return None
     where = exc.filename or path
