@@ -52,3 +52,40 @@ def test_kill_9_anywhere_in_repack_then_rerun_is_byte_identical(tiny_snapshot, t
             assert (dst / name).read_bytes() == (tiny_model / name).read_bytes(), (run, name)
         assert not dst.with_name(dst.name + ".partial").exists()
     assert outcomes.count("partial") >= NUM_KILLS // 2, outcomes          # most kills really landed mid-repack
+
+
+@pytest.fixture(scope="module")
+def demo_model(tmp_path_factory):
+    from engine.tools.demo import build_demo_model
+    return build_demo_model(tmp_path_factory.mktemp("demo") / "demo")
+
+
+@pytest.mark.parametrize("extra_delay_s", [0.0, 0.7])
+def test_kill_9_of_the_app_mid_answer_keeps_the_history(demo_model, tmp_path, extra_delay_s):
+    import subprocess
+    import sys
+
+    from app.store import Store
+    data = tmp_path / "data"
+    store = Store(data / "sluice.db")
+    earlier = store.create_conversation("Earlier chat")
+    store.add_message(earlier.id, "user", "what is 2+2?")
+    store.add_message(earlier.id, "assistant", "4")
+    store.close()
+    env = {**os.environ, "SLUICE_DATA_DIR": str(data), "QT_QPA_PLATFORM": "offscreen"}
+    app = subprocess.Popen([sys.executable, os.path.join(os.path.dirname(__file__), "answer_then_wait.py"),
+                            str(demo_model)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        assert app.stdout.readline().strip() == "STREAMING"
+        time.sleep(extra_delay_s)
+    finally:
+        os.kill(app.pid, signal.SIGKILL)
+        app.wait()
+    store = Store(data / "sluice.db")                                  # what the next start sees
+    chats = {c.title: c for c in store.conversations()}
+    assert [(m.role, m.content, m.state) for m in store.messages(chats["Earlier chat"].id)] == \
+        [("user", "what is 2+2?", "done"), ("assistant", "4", "done")]
+    [answered] = [c for c in chats.values() if c.title != "Earlier chat"]
+    messages = store.messages(answered.id)
+    assert [(m.role, m.state) for m in messages] == [("user", "done"), ("assistant", "interrupted")]
+    assert messages[0].content == "Tell me a very long story." and messages[1].content
