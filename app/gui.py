@@ -1,4 +1,8 @@
-"""Start the desktop app (imported only when the GUI opens, so the CLI never loads Qt)."""
+"""Start the desktop app (imported only when the GUI opens, so the CLI never loads Qt).
+
+The window opens whatever the data folder holds (app.startup): damage is moved aside or read
+around, and said in a dialog; uncaught exceptions go to sluice.log and a dialog (app.crash_hook).
+"""
 from __future__ import annotations
 
 import logging
@@ -6,13 +10,22 @@ import os
 import sys
 
 
-def _setup_logging() -> None:
+def _setup_logging() -> str:
+    """Log to sluice.log in the data folder, or to stderr when that cannot be written; returns where."""
     from .paths import log_path
-    handler = logging.FileHandler(log_path(), encoding="utf-8")
+    path = log_path()
+    try:
+        handler: logging.Handler = logging.FileHandler(path, encoding="utf-8")
+        where = str(path)
+    except OSError as exc:
+        handler, where = logging.StreamHandler(sys.stderr), "the terminal (standard error)"
+        print(f"sluice: cannot write the log file {path} ({exc.strerror}); logging to standard error.",
+              file=sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     root = logging.getLogger("sluice")
     root.addHandler(handler)
     root.setLevel(logging.INFO)
+    return where
 
 
 def create_application(argv: list[str] | None = None):
@@ -29,15 +42,34 @@ def create_application(argv: list[str] | None = None):
     return app
 
 
+def open_main_window(**window_options):
+    """The main window on the data folder as it is, its startup notices shown over it."""
+    from . import paths
+    from .startup import start
+    from .views.main_window import MainWindow
+    from .views.notice_dialog import show_notices
+    startup = start(paths.database_path())
+    window = MainWindow(store=startup.store, **window_options)
+    if startup.store.is_read_only:
+        window.setWindowTitle(f"{paths.APP_NAME} (read-only: chats are not saved)")
+    window.show()
+    window.startup_notices = show_notices(window, startup.notices)
+    return window
+
+
 def run_gui() -> int:
-    _setup_logging()
+    log_file = _setup_logging()
+    logging.getLogger("sluice").info("Sluice starting (data folder %s)", os.environ.get("SLUICE_DATA_DIR", "default"))
     app = create_application()
     from PySide6.QtCore import QTimer
 
-    from .views.main_window import MainWindow
-    window = MainWindow()
-    window.show()
+    from .crash_hook import CrashReporter
+    from .views.dialogs import error_box
+    window = None
+    reporter = CrashReporter(lambda sentence: error_box(window, sentence, "Sluice: unexpected error"), log_file)
+    window = open_main_window()
     app.aboutToQuit.connect(window.shutdown)
+    app.aboutToQuit.connect(reporter.uninstall)
     # SLUICE_EXIT_AFTER_MS: close again after this many ms (smoke tests of the launcher's Exec line).
     exit_after_ms = os.environ.get("SLUICE_EXIT_AFTER_MS")
     if exit_after_ms:

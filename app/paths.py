@@ -1,6 +1,7 @@
 """Where the app keeps its files. SLUICE_DATA_DIR overrides the platform's user data dir (tests use tmp dirs)."""
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -16,7 +17,10 @@ def data_dir() -> Path:
     else:
         import platformdirs
         path = Path(platformdirs.user_data_dir("sluice", appauthor=False))
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:       # the app still starts: app.startup says what cannot be saved
+        logging.getLogger("sluice.paths").warning("the data folder %s cannot be created: %s", path, exc)
     return path
 
 

@@ -1,11 +1,18 @@
 """App-wide settings (typed), persisted in the store's settings table."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, fields
 from pathlib import Path
 
+from engine.errors import SluiceError
+from engine.sizes import parse_size
+
 from . import paths
 from .store import Store
+
+DEVICES = ("auto", "cpu", "cuda")
+log = logging.getLogger("sluice.settings")
 
 
 @dataclass
@@ -20,8 +27,13 @@ class AppSettings:
     window_state: str = ""            # QMainWindow.saveState() as hex
 
     def models_path(self) -> Path:
+        """The models folder, created when missing; a folder that cannot be created is returned as it is
+        (app.startup.models_folder_problem says what is wrong with it)."""
         path = Path(self.models_dir) if self.models_dir else paths.default_models_dir()
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            log.warning("the models folder %s cannot be created: %s", path, exc)
         return path
 
     def resolved_device(self) -> str:
@@ -35,8 +47,45 @@ class AppSettings:
 
     @classmethod
     def load(cls, store: Store) -> "AppSettings":
-        saved = store.get_setting("app", {}) or {}
-        return cls(**{f.name: saved[f.name] for f in fields(cls) if f.name in saved})
+        settings, problems = cls.load_checked(store)
+        for problem in problems:
+            log.warning("settings: %s; using the default", problem)
+        return settings
+
+    @classmethod
+    def load_checked(cls, store: Store) -> tuple["AppSettings", list[str]]:
+        """The saved settings with every unreadable or out-of-range value replaced by its default,
+        and one phrase per replaced value (empty when all were fine)."""
+        try:
+            saved = store.get_setting("app", {})
+        except ValueError:
+            return cls(), ["the saved settings are not valid JSON"]
+        if not isinstance(saved, dict):
+            return cls(), ["the saved settings are not a set of named values"]
+        settings, problems = cls(), []
+        for f in fields(cls):
+            if f.name not in saved:
+                continue
+            value, default = saved[f.name], getattr(settings, f.name)
+            problem = _problem(f.name, value, default)
+            if problem:
+                problems.append(problem)
+            else:
+                setattr(settings, f.name, value)
+        return settings, problems
 
     def save(self, store: Store) -> None:
         store.set_setting("app", {f.name: getattr(self, f.name) for f in fields(self)})
+
+
+def _problem(name: str, value, default) -> str | None:
+    if type(value) is not type(default):
+        return f"'{name}' holds {value!r}, not a {type(default).__name__}"
+    if name == "device" and value not in DEVICES:
+        return f"'device' holds {value!r}, not one of {', '.join(DEVICES)}"
+    if name in ("vram_budget", "ram_cache") and value:
+        try:
+            parse_size(value)
+        except SluiceError:
+            return f"'{name}' holds {value!r}, which is not a size like 8GB"
+    return None

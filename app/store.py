@@ -2,16 +2,21 @@
 
 An answer is written while it streams (state "streaming", content growing), so a crash loses at most
 the tokens since the last flush; at the next start such rows are marked "interrupted".
+Opening checks the file (quick_check, the expected columns) and raises sqlite3.DatabaseError when it
+is damaged; app.startup decides what to do then. A row whose JSON is damaged reads as defaults.
 """
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 2.0        # how long a write waits for another process's lock before "database is locked"
+log = logging.getLogger("sluice.store")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -33,6 +38,19 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 CREATE TABLE IF NOT EXISTS settings (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
+_COLUMNS = {"conversations": {"id", "title", "created_at", "updated_at", "settings"},
+            "messages": {"id", "conversation_id", "role", "content", "state", "stats", "created_at"},
+            "settings": {"key", "value"}}
+
+
+def _json_or(text, default):
+    """A stored JSON value, or `default` when the row was damaged (logged, never raised)."""
+    try:
+        value = json.loads(text)
+    except (TypeError, ValueError):
+        log.warning("a damaged JSON value in the chat database was read as %r: %.80r", default, text)
+        return default
+    return value if isinstance(value, type(default)) else default
 
 
 @dataclass
@@ -48,8 +66,24 @@ class ChatSettings:
 
     @classmethod
     def from_dict(cls, data: dict) -> "ChatSettings":
-        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        """Known keys whose values have the right type; anything else keeps its default."""
+        defaults = cls()
+        known = {}
+        for name, value in data.items():
+            if name not in cls.__dataclass_fields__:
+                continue
+            default = getattr(defaults, name)
+            if _fits(value, default) or (name == "seed" and (value is None or _fits(value, 0))):
+                known[name] = float(value) if isinstance(default, float) else value
         return cls(**known)
+
+
+def _fits(value, default) -> bool:
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(value, bool) and isinstance(default, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float))
+    return isinstance(value, type(default))
 
 
 @dataclass
@@ -73,11 +107,55 @@ class Conversation:
 
 
 class Store:
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, connection: sqlite3.Connection | None = None):
+        """Open (or create) the database at `path`; `connection` instead: use that one (an in-memory copy)."""
         self.path = Path(path)
         self.is_closed = False
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), isolation_level=None)   # autocommit; one statement = one txn
+        self.is_read_only = connection is not None    # a copy: nothing reaches the file at `path`
+        if connection is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            # autocommit; one statement = one txn
+            connection = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
+        self._db = connection
+        try:
+            self._prepare()
+        except BaseException:
+            connection.close()
+            raise
+
+    @classmethod
+    def in_memory(cls, path: Path | str) -> "Store":
+        """An empty store that saves nothing (`path` is only the name it reports)."""
+        return cls(path, connection=sqlite3.connect(":memory:", isolation_level=None))
+
+    @classmethod
+    def read_only_copy(cls, path: Path | str) -> "Store":
+        """An in-memory copy of the database at `path` (empty when it cannot be read): the app works,
+        nothing is saved. For a file that is read-only or locked by another program."""
+        path = Path(path)
+        for query in ("mode=ro", "immutable=1"):     # immutable: a read-only folder cannot hold the WAL index
+            memory = sqlite3.connect(":memory:", isolation_level=None)
+            try:
+                source = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True, timeout=BUSY_TIMEOUT_S)
+                try:
+                    source.backup(memory)
+                finally:
+                    source.close()
+                return cls(path, connection=memory)
+            except (sqlite3.Error, OSError, ValueError) as exc:
+                memory.close()
+                log.warning("reading %s with %s failed: %s", path, query, exc)
+        return cls.in_memory(path)
+
+    def _prepare(self) -> None:
+        # checks first, so a file that is not ours is left byte for byte as it was
+        verdict = self._db.execute("PRAGMA quick_check").fetchone()[0]
+        if verdict != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed ({verdict})")
+        for table, columns in _COLUMNS.items():     # an existing table must be ours (not another program's)
+            found = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            if found and not columns <= found:
+                raise sqlite3.DatabaseError(f"the {table} table lacks columns {sorted(columns - found)}")
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")    # WAL + NORMAL: durable across app crashes
         self._db.execute("PRAGMA foreign_keys=ON")
@@ -152,7 +230,7 @@ class Store:
         rows = self._db.execute(
             "SELECT id, conversation_id, role, content, state, stats, created_at FROM messages "
             "WHERE conversation_id=? ORDER BY id", (conversation_id,)).fetchall()
-        return [Message(r[0], r[1], r[2], r[3], r[4], json.loads(r[5]), r[6]) for r in rows]
+        return [Message(r[0], r[1], r[2], r[3], r[4], _json_or(r[5], {}), r[6]) for r in rows]
 
     def delete_messages_from(self, conversation_id: int, message_id: int) -> None:
         """Delete a message and everything after it (edit-and-resend, regenerate)."""
@@ -160,6 +238,7 @@ class Store:
 
     # settings ------------------------------------------------------------------------------
     def get_setting(self, key: str, default=None):
+        """The stored value; ValueError when the stored text is not JSON (the caller says what it uses instead)."""
         row = self._db.execute("SELECT value FROM settings WHERE key=?", (key,)).fetchone()
         return json.loads(row[0]) if row else default
 
@@ -169,4 +248,4 @@ class Store:
 
     @staticmethod
     def _conversation(row) -> Conversation:
-        return Conversation(row[0], row[1], row[2], row[3], ChatSettings.from_dict(json.loads(row[4])))
+        return Conversation(row[0], row[1], row[2], row[3], ChatSettings.from_dict(_json_or(row[4], {})))

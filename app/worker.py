@@ -26,13 +26,10 @@ class LoadCancelled(Exception):
 
 def user_message(exc: BaseException) -> str:
     """One sentence for a dialog: SluiceError texts as they are, anything else as an engine failure."""
-    from engine import SluiceError
-    if isinstance(exc, SluiceError):
-        return str(exc)
-    if isinstance(exc, MemoryError):
-        return "The engine ran out of memory; choose a smaller RAM cache or VRAM budget in Settings."
-    if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
-        return "The disk is full; free some space or choose another models folder in Settings."
+    from engine.errors import user_sentence
+    known = user_sentence(exc)          # SluiceError, a full/read-only disk naming the path, memory running out
+    if known:
+        return known
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return f"The engine failed ({detail}); the details are in the log file."
 

@@ -17,12 +17,12 @@ import torch
 from engine.format import modeldir
 from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
-from engine.plan.hardware import available_memory
+from engine.plan.hardware import available_memory, check_ram_cache_fits
 from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
-from engine.runtime.budget import MAX_CONTEXT_TOKENS, fit_context, prefill_workspace_bytes
+from engine.runtime.budget import default_context
 from engine.runtime.runner import Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
@@ -49,8 +49,6 @@ class Engine:
         """The context (prompt + answer tokens) the model state is made for: as asked, or the model's own
         limit cut to what the VRAM budget holds beside the dense weights and the expert slots (runtime.budget)."""
         from engine.runtime.experts import decoded_expert_bytes
-        from engine.model.families import family_module
-        from engine.model.state import state_bytes
         spec, layout = self.spec, self.model.layout
         limit = spec.max_position_embeddings
         if requested is not None:
@@ -58,22 +56,17 @@ class Engine:
                 raise SluiceError(f"A context of {requested} tokens is not possible for this model: choose "
                                   f"between 1 and {limit} tokens (its own limit).")
             return requested
-        limit = min(limit, MAX_CONTEXT_TOKENS)
         elem = torch.empty((), dtype=self.dtype).element_size()
-        state_specs = family_module(spec.family).state_specs(spec)
         dense_params = sum(math.prod(t["shape"]) for t in self.model.manifest["dense"]["tensors"].values())
         is_cuda = self.device.type == "cuda"
-
-        def bytes_for_tokens(n: int) -> int:
-            return state_bytes(state_specs, n, self.dtype) + (prefill_workspace_bytes(spec, n, elem) if is_cuda else 0)
-        return fit_context(max_tokens=limit, bytes_for_tokens=bytes_for_tokens, vram_budget=vram_budget,
-                           dense_bytes=dense_params * elem, top_k=spec.top_k,
-                           device_slot_bytes=layout.block_bytes + (0 if is_cuda else decoded_expert_bytes(layout, self.dtype)))
+        slot = layout.block_bytes + (0 if is_cuda else decoded_expert_bytes(layout, self.dtype))
+        return default_context(spec, self.dtype, self.device.type, vram_budget, dense_params * elem, slot)
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
              max_context: int | None = None) -> "Engine":
         dev = _pick_device(device)
+        check_ram_cache_fits(parse_size(ram_cache))
         path = resolve_model_dir(Path(model_dir).expanduser(), progress)
         model = modeldir.open_model_dir(path)
         if dtype is None:
@@ -134,6 +127,7 @@ class Engine:
 
     def generate(self, prompt, params: GenerationParams | None = None) -> Iterator[TokenEvent]:
         params = params or GenerationParams()
+        params.validate(self.spec.vocab_size, prompt)
         prompt_ids, is_chat = self.encode(prompt)
         if not prompt_ids:
             raise SluiceError("The prompt is empty; type something to send.")

@@ -1,7 +1,12 @@
-"""Plain data passed across the engine's public API."""
+"""Plain data passed across the engine's public API, and the one place its ranges are checked."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
+
+from engine.errors import SluiceError
+
+MAX_SEED = 2**64 - 1
 
 
 @dataclass
@@ -13,6 +18,35 @@ class GenerationParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)   # stop strings (not included in the output)
     ignore_eos: bool = False      # benchmarks: keep going past end-of-sequence tokens
+
+    def validate(self, vocab_size: int | None = None, prompt=None) -> None:
+        """Raise SluiceError (one sentence) for a value outside its range. The engine calls this first
+        thing in generate(); the CLI, the app and the server call it to refuse early. With `vocab_size`,
+        a prompt given as token ids must hold ids in [0, vocab_size)."""
+        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
+            raise SluiceError(f"max new tokens must be a whole number of at least 1 (got {self.max_new_tokens!r}).")
+        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SluiceError(f"The temperature must be a finite number of 0 or more (0 = greedy); got {self.temperature!r}.")
+        if not _is_number(self.top_p) or not (0 < self.top_p <= 1):
+            raise SluiceError(f"top-p must be above 0 and at most 1 (1 = off); got {self.top_p!r}.")
+        if not _is_int(self.top_k) or self.top_k < 0:
+            raise SluiceError(f"top-k must be a whole number of 0 or more (0 = off); got {self.top_k!r}.")
+        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
+            raise SluiceError(f"The seed must be a whole number from 0 to 2^64-1; got {self.seed!r}.")
+        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
+            raise SluiceError("Stop strings must be a list of non-empty texts.")
+        if vocab_size is not None and isinstance(prompt, (list, tuple)) and prompt and all(_is_int(i) for i in prompt):
+            bad = next((i for i in prompt if not 0 <= i < vocab_size), None)
+            if bad is not None:
+                raise SluiceError(f"Prompt token id {bad} is outside this model's vocabulary (ids 0 to {vocab_size - 1}).")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 @dataclass

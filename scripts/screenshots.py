@@ -62,7 +62,8 @@ def take_screenshots() -> int:
     from PySide6.QtCore import QEvent, QEventLoop, QTimer
     from PySide6.QtGui import QGuiApplication
 
-    from app.gui import create_application
+    from app import paths
+    from app.gui import create_application, open_main_window
     from app.store import ChatSettings
     from app.views.main_window import MainWindow
 
@@ -166,6 +167,13 @@ def take_screenshots() -> int:
     wait_until(lambda: window.last_dialog is not None and window.last_dialog.objectName() == "errorDialog", 60)
     shot("error-dialog")
     window.last_dialog.accept()
+    window.close()
+
+    # The next start finds the chat history damaged: moved aside, a fresh one, a dialog that says where.
+    paths.database_path().write_bytes(b"not an SQLite file " * 400)
+    window = open_main_window()
+    window.setGeometry(0, 0, *SIZE)
+    shot("damaged-database")
     window.close()
     QTimer.singleShot(0, app.quit)
     app.exec()

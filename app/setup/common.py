@@ -7,7 +7,8 @@ from pathlib import Path
 
 DOWNLOADS_SUBDIR = ".downloads"      # raw hub snapshots, hidden from the model picker
 DISK_TEST_BYTES = 128 * 2**20        # the O_DIRECT self-test size: ~0.2 s on an NVMe drive
-VERDICT_COLORS = {"fits fast": "#1a7f37", "fits but slow": "#9a6700", "will not run": "#cf222e"}
+VERDICT_COLORS = {"fits fast": "#1a7f37", "fits but slow": "#9a6700", "will not run": "#cf222e",
+                  "unavailable": "#6e7781"}
 
 _machine_lock = threading.Lock()
 _machines: dict[str, object] = {}

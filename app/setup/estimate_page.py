@@ -19,6 +19,8 @@ def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine
 def verdict_html(est) -> str:
     from engine.sizes import format_size
     color = VERDICT_COLORS[est.verdict]
+    if est.verdict == "unavailable":
+        return f"<p><b style='color:{color}; font-size:large'>Unavailable</b> — {est.reason}</p>"
     to_fetch = est.disk_needed_bytes - est.repacked_bytes
     disk = (f"{format_size(to_fetch)} still to download + {format_size(est.repacked_bytes)} repacked model"
             if to_fetch else "the repacked model")
@@ -172,7 +174,7 @@ class EstimatePage(QuantChoice, QWizardPage):
 
     def isComplete(self) -> bool:
         est = self.quants.current()
-        return bool(self.info and self.info.is_supported and est and est.verdict != "will not run")
+        return bool(self.info and self.info.is_supported and est and est.is_usable)
 
     def cleanupPage(self) -> None:
         stop_and_wait(self.task)

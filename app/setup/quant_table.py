@@ -35,6 +35,8 @@ class QuantTable(QTableWidget):
             cells = (QUANT_NOTES.get(quant, quant), format_size(est.repacked_bytes),
                      format_size(est.expert_bytes_per_token), format_size(est.bytes_per_token),
                      format_speed(est.tok_s), est.verdict)
+            if est.verdict == "unavailable":          # no sizes or speed: the reason says why
+                cells = (QUANT_NOTES.get(quant, quant), "—", "—", "—", "—", f"unavailable: {est.reason}")
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setData(Qt.ItemDataRole.UserRole, quant)
@@ -42,8 +44,9 @@ class QuantTable(QTableWidget):
                     item.setTextAlignment(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
                 if col == 5:
                     item.setForeground(QColor(VERDICT_COLORS[est.verdict]))
+                    item.setToolTip(est.reason)
                 self.setItem(row, col, item)
-        usable = [q for q, e in estimates.items() if e.verdict != "will not run"]
+        usable = [q for q, e in estimates.items() if e.is_usable]
         choice = preferred if preferred in usable else (usable[0] if usable else preferred)
         self.select(choice)
         height = self.horizontalHeader().height() + sum(self.rowHeight(r) for r in range(self.rowCount())) + 4

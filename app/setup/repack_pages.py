@@ -151,7 +151,7 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
 
     def isComplete(self) -> bool:
         est = self.quants.current()
-        return bool(self.config and est and est.verdict != "will not run" and self._destination_problem() is None)
+        return bool(self.config and est and est.is_usable and self._destination_problem() is None)
 
     def validatePage(self) -> bool:
         wizard = self.wizard()

@@ -39,7 +39,7 @@ class ModelActionsMixin:
         self.model_picker.addItem("Choose a model…", None)
         paths_seen = set()
         for model in models:
-            self.model_picker.addItem(f"{model.name}  ({model.family}, {model.quant})", str(model.path))
+            self.model_picker.addItem(model.label, str(model.path))
             paths_seen.add(str(model.path))
         if current and current not in paths_seen:
             self.model_picker.addItem(Path(current).name, current)

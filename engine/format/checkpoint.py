@@ -30,11 +30,32 @@ def read_header(path: Path) -> dict:
             header = json.loads(f.read(header_len))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise SluiceError(f"'{path.name}' has a damaged header; download the model again.") from exc
+    if not isinstance(header, dict):
+        raise SluiceError(f"'{path.name}' has a damaged header; download the model again.")
+    for name, entry in header.items():
+        if name != "__metadata__" and not _entry_is_sound(entry):
+            raise SluiceError(f"'{path.name}' has a damaged header (tensor '{name}'); download the model again.")
     data_end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
     if 8 + header_len + data_end > size:
         raise SluiceError(f"'{path.name}' is truncated ({size} of {8 + header_len + data_end} bytes); "
                           "download the model again.")
     return header
+
+
+def _entry_is_sound(entry) -> bool:
+    """A header entry with a known dtype, a shape of naturals, and offsets spanning exactly its bytes."""
+    if not isinstance(entry, dict) or entry.get("dtype") not in _DTYPE_BYTES:
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(shape, list) or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in shape):
+        return False
+    if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(n, int) for n in offsets)
+            and 0 <= offsets[0] <= offsets[1]):
+        return False
+    numel = 1
+    for n in shape:
+        numel *= n
+    return offsets[1] - offsets[0] == numel * _DTYPE_BYTES[entry["dtype"]]
 
 
 class Checkpoint:
@@ -43,9 +64,9 @@ class Checkpoint:
     def __init__(self, model_dir: str | Path):
         self.dir = Path(model_dir)
         index = self.dir / "model.safetensors.index.json"
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-            files = sorted(set(weight_map.values()))
+        has_index = index.is_file()
+        if has_index:
+            files = sorted(set(_weight_map(index).values()))
         else:
             files = sorted(p.name for p in self.dir.glob("*.safetensors"))
         if not files:
@@ -55,7 +76,8 @@ class Checkpoint:
         for name in files:
             path = self.dir / name
             if not path.is_file():
-                raise SluiceError(f"The weight file '{name}' listed in the index is missing; download the model again.")
+                where = "listed in the index" if has_index else "(a broken link or not a file)"
+                raise SluiceError(f"The weight file '{name}' {where} is missing; download the model again.")
             self.headers[name] = read_header(path)
             for tensor in self.headers[name]:
                 if tensor != "__metadata__":
@@ -109,6 +131,19 @@ def _fp8_block_size(model_dir: Path) -> tuple[int, int] | None:
         return int(block[0]), int(block[1])
     except (OSError, ValueError, KeyError, TypeError, IndexError):
         return None
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's tensor -> shard map, checked: a damaged index is one sentence, not a KeyError."""
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError):
+        raise SluiceError(f"'{index}' is damaged (no readable weight_map); download the model again.") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) and "/" not in v and v.endswith(".safetensors")
+                                                   for v in weight_map.values()):
+        raise SluiceError(f"'{index}' is damaged (its weight_map does not name .safetensors files); "
+                          "download the model again.")
+    return weight_map
 
 
 def dequantize_fp8_blocks(weight: torch.Tensor, scale_inv: torch.Tensor,

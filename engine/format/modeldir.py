@@ -9,8 +9,11 @@ from pathlib import Path
 import torch
 
 from engine.errors import SluiceError
+from engine.format import integrity
+from engine.format.config_check import checked_spec
 from engine.format.layout import Field, Layout
-from engine.model.spec import ModelSpec, read_spec
+from engine.format.manifest_schema import check_manifest
+from engine.model.spec import ModelSpec
 
 MANIFEST = "sluice.json"
 DENSE_FILE = "dense.safetensors"
@@ -68,30 +71,40 @@ def is_model_dir(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()
 
 
-def open_model_dir(path: str | Path) -> ModelDir:
+def open_model_dir(path: str | Path, verify_experts: bool = False) -> ModelDir:
+    """Open a Sluice model dir: schema of sluice.json, files present, checksums of the manifest and
+    dense weights (see engine.format.integrity); with `verify_experts` every expert block's CRC32 too
+    (for a cached repack, which can be rebuilt when it fails)."""
     p = Path(path)
     if not p.exists():
         raise SluiceError(f"The folder '{p}' does not exist; check the path or pick the model from the list.")
+    if not p.is_dir():
+        raise SluiceError(f"'{p}' is a file, not a folder; choose the model's folder.")
     try:
         manifest = json.loads((p / MANIFEST).read_text())
     except FileNotFoundError:
         raise SluiceError(f"'{p}' is not a Sluice model folder (no {MANIFEST}); repack it with `sluice repack`.") from None
-    except json.JSONDecodeError:
+    except (ValueError, UnicodeDecodeError):
         raise SluiceError(f"'{p / MANIFEST}' is damaged; repack the model again.") from None
-    if manifest.get("format") != "sluice" or manifest.get("format_version") != FORMAT_VERSION:
-        raise SluiceError(f"'{p}' was made by another Sluice version (format {manifest.get('format_version')}); "
-                          "repack the model again.")
-    spec = read_spec(manifest["config"])
+    except OSError as exc:
+        raise SluiceError(f"'{p / MANIFEST}' cannot be read ({exc.strerror}); check the folder's permissions.") from None
+    check_manifest(manifest, p / MANIFEST)
+    for name in (DENSE_FILE, EXPERTS_FILE):
+        if not (p / name).is_file():
+            raise SluiceError(f"'{p}' is missing {name}; repack the model again.")
+    if (p / EXPERTS_FILE).stat().st_size < manifest["experts"]["total_bytes"]:
+        raise SluiceError(f"'{p / EXPERTS_FILE}' is truncated; repack the model again.")
+    integrity.verify_files(p, (lambda d: verify_checksums(d, manifest)) if verify_experts else None)
+    spec = checked_spec(manifest["config"], str(p / MANIFEST))
     experts = manifest["experts"]
+    if experts["num_experts"] != spec.num_experts or experts["intermediate"] != spec.expert_intermediate \
+            or experts["hidden"] != spec.hidden_size or sorted(int(k) for k in experts["layers"]) != list(spec.moe_layers):
+        raise SluiceError(f"'{p / MANIFEST}' is damaged (its expert table does not match its config); "
+                          "repack the model again.")
     fields = tuple(Field(f["name"], getattr(torch, f["dtype"]), tuple(f["shape"]), f["offset"], f["nbytes"])
                    for f in experts["layout"])
     block_bytes = next(iter(experts["layers"].values()))["block_bytes"] if experts["layers"] else 0
     layout = Layout(manifest["quant"], experts["intermediate"], experts["hidden"], fields, block_bytes)
-    for name in (DENSE_FILE, EXPERTS_FILE):
-        if not (p / name).is_file():
-            raise SluiceError(f"'{p}' is missing {name}; repack the model again.")
-    if (p / EXPERTS_FILE).stat().st_size < experts["total_bytes"]:
-        raise SluiceError(f"'{p / EXPERTS_FILE}' is truncated; repack the model again.")
     return ModelDir(p, manifest, spec, layout)
 
 

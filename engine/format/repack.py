@@ -1,12 +1,14 @@
 """Hugging Face snapshot -> Sluice model dir (sluice.json, dense.safetensors, experts.bin, tokenizer files).
 
 Resumable: work happens in DST.partial/, and progress.json there records each finished MoE layer
-(after its bytes are fsynced), so a restart skips finished layers. Atomic: DST appears only by a
-rename once everything is written and checked.
+(after its bytes are fsynced) with its CRC32s, and the dense file's sha256, so a restart skips
+finished work that still reads back as written and redoes the rest. Atomic: DST appears only by a
+rename once everything is written and checked, with checksums.json (engine.format.integrity).
 """
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import threading
@@ -16,19 +18,21 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.format import modeldir
+from engine.format import integrity, locks, modeldir
 from engine.format.checkpoint import Checkpoint
-from engine.errors import SluiceError
+from engine.format.config_check import check_tensors, checked_spec
+from engine.errors import SluiceError, fs_errors_as_sentences
 from engine.format.layout import block_layout
 from engine.format.quant import FORMATS, quantize
 from engine.sizes import format_size
 from engine.model.families.deepseek_style import is_beyond_last_layer
-from engine.model.spec import ModelSpec, canonical_dense_name, is_text_model_tensor, load_config_dict, read_spec
+from engine.model.spec import ModelSpec, canonical_dense_name, is_text_model_tensor, load_config_dict
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "chat_template.json", "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                    "generation_config.json")
 DISK_MARGIN_BYTES = 64 << 20
+log = logging.getLogger("sluice.repack")
 
 
 class RepackCancelled(SluiceError):
@@ -87,24 +91,59 @@ def dense_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
 
 def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progress=None,
            cancel_event: threading.Event | None = None, display_name: str | None = None) -> Path:
-    """Repack; `progress(done, total, message)` is called after each step. Returns dst_dir."""
+    """Repack; `progress(done, total, message)` is called after each step. Returns dst_dir.
+
+    Everything is checked before anything is written (config values, every tensor and its shape,
+    disk space); one process at a time works on a destination (engine.format.locks)."""
     src, dst = Path(src_dir), Path(dst_dir)
-    if not src.is_dir():
+    if not src.exists():
         raise SluiceError(f"The folder '{src}' does not exist; choose the folder of a downloaded model.")
+    if not src.is_dir():
+        raise SluiceError(f"'{src}' is a file, not a folder; choose the folder of a downloaded model.")
     if quant not in FORMATS:
         raise SluiceError(f"Unknown quant format '{quant}': choose one of {', '.join(FORMATS)}.")
     config = load_config_dict(src)
-    spec = read_spec(config)
+    spec = checked_spec(config, str(src / "config.json"))
     check_source_quantization(config)
     ckpt = Checkpoint(src)
     experts = ExpertSource(ckpt, spec)
     experts.check()
+    check_tensors(spec, ckpt, str(src))
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
+
+    def say(message: str) -> None:
+        if progress:
+            progress(0, len(spec.moe_layers) + 1, message)
+
+    def cancelled():
+        raise RepackCancelled("Repack cancelled; start it again to resume where it stopped.")
+
+    with fs_errors_as_sentences(dst, then="then run the repack again: it continues where it stopped"):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        with locks.exclusive(dst, f"repacking into '{dst}'", say, cancel_event, cancelled) as waited:
+            if waited and _holds_repack_of(dst, ckpt, quant):
+                return dst          # the process we waited for made exactly this
+            return _repack_locked(src, dst, config, spec, ckpt, experts, layout, quant, progress, cancel_event,
+                                  display_name)
+
+
+def _holds_repack_of(dst: Path, ckpt: Checkpoint, quant: str) -> bool:
+    try:
+        manifest = json.loads((dst / modeldir.MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return manifest.get("quant") == quant and manifest.get("source", {}).get("files") == ckpt.fingerprint()
+
+
+def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Checkpoint, experts: ExpertSource,
+                   layout, quant: str, progress, cancel_event, display_name) -> Path:
     if (dst / modeldir.MANIFEST).exists():
         raise SluiceError(f"'{dst}' already holds a Sluice model; choose another destination or delete it first.")
+    if dst.exists() and not dst.is_dir():
+        raise SluiceError(f"'{dst}' is a file, not a folder; choose a new or empty destination folder.")
     if dst.exists() and any(dst.iterdir()):
         raise SluiceError(f"'{dst}' is not empty; choose a new or empty destination folder.")
 
-    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
     layer_bytes = spec.num_experts * layout.block_bytes
     # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
     dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")
@@ -113,7 +152,7 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
 
     work = dst.with_name(dst.name + ".partial")
-    state = _load_state(work, ckpt, quant)
+    state = _load_state(work, ckpt, quant, layer_bytes, layout.block_bytes, spec)
     done_bytes = layer_bytes * len(state["layers"]) + (dense_bytes if state["dense"] else 0)
     needed = total_bytes - done_bytes + DISK_MARGIN_BYTES
     available = free_bytes(work)
@@ -125,12 +164,13 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
 
     def report(message: str) -> None:
         if progress:
-            progress(len(state["layers"]) + int(state["dense"]), total_steps, message)
+            progress(len(state["layers"]) + int(bool(state["dense"])), total_steps, message)
 
     if not state["dense"]:
         tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
         save_file(tensors, str(work / modeldir.DENSE_FILE), metadata={"format": "pt"})
-        state["dense"] = True
+        _fsync(work / modeldir.DENSE_FILE)
+        state["dense"] = integrity.sha256_file(work / modeldir.DENSE_FILE)
         _save_state(work, state)
     report("dense weights written")
 
@@ -169,7 +209,13 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
         dense_tensors={canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names},
         tokenizer_files=tokenizer_files, source={"path": str(src.resolve()), "files": ckpt.fingerprint()})
     modeldir.verify_checksums(work, manifest)
+    if integrity.sha256_file(work / modeldir.DENSE_FILE) != state["dense"]:
+        state["dense"] = False        # changed on disk since it was written: the next run writes it again
+        _save_state(work, state)
+        raise SluiceError(f"'{work / modeldir.DENSE_FILE}' did not read back as written; check the drive and "
+                          "run the repack again.")
     (work / modeldir.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    integrity.write_checksums(work, {modeldir.DENSE_FILE: state["dense"]}, (modeldir.MANIFEST,))
     (work / "progress.json").unlink()
     if dst.exists():
         dst.rmdir()
@@ -178,7 +224,18 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
     return dst
 
 
-def _load_state(work: Path, ckpt: Checkpoint, quant: str) -> dict:
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _load_state(work: Path, ckpt: Checkpoint, quant: str, layer_bytes: int, block_bytes: int,
+                spec: ModelSpec) -> dict:
+    """The progress of an unfinished repack in `work`, keeping only what still reads back as written:
+    finished layers whose blocks fail their CRC32, or dense weights that changed, are done again."""
     fresh = {"source": ckpt.fingerprint(), "quant": quant, "dense": False, "layers": {}}
     path = work / "progress.json"
     if not path.is_file():
@@ -187,12 +244,36 @@ def _load_state(work: Path, ckpt: Checkpoint, quant: str) -> dict:
         return fresh
     try:
         state = json.loads(path.read_text())
-    except json.JSONDecodeError:
+    except (ValueError, UnicodeDecodeError):
         state = None
-    if not state or state.get("source") != fresh["source"] or state.get("quant") != quant:
+    if not isinstance(state, dict) or state.get("source") != fresh["source"] or state.get("quant") != quant \
+            or not isinstance(state.get("layers"), dict):
         shutil.rmtree(work)   # different source or quant: the partial work does not apply
         return fresh
+    dense = work / modeldir.DENSE_FILE
+    if state.get("dense") and (not isinstance(state["dense"], str) or not dense.is_file()
+                               or integrity.sha256_file(dense) != state["dense"]):
+        log.warning("the dense weights of the unfinished repack in %s did not read back; writing them again", work)
+        state["dense"] = False
+    for layer in list(state["layers"]):
+        if not _layer_reads_back(work / modeldir.EXPERTS_FILE, spec, layer, state["layers"][layer], layer_bytes,
+                                 block_bytes):
+            log.warning("layer %s of the unfinished repack in %s did not read back; repacking it again", layer, work)
+            del state["layers"][layer]
     return state
+
+
+def _layer_reads_back(path: Path, spec: ModelSpec, layer: str, checksums, layer_bytes: int, block_bytes: int) -> bool:
+    if not layer.isdigit() or int(layer) not in spec.moe_layers or not isinstance(checksums, list) \
+            or len(checksums) != spec.num_experts:
+        return False
+    offset = spec.moe_layers.index(int(layer)) * layer_bytes
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return all(zlib.crc32(f.read(block_bytes)) == crc for crc in checksums)
+    except OSError:
+        return False
 
 
 def _save_state(work: Path, state: dict) -> None:

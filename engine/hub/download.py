@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.errors import SluiceError
+from engine.errors import SluiceError, fs_errors_as_sentences
 from engine.hub.search import HubFile, RepoInfo, endpoint
 from engine.sizes import format_size
 
@@ -77,13 +77,14 @@ def download(info: RepoInfo, dst_dir: str | Path, files: list[HubFile] | None = 
     if constants.is_offline_mode():
         raise SluiceError("Hub access is switched off (HF_HUB_OFFLINE is set): unset it to download models.")
     dst = Path(dst_dir)
-    job = _Job(info, dst, files or info.model_files(), token, progress, stop_event)
-    needed = job.bytes_total - job.bytes_on_disk() + extra_bytes_needed
-    free = free_bytes(dst)
-    if needed > free:
-        raise SluiceError(f"Not enough disk space in {dst}: {format_size(needed)} is needed but only "
-                          f"{format_size(free)} is free; free some space or choose another folder.")
-    job.run()
+    with fs_errors_as_sentences(dst, then="then download again: it continues where it stopped"):
+        job = _Job(info, dst, files or info.model_files(), token, progress, stop_event)
+        needed = job.bytes_total - job.bytes_on_disk() + extra_bytes_needed
+        free = free_bytes(dst)
+        if needed > free:
+            raise SluiceError(f"Not enough disk space in {dst}: {format_size(needed)} is needed but only "
+                              f"{format_size(free)} is free; free some space or choose another folder.")
+        job.run()
     return dst
 
 

@@ -26,6 +26,7 @@ from engine.runtime.budget import MAX_CONTEXT_TOKENS
 QUANTS = ("bf16", "fp8", "nvfp4")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 on CUDA, float32 on the CPU
+COMPUTE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
 FAST_TOK_S = 5.0                   # about reading speed: below this a chat feels slow
 # Per layer per token: kernel launches, Python and small-op overhead that no byte count explains.
 # CPU value measured with engine.load on a 12-layer model whose experts all sat in slots (see the
@@ -217,8 +218,13 @@ class Estimate:
     h2d_bytes_per_token: float
     compute_s: float
     tok_s: float
-    verdict: str                   # "fits fast" | "fits but slow" | "will not run"
+    verdict: str                   # "fits fast" | "fits but slow" | "will not run" | "unavailable"
     reason: str                    # one sentence for the user
+
+    @property
+    def is_usable(self) -> bool:
+        """The model can be repacked at this quant and run here."""
+        return self.verdict not in ("will not run", "unavailable")
 
     @property
     def bytes_per_token(self) -> float:
@@ -236,13 +242,16 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
              hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
     """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
     import torch
-    from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
+    from engine.runtime.budget import default_context, plan_budgets, prefill_workspace_bytes
     from engine.format.layout import block_layout
     from engine.runtime.experts import decoded_expert_bytes
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
-    block = expert_block_bytes(shape, quant)
+    try:
+        block = expert_block_bytes(shape, quant)
+    except SluiceError as exc:          # e.g. nvfp4 on widths not divisible by 16: the other quants still apply
+        return unavailable(quant, shape, download_bytes, str(exc))
     num_blocks = shape.num_moe_layers * shape.num_experts
     expert_bytes = num_blocks * block
     source_elem = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
@@ -253,7 +262,6 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
     dense_bytes = shape.dense_params * elem                          # loaded in the compute dtype
-    kv_bytes = _state_bytes(config, {2: torch.bfloat16, 4: torch.float32}[elem])
     available = machine.ram_available_bytes
 
     # the CPU device keeps each resident expert decoded to float32 beside its block (engine.runtime.experts)
@@ -261,14 +269,18 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
                                                     torch.float32)
 
     spec = read_spec(config)
-    context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
+    default_vram = machine.vram_bytes * 9 // 10 if on_gpu else available // 4
+    compute_dtype = getattr(torch, COMPUTE_DTYPE[machine.device])
+    context = default_context(spec, compute_dtype, machine.device, vram_budget or default_vram,
+                              dense_bytes, block + decoded)             # the engine's own choice
+    kv_bytes = _state_bytes(config, compute_dtype, context)
     workspace = prefill_workspace_bytes(spec, context, elem) if on_gpu else 0
 
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
                             num_moe_layers=shape.num_moe_layers, dense_bytes=dense_bytes, kv_bytes=kv_bytes,
                             workspace_bytes=workspace, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
-                            default_vram=machine.vram_bytes * 9 // 10 if on_gpu else available // 4,
+                            default_vram=default_vram,
                             default_ram=available // 2, device_slot_bytes=block + decoded)
     try:
         plan, problem = plan_for(ram_cache), None
@@ -309,14 +321,20 @@ def _uniform_hit_rates(plan, num_blocks: int, block: int) -> tuple[float, float]
     return slot_hit, min(1.0, ram_blocks / (num_blocks - slot_capacity))
 
 
-def _state_bytes(config: dict, dtype) -> int:
-    """The model state (KV cache, ...) the engine reserves: the family's own per-layer state at the
-    engine's context length."""
+def _state_bytes(config: dict, dtype, context: int | None = None) -> int:
+    """The model state (KV cache, ...) the engine reserves: the family's own per-layer state for
+    `context` tokens (default: the model's limit, at most the engine's MAX_CONTEXT_TOKENS)."""
     from engine.model.families import family_module
     from engine.model.state import state_bytes
     spec = read_spec(config)
-    context = min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
+    context = context or min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)
     return state_bytes(family_module(spec.family).state_specs(spec), context, dtype)
+
+
+def unavailable(quant: str, shape: ModelShape, download_bytes: int, reason: str) -> Estimate:
+    """The estimate of a quant this model cannot be repacked to: no sizes, no speed, the reason."""
+    return Estimate(quant, shape, 0, 0, 0, download_bytes, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                    "unavailable", reason)
 
 
 def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_s: float) -> tuple[str, str]:

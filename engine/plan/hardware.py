@@ -79,6 +79,42 @@ def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: st
         group = group.parent
 
 
+def memory_limit(cgroup_root: str | Path = "/sys/fs/cgroup",
+                 proc_cgroup: str | Path = "/proc/self/cgroup") -> tuple[int, str]:
+    """(bytes, what) of all the memory this process could ever hold: the machine's RAM, or its cgroup
+    v2's tightest `memory.max` when lower; `what` names which, for the sentence."""
+    import psutil
+    limit, what = psutil.virtual_memory().total, "the machine's memory"
+    try:
+        line = next(l for l in Path(proc_cgroup).read_text().splitlines() if l.startswith("0::"))
+    except (OSError, StopIteration):
+        return limit, what
+    root = Path(cgroup_root)
+    group = root / line[3:].strip().lstrip("/")
+    while True:
+        try:
+            text = (group / "memory.max").read_text().strip()
+            if text != "max" and int(text) < limit:
+                limit, what = int(text), "the memory limit of this process's cgroup"
+        except (OSError, ValueError):
+            pass
+        if group == root or root not in group.parents:
+            return limit, what
+        group = group.parent
+
+
+def check_ram_cache_fits(ram_cache_bytes: int | None) -> None:
+    """Refuse a RAM cache larger than all the memory this process could hold, with the numbers."""
+    if ram_cache_bytes is None:
+        return
+    from engine.errors import SluiceError
+    from engine.sizes import format_size
+    limit, what = memory_limit()
+    if ram_cache_bytes > limit:
+        raise SluiceError(f"A RAM cache of {format_size(ram_cache_bytes)} is larger than {what} "
+                          f"({format_size(limit)}); choose a smaller --ram-cache (or RAM cache in Settings).")
+
+
 def _cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():

@@ -11,7 +11,7 @@ from engine.errors import SluiceError
 
 # The longest context a model gets by default (the user may ask for up to the model's own limit): on
 # CUDA the state is static at full size, and a decode step attends over the whole buffer.
-MAX_CONTEXT_TOKENS = 32768
+MAX_CONTEXT_TOKENS = 16384
 from engine.sizes import format_size
 
 
@@ -86,3 +86,22 @@ def fit_context(*, max_tokens: int, bytes_for_tokens, vram_budget: int, dense_by
         else:
             high = middle - 1
     return low
+
+
+def default_context(spec, dtype, device_type: str, vram_budget: int, dense_bytes: int, device_slot_bytes: int) -> int:
+    """The context a model gets unless the user sets one: its own limit (at most MAX_CONTEXT_TOKENS),
+    cut so that its state and (on CUDA) the prefill workspace fit `fit_context`'s share of the budget.
+    The engine and the estimate both ask this."""
+    import torch
+
+    from engine.model.families import family_module
+    from engine.model.state import state_bytes
+    state_specs = family_module(spec.family).state_specs(spec)
+    elem = torch.empty((), dtype=dtype).element_size()
+
+    def bytes_for_tokens(n: int) -> int:
+        workspace = prefill_workspace_bytes(spec, n, elem) if device_type == "cuda" else 0
+        return state_bytes(state_specs, n, dtype) + workspace
+    return fit_context(max_tokens=min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS), bytes_for_tokens=bytes_for_tokens,
+                       vram_budget=vram_budget, dense_bytes=dense_bytes, top_k=spec.top_k,
+                       device_slot_bytes=device_slot_bytes)

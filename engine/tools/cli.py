@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 
-from engine.errors import SluiceError
+from engine.errors import SluiceError, allocation_sentence, fs_error_sentence
 
 EXIT_USER_ERROR = 2
 
@@ -78,10 +79,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    _log_warnings_to_stderr()
     try:
         return _COMMANDS[args.command](args)
     except SluiceError as exc:
         print(f"sluice: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:            # a full or read-only disk, a permission, a file where a folder should be
+        sentence = fs_error_sentence(exc) or allocation_sentence(exc) or \
+            f"{exc.strerror or exc} ('{exc.filename}'); check the path and try again."
+        print(f"sluice: {sentence}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BrokenPipeError:           # e.g. `sluice generate ... | head`
         sys.stderr.close()
@@ -89,9 +96,34 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("sluice: interrupted.", file=sys.stderr)
         return 130
-    except MemoryError:
-        print("sluice: ran out of memory; lower --ram-cache or --vram-budget, or close other programs.", file=sys.stderr)
+    except (MemoryError, RuntimeError) as exc:     # RuntimeError: torch's allocators report failures so
+        sentence = allocation_sentence(exc)
+        if sentence is None:
+            raise
+        print(f"sluice: {sentence}", file=sys.stderr)
         return 1
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever sys.stderr is at the time (tests swap it between calls)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def _log_warnings_to_stderr() -> None:
+    """The engine's warnings (waiting for another process's lock, a partial repack healed) reach the user."""
+    logger = logging.getLogger("sluice")
+    if not any(isinstance(h, _StderrHandler) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setLevel(logging.WARNING)
+        handler.setFormatter(logging.Formatter("sluice: %(message)s"))
+        logger.addHandler(handler)
 
 
 def _repack(args) -> int:
@@ -125,10 +157,9 @@ def _generate(args) -> int:
                  [{"role": "user", "content": args.prompt}]
     else:
         prompt = args.prompt
-    if args.max_new_tokens < 1:
-        raise SluiceError("--max-new-tokens must be at least 1.")
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                               top_k=args.top_k, seed=args.seed, stop=args.stop)
+    params.validate()                 # before loading: the engine checks again, with the vocabulary
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
                       dtype=args.dtype)
     try:

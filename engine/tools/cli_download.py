@@ -71,6 +71,9 @@ def _estimate_lines(info, download_bytes: int, dst: Path) -> list[str]:
              f"predicted on this machine ({machine.device}, disk {format_size(hw.disk_read_bps)}/s):"]
     for quant in QUANTS:
         est = estimate(info.config, download_bytes, machine, quant)
+        if est.verdict == "unavailable":
+            lines.append(f"  {quant:>5}: unavailable: {est.reason}")
+            continue
         lines.append(f"  {quant:>5}: {format_size(est.repacked_bytes)} repacked, "
                      f"{format_size(est.bytes_per_token)} moved per token, {est.tok_s:.1f} tok/s: {est.verdict}")
     return lines
