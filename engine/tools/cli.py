@@ -248,7 +248,10 @@ def _serve(args) -> int:
                         max_waiting=args.max_queue, on_request=log_request)
         print(f"Sluice is serving {server.service.model_id} at {server.url} "
               f"(OpenAI API: {server.url}/v1, Ollama API: {server.url}/api); Ctrl+C stops.", flush=True)
-        server.run()
+        try:
+            server.run()
+        except KeyboardInterrupt:          # Ctrl+C is how a server is stopped
+            print("sluice: server stopped.", file=sys.stderr)
     finally:
         eng.close()
     return 0
