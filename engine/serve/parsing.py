@@ -67,6 +67,7 @@ class OutputParser:
         self.state = "think" if starts_in_think else ("start" if think else "content")
         self.pending = ""
         self.calls: list[ToolCall] = []
+        self._after_thought = False
 
     def push(self, text: str) -> list[Piece]:
         self.pending += text
@@ -116,13 +117,19 @@ class OutputParser:
             end = p.find(THINK_CLOSE)
             if end >= 0:
                 self._emit(out, "reasoning", p[:end])
-                self.pending, self.state = p[end + len(THINK_CLOSE):].lstrip("\n"), "content"
+                self.pending, self.state = p[end + len(THINK_CLOSE):], "content"
+                self._after_thought = True
                 return True
             keep = len(p) if final else _held_tail(p, (THINK_CLOSE,))
             self._emit(out, "reasoning", p[:keep])
             self.pending = p[keep:]
             return False
         if self.state == "content":
+            if self._after_thought:                       # the newlines that follow </think> are layout
+                p = self.pending = p.lstrip("\n")
+                if not p:
+                    return False
+                self._after_thought = False
             start = p.find(TOOL_OPEN) if self.tools else -1
             if start >= 0:
                 self._emit(out, "content", p[:start])

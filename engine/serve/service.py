@@ -199,6 +199,11 @@ class Service:
                                param="tools")
         if tools:
             prompt = {"messages": prompt, "tools": tools}
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) and self.tokenizer is not None:
+            bad = [i for i in prompt if not 0 <= i < len(self.tokenizer)]
+            if bad:
+                raise RequestError(f"Token id {bad[0]} in 'prompt' is not in this model's vocabulary (0 to "
+                                   f"{len(self.tokenizer) - 1}).", param="prompt")
         try:
             prompt_ids, is_chat = await asyncio.to_thread(self.engine.encode, prompt)
         except SluiceError as exc:

@@ -193,6 +193,7 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     ("/v1/chat/completions", {"messages": HI, "n": 2}, "n"),
     ("/v1/chat/completions", {"messages": HI, "stop": 5}, "stop"),
     ("/v1/completions", {"prompt": {"text": "hi"}}, "prompt"),
+    ("/v1/completions", {"prompt": [1, 99999]}, "prompt"),
 ])
 def test_malformed_fields_get_400_naming_the_field(http, path, body, param):
     response = http.post(path, json=body)
