@@ -91,7 +91,10 @@ class EngineWorker(QObject):
 
         try:
             load = self._load_fn
-            if load is None:
+            if load is None and model_dir.startswith("remote:"):     # a model on an OpenAI-compatible endpoint
+                from .remote import RemoteEngine
+                load = RemoteEngine.connect
+            elif load is None:
                 from engine import load
             self.engine = load(model_dir, progress=progress, **options)
         except LoadCancelled:
@@ -215,7 +218,7 @@ class EngineWorker(QObject):
         """The roofline prediction (engine.plan.estimate) for the loaded model with its real budgets and the hit
         rates measured so far, to show beside the measured speed. Probes the disk once per run (~1 s)."""
         engine = self.engine
-        if engine is None or "path" not in engine.info:
+        if engine is None or "path" not in engine.info or engine.info.get("device") == "remote":
             return
         try:
             from engine.plan.estimate import estimate_model_dir

@@ -89,6 +89,8 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.open_action = bar.addAction("Open folder…", self.open_folder)
         self.open_action.setToolTip("Open a Sluice model folder or a Hugging Face snapshot folder")
         self.download_action = bar.addAction("Download…", self.open_download_wizard)
+        self.remote_action = bar.addAction("Remote…", self.open_remote_endpoints)
+        self.remote_action.setToolTip("Add an OpenAI-compatible endpoint (vLLM, SGLang, LM Studio, another Sluice)")
         bar.addSeparator()
         self.chat_settings_action = bar.addAction("Chat settings…", self.edit_chat_settings)
         self.chat_settings_action.setToolTip("System prompt and sampling for this chat")
@@ -287,6 +289,13 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             self.controller.new_conversation()
         dialog = ChatSettingsDialog(self.controller.conversation.settings, self, self.controller)
         dialog.accepted.connect(lambda: self.controller.set_chat_settings(dialog.value()))
+        dialog.open()
+        self.last_dialog = dialog
+
+    def open_remote_endpoints(self) -> None:
+        from .remote_dialog import RemoteEndpointsDialog
+        dialog = RemoteEndpointsDialog(self.settings, self)
+        dialog.changed.connect(lambda: (self.settings.save(self.store), self.refresh_models()))
         dialog.open()
         self.last_dialog = dialog
 
