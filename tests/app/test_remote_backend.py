@@ -53,7 +53,7 @@ def test_remote_model_chats_with_client_side_speed_and_panels_say_remote(qtbot, 
     assert answer.stats["tok_s"] > 0 and answer.stats["ttft_s"] > 0
 
     expected = httpx.post(remote.url + "/v1/chat/completions", headers=remote.headers, json={
-        "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 12, "temperature": 0}).json()
+        "messages": [{"role": "user", "content": "hello world"}], "max_tokens": 12, "temperature": 0}, timeout=60).json()
     assert answer.content == expected["choices"][0]["message"]["content"]       # the same model, the same tokens
 
     window.panels.refresh()
