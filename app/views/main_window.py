@@ -75,7 +75,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
     # construction ------------------------------------------------------------------------------------
     def _build_toolbar(self) -> None:
-        bar = QToolBar("Main")
+        bar = self.toolbar = QToolBar("Main")
         bar.setObjectName("mainToolbar")
         bar.setMovable(False)
         self.addToolBar(bar)
@@ -145,6 +145,19 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.panels_action.setChecked(self.settings.show_panels)
         self.panels_action.toggled.connect(self.panels_dock.setVisible)
         self.panels_dock.visibilityChanged.connect(self._on_panels_visibility)
+        from .server_panel import ServerPanel
+        self.server_panel = ServerPanel(self.host.worker, self.settings.server)
+        self.server_panel.error.connect(self.show_error)
+        self.server_dock = QDockWidget("Local server", self)
+        self.server_dock.setObjectName("serverDock")
+        self.server_dock.setWidget(self.server_panel)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.server_dock)
+        self.tabifyDockWidget(self.panels_dock, self.server_dock)
+        self.panels_dock.raise_()
+        self.server_action = self.server_dock.toggleViewAction()
+        self.server_action.setText("Server")
+        self.server_action.setToolTip("Local server: serve the loaded model over the OpenAI and Ollama APIs")
+        self.toolbar.insertAction(self.settings_action, self.server_action)
 
     def _build_status_bar(self) -> None:
         status = self.statusBar()
@@ -379,10 +392,12 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self._is_shut_down = True
         self.panels.timer.stop()
         self.settings.show_panels = self.panels_action.isChecked()
+        self.settings.server = self.server_panel.settings
         self.settings.window_geometry = bytes(self.saveGeometry().toHex()).decode()
         self.settings.window_state = bytes(self.saveState().toHex()).decode()
         self.settings.save(self.store)
         self.controller.stop()
+        self.server_panel.shutdown()
         ended = self.host.shutdown()
         # The engine thread's last chunks and "finished" are still queued for this thread: deliver
         # them now so the answer is saved complete before the database closes.

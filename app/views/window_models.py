@@ -92,6 +92,7 @@ class ModelActionsMixin:
         self._last_stats = None
         self.controller.model_name = None
         self.model_label.setText(f"Loading {display_name(str(path))}…")
+        self.server_panel.model_changing()
         self.load_bar.setRange(0, 0)
         self.load_bar.setVisible(True)
         self.load_cancel.setVisible(True)
@@ -121,6 +122,7 @@ class ModelActionsMixin:
         self.device_label.setText("CPU" if device.startswith("cpu") else "Remote" if device == "remote" else f"GPU {device}")
         self.panels.engine_device = device
         self.refresh_models()
+        self.server_panel.model_ready(info)
         freeze_heap()
         self.model_loaded.emit(info)
 

@@ -82,12 +82,14 @@ class GenerationQueue:
         self._thread.start()
 
     # any thread ------------------------------------------------------------------------------------
-    def submit(self, prompt, params: GenerationParams, sink: Callable | None = None, origin: str = "") -> Job:
+    def submit(self, prompt, params: GenerationParams, sink: Callable | None = None, origin: str = "",
+               bounded: bool = True) -> Job:
+        """Queue a generation; QueueFull if max_waiting already wait (unless not `bounded`: the app's own chats)."""
         job = Job(prompt, params, sink, origin)
         with self._cond:
             if self._closed:
                 raise QueueFull(self._retry_after_locked())
-            if len(self._waiting) >= self.max_waiting:
+            if bounded and len(self._waiting) >= self.max_waiting:
                 raise QueueFull(self._retry_after_locked())
             job._queue = self
             self._waiting.append(job)
