@@ -101,7 +101,7 @@ class RemoteEngine:
         self._client = httpx.Client(headers=_headers(api_key),
                                     timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
         self._stats = {"prompt": 0, "generated": 0, "decode_tok_s": 0.0, "ttft_s": 0.0}
-        self.info = {"name": model, "path": model_key(self.url, model), "family": "remote", "quant": "remote",
+        self.info = {"name": model, "path": model_key(self.url, model), "family": "remote", "quant": urlparse(self.url).netloc,
                      "device": "remote", "remote_url": self.url, "max_context": max_context}
 
     @classmethod

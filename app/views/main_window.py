@@ -152,8 +152,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.server_dock.setObjectName("serverDock")
         self.server_dock.setWidget(self.server_panel)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.server_dock)
-        self.tabifyDockWidget(self.panels_dock, self.server_dock)
-        self.panels_dock.raise_()
+        self.server_dock.setVisible(False)          # opened by the Server button
         self.server_action = self.server_dock.toggleViewAction()
         self.server_action.setText("Server")
         self.server_action.setToolTip("Local server: serve the loaded model over the OpenAI and Ollama APIs")

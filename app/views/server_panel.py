@@ -25,6 +25,7 @@ class ServerPanel(QWidget):
         self.local = LocalServer(worker, on_request=self._request_seen.emit)
         self.model_name: str | None = None
         self.wanted = False                    # on: serve whichever local model is loaded
+        self.setMinimumWidth(480)
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
@@ -65,7 +66,8 @@ class ServerPanel(QWidget):
         self.curl = QPlainTextEdit()
         self.curl.setReadOnly(True)
         self.curl.setFont(mono)
-        self.curl.setFixedHeight(96)
+        self.curl.setFixedHeight(110)
+        self.curl.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.copy = QPushButton("Copy")
         self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.curl.toPlainText()))
         hint = QLabel("OpenAI clients: base URL <i>address</i>/v1 · Ollama clients: the address itself.")
@@ -79,11 +81,12 @@ class ServerPanel(QWidget):
 
         log_box = QGroupBox("Requests")
         log_layout = QVBoxLayout(log_box)
-        self.counters = QLabel("queued 0 · generating 0 · served 0")
+        self.counters = QLabel("not serving")
         self.log = QPlainTextEdit()
         self.log.setReadOnly(True)
         self.log.setFont(mono)
         self.log.setMaximumBlockCount(LOG_LINES)
+        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         log_layout.addWidget(self.counters)
         log_layout.addWidget(self.log)
         layout.addWidget(log_box, 1)
@@ -174,14 +177,16 @@ class ServerPanel(QWidget):
         self.curl.setPlainText(curl_example(url, model, self.key.text().strip() or None))
 
     def _on_request(self, record: dict) -> None:
-        self._log_line(f"{record['client']:<15} {record['method']:<4} {record['path']:<22} {record['status']} "
-                       f"{record['duration_s']:.2f} s")
+        client = "" if record["client"] in ("127.0.0.1", "::1") else f"{record['client']} "
+        self._log_line(f"{client}{record['method']} {record['path']} {record['status']} {record['duration_s']:.2f} s")
 
     def _log_line(self, text: str) -> None:
         self.log.appendPlainText(f"{time.strftime('%H:%M:%S')}  {text}")
 
     def _update_counters(self) -> None:
         counters = self.local.counters()
-        if counters is not None:
+        if counters is None:
+            self.counters.setText("not serving")
+        else:
             self.counters.setText(f"queued {counters['queued']} · generating {counters['active']} · "
                                   f"served {counters['served']}")

@@ -1,5 +1,4 @@
 """The Local server panel: the app's loaded engine served over HTTP, shared with in-app chats through one queue."""
-import re
 import socket
 
 import httpx
@@ -20,6 +19,8 @@ def free_port() -> int:
 
 def test_server_panel_serves_the_loaded_model_and_shares_the_engine_with_chats(qtbot, loaded_window):
     window, panel = loaded_window, loaded_window.server_panel
+    window.server_action.trigger()                     # the toolbar's Server button opens the panel
+    assert window.server_dock.isVisible()
     panel.port.setValue(free_port())
     panel.key.setText("sk-panel")
     qtbot.mouseClick(panel.switch, Qt.MouseButton.LeftButton)
@@ -33,7 +34,7 @@ def test_server_panel_serves_the_loaded_model_and_shares_the_engine_with_chats(q
     answer = httpx.post(url + "/v1/chat/completions", headers=headers, timeout=60,
                         json={"messages": HI, "max_tokens": 4, "temperature": 0}).json()
     assert answer["usage"]["completion_tokens"] == 4
-    qtbot.waitUntil(lambda: re.search(r"POST\s+/v1/chat/completions\s+200", panel.log.toPlainText()), timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: "POST /v1/chat/completions 200" in panel.log.toPlainText(), timeout=WAIT_MS)
     assert httpx.post(url + "/v1/chat/completions", json={"messages": HI}).status_code == 401
 
     # A server request generating: the app's chat waits its turn in the same queue, then answers.
@@ -55,6 +56,8 @@ def test_server_panel_serves_the_loaded_model_and_shares_the_engine_with_chats(q
 
     qtbot.mouseClick(panel.switch, Qt.MouseButton.LeftButton)
     assert not panel.local.running and panel.status.text() == "Off" and panel.key.isEnabled()
+    panel._update_counters()
+    assert panel.counters.text() == "not serving"
     try:
         httpx.get(url + "/health", timeout=2)
         raise AssertionError("the server still answers after Stop")
@@ -65,6 +68,7 @@ def test_server_panel_serves_the_loaded_model_and_shares_the_engine_with_chats(q
 def test_server_panel_refuses_to_start_without_a_model(qtbot, data_dir):
     from app_helpers import make_window
     window = make_window(qtbot, data_dir)
+    window.server_action.trigger()
     qtbot.mouseClick(window.server_panel.switch, Qt.MouseButton.LeftButton)
     assert not window.server_panel.local.running and not window.server_panel.switch.isChecked()
     assert window.last_dialog.text() == "Load a model first; the server serves the model the app has loaded."
