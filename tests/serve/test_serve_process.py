@@ -163,6 +163,14 @@ def test_client_disconnect_cancels_and_the_next_request_starts_at_once(server, h
     assert time.monotonic() - started < 10
 
 
+def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(server, http):
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=1.5,
+                   json={"messages": HI, "max_tokens": 400, "temperature": 0})
+    answer = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2}).json()
+    assert answer["timings"]["queue_ms"] < 1500, answer["timings"]
+
+
 def test_a_full_queue_answers_503_with_retry_after(server):
     body = {"messages": HI, "max_tokens": 400, "temperature": 0, "stream": True}
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as a, \
