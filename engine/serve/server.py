@@ -32,12 +32,12 @@ def is_loopback(host: str) -> bool:
 
 class Server:
     def __init__(self, engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
-                 ctx: int | None = None, queue: GenerationQueue | None = None, max_waiting: int = 8,
+                 queue: GenerationQueue | None = None, max_waiting: int = 8,
                  max_body_bytes: int = MAX_BODY_BYTES, on_request: Callable[[dict], None] | None = None):
         import uvicorn
         self.owns_queue = queue is None
         self.queue = queue or GenerationQueue(engine, max_waiting=max_waiting)
-        self.service = Service(engine, self.queue, ctx)
+        self.service = Service(engine, self.queue)
         self.api_key = api_key or None
         self.socket = _bind(host, port)
         self.host, self.port = host, self.socket.getsockname()[1]

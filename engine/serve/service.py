@@ -173,11 +173,11 @@ class Generation:
 
 
 class Service:
-    def __init__(self, engine, queue: GenerationQueue, ctx: int | None = None):
+    def __init__(self, engine, queue: GenerationQueue):
         self.engine, self.queue = engine, queue
         info = engine.info
         self.model_id = Path(str(info.get("path") or info.get("name") or "model")).name
-        self.ctx = min(ctx, info["max_context"]) if ctx else info["max_context"]
+        self.ctx = info["max_context"]
         self.tokenizer = getattr(engine, "tokenizer", None)
         template = getattr(self.tokenizer, "chat_template", None)
         self.chat_template = template if isinstance(template, str) else None

@@ -234,18 +234,13 @@ def _serve(args) -> int:
         print(f"sluice: warning: serving on {args.host} without --api-key: anyone who can reach this computer "
               f"can use the model.", file=sys.stderr)
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=args.dtype)
+                      dtype=args.dtype, max_context=args.ctx)
     try:
-        max_context = eng.info["max_context"]
-        if args.ctx is not None and args.ctx > max_context:
-            print(f"sluice: --ctx {args.ctx} is more than the {max_context} tokens this model keeps; using {max_context}.",
-                  file=sys.stderr)
-
         def log_request(r: dict) -> None:
             print(f"{r['client']} {r['method']} {r['path']} {r['status']} {r['duration_s'] * 1000:.0f} ms",
                   file=sys.stderr, flush=True)
-        server = Server(eng, host=args.host, port=args.port, api_key=args.api_key, ctx=args.ctx,
-                        max_waiting=args.max_queue, on_request=log_request)
+        server = Server(eng, host=args.host, port=args.port, api_key=args.api_key, max_waiting=args.max_queue,
+                        on_request=log_request)
         print(f"Sluice is serving {server.service.model_id} at {server.url} "
               f"(OpenAI API: {server.url}/v1, Ollama API: {server.url}/api); Ctrl+C stops.", flush=True)
         try:

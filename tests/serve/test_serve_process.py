@@ -14,7 +14,7 @@ HI = [{"role": "user", "content": "hello world"}]
 
 @pytest.fixture(scope="module")
 def server(serve_model):
-    proc = start_server(serve_model, "--max-queue", "1", api_key=KEY)
+    proc = start_server(serve_model, "--max-queue", "1", "--ctx", "384", api_key=KEY)
     yield proc
     stderr = proc.stop()
     assert proc.process.returncode == 0, stderr
@@ -145,34 +145,34 @@ def test_ollama_chat_streams_ndjson_with_durations(http):
 def test_ollama_model_endpoints(http):
     assert [m["name"] for m in http.get("/api/tags").json()["models"]] == ["demo"]
     assert http.get("/api/version").json()["version"]
-    assert http.get("/api/ps").json()["models"][0]["context_length"] == 512
+    assert http.get("/api/ps").json()["models"][0]["context_length"] == 384        # --ctx
     show = http.post("/api/show", json={"model": "demo"}).json()
     assert show["details"]["family"] == "qwen3_moe" and "<|im_start|>" in show["template"]
 
 
 def test_client_disconnect_cancels_and_the_next_request_starts_at_once(server, http):
     with http.stream("POST", "/v1/chat/completions",
-                     json={"messages": HI, "max_tokens": 400, "temperature": 0, "stream": True}) as r:
+                     json={"messages": HI, "max_tokens": 360, "temperature": 0, "stream": True}) as r:
         for i, _line in enumerate(r.iter_lines()):
             if i >= 6:                           # a few tokens in: the generation is running
                 break
     started = time.monotonic()
     answer = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2}).json()
     assert answer["usage"]["completion_tokens"] == 2
-    assert answer["timings"]["queue_ms"] < 1500, answer["timings"]       # 400 tokens would take ~10 s or more
+    assert answer["timings"]["queue_ms"] < 1500, answer["timings"]       # 360 tokens would take ~10 s or more
     assert time.monotonic() - started < 10
 
 
 def test_a_non_streamed_request_is_cancelled_when_its_client_leaves(server, http):
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(server.url + "/v1/chat/completions", headers=server.headers, timeout=1.5,
-                   json={"messages": HI, "max_tokens": 400, "temperature": 0})
+                   json={"messages": HI, "max_tokens": 360, "temperature": 0})
     answer = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 2}).json()
     assert answer["timings"]["queue_ms"] < 1500, answer["timings"]
 
 
 def test_a_full_queue_answers_503_with_retry_after(server):
-    body = {"messages": HI, "max_tokens": 400, "temperature": 0, "stream": True}
+    body = {"messages": HI, "max_tokens": 360, "temperature": 0, "stream": True}
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as a, \
             httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as b:
         with a.stream("POST", "/v1/chat/completions", json=body) as running:
@@ -227,9 +227,9 @@ def test_oversized_body_gets_413(http):
 def test_prompt_over_the_context_gets_400_with_the_numbers(http):
     long = [{"role": "user", "content": "the quick brown fox " * 300}]
     error = http.post("/v1/chat/completions", json={"messages": long}).json()["error"]
-    assert "512" in error["message"] and "tokens" in error["message"] and error["param"] == "messages"
-    error = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 600}).json()["error"]
-    assert error["param"] == "max_tokens" and "600" in error["message"] and "512" in error["message"]
+    assert "384" in error["message"] and "tokens" in error["message"] and error["param"] == "messages"
+    error = http.post("/v1/chat/completions", json={"messages": HI, "max_tokens": 500}).json()["error"]
+    assert error["param"] == "max_tokens" and "500" in error["message"] and "384" in error["message"]
 
 
 def test_metrics_carry_the_server_counters(server, http):
