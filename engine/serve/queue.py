@@ -172,7 +172,7 @@ class GenerationQueue:
                     self._served += 1
                     self._recent_s.append(time.perf_counter() - started)
                 job.state = "done"
-                job.sink(END)
+                self._deliver(job, END)
                 self._changed()
 
     def _generate(self, job: Job) -> None:
@@ -180,10 +180,21 @@ class GenerationQueue:
             for event in self.engine.generate(job.prompt, job.params):
                 if job.cancelled.is_set() and not event.finished:
                     self.engine.cancel()     # the cancel came before the engine started listening for it
-                job.sink(event)
+                self._deliver(job, event)
                 if event.finished:
                     return
         except Exception as exc:             # delivered to the requester, who reports it
             if not getattr(exc, "__module__", "").startswith("engine"):
                 log.exception("generation failed")
-            job.sink(exc)
+            self._deliver(job, exc)
+
+    def _deliver(self, job: Job, item) -> None:
+        """A requester that cannot take items any more (its event loop closed) gets its generation stopped,
+        never this thread."""
+        try:
+            job.sink(item)
+        except Exception:
+            log.warning("a requester went away mid-generation", exc_info=True)
+            if not job.cancelled.is_set():
+                job.cancelled.set()
+                self.engine.cancel()

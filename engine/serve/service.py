@@ -231,7 +231,8 @@ class Service:
             temperature=d["temperature"] if sampling.temperature is None else sampling.temperature,
             top_p=d["top_p"] if sampling.top_p is None else sampling.top_p,
             top_k=d["top_k"] if sampling.top_k is None else sampling.top_k,
-            seed=sampling.seed, stop=stop)
+            seed=None if sampling.seed is None or sampling.seed < 0 else sampling.seed % 2**63,   # -1: random
+            stop=stop)
         tail = ""
         if is_chat and self.tokenizer is not None:
             tail = self.tokenizer.decode(prompt_ids[-4:])
