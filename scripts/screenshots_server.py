@@ -48,7 +48,7 @@ def take_screenshots(work: Path) -> int:
         loop.exec()
         app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
-    def wait_until(predicate, timeout_s: float = 120.0) -> None:
+    def wait_until(predicate, timeout_s: float = 300.0) -> None:
         end = time.monotonic() + timeout_s
         while not predicate():
             if time.monotonic() > end:
@@ -116,7 +116,7 @@ def take_screenshots(work: Path) -> int:
         window.server_dock.setVisible(False)
         window.panels_dock.setVisible(True)
         window.controller.new_conversation()
-        window.controller.set_chat_settings(ChatSettings(max_new_tokens=80, temperature=0.8, seed=5))
+        window.controller.set_chat_settings(ChatSettings(max_new_tokens=40, temperature=0.8, seed=5))
         window.send("Hello from the other machine")
         wait_until(lambda: not window.controller.is_generating)
         shot(window, "remote-chat")
