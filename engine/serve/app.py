@@ -30,7 +30,7 @@ def create_app(service: Service, api_key: str | None = None, max_body_bytes: int
     app.include_router(openai_api.router(service))
     app.include_router(ollama_api.router(service))
 
-    @app.get("/")
+    @app.api_route("/", methods=["GET", "HEAD"])          # Ollama's liveness check uses HEAD
     async def root():
         return PlainTextResponse("Sluice is running")
 

@@ -86,6 +86,7 @@ def test_requests_without_the_key_get_401(server):
     response = httpx.post(server.url + "/api/chat", json={"messages": HI})
     assert response.status_code == 401 and "Authorization: Bearer" in response.json()["error"]
     assert httpx.get(server.url + "/").status_code == 200          # liveness needs no key
+    assert httpx.head(server.url + "/").status_code == 200
 
 
 def test_tokens_served_equal_sluice_generate(serve_model, server, client, http):
