@@ -103,6 +103,9 @@ def take_screenshots(work: Path) -> int:
     process = subprocess.Popen([sluice, "serve", str(remote_model), "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
         remote_url = process.stdout.readline().split(" at ")[1].split(" ")[0]
+        for _ in range(3):                   # warm its RAM cache, as a server that has been running is
+            httpx.post(remote_url + "/v1/chat/completions", timeout=120,
+                       json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 40})
         window.open_remote_endpoints()
         dialog = window.last_dialog
         dialog.url_edit.setText(remote_url)
