@@ -77,6 +77,10 @@ def _http_error(url: str, response: httpx.Response) -> SluiceError:
 
 def list_models(url: str, api_key: str | None = None) -> list[str]:
     """The endpoint's model ids (GET /models); SluiceError with one sentence if it cannot be asked."""
+    return [m["id"] for m in _models(url, api_key)]
+
+
+def _models(url: str, api_key: str | None) -> list[dict]:
     url = normalise_url(url)
     try:
         response = httpx.get(url + "/models", headers=_headers(api_key), timeout=CONNECT_TIMEOUT_S)
@@ -85,7 +89,7 @@ def list_models(url: str, api_key: str | None = None) -> list[str]:
     if response.status_code != 200:
         raise _http_error(url, response)
     try:
-        models = [m["id"] for m in response.json()["data"]]
+        models = [m for m in response.json()["data"] if isinstance(m["id"], str)]
     except (ValueError, KeyError, TypeError):
         raise SluiceError(f"{urlparse(url).netloc} did not answer like an OpenAI API; check the address.") from None
     if not models:
@@ -102,17 +106,20 @@ class RemoteEngine:
                                     timeout=httpx.Timeout(READ_TIMEOUT_S, connect=CONNECT_TIMEOUT_S))
         self._stats = {"prompt": 0, "generated": 0, "decode_tok_s": 0.0, "ttft_s": 0.0}
         self.info = {"name": model, "path": model_key(self.url, model), "family": "remote", "quant": urlparse(self.url).netloc,
-                     "device": "remote", "remote_url": self.url, "max_context": max_context}
+                     "device": "remote", "remote_url": self.url}
+        if max_context:
+            self.info["max_context"] = max_context
 
     @classmethod
     def connect(cls, key: str, api_key: str | None = None, progress=None) -> "RemoteEngine":
         url, model = parse_model_key(key)
         if progress:
             progress(0, 1, f"Connecting to {urlparse(url).netloc}")
-        models = list_models(url, api_key)
+        models = {m["id"]: m for m in _models(url, api_key)}
         if model not in models:
             raise SluiceError(f"{urlparse(url).netloc} no longer serves '{model}'; it serves {', '.join(models)}.")
-        return cls(url, model, api_key)
+        max_context = models[model].get("max_model_len")       # vLLM, SGLang and Sluice say it
+        return cls(url, model, api_key, max_context if isinstance(max_context, int) else None)
 
     def generate(self, prompt, params: GenerationParams | None = None):
         params = params or GenerationParams()

@@ -233,6 +233,10 @@ class Service:
             top_k=d["top_k"] if sampling.top_k is None else sampling.top_k,
             seed=None if sampling.seed is None or sampling.seed < 0 else sampling.seed % 2**63,   # -1: random
             stop=stop)
+        try:
+            params.validate()
+        except SluiceError as exc:
+            raise RequestError(str(exc)) from None
         tail = ""
         if is_chat and self.tokenizer is not None:
             tail = self.tokenizer.decode(prompt_ids[-4:])

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import argparse
 import json
-<<<<<<< HEAD
 import logging
-=======
 import os
->>>>>>> 90f7627 (sluice serve: OpenAI (/v1/models, chat/completions, completions; SSE, include_usage, stop, tools, reasoning) and Ollama (/api/tags, version, ps, show, chat, generate; NDJSON) APIs on FastAPI+uvicorn; bounded FIFO generation queue with cancel; API key, 413, 400 naming the field, context check; engine: encode takes tools, cancel stops a prefill between layers)
 import sys
 
 from engine.errors import SluiceError, allocation_sentence, fs_error_sentence
@@ -66,25 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
 
     sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
-<<<<<<< HEAD
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (not available yet)")
-    p.add_argument("model_dir", help="a Sluice model folder")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
-=======
     p = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP server")
-    p.add_argument("model_dir")
+    p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this computer only)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     p.add_argument("--api-key", default=os.environ.get("SLUICE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SLUICE_API_KEY)")
     p.add_argument("--ctx", type=int, help="context length in tokens (prompt + answer); default: the model's")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one generates")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
->>>>>>> 90f7627 (sluice serve: OpenAI (/v1/models, chat/completions, completions; SSE, include_usage, stop, tools, reasoning) and Ollama (/api/tags, version, ps, show, chat, generate; NDJSON) APIs on FastAPI+uvicorn; bounded FIFO generation queue with cancel; API key, 413, 400 naming the field, context check; engine: encode takes tools, cancel stops a prefill between layers)
     return parser
 
 

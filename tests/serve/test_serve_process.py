@@ -177,8 +177,10 @@ def test_a_full_queue_answers_503_with_retry_after(server):
     with httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as a, \
             httpx.Client(base_url=server.url, headers=server.headers, timeout=60) as b:
         with a.stream("POST", "/v1/chat/completions", json=body) as running:
-            lines = running.iter_lines()
+            lines = running.iter_lines()          # kept: a dropped iterator closes the connection
             next(lines)
+            while httpx.get(server.url + "/metrics", headers=server.headers).json()["server"]["active"] != 1:
+                time.sleep(0.01)                  # the first chunk can come before the queue hands it the engine
             with b.stream("POST", "/v1/chat/completions", json=body) as waiting:
                 assert waiting.status_code == 200
                 refused = httpx.post(server.url + "/v1/chat/completions", headers=server.headers, json=body)
