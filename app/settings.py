@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from engine.errors import SluiceError
@@ -25,6 +25,8 @@ class AppSettings:
     show_panels: bool = True
     window_geometry: str = ""         # QMainWindow.saveGeometry() as hex
     window_state: str = ""            # QMainWindow.saveState() as hex
+    remote_endpoints: list = field(default_factory=list)   # [{"url", "api_key", "models": [ids]}]
+    server: dict = field(default_factory=dict)             # the Local server panel: {"port", "api_key", "lan"}
 
     def models_path(self) -> Path:
         """The models folder, created when missing; a folder that cannot be created is returned as it is
@@ -35,6 +37,9 @@ class AppSettings:
         except OSError as exc:
             log.warning("the models folder %s cannot be created: %s", path, exc)
         return path
+
+    def remote_api_key(self, url: str) -> str | None:
+        return next((e.get("api_key") or None for e in self.remote_endpoints if e.get("url") == url), None)
 
     def resolved_device(self) -> str:
         if self.device != "auto":

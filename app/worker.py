@@ -66,6 +66,8 @@ class EngineWorker(QObject):
         self._cancel_load = threading.Event()
         self._cancelled_requests: set[int] = set()
         self._running_request: int | None = None
+        self._stop_running = None                  # stops the running request: engine.cancel or its job's cancel
+        self.queue = None                          # the Local server's GenerationQueue while it serves this engine
         self._job_cancels: dict[int, threading.Event] = {}
 
     # engine thread ----------------------------------------------------------------------------
@@ -91,7 +93,10 @@ class EngineWorker(QObject):
 
         try:
             load = self._load_fn
-            if load is None:
+            if load is None and model_dir.startswith("remote:"):     # a model on an OpenAI-compatible endpoint
+                from .remote import RemoteEngine
+                load = RemoteEngine.connect
+            elif load is None:
                 from engine import load
             self.engine = load(model_dir, progress=progress, **options)
         except LoadCancelled:
@@ -131,8 +136,14 @@ class EngineWorker(QObject):
         t_start = time.perf_counter()
         t_first = t_last = None
         pending, last_emit = "", 0.0
+        queue = self.queue
         try:
-            for event in self.engine.generate(messages, GenerationParams(**params)):
+            if queue is not None:                # share the engine with the Local server's requests, in turn
+                job = queue.submit(messages, GenerationParams(**params), origin="app", bounded=False)
+                events, self._stop_running = iter(job), job.cancel
+            else:
+                events, self._stop_running = self.engine.generate(messages, GenerationParams(**params)), self.engine.cancel
+            for event in events:
                 now = time.perf_counter()
                 if event.token_id is not None:
                     stats["num_tokens"] += 1
@@ -144,7 +155,7 @@ class EngineWorker(QObject):
                 if event.finished:
                     stats["finish_reason"] = event.finish_reason
                 elif request_id in self._cancelled_requests:
-                    self.engine.cancel()     # Stop came before the engine had started listening for it
+                    self._stop_running()     # Stop came before the engine had started listening for it
                 if pending and (now - last_emit >= CHUNK_INTERVAL_S or event.finished or stats["num_tokens"] == 1):
                     self.chunk.emit(request_id, pending, stats["num_tokens"])
                     pending, last_emit = "", now
@@ -160,6 +171,7 @@ class EngineWorker(QObject):
             return
         finally:
             self._running_request = None
+            self._stop_running = None
             self._cancelled_requests.discard(request_id)
         if stats["num_tokens"] > 1 and t_last > t_first:
             stats["tok_s"] = (stats["num_tokens"] - 1) / (t_last - t_first)   # decode rate, TTFT excluded
@@ -215,7 +227,7 @@ class EngineWorker(QObject):
         """The roofline prediction (engine.plan.estimate) for the loaded model with its real budgets and the hit
         rates measured so far, to show beside the measured speed. Probes the disk once per run (~1 s)."""
         engine = self.engine
-        if engine is None or "path" not in engine.info:
+        if engine is None or "path" not in engine.info or engine.info.get("device") == "remote":
             return
         try:
             from engine.plan.estimate import estimate_model_dir
@@ -242,9 +254,9 @@ class EngineWorker(QObject):
     # any thread --------------------------------------------------------------------------------
     def cancel_generation(self, request_id: int) -> None:
         self._cancelled_requests.add(request_id)
-        engine = self.engine
-        if engine is not None and self._running_request == request_id:
-            engine.cancel()
+        stop = self._stop_running
+        if stop is not None and self._running_request == request_id:
+            stop()
 
     def cancel_load(self) -> None:
         self._cancel_load.set()

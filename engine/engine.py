@@ -23,7 +23,7 @@ from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
 from engine.runtime.budget import default_context
-from engine.runtime.runner import Runner
+from engine.runtime.runner import PrefillCancelled, Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
 class Engine:
@@ -112,7 +112,10 @@ class Engine:
 
     # ---- public API -------------------------------------------------------------------------------
     def encode(self, prompt) -> tuple[list[int], bool]:
-        """messages | text | token ids -> (prompt ids, whether a chat template was applied)."""
+        """messages | {"messages", "tools"} | text | token ids -> (prompt ids, whether a chat template was applied)."""
+        tools = None
+        if isinstance(prompt, dict):        # a chat with tool definitions for the template (the HTTP server)
+            prompt, tools = prompt["messages"], prompt.get("tools") or None
         if isinstance(prompt, (list, tuple)) and all(isinstance(i, int) for i in prompt):
             return list(prompt), False
         if self.tokenizer is None:
@@ -122,7 +125,7 @@ class Engine:
         if not getattr(self.tokenizer, "chat_template", None):
             raise SluiceError("This model has no chat template; use a plain prompt instead of chat mode.")
         _refuse_images(prompt)
-        ids = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True)
+        ids = self.tokenizer.apply_chat_template(list(prompt), tools=tools, add_generation_prompt=True, tokenize=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids), True
 
     def generate(self, prompt, params: GenerationParams | None = None) -> Iterator[TokenEvent]:
@@ -164,8 +167,12 @@ class Engine:
         t.set(prompt_tokens=len(prompt_ids), generated_tokens=0, decode_tok_s=0.0, ttft_s=0.0)
 
         start = time.perf_counter()
-        with torch.inference_mode():
-            logits = self.runner.prefill(prompt_ids)
+        try:
+            with torch.inference_mode():
+                logits = self.runner.prefill(prompt_ids, self._cancel)     # cancel() stops it between layers
+        except PrefillCancelled:
+            yield TokenEvent(None, "", True, "cancelled")
+            return
         prefill_s = time.perf_counter() - start
         t.set(prefill_tok_s=len(prompt_ids) / prefill_s, ttft_s=prefill_s, decode_thread_core=current_cpu())
 

@@ -75,7 +75,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
     # construction ------------------------------------------------------------------------------------
     def _build_toolbar(self) -> None:
-        bar = QToolBar("Main")
+        bar = self.toolbar = QToolBar("Main")
         bar.setObjectName("mainToolbar")
         bar.setMovable(False)
         self.addToolBar(bar)
@@ -89,6 +89,8 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.open_action = bar.addAction("Open folder…", self.open_folder)
         self.open_action.setToolTip("Open a Sluice model folder or a Hugging Face snapshot folder")
         self.download_action = bar.addAction("Download…", self.open_download_wizard)
+        self.remote_action = bar.addAction("Remote…", self.open_remote_endpoints)
+        self.remote_action.setToolTip("Add an OpenAI-compatible endpoint (vLLM, SGLang, LM Studio, another Sluice)")
         bar.addSeparator()
         self.chat_settings_action = bar.addAction("Chat settings…", self.edit_chat_settings)
         self.chat_settings_action.setToolTip("System prompt and sampling for this chat")
@@ -143,6 +145,18 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.panels_action.setChecked(self.settings.show_panels)
         self.panels_action.toggled.connect(self.panels_dock.setVisible)
         self.panels_dock.visibilityChanged.connect(self._on_panels_visibility)
+        from .server_panel import ServerPanel
+        self.server_panel = ServerPanel(self.host.worker, self.settings.server)
+        self.server_panel.error.connect(self.show_error)
+        self.server_dock = QDockWidget("Local server", self)
+        self.server_dock.setObjectName("serverDock")
+        self.server_dock.setWidget(self.server_panel)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.server_dock)
+        self.server_dock.setVisible(False)          # opened by the Server button
+        self.server_action = self.server_dock.toggleViewAction()
+        self.server_action.setText("Server")
+        self.server_action.setToolTip("Local server: serve the loaded model over the OpenAI and Ollama APIs")
+        self.toolbar.insertAction(self.settings_action, self.server_action)
 
     def _build_status_bar(self) -> None:
         status = self.statusBar()
@@ -290,6 +304,13 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         dialog.open()
         self.last_dialog = dialog
 
+    def open_remote_endpoints(self) -> None:
+        from .remote_dialog import RemoteEndpointsDialog
+        dialog = RemoteEndpointsDialog(self.settings, self)
+        dialog.changed.connect(lambda: (self.settings.save(self.store), self.refresh_models()))
+        dialog.open()
+        self.last_dialog = dialog
+
     def edit_app_settings(self) -> None:
         path = self.model_info["path"] if self.model_info else None
         dialog = AppSettingsDialog(self.settings, self, self.model_info,
@@ -370,10 +391,12 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self._is_shut_down = True
         self.panels.timer.stop()
         self.settings.show_panels = self.panels_action.isChecked()
+        self.settings.server = self.server_panel.settings
         self.settings.window_geometry = bytes(self.saveGeometry().toHex()).decode()
         self.settings.window_state = bytes(self.saveState().toHex()).decode()
         self.settings.save(self.store)
         self.controller.stop()
+        self.server_panel.shutdown()
         ended = self.host.shutdown()
         # The engine thread's last chunks and "finished" are still queued for this thread: deliver
         # them now so the answer is saved complete before the database closes.

@@ -44,6 +44,12 @@ class LivePanels(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
 
+        self.remote_label = QLabel("")          # shown while the chat model runs on a remote endpoint
+        self.remote_label.setWordWrap(True)
+        self.remote_label.setObjectName("remoteNotice")
+        self.remote_label.setVisible(False)
+        layout.addWidget(self.remote_label)
+
         summary = QGroupBox("Hardware")
         form = QFormLayout(summary)
         self.device_label = QLabel("CPU")
@@ -175,7 +181,14 @@ class LivePanels(QWidget):
     def _update_labels(self, snapshot: dict) -> None:
         h = self.history
         device = snapshot.get("device") or self.engine_device or "cpu"
-        self.device_label.setText("CPU" if str(device).startswith("cpu") else f"GPU ({device})")
+        remote = snapshot.get("remote")
+        self.remote_label.setVisible(bool(remote))
+        if remote:
+            self.remote_label.setText(f"<b>{remote['model']}</b> runs remotely at {remote['url']}: its speed and "
+                                      f"time to first token are measured here; the slots, cache and disk below "
+                                      f"are this computer's, idle.")
+        self.device_label.setText("CPU" if str(device).startswith("cpu") else
+                                  f"remote ({remote['url']})" if remote else f"GPU ({device})")
         self.slots_box.setTitle("Device slots (VRAM)" if str(device).startswith("cuda")
                                 else "Device slots (in RAM: CPU device)")
         if self._ticks % 5 == 1:                  # NVML at 2 Hz is plenty

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 from pathlib import Path
+from urllib.parse import urlparse
 
 from PySide6.QtWidgets import QFileDialog
 
@@ -12,6 +13,7 @@ from engine.model.spec import read_spec
 
 from ..model_options import load_options
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
+from ..remote import REMOTE_PREFIX, model_key, parse_model_key
 from .dialogs import JobDialog
 
 DEMO_DIR_NAME = "sluice-demo-random-moe"
@@ -25,6 +27,13 @@ def freeze_heap() -> None:
     """
     gc.collect()
     gc.freeze()
+
+
+def display_name(path: str) -> str:
+    if path.startswith(REMOTE_PREFIX):
+        url, model = parse_model_key(path)
+        return f"{model} ({urlparse(url).netloc})"
+    return Path(path).name
 
 
 class ModelActionsMixin:
@@ -41,6 +50,11 @@ class ModelActionsMixin:
         for model in models:
             self.model_picker.addItem(model.label, str(model.path))
             paths_seen.add(str(model.path))
+        for endpoint in self.settings.remote_endpoints:
+            for model_id in endpoint.get("models", []):
+                key = model_key(endpoint["url"], model_id)
+                self.model_picker.addItem(f"{model_id}  (remote: {urlparse(endpoint['url']).netloc})", key)
+                paths_seen.add(key)
         if current and current not in paths_seen:
             self.model_picker.addItem(Path(current).name, current)
         index = self.model_picker.findData(current) if current else 0
@@ -56,11 +70,18 @@ class ModelActionsMixin:
 
     def load_model(self, path: str | Path) -> None:
         """Load in the engine thread; a generation in progress is stopped first (its answer is kept)."""
+        if str(path).startswith(REMOTE_PREFIX):
+            url, _model = parse_model_key(str(path))
+            self._start_load(path, {"api_key": self.settings.remote_api_key(url)})
+            return
         try:
             options = load_options(self.settings, self.store, path)
         except SluiceError as exc:
             self.show_error(str(exc))
             return
+        self._start_load(path, options)
+
+    def _start_load(self, path, options: dict) -> None:
         self.controller.stop()
         self.loading_path = str(path)
         self.failed_model_path = None
@@ -70,7 +91,8 @@ class ModelActionsMixin:
         self.speed_label.setToolTip("")
         self._last_stats = None
         self.controller.model_name = None
-        self.model_label.setText(f"Loading {Path(path).name}…")
+        self.model_label.setText(f"Loading {display_name(str(path))}…")
+        self.server_panel.model_changing()
         self.load_bar.setRange(0, 0)
         self.load_bar.setVisible(True)
         self.load_cancel.setVisible(True)
@@ -97,9 +119,10 @@ class ModelActionsMixin:
                                  f"context {info.get('max_context', 0):,} tokens")
         self.model_label.setToolTip(self.model_label.text())
         device = str(info.get("device", "cpu"))
-        self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU {device}")
+        self.device_label.setText("CPU" if device.startswith("cpu") else "Remote" if device == "remote" else f"GPU {device}")
         self.panels.engine_device = device
         self.refresh_models()
+        self.server_panel.model_ready(info)
         freeze_heap()
         self.model_loaded.emit(info)
 

@@ -28,6 +28,10 @@ from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
 
 
+class PrefillCancelled(Exception):
+    """Engine.cancel() arrived during a prefill (checked between layers)."""
+
+
 class Runner:
     def __init__(self, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, telemetry: Telemetry, *,
                  vram_budget: int | None, ram_cache: int | None, max_tokens: int, default_vram: int, default_ram: int,
@@ -102,8 +106,9 @@ class Runner:
         return fn
 
     # ------------------------------------------------------------------ forward passes
-    def prefill(self, token_ids: list[int]) -> torch.Tensor:
-        """A new conversation's prompt -> logits of its last token [V] float32."""
+    def prefill(self, token_ids: list[int], cancel=None) -> torch.Tensor:
+        """A new conversation's prompt -> logits of its last token [V] float32. `cancel` (a threading.Event),
+        when set, stops it between layers with PrefillCancelled."""
         # T = tokens, H = hidden
         self.experts.synchronize()
         self.state.reset()
@@ -112,6 +117,9 @@ class Runner:
         self.experts.begin_pass()
         x = self.model.embed(ids)                                                     # [T, H]
         for layer, block in enumerate(self.model.blocks):
+            if cancel is not None and cancel.is_set():
+                self.experts.end_pass()
+                raise PrefillCancelled()
             x, h = block.mix(x, step)
             moe_out = None
             if block.is_moe:

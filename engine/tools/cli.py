@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 
 from engine.errors import SluiceError, allocation_sentence, fs_error_sentence
@@ -62,10 +63,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
 
     sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
-    p = sub.add_parser("serve", help="OpenAI-compatible HTTP server (not available yet)")
-    p.add_argument("model_dir", help="a Sluice model folder")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP server")
+    p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this computer only)")
+    p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    p.add_argument("--api-key", default=os.environ.get("SLUICE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $SLUICE_API_KEY)")
+    p.add_argument("--ctx", type=int, help="context length in tokens (prompt + answer); default: the model's")
+    p.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one generates")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
+    p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
+    p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
     return parser
 
 
@@ -205,7 +214,32 @@ def _install_launcher(args) -> int:
 
 
 def _serve(args) -> int:
-    raise SluiceError("The HTTP server is not available yet; use `sluice generate` or the desktop app.")
+    import engine
+    from engine.serve import Server, is_loopback
+    if args.ctx is not None and args.ctx < 2:
+        raise SluiceError("--ctx must be at least 2 tokens.")
+    if args.max_queue < 0:
+        raise SluiceError("--max-queue must be 0 or more.")
+    if not is_loopback(args.host) and not args.api_key:
+        print(f"sluice: warning: serving on {args.host} without --api-key: anyone who can reach this computer "
+              f"can use the model.", file=sys.stderr)
+    eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
+                      dtype=args.dtype, max_context=args.ctx)
+    try:
+        def log_request(r: dict) -> None:
+            print(f"{r['client']} {r['method']} {r['path']} {r['status']} {r['duration_s'] * 1000:.0f} ms",
+                  file=sys.stderr, flush=True)
+        server = Server(eng, host=args.host, port=args.port, api_key=args.api_key, max_waiting=args.max_queue,
+                        on_request=log_request)
+        print(f"Sluice is serving {server.service.model_id} at {server.url} "
+              f"(OpenAI API: {server.url}/v1, Ollama API: {server.url}/api); Ctrl+C stops.", flush=True)
+        try:
+            server.run()
+        except KeyboardInterrupt:          # Ctrl+C is how a server is stopped
+            print("sluice: server stopped.", file=sys.stderr)
+    finally:
+        eng.close()
+    return 0
 
 
 _COMMANDS = {"repack": _repack, "generate": _generate, "download": _download, "bench": _bench,

@@ -1,0 +1,215 @@
+"""The OpenAI API: /v1/models, /v1/chat/completions, /v1/completions (streamed as server-sent events)."""
+from __future__ import annotations
+
+import json
+import uuid
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+
+from engine.serve.parsing import Piece
+from engine.serve.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest
+from engine.serve.service import Generation, RequestError, Sampling, Service, parse_body
+
+FINISH = {"eos": "stop", "stop": "stop", "length": "length", "cancelled": "stop", None: "stop"}
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+def error_object(exc: RequestError) -> dict:
+    return {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": None}}
+
+
+def engine_messages(messages: list[ChatMessage]) -> list[dict]:
+    """OpenAI messages -> what chat templates expect (text content, tool-call arguments as objects)."""
+    out = []
+    for i, m in enumerate(messages):
+        content = m.content
+        if isinstance(content, list):
+            if any(part.type != "text" for part in content):
+                raise RequestError("Only text content is supported; this model cannot take images or audio.",
+                                   param=f"messages.{i}.content")
+            content = "".join(part.text or "" for part in content)
+        message = {"role": "system" if m.role == "developer" else m.role, "content": content or ""}
+        if m.tool_calls:
+            message["tool_calls"] = [{"id": c.id, "type": "function",
+                                      "function": {"name": c.function.name,
+                                                   "arguments": _arguments_object(c.function.arguments, i)}}
+                                     for c in m.tool_calls]
+        if m.tool_call_id:
+            message["tool_call_id"] = m.tool_call_id
+        if m.name:
+            message["name"] = m.name
+        out.append(message)
+    return out
+
+
+def _arguments_object(arguments, index: int) -> dict:
+    if isinstance(arguments, dict):
+        return arguments
+    try:
+        value = json.loads(arguments or "{}")
+    except ValueError:
+        raise RequestError("Tool-call arguments must be a JSON object.",
+                           param=f"messages.{index}.tool_calls") from None
+    if not isinstance(value, dict):
+        raise RequestError("Tool-call arguments must be a JSON object.", param=f"messages.{index}.tool_calls")
+    return value
+
+
+def _sampling(body, max_tokens: int | None) -> Sampling:
+    if body.n not in (None, 1):
+        raise RequestError("Only n=1 is supported: Sluice generates one answer per request.", param="n")
+    return Sampling(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
+                    seed=body.seed, stop=body.stop)
+
+
+def _tool_call_json(call) -> dict:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+def router(service: Service) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [{"id": service.model_id, "object": "model",
+                                            "created": int(service.started), "owned_by": "sluice",
+                                            "max_model_len": service.ctx}]}
+
+    @api.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = await parse_body(request, ChatCompletionRequest)
+        max_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+        sampling = _sampling(body, body.max_completion_tokens or body.max_tokens)
+        tools = None
+        if body.tools and body.tool_choice != "none":
+            tools = [t.model_dump(exclude_none=True) for t in body.tools]
+        prepared = await service.prepare(engine_messages(body.messages), sampling, tools, max_param)
+        gen = service.start(prepared)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            return StreamingResponse(_stream_chat(gen, service.model_id, include_usage),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        return await _complete_chat(gen, service.model_id, request)
+
+    @api.post("/v1/completions")
+    async def completions(request: Request):
+        body = await parse_body(request, CompletionRequest)
+        prompt = body.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+            if len(prompt) != 1:
+                raise RequestError("Only one prompt per request is supported.", param="prompt")
+            prompt = prompt[0]
+        prepared = await service.prepare(prompt, _sampling(body, body.max_tokens))
+        prepared.parser.think = False            # plain completion: the text is returned as it is
+        gen = service.start(prepared)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            return StreamingResponse(_stream_completion(gen, service.model_id, include_usage),
+                                     media_type="text/event-stream", headers=SSE_HEADERS)
+        return await _complete_text(gen, service.model_id, request)
+
+    return api
+
+
+# chat ------------------------------------------------------------------------------------------------
+def _delta(piece: Piece, call_index: int) -> list[dict]:
+    if piece.kind == "reasoning":
+        return [{"reasoning_content": piece.text}]
+    if piece.kind == "content":
+        return [{"content": piece.text}]
+    call = piece.call                # the spec's order: index, id and name first, then the arguments
+    head = {"index": call_index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+    return [{"tool_calls": [head]}, {"tool_calls": [{"index": call_index, "function": {"arguments": call.arguments}}]}]
+
+
+async def _stream_chat(gen: Generation, model: str, include_usage: bool):
+    cid = "chatcmpl-" + uuid.uuid4().hex
+    parser = gen.prepared.parser
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(delta: dict, finish: str | None = None) -> str:
+        return sse({"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": model,
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+    try:
+        yield chunk({"role": "assistant", "content": ""})
+        calls = 0
+        async for event in gen.events():
+            for piece in parser.push(event.text) + (parser.flush() if event.finished else []):
+                for delta in _delta(piece, calls):
+                    yield chunk(delta)
+                calls += piece.kind == "tool_call"
+        finish = "tool_calls" if parser.calls else FINISH[gen.finish_reason]
+        yield sse({"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": model,
+                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}],
+                   "timings": gen.timings(), **extra})
+        if include_usage:
+            yield sse({"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": model,
+                       "choices": [], "usage": gen.usage(), "timings": gen.timings()})
+    except RequestError as exc:
+        yield sse(error_object(exc))
+    finally:
+        gen.cancel()                 # nothing if it ended; stops the engine if the client went away
+    yield "data: [DONE]\n\n"
+
+
+async def _complete_chat(gen: Generation, model: str, request: Request) -> dict:
+    parser = gen.prepared.parser
+    pieces = []
+    try:
+        async for event in gen.events_until_disconnect(request):
+            pieces += parser.push(event.text)
+        pieces += parser.flush()
+    finally:
+        gen.cancel()
+    content = "".join(p.text for p in pieces if p.kind == "content")
+    reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
+    message = {"role": "assistant", "content": content if content or not parser.calls else None}
+    if reasoning:
+        message["reasoning_content"] = reasoning
+    if parser.calls:
+        message["tool_calls"] = [_tool_call_json(c) for c in parser.calls]
+    return {"id": "chatcmpl-" + uuid.uuid4().hex, "object": "chat.completion", "created": gen.created,
+            "model": model, "choices": [{"index": 0, "message": message, "logprobs": None,
+                                         "finish_reason": "tool_calls" if parser.calls else FINISH[gen.finish_reason]}],
+            "usage": gen.usage(), "timings": gen.timings()}
+
+
+# completions ----------------------------------------------------------------------------------------
+async def _stream_completion(gen: Generation, model: str, include_usage: bool):
+    cid = "cmpl-" + uuid.uuid4().hex
+    extra = {"usage": None} if include_usage else {}
+
+    def chunk(text: str, finish: str | None = None, **more) -> str:
+        return sse({"id": cid, "object": "text_completion", "created": gen.created, "model": model,
+                    "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}], **extra, **more})
+    try:
+        async for event in gen.events():
+            if event.text:
+                yield chunk(event.text)
+        yield chunk("", FINISH[gen.finish_reason], timings=gen.timings())
+        if include_usage:
+            yield sse({"id": cid, "object": "text_completion", "created": gen.created, "model": model,
+                       "choices": [], "usage": gen.usage(), "timings": gen.timings()})
+    except RequestError as exc:
+        yield sse(error_object(exc))
+    finally:
+        gen.cancel()
+    yield "data: [DONE]\n\n"
+
+
+async def _complete_text(gen: Generation, model: str, request: Request) -> dict:
+    text = []
+    try:
+        async for event in gen.events_until_disconnect(request):
+            text.append(event.text)
+    finally:
+        gen.cancel()
+    return {"id": "cmpl-" + uuid.uuid4().hex, "object": "text_completion", "created": gen.created, "model": model,
+            "choices": [{"index": 0, "text": "".join(text), "logprobs": None,
+                         "finish_reason": FINISH[gen.finish_reason]}],
+            "usage": gen.usage(), "timings": gen.timings()}

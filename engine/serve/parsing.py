@@ -1,0 +1,147 @@
+"""Generated text -> reasoning, content and tool calls, while it streams.
+
+Models that think write `<think>…</think>` first (or their chat template opens the tag in the prompt);
+Qwen/Hermes-style templates define tools and the model answers with
+`<tool_call>{"name": …, "arguments": {…}}</tool_call>`. A tag can arrive split over several tokens,
+so text that may be the start of a tag is held back until the next piece decides it.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str                   # a JSON object, as text (what the OpenAI API carries)
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+
+@dataclass
+class Piece:
+    kind: str                        # "reasoning" | "content" | "tool_call"
+    text: str = ""
+    call: ToolCall | None = None
+
+
+def template_features(chat_template: str | None, prompt_tail: str = "") -> dict:
+    """What the model's chat template tells: does it think, does the prompt open the thought, tool syntax."""
+    template = chat_template or ""
+    return {"think": THINK_OPEN in template,
+            "starts_in_think": prompt_tail.rstrip().endswith(THINK_OPEN),
+            "tools": "tools" in template and TOOL_OPEN in template}
+
+
+def parse_tool_call(body: str) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):        # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
+
+
+def _held_tail(text: str, tags: tuple[str, ...]) -> int:
+    """Index from which text's end could be the beginning of one of tags (len(text) if none)."""
+    for start in range(max(0, len(text) - max(len(t) for t in tags) + 1), len(text)):
+        if any(t.startswith(text[start:]) for t in tags):
+            return start
+    return len(text)
+
+
+class OutputParser:
+    def __init__(self, think: bool = False, starts_in_think: bool = False, tools: bool = False):
+        self.think, self.tools = think, tools
+        self.state = "think" if starts_in_think else ("start" if think else "content")
+        self.pending = ""
+        self.calls: list[ToolCall] = []
+        self._after_thought = False
+
+    def push(self, text: str) -> list[Piece]:
+        self.pending += text
+        out: list[Piece] = []
+        while self._step(out, final=False):
+            pass
+        return out
+
+    def flush(self) -> list[Piece]:
+        out: list[Piece] = []
+        while self._step(out, final=True):
+            pass
+        if self.state == "tool" and self.pending:        # an unterminated call: use it if it parses
+            self._close_call(self.pending, out)
+        elif self.pending:
+            self._emit(out, "reasoning" if self.state == "think" else "content", self.pending)
+        self.pending = ""
+        return out
+
+    def _emit(self, out: list[Piece], kind: str, text: str) -> None:
+        if kind == "content" and self.calls and not text.strip():
+            return                                       # whitespace between tool calls
+        if text:
+            out.append(Piece(kind, text))
+
+    def _close_call(self, body: str, out: list[Piece]) -> None:
+        call = parse_tool_call(body.strip())
+        if call is None:                                  # not a call after all: the user sees the text
+            self._emit(out, "content", TOOL_OPEN + body + TOOL_CLOSE)
+        else:
+            self.calls.append(call)
+            out.append(Piece("tool_call", call=call))
+
+    def _step(self, out: list[Piece], final: bool) -> bool:
+        """Consume what can be decided in pending; True if the state changed (run again)."""
+        p = self.pending
+        if self.state == "start":
+            stripped = p.lstrip()
+            if stripped.startswith(THINK_OPEN):
+                self.pending, self.state = stripped[len(THINK_OPEN):], "think"
+                return True
+            if stripped and not THINK_OPEN.startswith(stripped) or final:
+                self.state = "content"
+                return True
+            return False
+        if self.state == "think":
+            end = p.find(THINK_CLOSE)
+            if end >= 0:
+                self._emit(out, "reasoning", p[:end])
+                self.pending, self.state = p[end + len(THINK_CLOSE):], "content"
+                self._after_thought = True
+                return True
+            keep = len(p) if final else _held_tail(p, (THINK_CLOSE,))
+            self._emit(out, "reasoning", p[:keep])
+            self.pending = p[keep:]
+            return False
+        if self.state == "content":
+            if self._after_thought:                       # the newlines that follow </think> are layout
+                p = self.pending = p.lstrip("\n")
+                if not p:
+                    return False
+                self._after_thought = False
+            start = p.find(TOOL_OPEN) if self.tools else -1
+            if start >= 0:
+                self._emit(out, "content", p[:start])
+                self.pending, self.state = p[start + len(TOOL_OPEN):], "tool"
+                return True
+            keep = len(p) if final or not self.tools else _held_tail(p, (TOOL_OPEN,))
+            self._emit(out, "content", p[:keep])
+            self.pending = p[keep:]
+            return False
+        end = p.find(TOOL_CLOSE)                          # state "tool": wait for the whole call
+        if end >= 0:
+            self._close_call(p[:end], out)
+            self.pending, self.state = p[end + len(TOOL_CLOSE):], "content"
+            return True
+        return False

@@ -1,0 +1,98 @@
+"""uvicorn serving the app: in the foreground (`sluice serve`) or on a thread (the desktop app's Local server).
+
+    server = Server(engine, host="127.0.0.1", port=8000, api_key=None)
+    server.start()          # a thread; returns once the socket is bound (SluiceError if it cannot be)
+    server.url              # http://127.0.0.1:8000
+    server.stop()
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+from typing import Callable
+
+from engine.errors import SluiceError
+from engine.serve.app import MAX_BODY_BYTES, create_app
+from engine.serve.queue import GenerationQueue
+from engine.serve.service import Service
+
+log = logging.getLogger("sluice.serve")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Server:
+    def __init__(self, engine, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None,
+                 queue: GenerationQueue | None = None, max_waiting: int = 8,
+                 max_body_bytes: int = MAX_BODY_BYTES, on_request: Callable[[dict], None] | None = None):
+        import uvicorn
+        self.owns_queue = queue is None
+        self.queue = queue or GenerationQueue(engine, max_waiting=max_waiting)
+        self.service = Service(engine, self.queue)
+        self.api_key = api_key or None
+        self.socket = _bind(host, port)
+        self.host, self.port = host, self.socket.getsockname()[1]
+        app = create_app(self.service, self.api_key, max_body_bytes, on_request)
+        config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                                lifespan="off")
+        self._uvicorn = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def telemetry(self) -> dict:
+        return self.service.telemetry()
+
+    def run(self) -> None:
+        """Serve in this thread until interrupted (Ctrl+C)."""
+        try:
+            self._uvicorn.run(sockets=[self.socket])
+        finally:
+            self._close()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._uvicorn.run, kwargs={"sockets": [self.socket]},
+                                        name="sluice-serve", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._uvicorn.should_exit = True
+        if self.owns_queue:
+            self.queue.close()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            self.socket.close()
+        except OSError:
+            pass
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == 98:
+            raise SluiceError(f"Port {port} on {host} is already in use; choose another one with --port.") from None
+        raise SluiceError(f"Cannot listen on {host}:{port} ({exc.strerror}); check the address.") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
