@@ -79,6 +79,12 @@ def model_shape(config: dict) -> ModelShape:
         attn += 2 * hd                                  # per-head q_norm, k_norm
     elif family == "olmoe":
         attn += nh * hd + nkv * hd                      # q_norm, k_norm over the whole projection
+    expert = 3 * H * I_expert
+    router = E * H
+    if family == "gpt_oss":                             # o_proj bias, sinks; router and expert biases
+        attn += H + nh
+        router += E
+        expert += 2 * I_expert + H
     moe_layer_ids = _moe_layers(config, L, E)
     shared = 0
     if config.get("shared_expert_intermediate_size"):
@@ -89,10 +95,9 @@ def model_shape(config: dict) -> ModelShape:
     if family in HYBRID_FAMILIES:
         mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
     dense_params = mixers + L * 2 * H + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
-    dense_params += len(moe_layer_ids) * (E * H + shared)                # routers, shared experts
+    dense_params += len(moe_layer_ids) * (router + shared)               # routers, shared experts
     embedding = V * H
     dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
-    expert = 3 * H * I_expert
     total = dense_params + len(moe_layer_ids) * E * expert
     active = dense_params + len(moe_layer_ids) * k * expert
     return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
