@@ -301,6 +301,10 @@ STAGES = {
     "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
+    # gpt-oss-120b's dims (12 of 36 layers), its native mxfp4: 20 GB of experts, VRAM budget below them
+    "bench-gpt-oss": lambda: [
+        bench("gpt-oss-mxfp4-12g-8g", ["--preset", "gpt-oss-120b", "--quant", "mxfp4", "--vram-budget", "12GB",
+                                       "--ram-cache", "8GB", "--prompt-tokens", "1024", "--new-tokens", "64"])],
     "bench-olmoe": lambda: [
         bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
                                   "--ram-cache", "2GiB", "--prompt-tokens", "2048", "--new-tokens", "64"]),
