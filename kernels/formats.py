@@ -27,7 +27,6 @@ FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}     # the kernels' FM
 NVFP4_GROUP = 16
 MXFP4_GROUP = 32
 E8M0_BIAS = 127
-BIAS_FIELDS = ("gate_bias", "up_bias", "down_bias")
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 

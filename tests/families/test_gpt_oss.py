@@ -124,7 +124,8 @@ def test_greedy_tokens_match_transformers_while_streaming(quant, hf_dir, tmp_pat
     assert _generate_streaming(model_dir) == reference_greedy(_reference(hf_dir, quant), PROMPT, NEW_TOKENS)
 
 
-def test_native_mxfp4_checkpoint_repacks_byte_identical_and_matches_transformers(hf_dir, mxfp4_dir, tmp_path):
+def test_native_mxfp4_checkpoint_repacks_byte_identical_and_matches_transformers(hf_dir, mxfp4_dir, tmp_path,
+                                                                                   monkeypatch):
     config = json.loads((mxfp4_dir / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "mxfp4"
     model_dir = repack(mxfp4_dir, tmp_path / "mx", quant="mxfp4")
@@ -149,6 +150,12 @@ def test_native_mxfp4_checkpoint_repacks_byte_identical_and_matches_transformers
     assert _generate_streaming(model_dir) == theirs
     # the same checkpoint repacked to bf16 (dequantized by Sluice) gives them too
     assert _generate_streaming(repack(mxfp4_dir, tmp_path / "bf", quant="bf16")) == theirs
+    # opened as a raw snapshot, it is repacked on the fly to mxfp4 (its own bytes), not inflated to bf16
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    eng = engine.load(mxfp4_dir)
+    assert eng.model.quant == "mxfp4"
+    assert [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))] == theirs
+    eng.close()
 
 
 @pytest.mark.gpu
