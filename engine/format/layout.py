@@ -11,6 +11,7 @@ from kernels.formats import block_fields
 
 from engine.format.quant import part_specs
 
+FAMILIES_WITH_EXPERT_BIAS = ("gpt_oss",)    # their blocks carry gate/up/down bias fields
 BLOCK_ALIGN = 4096
 FIELD_ALIGN = 256
 

@@ -57,7 +57,8 @@ class ModelSpec:
     @property
     def has_expert_bias(self) -> bool:
         """gpt-oss experts add a bias to gate, up and down (block layouts then carry bias fields)."""
-        return self.family == "gpt_oss"
+        from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS
+        return self.family in FAMILIES_WITH_EXPERT_BIAS
 
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""

@@ -178,7 +178,9 @@ def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
 def expert_block_bytes(shape: ModelShape, quant: str) -> int:
     """Bytes of one (layer, expert) block in experts.bin: the engine's own layout, 4096-aligned."""
     from engine.format.layout import block_layout
-    return block_layout(shape.expert_intermediate, shape.hidden, quant, bias=shape.family == "gpt_oss").block_bytes
+    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS
+    return block_layout(shape.expert_intermediate, shape.hidden, quant,
+                        bias=shape.family in FAMILIES_WITH_EXPERT_BIAS).block_bytes
 
 
 def roofline_tok_s(disk_bytes: float, disk_bps: float, h2d_bytes: float, pcie_bps: float, compute_s: float) -> float:
