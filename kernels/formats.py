@@ -9,22 +9,35 @@ a test checks that engine/layout.py places the fields where the kernels read the
   nvfp4: w uint8 [out, in/2] (element 2j low nibble, 2j+1 high; bit3 sign, bits0-2 index into
          E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6]), scale e4m3 [out, in/16], gscale fp32 [1]
                                                                    W = e2m1 * scale * gscale
+  mxfp4: w uint8 [out, in/2] (e2m1 pairs as nvfp4), scale uint8 [out, in/32] (e8m0: a power of two,
+         biased by 127; the OCP MX layout gpt-oss checkpoints store as `*_blocks` / `*_scales`)
+                                                                   W = e2m1 * 2^(scale - 127)
+Families with expert biases (gpt-oss) add "gate_bias.b", "up_bias.b", "down_bias.b" (fp32 [I], [I],
+[H]) after the weights, whatever the format: biases are few bytes and stay exact.
 """
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 import torch
 
-FORMATS = ("bf16", "fp8", "nvfp4")
-FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2}     # the kernels' FMT constexpr
+FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
+FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}     # the kernels' FMT constexpr
 NVFP4_GROUP = 16
+MXFP4_GROUP = 32
+E8M0_BIAS = 127
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
 def proj_shapes(intermediate: int, hidden: int) -> dict[str, tuple[int, int]]:
     """[out, in] of each projection (Hugging Face convention)."""
     return {"gate": (intermediate, hidden), "up": (intermediate, hidden), "down": (hidden, intermediate)}
+
+
+def bias_shapes(intermediate: int, hidden: int) -> dict[str, tuple[int]]:
+    """Length of each expert bias (gate and up add to [I] rows, down to [H])."""
+    return {"gate_bias": (intermediate,), "up_bias": (intermediate,), "down_bias": (hidden,)}
 
 
 def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
@@ -38,6 +51,11 @@ def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str,
         return [("w", torch.uint8, (out_features, in_features // 2)),
                 ("scale", torch.float8_e4m3fn, (out_features, in_features // NVFP4_GROUP)),
                 ("gscale", torch.float32, (1,))]
+    if fmt == "mxfp4":
+        if in_features % MXFP4_GROUP:
+            raise ValueError(f"mxfp4 needs in_features divisible by {MXFP4_GROUP}, got {in_features}")
+        return [("w", torch.uint8, (out_features, in_features // 2)),
+                ("scale", torch.uint8, (out_features, in_features // MXFP4_GROUP))]
     raise ValueError(f"unknown expert format {fmt!r}")
 
 
@@ -49,13 +67,24 @@ def field_view(block: torch.Tensor, offset: int, dtype: torch.dtype, shape: tupl
 
 def dequantize_block(block: torch.Tensor, fmt: str, offsets: Mapping[str, int], intermediate: int, hidden: int,
                      dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """{gate, up, down} -> dense [out, in] weights of one uint8 block (the kernels' specification)."""
+    """{gate, up, down} -> dense [out, in] weights of one uint8 block (the kernels' specification),
+    and {gate_bias, up_bias, down_bias} when the block has biases."""
     weights = {}
     for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
         parts = {name: field_view(block, offsets[f"{proj}.{name}"], dt, shape)
                  for name, dt, shape in part_specs(fmt, out_f, in_f)}
         weights[proj] = _dequantize(parts, fmt).to(dtype)
+    for name, shape in bias_shapes(intermediate, hidden).items():
+        if f"{name}.b" in offsets:
+            weights[name] = field_view(block, offsets[f"{name}.b"], torch.float32, shape).to(dtype)
     return weights
+
+
+def e2m1_decode(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [O, n/2] of e2m1 pairs (element 2j in the low nibble) -> float32 [O, n]."""
+    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()   # [O, n]
+    table = torch.tensor(E2M1_VALUES, device=packed.device)
+    return table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
 
 
 def _dequantize(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
@@ -63,10 +92,10 @@ def _dequantize(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
         return parts["w"].float()
     if fmt == "fp8":
         return parts["w"].float() * parts["scale"][:, None]
-    packed = parts["w"]
-    codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()   # [O, in]
-    table = torch.tensor(E2M1_VALUES, device=packed.device)
-    values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+    values = e2m1_decode(parts["w"])                                                               # [O, in]
+    if fmt == "mxfp4":
+        exponent = parts["scale"].int().repeat_interleave(MXFP4_GROUP, dim=1) - E8M0_BIAS           # [O, in]
+        return torch.ldexp(values, exponent)
     scale = parts["scale"].float().repeat_interleave(NVFP4_GROUP, dim=1)                          # [O, in]
     return values * scale * parts["gscale"].float()
 
@@ -74,7 +103,8 @@ def _dequantize(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
 def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str, int], intermediate: int,
                 hidden: int, device="cpu", generator: torch.Generator | None = None) -> torch.Tensor:
     """[num_slots, block_bytes] uint8 of random *valid* blocks (no NaN codes, positive scales) whose
-    dequantized weights have magnitude ~ 1/sqrt(in), like trained weights."""
+    dequantized weights have magnitude ~ 1/sqrt(in), like trained weights (biases ~ 0.1 where the
+    offsets have them)."""
     bank = torch.zeros(num_slots, block_bytes, dtype=torch.uint8)
     g = generator or torch.Generator().manual_seed(0)
     for s in range(num_slots):
@@ -82,7 +112,10 @@ def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str
             std = in_f ** -0.5
             for name, dt, shape in part_specs(fmt, out_f, in_f):
                 numel = torch.Size(shape).numel()
-                if dt == torch.uint8:                                   # packed e2m1: every byte is valid
+                if dt == torch.uint8 and name == "scale":              # mxfp4 e8m0: 2^-2 .. 2^1 times ~std/3
+                    center = E8M0_BIAS + round(math.log2(std / 3))
+                    part = torch.randint(center - 2, center + 2, shape, generator=g).to(torch.uint8)
+                elif dt == torch.uint8:                                 # packed e2m1: every byte is valid
                     part = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
                 elif name == "w":                                       # bf16 / fp8 weights
                     part = (torch.randn(shape, generator=g) * (std if dt == torch.bfloat16 else 64.0)).clamp(-448, 448).to(dt)
@@ -94,16 +127,34 @@ def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str
                     part = torch.full(shape, std / 12)
                 off = offsets[f"{proj}.{name}"]
                 bank[s, off:off + numel * part.element_size()] = part.contiguous().view(-1).view(torch.uint8)
+        for name, shape in bias_shapes(intermediate, hidden).items():
+            if f"{name}.b" in offsets:
+                off = offsets[f"{name}.b"]
+                bias = (0.1 * torch.randn(shape, generator=g)).view(torch.uint8)
+                bank[s, off:off + bias.numel()] = bias
     return bank.to(device)
 
 
-def make_offsets(fmt: str, intermediate: int, hidden: int, field_align: int = 256, block_align: int = 4096
-                 ) -> tuple[dict[str, int], int]:
-    """Field offsets and block size of the engine's layout (gate, up, down; parts in storage order)."""
-    offsets, offset = {}, 0
-    for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
-        for name, dt, shape in part_specs(fmt, out_f, in_f):
-            offset = -(-offset // field_align) * field_align
-            offsets[f"{proj}.{name}"] = offset
-            offset += torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
-    return offsets, -(-offset // block_align) * block_align
+def block_fields(fmt: str, intermediate: int, hidden: int, bias: bool = False, field_align: int = 256
+                 ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    """(name, dtype, shape, byte offset) of every field of one block, in storage order: gate, up,
+    down (each part of the format), then the biases when the family has them."""
+    specs = [(f"{proj}.{name}", dt, shape) for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items()
+             for name, dt, shape in part_specs(fmt, out_f, in_f)]
+    if bias:
+        specs += [(f"{name}.b", torch.float32, shape) for name, shape in bias_shapes(intermediate, hidden).items()]
+    fields, offset = [], 0
+    for name, dt, shape in specs:
+        offset = -(-offset // field_align) * field_align
+        fields.append((name, dt, tuple(shape), offset))
+        offset += torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+    return fields
+
+
+def make_offsets(fmt: str, intermediate: int, hidden: int, field_align: int = 256, block_align: int = 4096,
+                 bias: bool = False) -> tuple[dict[str, int], int]:
+    """Field offsets and block size of the engine's layout (see block_fields)."""
+    fields = block_fields(fmt, intermediate, hidden, bias, field_align)
+    name, dt, shape, offset = fields[-1]
+    end = offset + torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
+    return {f[0]: f[3] for f in fields}, -(-end // block_align) * block_align

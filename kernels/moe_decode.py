@@ -44,7 +44,7 @@ def default_config(fmt: str) -> DecodeConfig:
     """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (BENCHMARKS.md)."""
     if fmt == "fp8":        # session 2 sweep: 16.0-16.9 us at qwen3 shapes vs 19.1-19.3 for 8/16/512/w4
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt == "nvfp4":
+    if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on the H200 itself
         return DecodeConfig(block_i=4, block_h=8, block_k=512, num_warps=2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
@@ -122,6 +122,8 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
         raise ValueError("blocks must be 4096-byte multiples with 256-byte aligned fields")
     if fmt == "nvfp4" and (x.shape[1] % 16 or intermediate % 16):
         raise ValueError("nvfp4 needs hidden and intermediate sizes divisible by 16")
+    if fmt == "mxfp4" and (x.shape[1] % 32 or intermediate % 32):
+        raise ValueError("mxfp4 needs hidden and intermediate sizes divisible by 32")
 
 
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,

@@ -178,19 +178,21 @@ def _prev_pow2(n: int) -> int:
 
 def _preload_split(fmt: str, intermediate: int, block_h: int, num_warps: int, preload: int) -> tuple[int, int]:
     """(PRE_A, PRE_B): the power-of-two column tiles of down's reduction (I) that a fused down program
-    loads before its wait; each >= 16 (nvfp4 group) or 0. Covers all of I (the last tile rounded
-    up, masked) unless that passes `preload` bytes a thread; then the first columns that fit."""
+    loads before its wait; each >= one scale group (16 nvfp4, 32 mxfp4, 16 otherwise) or 0. Covers
+    all of I (the last tile rounded up, masked) unless that passes `preload` bytes a thread; then the
+    first columns that fit."""
     if preload <= 0:
         return 0, 0
+    group = 32 if fmt == "mxfp4" else 16
     budget = preload * 32 * num_warps
-    cap = max(16, int(budget / (block_h * {"bf16": 2.0, "fp8": 1.0, "nvfp4": 9 / 16}[fmt])))
+    cap = max(group, int(budget / (block_h * {"bf16": 2.0, "fp8": 1.0, "nvfp4": 9 / 16, "mxfp4": 17 / 32}[fmt])))
     if intermediate <= cap:
-        a = max(16, _prev_pow2(intermediate))
+        a = max(group, _prev_pow2(intermediate))
         rest = intermediate - a
-        return a, (max(16, _next_pow2(rest)) if rest > 0 else 0)
+        return a, (max(group, _next_pow2(rest)) if rest > 0 else 0)
     a = _prev_pow2(cap)
     rest = cap - a
-    return a, (_prev_pow2(rest) if rest >= 16 else 0)
+    return a, (_prev_pow2(rest) if rest >= group else 0)
 
 def checked_counters(counters: torch.Tensor | None, device: torch.device, pairs: int) -> torch.Tensor:
     """The counter buffer a fused launch of `pairs` (token, expert) pairs uses: the given one, checked,

@@ -2,7 +2,8 @@
 
 The bank is passed twice, as uint8 and as bf16 / float32 views of the same memory, so a field at
 byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-byte field alignment
-and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4.
+and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4, 3 mxfp4 (e2m1
+like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale).
 Also the pieces both decode kernels share: gate_up_rows (h = silu(gate x) * up x for a block of
 rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later).
 """
@@ -28,10 +29,45 @@ def _e2m1(code):
 
 
 @triton.jit
-def nvfp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
-                  BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 weights, with
-    the e4m3 group scales applied (the global scale is left to `row_scale`). x_even / x_odd
+def group_scale(raw, FMT: tl.constexpr):
+    """Stored group scale bytes -> float32: e4m3 (nvfp4), or e8m0 (mxfp4: 2^(raw - 127), built as the
+    float32 whose exponent field is raw; raw 0 gives 0 instead of 2^-127, which only a zero group has)."""
+    if FMT == 3:
+        return (raw.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    else:
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def fp4_group_dot(prod, scales, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
+    """[BLOCK_R]: the products of e2m1 pairs and x ([R, NCOLS/2]) summed per scale group (16 values
+    nvfp4, 32 mxfp4), times the group scales ([R, NCOLS/group] bytes), summed."""
+    if FMT == 3:
+        per_group = tl.sum(tl.reshape(prod, [BLOCK_R, NCOLS // 32, 16]), axis=2)      # 16 bytes = 32 values
+    else:
+        per_group = tl.sum(tl.reshape(prod, [BLOCK_R, NCOLS // 16, 8]), axis=2)       # 8 bytes = 16 values
+    return tl.sum(per_group * group_scale(scales, FMT), axis=1)
+
+
+@triton.jit
+def fp4_scales(bank_u8, s_off, rows, c0, n_rows, row_len, FMT: tl.constexpr, BLOCK_R: tl.constexpr,
+               NCOLS: tl.constexpr):
+    """The group scale bytes of W[rows, c0:c0+NCOLS] ([BLOCK_R, NCOLS/group]; zero outside)."""
+    if FMT == 3:
+        groups = row_len // 32
+        jg = c0 // 32 + tl.arange(0, NCOLS // 32)
+    else:
+        groups = row_len // 16
+        jg = c0 // 16 + tl.arange(0, NCOLS // 16)
+    return tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
+                   mask=(rows[:, None] < n_rows) & (jg[None, :] < groups), other=0)
+
+
+@triton.jit
+def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
+                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 / mxfp4 weights,
+    with the group scales applied (nvfp4's global scale is left to `row_scale`). x_even / x_odd
     [BLOCK_K/2] are x[k0 + 2j] and x[k0 + 2j + 1]: element 2j sits in a byte's low nibble, 2j+1 in
     its high nibble, so no interleaving of the weight tile is needed."""
     half = row_len // 2                                   # bytes per row
@@ -40,12 +76,8 @@ def nvfp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_od
     raw = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
                   mask=row_ok & (jb[None, :] < half), other=0).to(tl.int32)
     prod = _e2m1(raw & 15) * x_even[None, :] + _e2m1(raw >> 4) * x_odd[None, :]      # [R, K/2]
-    per_group = tl.sum(tl.reshape(prod, [BLOCK_R, BLOCK_K // 16, 8]), axis=2)          # 8 bytes = 16 values
-    groups = row_len // 16
-    jg = k0 // 16 + tl.arange(0, BLOCK_K // 16)
-    scale = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
-                    mask=row_ok & (jg[None, :] < groups), other=0)
-    return tl.sum(per_group * scale.to(tl.float8e4nv, bitcast=True).to(tl.float32), axis=1)
+    scales = fp4_scales(bank_u8, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
+    return fp4_group_dot(prod, scales, FMT, BLOCK_R, BLOCK_K)
 
 
 @triton.jit
@@ -65,7 +97,7 @@ def weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len,
         raw = tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0)
         return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
-        tl.static_assert(FMT < 2, "nvfp4 tiles go through nvfp4_partial")
+        tl.static_assert(FMT < 2, "nvfp4 / mxfp4 tiles go through fp4_partial")
 
 
 @triton.jit
@@ -84,11 +116,11 @@ def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec
                 FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`.
     vec_ptr points at the row's first element (any float dtype; zero past row_len)."""
-    if FMT == 2:
+    if FMT >= 2:
         j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
         x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
         x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
-        return nvfp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd, BLOCK_R, BLOCK_K)
+        return fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd, FMT, BLOCK_R, BLOCK_K)
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
         vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32)
@@ -127,16 +159,12 @@ def raw_tile(bank_u8, bank_bf16, w_off, s_off, rows, c0, n_rows, row_len,
     a wait holds 1 (fp8), 2 (bf16) or 9/16 (nvfp4) bytes an element in registers, not 4.
     Returns (words, scales); `scales` is `words` again (unused) for bf16 / fp8."""
     row_ok = rows[:, None] < n_rows
-    if FMT == 2:
+    if FMT >= 2:
         half = row_len // 2                                   # bytes per row
         jb = c0 // 2 + tl.arange(0, NCOLS // 2)
         words = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
                         mask=row_ok & (jb[None, :] < half), other=0)
-        groups = row_len // 16
-        jg = c0 // 16 + tl.arange(0, NCOLS // 16)
-        scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
-                         mask=row_ok & (jg[None, :] < groups), other=0)
-        return words, scales
+        return words, fp4_scales(bank_u8, s_off, rows, c0, n_rows, row_len, FMT, BLOCK_R, NCOLS)
     else:
         cols = c0 + tl.arange(0, NCOLS)
         if FMT == 0:
@@ -152,14 +180,13 @@ def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.
     """[BLOCK_R] float32: sum over c in [c0, c0+NCOLS) of W[rows, c] * vec[c] for a `raw_tile`
     (before `row_scale`). vec is read through L2 only (.cg): it was written by other programs of
     this launch, and the L1 of this multiprocessor is not coherent with their stores."""
-    if FMT == 2:
+    if FMT >= 2:
         j = c0 + 2 * tl.arange(0, NCOLS // 2)
         x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
         x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
         code = words.to(tl.int32)
         prod = _e2m1(code & 15) * x_even[None, :] + _e2m1(code >> 4) * x_odd[None, :]      # [R, NCOLS/2]
-        per_group = tl.sum(tl.reshape(prod, [BLOCK_R, NCOLS // 16, 8]), axis=2)           # 8 bytes = 16 values
-        return tl.sum(per_group * scales.to(tl.float8e4nv, bitcast=True).to(tl.float32), axis=1)
+        return fp4_group_dot(prod, scales, FMT, BLOCK_R, NCOLS)
     else:
         cols = c0 + tl.arange(0, NCOLS)
         vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)

@@ -46,7 +46,8 @@ def stage_kernels(models=("qwen3-30b-a3b", "olmoe-1b-7b"), fmts=("fp8", "nvfp4",
     RESULTS["host_sync_us"] = do_bench(lambda: ids.tolist(), return_mode="median") * 1e3
     print(f"host sync (read 16 expert ids): {RESULTS['host_sync_us']:.1f} us")
 
-    shapes = {m: s for m, s in {"qwen3-30b-a3b": (768, 2048, 8), "olmoe-1b-7b": (1024, 2048, 8)}.items() if m in models}
+    shapes = {m: s for m, s in {"qwen3-30b-a3b": (768, 2048, 8), "olmoe-1b-7b": (1024, 2048, 8),
+                                "gpt-oss-120b": (2880, 2880, 4)}.items() if m in models}
     C = DecodeConfig
     sweep = [C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True), C(4, 4, 2048, 4, True),
              C(16, 8, 512, 4, True), C(8, 16, 512, 4, True), C(4, 8, 1024, 2, True), C(4, 4, 1024, 2, True),
@@ -294,10 +295,16 @@ def bench(name, argv, cgroup_bytes=None):
 STAGES = {
     "kernels": stage_kernels,
     "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
+    # mxfp4 at gpt-oss-120b's expert shapes (its native format), beside nvfp4 / bf16 at the same shapes
+    "kernels-mxfp4": lambda: stage_kernels(models=("gpt-oss-120b",), fmts=("mxfp4", "nvfp4", "bf16")),
     "tests": stage_tests,
     "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
+    # gpt-oss-120b's dims (12 of 36 layers), its native mxfp4: 20 GB of experts, VRAM budget below them
+    "bench-gpt-oss": lambda: [
+        bench("gpt-oss-mxfp4-12g-8g", ["--preset", "gpt-oss-120b", "--quant", "mxfp4", "--vram-budget", "12GB",
+                                       "--ram-cache", "8GB", "--prompt-tokens", "1024", "--new-tokens", "64"])],
     "bench-olmoe": lambda: [
         bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
                                   "--ram-cache", "2GiB", "--prompt-tokens", "2048", "--new-tokens", "64"]),

@@ -104,6 +104,8 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
         present = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}
         for name, shape in needed.items():
             _check_present(ckpt, present.get(name, name), shape, where)
+    if spec.family == "gpt_oss":
+        return          # fused, interleaved (or MXFP4) experts: engine.format.gptoss_experts checks them
     I, H, E = spec.expert_intermediate, spec.hidden_size, spec.num_experts
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)

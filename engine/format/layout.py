@@ -1,16 +1,19 @@
 """Byte layout of one expert block in experts.bin: gate, up and down (each in its quant format),
-every field 256-byte aligned, the block padded to 4096 bytes so one O_DIRECT read fetches it."""
+then the expert biases for families that have them (gpt-oss), every field 256-byte aligned, the
+block padded to 4096 bytes so one O_DIRECT read fetches it. The offsets come from kernels/formats.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
 
+from kernels.formats import block_fields
+
 from engine.format.quant import part_specs
 
+FAMILIES_WITH_EXPERT_BIAS = ("gpt_oss",)    # their blocks carry gate/up/down bias fields
 BLOCK_ALIGN = 4096
 FIELD_ALIGN = 256
-PROJECTIONS = ("gate", "up", "down")
 
 
 def round_up(n: int, align: int) -> int:
@@ -34,6 +37,10 @@ class Layout:
     fields: tuple[Field, ...]
     block_bytes: int
 
+    @property
+    def has_bias(self) -> bool:
+        return any(f.name.endswith("_bias.b") for f in self.fields)
+
     def field(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
 
@@ -50,13 +57,10 @@ class Layout:
         return block
 
 
-def block_layout(intermediate: int, hidden: int, fmt: str) -> Layout:
-    shapes = {"gate": (intermediate, hidden), "up": (intermediate, hidden), "down": (hidden, intermediate)}
-    fields, offset = [], 0
-    for proj in PROJECTIONS:
-        for name, dtype, shape in part_specs(fmt, *shapes[proj]):
-            nbytes = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
-            offset = round_up(offset, FIELD_ALIGN)
-            fields.append(Field(f"{proj}.{name}", dtype, tuple(shape), offset, nbytes))
-            offset += nbytes
-    return Layout(fmt, intermediate, hidden, tuple(fields), round_up(offset, BLOCK_ALIGN))
+def block_layout(intermediate: int, hidden: int, fmt: str, bias: bool = False) -> Layout:
+    part_specs(fmt, intermediate, hidden)          # a clear sentence for an unknown format or width
+    part_specs(fmt, hidden, intermediate)
+    fields = tuple(Field(name, dtype, shape, offset, torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size())
+                   for name, dtype, shape, offset in block_fields(fmt, intermediate, hidden, bias, FIELD_ALIGN))
+    end = fields[-1].offset + fields[-1].nbytes
+    return Layout(fmt, intermediate, hidden, fields, round_up(end, BLOCK_ALIGN))

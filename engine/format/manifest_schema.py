@@ -56,7 +56,7 @@ def _check(value, schema, key: str, where: Path) -> None:
 
 def check_manifest(manifest, where: Path) -> None:
     """Raise SluiceError (naming `where` and the bad field) unless `manifest` follows the schema."""
-    from engine.format.layout import block_layout
+    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
     from engine.format.modeldir import FORMAT_VERSION
     from engine.format.quant import FORMATS
     _check(manifest, SCHEMA, "", where)
@@ -69,7 +69,8 @@ def check_manifest(manifest, where: Path) -> None:
     if experts["num_experts"] < 1 or experts["intermediate"] < 1 or experts["hidden"] < 1:
         _fail(where, "the expert sizes are zero")
     try:
-        expected = block_layout(experts["intermediate"], experts["hidden"], manifest["quant"])
+        expected = block_layout(experts["intermediate"], experts["hidden"], manifest["quant"],
+                                bias=manifest.get("family") in FAMILIES_WITH_EXPERT_BIAS)
     except SluiceError as exc:
         _fail(where, str(exc).split(";")[0].rstrip("."))
     declared = [(f["name"], f["dtype"], tuple(f["shape"]), f["offset"], f["nbytes"]) for f in experts["layout"]]

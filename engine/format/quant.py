@@ -5,12 +5,16 @@ Every format maps a 2D weight [out, in] to named parts; kernels are judged again
   fp8  : w float8_e4m3fn [out, in], scale fp32 [out]                    w = w8 * scale[:, None]
   nvfp4: w uint8 [out, in/2] (two e2m1 codes: element 2j low nibble, 2j+1 high nibble),
          scale float8_e4m3fn [out, in/16], gscale fp32 [1]              w = e2m1 * scale * gscale
+  mxfp4: w uint8 [out, in/2] (e2m1 pairs as nvfp4), scale uint8 [out, in/32] (e8m0, bias 127)
+                                                                        w = e2m1 * 2^(scale - 127)
+An expert bias is one part "b" (float32), stored as it is in every format.
 """
 from __future__ import annotations
 
 import torch
 
-from kernels.formats import E2M1_VALUES as _E2M1, FORMATS, NVFP4_GROUP, part_specs as kernel_part_specs
+from kernels.formats import (E2M1_VALUES as _E2M1, E8M0_BIAS, FORMATS, MXFP4_GROUP, NVFP4_GROUP, e2m1_decode,
+                             part_specs as kernel_part_specs)
 
 from engine.errors import SluiceError
 
@@ -27,6 +31,8 @@ def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str,
         raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
     if fmt == "nvfp4" and in_features % NVFP4_GROUP:
         raise SluiceError(f"nvfp4 needs tensor widths divisible by {NVFP4_GROUP} (this model has {in_features}); choose fp8 or bf16.")
+    if fmt == "mxfp4" and in_features % MXFP4_GROUP:
+        raise SluiceError(f"mxfp4 needs tensor widths divisible by {MXFP4_GROUP} (this model has {in_features}); choose fp8 or bf16.")
     return kernel_part_specs(fmt, out_features, in_features)
 
 
@@ -45,7 +51,35 @@ def quantize(weight: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)                  # [out]
         w8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         return {"w": w8.contiguous(), "scale": scale.contiguous()}
+    if fmt == "mxfp4":
+        return quantize_mxfp4(w)
     return _quantize_nvfp4(w)
+
+
+def _e2m1_codes(scaled: torch.Tensor) -> torch.Tensor:
+    """Nearest e2m1 code (sign in bit 3) of each value, already divided by its scale."""
+    magnitude_idx = (scaled.abs()[..., None] - E2M1_VALUES).abs().argmin(dim=-1)
+    return (magnitude_idx | ((scaled < 0).long() << 3)).to(torch.uint8)
+
+
+def _pack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """[O, n] codes -> [O, n/2] bytes, element 2j in the low nibble."""
+    return codes[:, 0::2] | (codes[:, 1::2] << 4)
+
+
+def quantize_mxfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per 32 values, the smallest power of two that brings the largest magnitude to <= 6 (so nothing
+    clips), then the nearest e2m1 value (ties to the smaller magnitude)."""
+    out_features, in_features = w.shape
+    groups = w.float().reshape(out_features, in_features // MXFP4_GROUP, MXFP4_GROUP)      # [O, G, 32]
+    amax = groups.abs().amax(dim=2)                                                        # [O, G]
+    # ceil(log2(amax / 6)) from frexp (exact): amax / 6 = m * 2^e with m in [0.5, 1)
+    mantissa, exponent = torch.frexp(amax / E2M1_MAX)
+    exponent = exponent - (mantissa == 0.5).int()                                         # an exact power of two
+    exponent = torch.where(amax > 0, exponent, torch.full_like(exponent, -E8M0_BIAS)).clamp(-E8M0_BIAS, E8M0_BIAS)
+    scaled = torch.ldexp(groups, -exponent[..., None].float())
+    codes = _e2m1_codes(scaled).reshape(out_features, in_features)
+    return {"w": _pack_pairs(codes).contiguous(), "scale": (exponent + E8M0_BIAS).to(torch.uint8).contiguous()}
 
 
 def _quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -55,22 +89,24 @@ def _quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     scale = (groups.abs().amax(dim=2) / E2M1_MAX / gscale).clamp(max=FP8_MAX).to(torch.float8_e4m3fn)  # [O, G]
     denom = scale.float() * gscale                                              # [O, G]
     scaled = torch.where(denom[..., None] > 0, groups / denom[..., None].clamp_min(1e-30), torch.zeros_like(groups))
-    magnitude_idx = (scaled.abs()[..., None] - E2M1_VALUES).abs().argmin(dim=-1)  # nearest e2m1 magnitude
-    codes = (magnitude_idx | ((scaled < 0).long() << 3)).to(torch.uint8).reshape(out_features, in_features)
-    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)                             # [O, in/2]
-    return {"w": packed.contiguous(), "scale": scale.contiguous(), "gscale": gscale.float().contiguous()}
+    codes = _e2m1_codes(scaled).reshape(out_features, in_features)
+    return {"w": _pack_pairs(codes).contiguous(), "scale": scale.contiguous(), "gscale": gscale.float().contiguous()}
 
 
 def dequantize(parts: dict[str, torch.Tensor], fmt: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    if "b" in parts:                  # an expert bias: float32 in every format
+        return parts["b"].to(dtype)
     if fmt == "bf16":
         return parts["w"].to(dtype)
     if fmt == "fp8":
         return (_fp8_to_float(parts["w"]) * parts["scale"].float()[:, None]).to(dtype)
+    if fmt == "mxfp4":
+        values = e2m1_decode(parts["w"])                                          # [O, in]
+        exponent = parts["scale"].int() - E8M0_BIAS                               # [O, in/32]
+        grouped = torch.ldexp(values.view(*exponent.shape, MXFP4_GROUP), exponent[..., None])
+        return grouped.reshape(values.shape).to(dtype)
     if fmt == "nvfp4":
-        packed = parts["w"]
-        codes = torch.stack([packed & 0xF, packed >> 4], dim=-1).reshape(packed.shape[0], -1).long()  # [O, in]
-        table = E2M1_VALUES.to(packed.device)
-        values = table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
+        values = e2m1_decode(parts["w"])                                          # [O, in]
         scale = _fp8_to_float(parts["scale"])                                     # [O, in/16]
         grouped = values.view(*scale.shape, NVFP4_GROUP) * scale[..., None]       # [O, in/16, 16]
         return (grouped.reshape(values.shape) * parts["gscale"].float()).to(dtype)

@@ -48,6 +48,7 @@ def free_bytes(path: Path) -> int:
 
 class ExpertSource:
     """Per-expert gate/up/down weights from a checkpoint, in Hub layout or v5 fused layout."""
+    has_bias = False
 
     def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
         self.ckpt, self.spec = ckpt, spec
@@ -73,10 +74,23 @@ class ExpertSource:
     def is_expert_tensor(self, name: str) -> bool:
         return ".experts." in name
 
+    def native_parts(self, layer: int, expert: int, quant: str) -> None:
+        return None             # these checkpoints store no expert format Sluice can copy as it is
+
+
+def expert_source(ckpt: Checkpoint, spec: ModelSpec):
+    if spec.family == "gpt_oss":
+        from engine.format.gptoss_experts import GptOssExpertSource
+        return GptOssExpertSource(ckpt, spec)
+    return ExpertSource(ckpt, spec)
+
 
 def check_source_quantization(config: dict) -> None:
-    """Block-FP8 checkpoints are read as they are; other quantized formats are refused in one sentence."""
+    """Block-FP8 checkpoints (and gpt-oss's MXFP4 experts) are read as they are; other quantized
+    formats are refused in one sentence."""
     method = (config.get("quantization_config") or {}).get("quant_method")
+    if method == "mxfp4" and config.get("model_type") == "gpt_oss":
+        return
     if method not in (None, "fp8"):
         raise SluiceError(f"This checkpoint is quantized with '{method}', which Sluice cannot read; download the "
                           "unquantized (bf16) or FP8 version of the model instead.")
@@ -106,10 +120,10 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
     spec = checked_spec(config, str(src / "config.json"))
     check_source_quantization(config)
     ckpt = Checkpoint(src)
-    experts = ExpertSource(ckpt, spec)
+    experts = expert_source(ckpt, spec)
     experts.check()
     check_tensors(spec, ckpt, str(src))
-    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=experts.has_bias)
 
     def say(message: str) -> None:
         if progress:
@@ -185,8 +199,7 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
             for expert in range(spec.num_experts):
                 if cancel_event is not None and cancel_event.is_set():
                     raise RepackCancelled("Repack cancelled; start it again to resume where it stopped.")
-                weights = experts.get(layer, expert)
-                parts = {f"{proj}.{k}": v for proj, w in weights.items() for k, v in quantize(w, quant).items()}
+                parts = experts.native_parts(layer, expert, quant) or quantized_parts(experts.get(layer, expert), quant)
                 block = layout.pack(parts).numpy()
                 os.pwrite(fd, block, index * layer_bytes + expert * layout.block_bytes)
                 checksums.append(zlib.crc32(block))
@@ -222,6 +235,17 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     os.replace(work, dst)
     report("done")
     return dst
+
+
+def quantized_parts(weights: dict[str, torch.Tensor], quant: str) -> dict[str, torch.Tensor]:
+    """gate/up/down quantized to `quant`; expert biases (gate_bias, ...) kept as float32."""
+    parts = {}
+    for proj, w in weights.items():
+        if proj.endswith("_bias"):
+            parts[f"{proj}.b"] = w.float()
+        else:
+            parts.update({f"{proj}.{k}": v for k, v in quantize(w, quant).items()})
+    return parts
 
 
 def _fsync(path: Path) -> None:

@@ -1,6 +1,7 @@
 """MODEL_DIR as the user gives it -> a Sluice model dir.
 
-A Sluice dir is used as is; a Hugging Face snapshot is repacked (bf16) once into the user cache,
+A Sluice dir is used as is; a Hugging Face snapshot is repacked once into the user cache (bf16, or
+mxfp4 for a checkpoint that ships its experts in MXFP4: copied as they are, not inflated 4x),
 and again when the snapshot changes (its shards' sizes and headers are compared with the record
 kept in sluice.json), so a stale repack is never used. The cache heals itself: a cached repack that
 fails its checks (manifest, dense checksums, every expert block's CRC32 after it changed on disk) is
@@ -49,7 +50,14 @@ def resolve_model_dir(path: Path, progress=None) -> Path:
         with locks.exclusive(target, f"repacking '{path}' into the cache at '{target}'", say):
             if _cache_is_usable(target, path):
                 return target
-            return repack(path, target, quant="bf16", progress=progress)
+            return repack(path, target, quant=_native_quant(path), progress=progress)
+
+
+def _native_quant(snapshot: Path) -> str:
+    """mxfp4 for a checkpoint whose experts ship in MXFP4 (gpt-oss: its bytes copied), else bf16."""
+    from engine.model.spec import load_config_dict
+    method = (load_config_dict(snapshot).get("quantization_config") or {}).get("quant_method")
+    return "mxfp4" if method == "mxfp4" else "bf16"
 
 
 def _cache_is_usable(target: Path, snapshot: Path) -> bool:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.model.gptoss import sink_attention
 from engine.model.layers import apply_rope, attention, linear, rms_norm, rope_cos_sin, swiglu_mlp
 from engine.model.state import ModelState, StateSpec
 
@@ -45,7 +46,8 @@ class Rope:
 
 class Attention:
     """Grouped-query attention with RoPE; optional q/k norm (per head or over the projection),
-    qkv clipping, biases and a sliding window. KV goes to the step's state as "k" and "v"."""
+    qkv clipping, biases, a sliding window and sinks (gpt-oss: `sinks` [Hq] in the checkpoint).
+    KV goes to the step's state as "k" and "v"."""
 
     def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, *, num_heads: int, num_kv_heads: int,
                  head_dim: int, rope: Rope, eps: float, qk_norm: str = "none", clip_qkv: float | None = None,
@@ -55,6 +57,7 @@ class Attention:
         self.qk_norm, self.clip_qkv, self.window = qk_norm, clip_qkv, window
         self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
         self.q_norm, self.k_norm = w.get(prefix + "q_norm.weight"), w.get(prefix + "k_norm.weight")
+        self.sinks = w.get(prefix + "sinks")
 
     @staticmethod
     def specs(num_kv_heads: int, head_dim: int) -> dict[str, StateSpec]:
@@ -80,6 +83,8 @@ class Attention:
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)     # [S, Hkv, D]
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
+        if self.sinks is not None:
+            return linear(sink_attention(q, keys, values, step.positions, self.window, self.sinks), *self.o)
         return linear(attention(q, keys, values, step.positions, self.window), *self.o)   # [T, H]
 
 

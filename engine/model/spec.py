@@ -54,6 +54,12 @@ class ModelSpec:
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
 
+    @property
+    def has_expert_bias(self) -> bool:
+        """gpt-oss experts add a bias to gate, up and down (block layouts then carry bias fields)."""
+        from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS
+        return self.family in FAMILIES_WITH_EXPERT_BIAS
+
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         block = _EXPERT_PREFIX.get(self.family, "mlp")

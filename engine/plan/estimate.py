@@ -23,7 +23,7 @@ from engine.errors import SluiceError
 from engine.model.spec import read_spec
 from engine.runtime.budget import MAX_CONTEXT_TOKENS
 
-QUANTS = ("bf16", "fp8", "nvfp4")
+QUANTS = ("bf16", "fp8", "nvfp4", "mxfp4")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 on CUDA, float32 on the CPU
 COMPUTE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
@@ -79,6 +79,12 @@ def model_shape(config: dict) -> ModelShape:
         attn += 2 * hd                                  # per-head q_norm, k_norm
     elif family == "olmoe":
         attn += nh * hd + nkv * hd                      # q_norm, k_norm over the whole projection
+    expert = 3 * H * I_expert
+    router = E * H
+    if family == "gpt_oss":                             # o_proj bias, sinks; router and expert biases
+        attn += H + nh
+        router += E
+        expert += 2 * I_expert + H
     moe_layer_ids = _moe_layers(config, L, E)
     shared = 0
     if config.get("shared_expert_intermediate_size"):
@@ -89,10 +95,9 @@ def model_shape(config: dict) -> ModelShape:
     if family in HYBRID_FAMILIES:
         mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
     dense_params = mixers + L * 2 * H + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
-    dense_params += len(moe_layer_ids) * (E * H + shared)                # routers, shared experts
+    dense_params += len(moe_layer_ids) * (router + shared)               # routers, shared experts
     embedding = V * H
     dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
-    expert = 3 * H * I_expert
     total = dense_params + len(moe_layer_ids) * E * expert
     active = dense_params + len(moe_layer_ids) * k * expert
     return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
@@ -173,7 +178,9 @@ def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
 def expert_block_bytes(shape: ModelShape, quant: str) -> int:
     """Bytes of one (layer, expert) block in experts.bin: the engine's own layout, 4096-aligned."""
     from engine.format.layout import block_layout
-    return block_layout(shape.expert_intermediate, shape.hidden, quant).block_bytes
+    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS
+    return block_layout(shape.expert_intermediate, shape.hidden, quant,
+                        bias=shape.family in FAMILIES_WITH_EXPERT_BIAS).block_bytes
 
 
 def roofline_tok_s(disk_bytes: float, disk_bps: float, h2d_bytes: float, pcie_bps: float, compute_s: float) -> float:

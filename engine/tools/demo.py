@@ -26,6 +26,12 @@ FAMILY_KWARGS = {
     "olmoe": dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32),
     "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
                       shared_expert_intermediate_size=64, qkv_bias=True),
+    # Every quirk on: sinks, q/k/v/o and expert biases, a window shorter than the test prompts on
+    # alternate layers, yarn that changes the frequencies in range, a clamp limit the activations reach.
+    "gpt_oss": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=64, sliding_window=8,
+                    swiglu_limit=1.5, rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
+                                                       "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                       "original_max_position_embeddings": 64}),
 }
 # DeepSeek-style families with every quirk on: a dense first layer, shared experts, more than one
 # expert group, YaRN with mscale, partial rotary, QK norm, attention biases (engine.model.families.deepseek_style).
@@ -101,6 +107,36 @@ def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: 
             if name.endswith("e_score_correction_bias"):     # zero at init: make the selection-only bias matter
                 buffer.copy_(0.5 * torch.randn_like(buffer))
     model.to(getattr(torch, dtype)).save_pretrained(str(dst))
+    return dst
+
+
+def write_mxfp4_checkpoint(src_dir: str | Path, dst_dir: str | Path) -> Path:
+    """A gpt-oss snapshot with its experts stored as the Hub ships them: `*_blocks` uint8
+    [E, out, in/32, 16] and `*_scales` uint8 (e8m0) [E, out, in/32] (rows in the fused order, gate
+    and up interleaved), with the quantization_config transformers reads. Other tensors are copied."""
+    import json
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from engine.format.quant import quantize_mxfp4
+
+    src, dst = Path(src_dir), Path(dst_dir)
+    dst.mkdir(parents=True, exist_ok=True)
+    for path in src.iterdir():
+        if path.is_file() and path.suffix != ".safetensors" and path.name != "config.json":
+            shutil.copy2(path, dst / path.name)
+    tensors = load_file(str(src / "model.safetensors"))
+    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        fused = tensors.pop(name)                                   # [E, in, out] as transformers holds it
+        parts = [quantize_mxfp4(fused[e].float().T) for e in range(fused.shape[0])]   # [out, in] each
+        tensors[name + "_blocks"] = torch.stack([p["w"].reshape(p["w"].shape[0], -1, 16) for p in parts])
+        tensors[name + "_scales"] = torch.stack([p["scale"] for p in parts])
+    save_file(tensors, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = json.loads((src / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
     return dst
 
 

@@ -10,6 +10,7 @@ Two ways to make one:
 from __future__ import annotations
 
 import json
+import math
 import os
 import zlib
 from pathlib import Path
@@ -42,6 +43,13 @@ PRESETS = {
         num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
         max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25})),
+    # openai/gpt-oss-120b config.json with 12 of its 36 layers (the experts of each layer are its own:
+    # 128 x 13.3 MB in mxfp4), so the bench's files stay under ~40 GB at fp8 and ~21 GB at mxfp4
+    "gpt-oss-120b": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                         num_hidden_layers=12, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                         num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
+                         max_position_embeddings=131072, rms_norm_eps=1e-5, swiglu_limit=7.0,
+                         attention_bias=True, tie_word_embeddings=False),
 }
 # DeepSeek-style presets (MLA, shared experts, dense first layers, grouped routers)
 _DEEPSEEK_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
@@ -67,7 +75,9 @@ PRESETS.update({
                                  rope_parameters=dict(_DEEPSEEK_YARN, mscale=1.0, mscale_all_dim=1.0)),
 })
 # said in the bench output: how a preset differs from the real model
-PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)"}
+PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)",
+                "gpt-oss-120b": "12 of gpt-oss-120b's 36 layers (every other dimension as released), so that "
+                                "the bench's files stay under ~40 GB at fp8 and ~21 GB at mxfp4"}
 NUM_DISTINCT_BLOCKS = 16
 
 
@@ -118,7 +128,7 @@ def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: in
     dst.mkdir(parents=True, exist_ok=True)
     config = preset_config(preset)
     spec = read_spec(config)
-    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant)
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=spec.has_expert_bias)
     gen_dev = torch.Generator(device=device).manual_seed(seed)
     dense = _random_dense(_dense_shapes(config), device, gen_dev)
     save_file(dense, str(dst / DENSE_FILE), metadata={"format": "pt"})
@@ -175,9 +185,12 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
 
     for name, tensor in _random_dense(_dense_shapes(config), device, gen).items():
         add(name, tensor)
+    if spec.family == "gpt_oss":
+        _add_gpt_oss_mxfp4_experts(spec, add, gen, progress)
+        config = {**config, "quantization_config": {"quant_method": "mxfp4"}}
     shapes = {"gate": (spec.expert_intermediate, spec.hidden_size), "up": (spec.expert_intermediate, spec.hidden_size),
               "down": (spec.hidden_size, spec.expert_intermediate)}
-    for layer in spec.moe_layers:
+    for layer in spec.moe_layers if spec.family != "gpt_oss" else ():
         for expert in range(spec.num_experts):
             for proj, shape in shapes.items():
                 w = torch.randn(shape, device=device, generator=gen) * shape[1] ** -0.5
@@ -190,6 +203,24 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
     return dst
 
 
+def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> None:
+    """gpt-oss experts as the Hub ships them: fused per layer, `*_blocks` / `*_scales` (mxfp4) and
+    bf16 biases; random valid blocks with weights of magnitude ~ 1/sqrt(in)."""
+    E, H, I = spec.num_experts, spec.hidden_size, spec.expert_intermediate
+    device = gen.device
+    for layer in spec.moe_layers:
+        p = f"model.layers.{layer}.mlp.experts."
+        for name, (out_f, in_f) in {"gate_up_proj": (2 * I, H), "down_proj": (H, I)}.items():
+            blocks = torch.randint(0, 256, (E, out_f, in_f // 32, 16), device=device, generator=gen, dtype=torch.uint8)
+            center = 127 + round(math.log2(in_f ** -0.5 / 3))
+            scales = torch.randint(center - 1, center + 1, (E, out_f, in_f // 32), device=device, generator=gen)
+            add(p + name + "_blocks", blocks.cpu())
+            add(p + name + "_scales", scales.to(torch.uint8).cpu())
+            add(p + name + "_bias", (0.1 * torch.randn(E, out_f, device=device, generator=gen)).to(torch.bfloat16).cpu())
+        if layer % 8 == 7:
+            progress(f"gpt-oss: HF checkpoint, layer {layer} written")
+
+
 def _architecture(config: dict) -> str:
     return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-            "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration"}[config["model_type"]]
+            "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM"}[config["model_type"]]

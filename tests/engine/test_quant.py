@@ -6,11 +6,11 @@ from engine.errors import SluiceError
 from engine.format.layout import block_layout
 from engine.format.quant import E2M1_VALUES, FORMATS, dequantize, quantize
 
-TOLERANCE = {"bf16": 0.005, "fp8": 0.04, "nvfp4": 0.12}   # relative Frobenius error on Gaussian weights
+TOLERANCE = {"bf16": 0.005, "fp8": 0.04, "nvfp4": 0.12, "mxfp4": 0.15}   # relative Frobenius error on Gaussian weights
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("shape", [(48, 64), (7, 160), (1, 16)])   # odd rows, width = 10 nvfp4 groups, one row
+@pytest.mark.parametrize("shape", [(48, 64), (7, 160), (1, 32)])   # odd rows, width = 5 mxfp4 groups, one row
 def test_round_trip_error_within_format_tolerance(fmt, shape):
     w = torch.randn(shape, generator=torch.Generator().manual_seed(1)) * 0.3
     d = dequantize(quantize(w, fmt), fmt)
@@ -27,6 +27,32 @@ def test_nvfp4_represents_e2m1_grid_exactly_and_packs_two_per_byte():
     assert int(parts["w"][0, 0]) == (1 << 4) | 0                   # element 0 (0.0) low nibble, element 1 (0.5) high
 
 
+def test_mxfp4_scales_are_powers_of_two_per_32_and_represent_the_grid_exactly():
+    grid = torch.cat([E2M1_VALUES, -E2M1_VALUES.flip(0)])          # 16 values, amax 6
+    row = torch.cat([grid, grid, grid * 2.0 ** -20, grid * 2.0 ** -20, torch.zeros(32)])[None, :]   # 3 groups of 32
+    parts = quantize(row, "mxfp4")
+    assert parts["w"].shape == (1, 48) and parts["scale"].shape == (1, 3) and parts["scale"].dtype == torch.uint8
+    assert parts["scale"].tolist() == [[127, 107, 0]]              # 2^0, 2^-20, zero group: the smallest e8m0
+    assert torch.equal(dequantize(parts, "mxfp4"), row)
+    assert int(parts["w"][0, 0]) == (1 << 4) | 0                   # element 0 (0.0) low nibble, element 1 (0.5) high
+    nothing_clips = torch.tensor([[7.0] + [0.0] * 31])            # 7 needs scale 2: 7/2 = 3.5 -> e2m1 4 (ties down: 3)
+    assert dequantize(quantize(nothing_clips, "mxfp4"), "mxfp4")[0, 0].item() in (6.0, 8.0)
+
+
+def test_mxfp4_dequantize_equals_transformers_on_hub_layout_blocks():
+    """gpt-oss stores `*_blocks` [E, out, in/32, 16] and `*_scales` [E, out, in/32]; row e of our
+    [out, in/2] / [out, in/32] parts is the same bytes, and must decode to what transformers decodes."""
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    g = torch.Generator().manual_seed(3)
+    blocks = torch.randint(0, 256, (2, 6, 4, 16), generator=g, dtype=torch.uint8)     # 2 experts, out 6, in 128
+    scales = torch.randint(110, 135, (2, 6, 4), generator=g, dtype=torch.uint8)
+    theirs = convert_moe_packed_tensors(blocks, scales, dtype=torch.float32)          # [E, in, out]
+    for e in range(2):
+        ours = dequantize({"w": blocks[e].reshape(6, 64), "scale": scales[e]}, "mxfp4")
+        assert torch.equal(ours, theirs[e].T)
+
+
 def test_fp8_scale_is_per_output_row():
     w = torch.tensor([[1.0, -2.0], [100.0, 50.0]])
     parts = quantize(w, "fp8")
@@ -39,14 +65,31 @@ def test_nvfp4_rejects_widths_not_divisible_by_16_and_unknown_formats():
         quantize(torch.randn(4, 24), "nvfp4")
     with pytest.raises(SluiceError, match="Unknown quant format"):
         quantize(torch.randn(4, 16), "int3")
+    with pytest.raises(SluiceError, match="mxfp4 needs tensor widths divisible by 32"):
+        quantize(torch.randn(4, 48), "mxfp4")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_block_pack_and_views_round_trip(fmt):
-    layout = block_layout(intermediate=48, hidden=64, fmt=fmt)
+    layout = block_layout(intermediate=96, hidden=64, fmt=fmt)
     assert layout.block_bytes % 4096 == 0 and all(f.offset % 256 == 0 for f in layout.fields)
-    weights = {"gate": torch.randn(48, 64), "up": torch.randn(48, 64), "down": torch.randn(64, 48)}
+    weights = {"gate": torch.randn(96, 64), "up": torch.randn(96, 64), "down": torch.randn(64, 96)}
     parts = {f"{p}.{k}": v for p, w in weights.items() for k, v in quantize(w, fmt).items()}
     views = layout.views(layout.pack(parts))
     for name, tensor in parts.items():
         assert torch.equal(views[name].view(torch.uint8), tensor.view(torch.uint8)), name
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_expert_biases_are_float32_fields_after_the_weights(fmt):
+    layout = block_layout(intermediate=64, hidden=96, fmt=fmt, bias=True)
+    assert layout.has_bias and not block_layout(intermediate=64, hidden=96, fmt=fmt).has_bias
+    names = [f.name for f in layout.fields]
+    assert names[-3:] == ["gate_bias.b", "up_bias.b", "down_bias.b"]
+    assert [layout.field(n).shape for n in names[-3:]] == [(64,), (64,), (96,)]
+    bias = torch.randn(96) * 0.1
+    parts = {f"{p}.{k}": v for p, w in {"gate": torch.randn(64, 96), "up": torch.randn(64, 96),
+                                        "down": torch.randn(96, 64)}.items() for k, v in quantize(w, fmt).items()}
+    parts.update({"gate_bias.b": bias[:64], "up_bias.b": -bias[:64], "down_bias.b": bias})
+    views = layout.views(layout.pack(parts))
+    assert torch.equal(dequantize({"b": views["down_bias.b"]}, fmt), bias)      # exact in every format

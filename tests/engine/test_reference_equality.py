@@ -20,7 +20,7 @@ def streaming_budgets(model_dir):
     return vram, ram
 
 
-@pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4", "mxfp4"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_greedy_tokens_match_transformers(family, quant, hf_models, sluice_models):
     model_dir = sluice_models(family, quant)

@@ -14,12 +14,13 @@ from kernels.moe_decode_fused import fused_counters
 SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
 SMALL_SPLIT = DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)   # down pass with atomic adds
 SMALL_FUSED = DecodeConfig(block_i=16, block_h=16, block_k=32, fused=True)        # one launch, all of I preloaded
-FMTS = ["bf16", "fp8", "nvfp4"]
+FMTS = ["bf16", "fp8", "nvfp4", "mxfp4"]
 
 
 def _dims(fmt, intermediate, hidden):
-    """nvfp4 needs multiples of 16: round the odd test sizes up to the next one."""
-    return (-(-intermediate // 16) * 16, -(-hidden // 16) * 16) if fmt == "nvfp4" else (intermediate, hidden)
+    """nvfp4 / mxfp4 need multiples of their scale group (16 / 32): round the odd test sizes up."""
+    group = {"nvfp4": 16, "mxfp4": 32}.get(fmt, 1)
+    return -(-intermediate // group) * group, -(-hidden // group) * group
 
 
 def _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed, x_dtype=torch.float32):
@@ -91,7 +92,7 @@ def test_writes_into_given_buffers(device, config):
 @pytest.mark.parametrize("fmt", FMTS)
 def test_reference_is_plain_expert_math_on_engine_quantized_weights(fmt, device):
     """The reference itself: sum_k w_k * down(silu(gate x) * up x) with engine.format.quant's dequantized weights."""
-    intermediate, hidden, num_experts = 32, 48, 3
+    intermediate, hidden, num_experts = 32, 64, 3
     layout = block_layout(intermediate, hidden, fmt)
     g = torch.Generator().manual_seed(9)
     experts, blocks = [], []
@@ -176,6 +177,7 @@ def test_launcher_refuses_bad_inputs(device, change, error):
 @pytest.mark.parametrize("intermediate,hidden,top_k,num_tokens", [
     (768, 2048, 8, 1), (768, 2048, 8, 4),      # qwen3-30b-a3b experts
     (1024, 2048, 8, 1),                        # olmoe-1b-7b experts
+    (2880, 2880, 4, 1),                        # gpt-oss-120b experts (2880 = 90 mxfp4 groups: no power of two)
 ])
 def test_real_shapes_on_gpu(fmt, intermediate, hidden, top_k, num_tokens):
     for seed in range(3):                      # fresh random data each time

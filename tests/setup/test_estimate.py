@@ -18,9 +18,14 @@ QWEN3_30B_A3B = dict(model_type="qwen3_moe", hidden_size=2048, num_hidden_layers
 MIXTRAL_8X7B = dict(model_type="mixtral", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
                     num_key_value_heads=8, num_local_experts=8, num_experts_per_tok=2, intermediate_size=14336,
                     vocab_size=32000, torch_dtype="bfloat16")
+# openai/gpt-oss-120b config.json (the fields the estimate reads)
+GPT_OSS_120B = dict(model_type="gpt_oss", hidden_size=2880, num_hidden_layers=36, num_attention_heads=64,
+                    num_key_value_heads=8, head_dim=64, num_local_experts=128, num_experts_per_tok=4,
+                    intermediate_size=2880, vocab_size=201088, tie_word_embeddings=False, attention_bias=True,
+                    torch_dtype="bfloat16")
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "gpt_oss"])
 def test_parameter_counts_match_transformers(family):
     from transformers import AutoConfig, AutoModelForCausalLM
     from engine.tools.demo import COMMON, FAMILY_KWARGS
@@ -38,6 +43,9 @@ def test_published_sizes_of_real_models():
     assert round(qwen.total_params / 1e9, 1) == 30.5 and 3.3e9 <= qwen.active_params < 3.4e9
     mixtral = model_shape(MIXTRAL_8X7B)          # Mistral's announcement: 46.7B total, 12.9B active
     assert round(mixtral.total_params / 1e9, 1) == 46.7 and round(mixtral.active_params / 1e9, 1) == 12.9
+    gpt_oss = model_shape(GPT_OSS_120B)          # OpenAI's model card: 116.8B total, 5.1B active (embedding not counted)
+    assert round(gpt_oss.total_params / 1e9, 1) == 116.8
+    assert round((gpt_oss.active_params - gpt_oss.embedding_params) / 1e9, 1) == 5.1
 
 
 def test_expert_block_bytes_follow_the_engine_layout_and_shrink_with_quant():

@@ -1,0 +1,59 @@
+"""gpt_oss: pre-norm GQA attention with sinks, q/k/v/o biases and YaRN rope, sliding-window and full
+layers alternating (`layer_types`), and a MoE in every layer whose router takes the top-k of its
+biased logits before a softmax over those k, and whose experts are a clamped SwiGLU with biases
+(engine/model/gptoss.py). The Triton decode kernels compute plain SwiGLU only: this family's routed
+experts run through the torch expert math (expert_kernel=None), on the CPU and on the GPU.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from engine.model.block import Attention, Block, Rope
+from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert
+from engine.model.model import Model
+from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
+from engine.model.state import StateSpec
+
+FAMILY_NAMES = ("gpt_oss",)
+
+
+def read_spec(cfg) -> ModelSpec:
+    num_layers = cfg.num_hidden_layers
+    window = cfg.sliding_window or None
+    rope = dict(cfg.rope_parameters or {})
+    return ModelSpec(
+        family=cfg.model_type, num_layers=num_layers, hidden_size=cfg.hidden_size, vocab_size=cfg.vocab_size,
+        num_heads=cfg.num_attention_heads, num_kv_heads=cfg.num_key_value_heads or cfg.num_attention_heads,
+        head_dim=cfg.head_dim or cfg.hidden_size // cfg.num_attention_heads, rms_eps=cfg.rms_norm_eps,
+        num_experts=cfg.num_local_experts, top_k=cfg.num_experts_per_tok, expert_intermediate=cfg.intermediate_size,
+        norm_topk_prob=False, moe_layers=tuple(range(num_layers)), dense_intermediate=cfg.intermediate_size,
+        shared_expert_intermediate=0, qk_norm="none", clip_qkv=None,
+        sliding_windows=tuple(window if t == "sliding_attention" else None for t in cfg.layer_types),
+        tie_word_embeddings=bool(cfg.tie_word_embeddings), eos_token_ids=as_ids(cfg.eos_token_id),
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 150000.0)),
+        cfg=cfg,
+    )
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
+
+
+def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
+    inv_freq, scaling = rope_inv_freq(spec)
+    rope = Rope(inv_freq.to(device), scaling, dtype)
+    blocks = []
+    for layer in range(spec.num_layers):
+        p = f"model.layers.{layer}."
+        attn = Attention(layer, w, p + "self_attn.", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                         head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, window=spec.sliding_windows[layer])
+        router = TopKSoftmaxRouter(w[p + "mlp.router.weight"], w[p + "mlp.router.bias"], spec.top_k)
+        blocks.append(Block(attn, w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"],
+                            spec.rms_eps, router=router))
+    expert = partial(clamped_swiglu_expert, alpha=spec.cfg.swiglu_alpha, limit=spec.cfg.swiglu_limit)
+    embed = w["model.embed_tokens.weight"]
+    return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed),
+                 spec.rms_eps, expert_mlp=expert, expert_kernel=None)
