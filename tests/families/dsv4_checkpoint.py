@@ -1,0 +1,66 @@
+"""Small random DeepSeek-V4 checkpoints with every layer kind: sliding, CSA (indexer top-k smaller than
+the entries), HCA, hash-routed and score-routed MoE layers, YaRN compress rope, non-zero sinks,
+position biases, correction biases and mHC bases."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+TINY = dict(
+    vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=6, num_attention_heads=4,
+    num_key_value_heads=1, head_dim=32, q_lora_rank=48, num_experts_per_tok=2, n_routed_experts=8,
+    partial_rotary_factor=0.25, sliding_window=8, o_groups=2, o_lora_rank=24, index_n_heads=4,
+    index_head_dim=16, index_topk=2, compress_rates={CSA: 4, HCA: 8},
+    layer_types=[SLIDING, CSA, HCA, CSA, HCA, SLIDING], mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 4,
+    hc_mult=3, swiglu_limit=1.5, routed_scaling_factor=1.5, max_position_embeddings=256,
+    eos_token_id=None, bos_token_id=None, pad_token_id=None,
+    rope_parameters={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+                     "beta_fast": 32, "beta_slow": 1},
+)
+
+
+def tiny_config(**overrides):
+    from transformers import AutoConfig
+    return AutoConfig.for_model("deepseek_v4", **{**TINY, **overrides})
+
+
+def randomise(model, seed: int = 0, weight_std: float = 0.25) -> None:
+    """Weights large enough that greedy tokens are not decided by rounding, every bias non-zero."""
+    gen = torch.Generator().manual_seed(seed)
+    cfg = model.config
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=gen)
+            if "norm" in name and p.dim() == 1:
+                p.copy_(1.0 + 0.1 * noise)
+            elif name.endswith(("sinks", "position_bias", "base", "hc_base")):
+                p.copy_(0.5 * noise)
+            elif name.endswith(("scale", "hc_scale")):
+                p.copy_(1.0 + 0.3 * noise)
+            else:
+                p.copy_(noise * weight_std * (64 / p.shape[-1]) ** 0.5)
+        for name, b in model.named_buffers():
+            if name.endswith("tid2eid"):
+                rows = [torch.randperm(cfg.n_routed_experts, generator=gen)[: cfg.num_experts_per_tok]
+                        for _ in range(b.shape[0])]
+                b.copy_(torch.stack(rows))
+            elif name.endswith("e_score_correction_bias"):
+                b.copy_(0.5 * torch.randn(b.shape, generator=gen))
+
+
+def tiny_model(seed: int = 0, **overrides):
+    """A random DeepseekV4ForCausalLM (float32, eager) in memory."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_config(tiny_config(**overrides), attn_implementation="eager",
+                                             experts_implementation="eager").eval()
+    randomise(model, seed)
+    return model
+
+
+def build_dsv4(dst: str | Path, seed: int = 0, **overrides) -> Path:
+    """Save a tiny random model as a Hub-style snapshot (DeepSeek's tensor names, as save_pretrained writes them)."""
+    dst = Path(dst)
+    tiny_model(seed, **overrides).save_pretrained(str(dst))
+    return dst
