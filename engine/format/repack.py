@@ -83,8 +83,8 @@ def check_source_quantization(config: dict) -> None:
 
 
 def dense_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
-    """A dense tensor in its source dtype; block-FP8 weights are stored dequantized in bf16."""
-    if name + "_scale_inv" in ckpt:
+    """A dense tensor in its source dtype; block-FP8 weights are stored dequantized in bf16 (exact)."""
+    if ckpt.scale_of(name) is not None:
         return ckpt.get_float(name).to(torch.bfloat16)
     return ckpt.get(name)
 
@@ -146,9 +146,10 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
 
     layer_bytes = spec.num_experts * layout.block_bytes
     # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
-    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")
+    scales = {ckpt.scale_of(n) for n in ckpt.names()} - {None}
+    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and n not in scales
                    and is_text_model_tensor(spec.family, n) and not is_beyond_last_layer(n, spec.num_layers)]
-    dense_bytes = sum(ckpt.nbytes(n) * (2 if n + "_scale_inv" in ckpt else 1) for n in dense_names)
+    dense_bytes = sum(ckpt.nbytes(n) * (2 if ckpt.scale_of(n) else 1) for n in dense_names)
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
 
     work = dst.with_name(dst.name + ".partial")

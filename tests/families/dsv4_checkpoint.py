@@ -59,8 +59,13 @@ def tiny_model(seed: int = 0, **overrides):
     return model
 
 
-def build_dsv4(dst: str | Path, seed: int = 0, **overrides) -> Path:
-    """Save a tiny random model as a Hub-style snapshot (DeepSeek's tensor names, as save_pretrained writes them)."""
+def build_dsv4(dst: str | Path, seed: int = 0, with_tokenizer: bool = True, **overrides) -> Path:
+    """Save a tiny random model as a Hub-style snapshot (DeepSeek's tensor names, as save_pretrained writes
+    them), bf16 like shipped dense weights, so a bf16 repack is lossless."""
+    from engine.tools.demo import train_tiny_tokenizer
     dst = Path(dst)
-    tiny_model(seed, **overrides).save_pretrained(str(dst))
+    dst.mkdir(parents=True, exist_ok=True)
+    if with_tokenizer:
+        train_tiny_tokenizer(dst)
+    tiny_model(seed, **overrides).to(torch.bfloat16).save_pretrained(str(dst))
     return dst

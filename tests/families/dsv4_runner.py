@@ -11,6 +11,17 @@ from engine.model.dsv4.layer import Dsv4Layer, rope_for
 from engine.model.dsv4.norms import rms_norm
 
 
+class KeyList:
+    """Shared keys of one layer, grown by concatenation: store_keys for the pieces."""
+
+    def __init__(self):
+        self.keys = None
+
+    def __call__(self, kv: torch.Tensor) -> torch.Tensor:
+        self.keys = kv if self.keys is None else torch.cat([self.keys, kv])
+        return self.keys
+
+
 def layer_weights(model, index: int):
     """Name getter below `model.layers.{index}.` and the experts as (gate, up, down) per expert."""
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
@@ -43,23 +54,24 @@ class PieceModel:
         self.hc_head = (m.hc_head.hc_fn.detach(), m.hc_head.hc_base.detach(), m.hc_head.hc_scale.detach())
 
     @torch.no_grad()
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache]) -> torch.Tensor:
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache],
+                keys: list[KeyList]) -> torch.Tensor:
         """token_ids, positions [T] -> logits [T, vocab]."""
         x = self.embed[token_ids].unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()   # [T, n, H]
         rope = rope_for(self.cfg, positions, x.dtype)
-        for layer, experts, cache in zip(self.layers, self.experts, caches):
-            mixed, h = layer.mix(x, positions, cache, rope)
+        for layer, experts, cache, store in zip(self.layers, self.experts, caches, keys):
+            mixed, h = layer.mix(x, positions, cache, rope, store)
             weights, ids = layer.route(h, token_ids)
             x = layer.combine(mixed, h, routed_experts(layer, h, weights, ids, experts))
         x = rms_norm(hyper_head(x, *self.hc_head, self.cfg.hc_eps, self.cfg.eps), self.norm, self.cfg.eps)
         return x @ self.head.T
 
     def greedy(self, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
-        caches = [LayerCache() for _ in self.layers]
-        logits = self.forward(prompt, torch.arange(len(prompt)), caches)
+        caches, keys = [LayerCache() for _ in self.layers], [KeyList() for _ in self.layers]
+        logits = self.forward(prompt, torch.arange(len(prompt)), caches, keys)
         out = []
         for step in range(max_new_tokens):
             token = int(logits[-1].argmax())
             out.append(token)
-            logits = self.forward(torch.tensor([token]), torch.tensor([len(prompt) + step]), caches)
+            logits = self.forward(torch.tensor([token]), torch.tensor([len(prompt) + step]), caches, keys)
         return out

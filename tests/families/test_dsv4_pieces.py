@@ -11,7 +11,7 @@ from engine.model.dsv4.layer import Dsv4Layer, attention_weights, rope_for
 from engine.model.dsv4.moe import clamped_swiglu, route_hash, route_topk
 from engine.model.dsv4.rope import apply_tail_rope, rope_cos_sin, rope_tables
 from tests.families.dsv4_checkpoint import CSA, HCA, SLIDING, tiny_config, tiny_model
-from tests.families.dsv4_runner import PieceModel, layer_weights, routed_experts
+from tests.families.dsv4_runner import KeyList, PieceModel, layer_weights, routed_experts
 
 TIGHT = dict(rtol=1e-5, atol=1e-5)
 
@@ -184,10 +184,11 @@ def test_compressor_streams_like_the_reference_cache(model, cfg, layer):
 def test_attention_matches_reference_through_prefill_and_decode(model, cfg, trace, layer):
     get, _ = layer_weights(model, layer)
     kind = cfg.layer_types[layer]
-    w, cache = attention_weights(get, kind, cfg), LayerCache()
+    w, cache, keys = attention_weights(get, kind, cfg), LayerCache(), KeyList()
     for h, positions, _, out_ref in trace["attn"][layer]:
         positions = positions[0]
-        out = attention(h, positions, w, cache, kind, cfg.sliding_window, cfg.eps, rope_for(cfg, positions, h.dtype))
+        out = attention(h, positions, w, cache, kind, cfg.sliding_window, cfg.eps, rope_for(cfg, positions, h.dtype),
+                        keys)
         torch.testing.assert_close(out, out_ref, **TIGHT)
     assert positions[-1] + 1 > 2 * cfg.sliding_window                 # the window has slid
 
@@ -195,10 +196,10 @@ def test_attention_matches_reference_through_prefill_and_decode(model, cfg, trac
 @pytest.mark.parametrize("layer", range(6))
 def test_decoder_layer_matches_reference(model, cfg, trace, layer):
     get, experts = layer_weights(model, layer)
-    block, cache = Dsv4Layer(cfg, layer, get), LayerCache()
+    block, cache, keys = Dsv4Layer(cfg, layer, get), LayerCache(), KeyList()
     for x, positions, input_ids, out_ref in trace["layer"][layer]:
         positions = positions[0]
-        mixed, h = block.mix(x, positions, cache, rope_for(cfg, positions, x.dtype))
+        mixed, h = block.mix(x, positions, cache, rope_for(cfg, positions, x.dtype), keys)
         weights, ids = block.route(h, input_ids[0])
         out = block.combine(mixed, h, routed_experts(block, h, weights, ids, experts))
         torch.testing.assert_close(out, out_ref, **TIGHT)

@@ -6,6 +6,7 @@ T = tokens, h = query heads, D = head_dim, N = compressed entries, S = sliding k
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -79,25 +80,24 @@ def sliding_visible(q_positions: torch.Tensor, key_positions: torch.Tensor, wind
 
 @dataclass
 class LayerCache:
-    """One attention layer's state: all shared keys so far (the window is a mask), compressors' states."""
-    keys: torch.Tensor | None = None                  # [positions so far, D]
+    """One attention layer's compressor states (the shared keys live in the model state)."""
     compressor: CompressorState | None = None
     indexer: CompressorState | None = None
 
 
 def attention(h: torch.Tensor, positions: torch.Tensor, w: AttentionWeights, cache: LayerCache, kind: str,
-              window: int, eps: float, rope: dict) -> torch.Tensor:
+              window: int, eps: float, rope: dict, store_keys: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
     """One layer's attention for the next T tokens h [T, H] at positions [T] (contiguous, after the cache).
 
-    rope: {"main" | "compress": (cos [T, R/2], sin [T, R/2])} at `positions`, plus
-    "compress_tables": (inv_freq, scaling) for the compressed entries' own positions.
+    store_keys(kv [T, D]) writes the tokens' shared keys and returns the keys of every position so far
+    [S, D] (position i at row i; rows past the queries are masked). rope: {"main" | "compress":
+    (cos [T, R/2], sin [T, R/2])} at `positions`, and "compress_tables": (inv_freq, scaling) for the
+    compressed entries' own positions.
     """
     cos, sin = rope["main"] if kind == SLIDING else rope["compress"]
     q, q_residual = project_query(h, w, eps, cos, sin)
-    kv = project_kv(h, w, eps, cos, sin)
-    cache.keys = kv if cache.keys is None else torch.cat([cache.keys, kv])
-    key_positions = torch.arange(cache.keys.shape[0], device=h.device)
-    keys, visible = cache.keys, sliding_visible(positions, key_positions, window)
+    keys = store_keys(project_kv(h, w, eps, cos, sin))                                        # [S, D]
+    visible = sliding_visible(positions, torch.arange(keys.shape[0], device=h.device), window)
     if kind != SLIDING:
         inv_freq, scaling = rope["compress_tables"]
         cache.compressor = cache.compressor or CompressorState()

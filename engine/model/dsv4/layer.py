@@ -77,12 +77,13 @@ class Dsv4Layer:
         c = self.cfg
         return hyper_collapse(x, w, c.hc_sinkhorn_iters, c.hc_eps, c.eps)
 
-    def mix(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache, rope: dict) -> tuple[Mixed, torch.Tensor]:
+    def mix(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache, rope: dict,
+            store_keys: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Mixed, torch.Tensor]:
         """x [T, n, H] -> (Mixed, h [T, H]): attention between the attn hyper-connection, then the MoE input."""
         c = self.cfg
         collapsed, post, comb = self._collapse(x, self.attn_hc)
         out = attention(rms_norm(collapsed, self.input_norm, c.eps), positions, self.attn, cache, self.kind,
-                        c.sliding_window, c.eps, rope)
+                        c.sliding_window, c.eps, rope, store_keys)
         x = hyper_expand(x, out, post, comb)
         collapsed, post, comb = self._collapse(x, self.ffn_hc)
         return Mixed(x, post, comb), rms_norm(collapsed, self.post_attention_norm, c.eps)
@@ -99,5 +100,5 @@ class Dsv4Layer:
 
     def combine(self, mixed: Mixed, h: torch.Tensor, moe_out: torch.Tensor) -> torch.Tensor:
         """Streams after the layer: routed experts' sum + shared expert(h), spread by the ffn hyper-connection."""
-        out = moe_out + self.expert(h, *self.shared)
-        return hyper_expand(mixed.streams, out, mixed.post, mixed.comb)
+        out = moe_out + self.expert(h, *self.shared)              # moe_out may be float32: summed in it
+        return hyper_expand(mixed.streams, out, mixed.post, mixed.comb).to(mixed.streams.dtype)

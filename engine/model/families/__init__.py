@@ -16,6 +16,7 @@ FAMILIES: dict[str, str] = {
     # DeepSeek-style: MLA or GQA, grouped sigmoid/softmax routers, shared experts, leading dense layers
     "deepseek_v2": "deepseek_style", "deepseek_v3": "deepseek_style", "glm4_moe": "deepseek_style",
     "glm4_moe_lite": "deepseek_style", "minimax_m2": "deepseek_style",
+    "deepseek_v4": "deepseek_v4",
 }
 
 
