@@ -69,3 +69,56 @@ def build_dsv4(dst: str | Path, seed: int = 0, with_tokenizer: bool = True, **ov
         train_tiny_tokenizer(dst)
     tiny_model(seed, **overrides).to(torch.bfloat16).save_pretrained(str(dst))
     return dst
+
+
+E2M1_MAGNITUDES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+
+
+def _ue8m0(amax: torch.Tensor, top: float) -> torch.Tensor:
+    """Power-of-two scales (as ue8m0 stores them) with amax / scale <= top."""
+    return torch.exp2(torch.ceil(torch.log2(amax.clamp_min(1e-30) / top)))
+
+
+def fp8_blocks(w: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [R, C] -> e4m3 weight and ue8m0 scale per block x block (DeepSeek-V4's dense layout)."""
+    rows, cols = w.shape
+    blocks = w.float().reshape(rows // block, block, cols // block, block)
+    scale = _ue8m0(blocks.abs().amax(dim=(1, 3)), 448.0)                               # [R/b, C/b]
+    q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).reshape(rows, cols)
+    return q, scale.to(torch.float8_e8m0fnu)
+
+
+def fp4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [R, C] -> int8 [R, C/2] (two e2m1 codes, the low nibble first) and a ue8m0 scale per 32 of a row."""
+    rows, cols = w.shape
+    groups = w.float().reshape(rows, cols // 32, 32)
+    scale = _ue8m0(groups.abs().amax(dim=2), 6.0)                                      # [R, C/32]
+    scaled = groups / scale[..., None]
+    codes = (scaled.abs()[..., None] - E2M1_MAGNITUDES).abs().argmin(dim=-1) | ((scaled < 0).long() << 3)
+    codes = codes.reshape(rows, cols).to(torch.uint8)
+    return (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8), scale.to(torch.float8_e8m0fnu)
+
+
+def quantize_like_flash(hf_dir: Path, block: int = 16) -> Path:
+    """Rewrite a tiny snapshot in DeepSeek-V4-Flash's shipped formats: FP8 linears with ue8m0 block scales
+    under `X.scale`, routed experts FP4 (`expert_dtype: fp4`); compressor / indexer projections, router,
+    norms, mHC and embeddings stay as they are (bf16 / fp32), as shipped."""
+    import json
+    from safetensors.torch import load_file, save_file
+    path = Path(hf_dir) / "model.safetensors"
+    tensors, out = load_file(str(path)), {}
+    plain = (".compressor.wkv.", ".compressor.wgate.", ".indexer.weights_proj.", "ffn.gate.")
+    for name, t in tensors.items():
+        if ".experts." in name and "shared" not in name:
+            out[name], out[name.removesuffix("weight") + "scale"] = fp4_rows(t)
+        elif name.endswith(".weight") and t.dim() == 2 and ".layers." in name and not any(p in name for p in plain):
+            out[name], out[name.removesuffix("weight") + "scale"] = fp8_blocks(t, block)
+        else:
+            out[name] = t
+    save_file(out, str(path), metadata={"format": "pt"})
+    config_path = Path(hf_dir) / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+                                     "weight_block_size": [block, block], "scale_fmt": "ue8m0", "expert_dtype": "fp4"}
+    config_path.write_text(json.dumps(config, indent=1))
+    return Path(hf_dir)
