@@ -53,16 +53,21 @@ class ExpertSource:
         self.ckpt, self.spec = ckpt, spec
         self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
+    def _name(self, layer: int, expert: int, proj: str) -> str:
+        name = self.spec.expert_tensor_name(layer, expert, proj)
+        bare = name.removeprefix("model.")                  # DeepSeek-V4 as shipped: no `model.` prefix
+        return bare if name not in self.ckpt and bare in self.ckpt else name
+
     def check(self) -> None:
         for layer in self.spec.moe_layers:
-            if self.spec.expert_tensor_name(layer, 0, "gate") not in self.ckpt and \
+            if self._name(layer, 0, "gate") not in self.ckpt and \
                     self.spec.fused_expert_names(layer)[0] not in self.ckpt:
                 raise SluiceError(f"The checkpoint has no expert weights for layer {layer}; "
                                   "it is incomplete or not the model its config says.")
 
     def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
-        if self.spec.expert_tensor_name(layer, expert, "gate") in self.ckpt:
-            return {p: self.ckpt.get_float(self.spec.expert_tensor_name(layer, expert, p)) for p in ("gate", "up", "down")}
+        if self._name(layer, expert, "gate") in self.ckpt:
+            return {p: self.ckpt.get_float(self._name(layer, expert, p)) for p in ("gate", "up", "down")}
         if self._fused is None or self._fused[0] != layer:
             gate_up_name, down_name = self.spec.fused_expert_names(layer)
             self._fused = (layer, self.ckpt.get_float(gate_up_name), self.ckpt.get_float(down_name))

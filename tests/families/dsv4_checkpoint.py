@@ -99,16 +99,27 @@ def fp4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (codes[:, 0::2] | (codes[:, 1::2] << 4)).view(torch.int8), scale.to(torch.float8_e8m0fnu)
 
 
+SHIPPED_TOP_NAMES = {"model.embed_tokens.weight": "embed.weight", "model.norm.weight": "norm.weight",
+                     "model.hc_head.hc_fn": "hc_head_fn", "model.hc_head.hc_base": "hc_head_base",
+                     "model.hc_head.hc_scale": "hc_head_scale"}
+
+
+def shipped_name(name: str) -> str:
+    """save_pretrained's spelling -> DeepSeek's own (no `model.` prefix), as the Hub checkpoint names tensors."""
+    return SHIPPED_TOP_NAMES.get(name, name.removeprefix("model."))
+
+
 def quantize_like_flash(hf_dir: Path, block: int = 16) -> Path:
-    """Rewrite a tiny snapshot in DeepSeek-V4-Flash's shipped formats: FP8 linears with ue8m0 block scales
-    under `X.scale`, routed experts FP4 (`expert_dtype: fp4`); compressor / indexer projections, router,
-    norms, mHC and embeddings stay as they are (bf16 / fp32), as shipped."""
+    """Rewrite a tiny snapshot as DeepSeek-V4-Flash ships: DeepSeek's tensor names, FP8 linears with ue8m0
+    block scales under `X.scale`, routed experts FP4 (`expert_dtype: fp4`); compressor / indexer
+    projections, router, norms, mHC and embeddings stay as they are (bf16 / fp32)."""
     import json
     from safetensors.torch import load_file, save_file
     path = Path(hf_dir) / "model.safetensors"
     tensors, out = load_file(str(path)), {}
     plain = (".compressor.wkv.", ".compressor.wgate.", ".indexer.weights_proj.", "ffn.gate.")
     for name, t in tensors.items():
+        name = shipped_name(name)
         if ".experts." in name and "shared" not in name:
             out[name], out[name.removesuffix("weight") + "scale"] = fp4_rows(t)
         elif name.endswith(".weight") and t.dim() == 2 and ".layers." in name and not any(p in name for p in plain):

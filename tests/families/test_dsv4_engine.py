@@ -73,9 +73,10 @@ def test_flash_formats_fp8_dense_and_fp4_experts_equal_transformers(tmp_path):
     eng.close()
     ckpt = Checkpoint(hf_dir)                       # the dequantised values themselves, not only the tokens
     layer = reference.model.layers[3]
-    gate_up = torch.cat([ckpt.get_float(f"model.layers.3.ffn.experts.5.{p}.weight") for p in ("w1", "w3")])
+    assert "embed.weight" in ckpt and "layers.3.ffn.experts.5.w1.scale" in ckpt      # DeepSeek's own names
+    gate_up = torch.cat([ckpt.get_float(f"layers.3.ffn.experts.5.{p}.weight") for p in ("w1", "w3")])
     assert torch.equal(gate_up, layer.mlp.experts.gate_up_proj[5].detach())
-    assert torch.equal(ckpt.get_float("model.layers.3.attn.wo_a.weight"), layer.self_attn.o_a_proj.weight.detach())
+    assert torch.equal(ckpt.get_float("layers.3.attn.wo_a.weight"), layer.self_attn.o_a_proj.weight.detach())
 
 
 def test_refuses_unknown_layer_kinds_in_one_sentence(hf_dir):
