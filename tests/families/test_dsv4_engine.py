@@ -14,14 +14,6 @@ PROMPT = [(i * 37) % 300 + 3 for i in range(21)]     # 21: a CSA and an HCA wind
 NEW_TOKENS = 30
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     return build_dsv4(tmp_path_factory.mktemp("dsv4") / "hf", seed=2)

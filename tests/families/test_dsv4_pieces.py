@@ -16,15 +16,6 @@ from tests.families.dsv4_runner import KeyList, PieceModel, layer_weights, route
 TIGHT = dict(rtol=1e-5, atol=1e-5)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny ops on 2 shared cores: a second intra-op thread only spins (10x slower under load).
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
