@@ -60,7 +60,7 @@ class PieceModel:
         x = self.embed[token_ids].unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()   # [T, n, H]
         rope = rope_for(self.cfg, positions, x.dtype)
         for layer, experts, cache, store in zip(self.layers, self.experts, caches, keys):
-            mixed, h = layer.mix(x, positions, cache, rope, store)
+            mixed, h = layer.mix(x, int(positions[0]), cache, rope, store)
             weights, ids = layer.route(h, token_ids)
             x = layer.combine(mixed, h, routed_experts(layer, h, weights, ids, experts))
         x = rms_norm(hyper_head(x, *self.hc_head, self.cfg.hc_eps, self.cfg.eps), self.norm, self.cfg.eps)

@@ -171,15 +171,17 @@ def test_compressor_streams_like_the_reference_cache(model, cfg, layer):
         assert visible.sum() == cfg.index_topk < entries.shape[0]     # the indexer really selects
 
 
+@pytest.mark.parametrize("query_chunk", [256, 5])                       # 5: a prompt in 3 chunks
 @pytest.mark.parametrize("layer", range(6))
-def test_attention_matches_reference_through_prefill_and_decode(model, cfg, trace, layer):
+def test_attention_matches_reference_through_prefill_and_decode(model, cfg, trace, layer, query_chunk, monkeypatch):
+    monkeypatch.setattr("engine.model.dsv4.attention.QUERY_CHUNK", query_chunk)
     get, _ = layer_weights(model, layer)
     kind = cfg.layer_types[layer]
     w, cache, keys = attention_weights(get, kind, cfg), LayerCache(), KeyList()
     for h, positions, _, out_ref in trace["attn"][layer]:
         positions = positions[0]
-        out = attention(h, positions, w, cache, kind, cfg.sliding_window, cfg.eps, rope_for(cfg, positions, h.dtype),
-                        keys)
+        out = attention(h, int(positions[0]), w, cache, kind, cfg.sliding_window, cfg.eps,
+                        rope_for(cfg, positions, h.dtype), keys)
         torch.testing.assert_close(out, out_ref, **TIGHT)
     assert positions[-1] + 1 > 2 * cfg.sliding_window                 # the window has slid
 
@@ -190,7 +192,7 @@ def test_decoder_layer_matches_reference(model, cfg, trace, layer):
     block, cache, keys = Dsv4Layer(cfg, layer, get), LayerCache(), KeyList()
     for x, positions, input_ids, out_ref in trace["layer"][layer]:
         positions = positions[0]
-        mixed, h = block.mix(x, positions, cache, rope_for(cfg, positions, x.dtype), keys)
+        mixed, h = block.mix(x, int(positions[0]), cache, rope_for(cfg, positions, x.dtype), keys)
         weights, ids = block.route(h, input_ids[0])
         out = block.combine(mixed, h, routed_experts(block, h, weights, ids, experts))
         torch.testing.assert_close(out, out_ref, **TIGHT)

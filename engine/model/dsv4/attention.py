@@ -85,29 +85,44 @@ class LayerCache:
     indexer: CompressorState | None = None
 
 
-def attention(h: torch.Tensor, positions: torch.Tensor, w: AttentionWeights, cache: LayerCache, kind: str,
-              window: int, eps: float, rope: dict, store_keys: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """One layer's attention for the next T tokens h [T, H] at positions [T] (contiguous, after the cache).
+QUERY_CHUNK = 256      # queries per attention call: scores stay [h, 256, window + 256 + entries]
+
+
+def attention(h: torch.Tensor, start: int, w: AttentionWeights, cache: LayerCache, kind: str, window: int,
+              eps: float, rope: dict, store_keys: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One layer's attention for the next T tokens h [T, H] at positions start..start+T-1 (after the cache).
 
     store_keys(kv [T, D]) writes the tokens' shared keys and returns the keys of every position so far
-    [S, D] (position i at row i; rows past the queries are masked). rope: {"main" | "compress":
-    (cos [T, R/2], sin [T, R/2])} at `positions`, and "compress_tables": (inv_freq, scaling) for the
-    compressed entries' own positions.
+    [S, D] (position i at row i). Each chunk of queries reads only its window's keys, so a decode step
+    costs O(window) and a prompt O(T * window), not O(T^2). rope: {"main" | "compress": (cos, sin)
+    [T, R/2]} at the tokens' positions, and "compress_tables": (inv_freq, scaling) for the compressed
+    entries' own positions.
     """
+    num_tokens = h.shape[0]
+    positions = torch.arange(start, start + num_tokens, device=h.device)
     cos, sin = rope["main"] if kind == SLIDING else rope["compress"]
     q, q_residual = project_query(h, w, eps, cos, sin)
     keys = store_keys(project_kv(h, w, eps, cos, sin))                                        # [S, D]
-    visible = sliding_visible(positions, torch.arange(keys.shape[0], device=h.device), window)
+    entries = entry_visible = None
     if kind != SLIDING:
         inv_freq, scaling = rope["compress_tables"]
         cache.compressor = cache.compressor or CompressorState()
-        entries = compress(h, w.compressor, cache.compressor, eps, inv_freq, scaling)
+        entries = compress(h, w.compressor, cache.compressor, eps, inv_freq, scaling)          # [N, D]
         if kind == HCA:
             entry_visible = causal_entries(positions, entries.shape[0], w.compressor.rate)
         else:
             cache.indexer = cache.indexer or CompressorState()
             index_keys = compress(h, w.indexer.compressor, cache.indexer, eps, inv_freq, scaling)
             entry_visible = indexer_visible(q_residual, h, positions, index_keys, w.indexer, w.compressor.rate,
-                                            *rope["compress"])
-        keys, visible = torch.cat([keys, entries]), torch.cat([visible, entry_visible], dim=1)
-    return project_output(sink_attention(q, keys, visible, w.sinks), w, cos, sin)
+                                            *rope["compress"])                                 # [T, N]
+    outs = []
+    for first in range(0, num_tokens, QUERY_CHUNK):
+        last = min(first + QUERY_CHUNK, num_tokens)
+        lo, hi = max(0, start + first - window + 1), start + last                             # the chunk's keys
+        visible = sliding_visible(positions[first:last], torch.arange(lo, hi, device=h.device), window)
+        chunk_keys = keys[lo:hi]
+        if entries is not None:
+            chunk_keys = torch.cat([chunk_keys, entries])
+            visible = torch.cat([visible, entry_visible[first:last]], dim=1)
+        outs.append(sink_attention(q[first:last], chunk_keys, visible, w.sinks))
+    return project_output(torch.cat(outs), w, cos, sin)

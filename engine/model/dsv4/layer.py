@@ -77,12 +77,12 @@ class Dsv4Layer:
         c = self.cfg
         return hyper_collapse(x, w, c.hc_sinkhorn_iters, c.hc_eps, c.eps)
 
-    def mix(self, x: torch.Tensor, positions: torch.Tensor, cache: LayerCache, rope: dict,
+    def mix(self, x: torch.Tensor, start: int, cache: LayerCache, rope: dict,
             store_keys: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Mixed, torch.Tensor]:
         """x [T, n, H] -> (Mixed, h [T, H]): attention between the attn hyper-connection, then the MoE input."""
         c = self.cfg
         collapsed, post, comb = self._collapse(x, self.attn_hc)
-        out = attention(rms_norm(collapsed, self.input_norm, c.eps), positions, self.attn, cache, self.kind,
+        out = attention(rms_norm(collapsed, self.input_norm, c.eps), start, self.attn, cache, self.kind,
                         c.sliding_window, c.eps, rope, store_keys)
         x = hyper_expand(x, out, post, comb)
         collapsed, post, comb = self._collapse(x, self.ffn_hc)

@@ -67,7 +67,7 @@ class Dsv4Block:
             self.cache = LayerCache()
         rope = step.memo("dsv4-rope", lambda: rope_for(self.layer.cfg, step.positions, self.dtype))
         index = self.layer.index
-        return self.layer.mix(x, step.positions, self.cache, rope,
+        return self.layer.mix(x, step.start, self.cache, rope,
                               lambda kv: step.state.append(index, "kv", step.positions, step.start, kv))
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
