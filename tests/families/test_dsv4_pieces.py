@@ -50,9 +50,8 @@ def trace(model):
     ids = torch.randint(0, model.config.vocab_size, (1, 13), generator=gen)
     cache = DynamicCache(config=model.config)
     with torch.no_grad():
-        for step in range(15):
-            logits = model(ids if step == 0 else token, cache=cache, use_cache=True).logits
-            token = logits[:, -1:].argmax(-1)
+        for _ in range(15):
+            ids = model(ids, cache=cache, use_cache=True).logits[:, -1:].argmax(-1)     # the next step's input
     for h in handles:
         h.remove()
     return calls

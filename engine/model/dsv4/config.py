@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.errors import SluiceError
-from engine.model.dsv4.attention import CSA, HCA, SLIDING
+from engine.model.dsv4.attention import SLIDING
 from engine.model.dsv4.moe import SCORING_FUNCS
 from engine.model.dsv4.rope import rope_tables
 

@@ -9,7 +9,6 @@ import re
 
 EXPERT_PREFIX = "ffn"
 EXPERT_PROJ = {"gate": "w1", "up": "w3", "down": "w2"}
-SCALE_SUFFIX = ".scale"          # DeepSeek-V4's block scales sit beside `X.weight` as `X.scale`
 
 _TOP = {"embed.weight": "model.embed_tokens.weight", "embed_tokens.weight": "model.embed_tokens.weight",
         "head.weight": "lm_head.weight", "lm_head.weight": "lm_head.weight", "norm.weight": "model.norm.weight",
@@ -42,8 +41,4 @@ def canonical_name(name: str) -> str:
     for pattern, replacement in _LAYER_RULES:
         bare = pattern.sub(replacement, bare)
     return "model" + bare
-
-
-def is_scale(name: str) -> bool:
-    return name.endswith(SCALE_SUFFIX) or name.endswith("_scale_inv")
 
