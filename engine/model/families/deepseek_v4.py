@@ -4,7 +4,7 @@ sqrtsoftplus scores, clamped SwiGLU experts and one shared expert. The math is i
 (see docs/families/deepseek_v4.md); here it is wired into the runtime's Block and Model.
 
 Hash routing needs the token ids, which `route(h)` does not receive: the model's `embed` keeps the
-step's ids in a holder the hash blocks read (the static input row inside a CUDA graph).
+step's ids in a holder the hash blocks read (in decode, the step's static input row).
 """
 from __future__ import annotations
 
