@@ -106,6 +106,19 @@ class Checkpoint:
             self._handles[file] = safe_open(str(self.dir / file), framework="pt")
         return self._handles[file].get_tensor(name)
 
+    def logical_shape(self, name: str) -> tuple[int, ...]:
+        """The weight's shape once dequantised: FP4-packed bytes (int8 with a block scale) hold two values each."""
+        shape = self.shape(name)
+        dtype = self.headers[self.file_of[name]][name]["dtype"]
+        if dtype in ("I8", "U8") and self.scale_of(name) is not None:
+            return (*shape[:-1], 2 * shape[-1])
+        return shape
+
+    def spelling(self, name: str) -> str:
+        """`name` as this checkpoint spells it: DeepSeek-V4 ships its tensors without the `model.` prefix."""
+        bare = name.removeprefix("model.")
+        return bare if name not in self.file_of and bare in self.file_of else name
+
     def scale_of(self, name: str) -> str | None:
         """The block-scale tensor of a quantized weight: `X.weight_scale_inv` (DeepSeek-V3 style) or
         `X.scale` (DeepSeek-V4); None for a weight stored as it is."""

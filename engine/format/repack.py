@@ -54,9 +54,7 @@ class ExpertSource:
         self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _name(self, layer: int, expert: int, proj: str) -> str:
-        name = self.spec.expert_tensor_name(layer, expert, proj)
-        bare = name.removeprefix("model.")                  # DeepSeek-V4 as shipped: no `model.` prefix
-        return bare if name not in self.ckpt and bare in self.ckpt else name
+        return self.ckpt.spelling(self.spec.expert_tensor_name(layer, expert, proj))
 
     def check(self) -> None:
         for layer in self.spec.moe_layers:
