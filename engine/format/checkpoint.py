@@ -106,13 +106,39 @@ class Checkpoint:
             self._handles[file] = safe_open(str(self.dir / file), framework="pt")
         return self._handles[file].get_tensor(name)
 
+    def logical_shape(self, name: str) -> tuple[int, ...]:
+        """The weight's shape once dequantised: FP4-packed bytes (int8 with a block scale) hold two values each."""
+        shape = self.shape(name)
+        dtype = self.headers[self.file_of[name]][name]["dtype"]
+        if dtype in ("I8", "U8") and self.scale_of(name) is not None:
+            return (*shape[:-1], 2 * shape[-1])
+        return shape
+
+    def spelling(self, name: str) -> str:
+        """`name` as this checkpoint spells it: DeepSeek-V4 ships its tensors without the `model.` prefix."""
+        bare = name.removeprefix("model.")
+        return bare if name not in self.file_of and bare in self.file_of else name
+
+    def scale_of(self, name: str) -> str | None:
+        """The block-scale tensor of a quantized weight: `X.weight_scale_inv` (DeepSeek-V3 style) or
+        `X.scale` (DeepSeek-V4); None for a weight stored as it is."""
+        for scale_name in (name + "_scale_inv", name.removesuffix("weight") + "scale" if name.endswith(".weight") else None):
+            if scale_name in self.file_of:
+                return scale_name
+        return None
+
     def get_float(self, name: str) -> torch.Tensor:
-        """The tensor with block-FP8 storage undone (float32), or as stored when it is not block-FP8."""
+        """The tensor with block-FP8 / FP4 storage undone (float32), or as stored when it is not block-quantized."""
         tensor = self.get(name)
-        scale_name = name + "_scale_inv"
-        if scale_name not in self.file_of:
+        scale_name = self.scale_of(name)
+        if scale_name is None:
             return tensor
-        return dequantize_fp8_blocks(tensor, self.get(scale_name), self.fp8_block)
+        scale = self.get(scale_name)
+        if scale.dtype == torch.uint8:                      # ue8m0 scales stored as raw exponent bytes
+            scale = torch.exp2(scale.float() - 127.0)
+        if tensor.dtype in (torch.int8, torch.uint8):      # FP4 experts: their own [1, 32] grid, not the config's
+            return dequantize_fp8_blocks(unpack_fp4(tensor), scale)
+        return dequantize_fp8_blocks(tensor, scale, self.fp8_block)
 
     def fingerprint(self) -> dict[str, dict]:
         """Per shard: size, modification time and a hash of its header: detects a changed snapshot cheaply."""
@@ -169,3 +195,12 @@ def _block_for(n: int, grid: int) -> int | None:
     if -(-n // size) == grid:
         return size
     return n // grid if n % grid == 0 else None
+
+
+_E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def unpack_fp4(packed: torch.Tensor) -> torch.Tensor:
+    """int8 bytes [R, C/2] of two e2m1 values each, the low nibble first (DeepSeek-V4's experts) -> float32 [R, C]."""
+    codes = packed.view(torch.uint8).long()
+    return torch.stack([_E2M1[codes & 0xF], _E2M1[codes >> 4]], dim=-1).reshape(packed.shape[0], -1)

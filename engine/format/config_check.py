@@ -115,14 +115,14 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
             continue
         for expert in range(E):
             for proj, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
-                _check_present(ckpt, spec.expert_tensor_name(layer, expert, proj), shape, where)
+                _check_present(ckpt, ckpt.spelling(spec.expert_tensor_name(layer, expert, proj)), shape, where)
 
 
 def _check_present(ckpt, name: str, shape: tuple[int, ...], where: str) -> None:
     if name not in ckpt:
         raise SluiceError(f"The checkpoint in '{where}' has no tensor '{name}', which its config needs; "
                           "it is incomplete or not the model its config says.")
-    actual = tuple(ckpt.shape(name))
+    actual = tuple(ckpt.logical_shape(name))
     if actual != tuple(shape):
         raise SluiceError(f"The tensor '{name}' in '{where}' has shape {list(actual)} but the config implies "
                           f"{list(shape)}; the config does not belong to these weights.")

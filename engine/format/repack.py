@@ -54,16 +54,19 @@ class ExpertSource:
         self.ckpt, self.spec = ckpt, spec
         self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
+    def _name(self, layer: int, expert: int, proj: str) -> str:
+        return self.ckpt.spelling(self.spec.expert_tensor_name(layer, expert, proj))
+
     def check(self) -> None:
         for layer in self.spec.moe_layers:
-            if self.spec.expert_tensor_name(layer, 0, "gate") not in self.ckpt and \
+            if self._name(layer, 0, "gate") not in self.ckpt and \
                     self.spec.fused_expert_names(layer)[0] not in self.ckpt:
                 raise SluiceError(f"The checkpoint has no expert weights for layer {layer}; "
                                   "it is incomplete or not the model its config says.")
 
     def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
-        if self.spec.expert_tensor_name(layer, expert, "gate") in self.ckpt:
-            return {p: self.ckpt.get_float(self.spec.expert_tensor_name(layer, expert, p)) for p in ("gate", "up", "down")}
+        if self._name(layer, expert, "gate") in self.ckpt:
+            return {p: self.ckpt.get_float(self._name(layer, expert, p)) for p in ("gate", "up", "down")}
         if self._fused is None or self._fused[0] != layer:
             gate_up_name, down_name = self.spec.fused_expert_names(layer)
             self._fused = (layer, self.ckpt.get_float(gate_up_name), self.ckpt.get_float(down_name))
@@ -97,8 +100,8 @@ def check_source_quantization(config: dict) -> None:
 
 
 def dense_tensor(ckpt: Checkpoint, name: str) -> torch.Tensor:
-    """A dense tensor in its source dtype; block-FP8 weights are stored dequantized in bf16."""
-    if name + "_scale_inv" in ckpt:
+    """A dense tensor in its source dtype; block-FP8 weights are stored dequantized in bf16 (exact)."""
+    if ckpt.scale_of(name) is not None:
         return ckpt.get_float(name).to(torch.bfloat16)
     return ckpt.get(name)
 
@@ -160,9 +163,10 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
 
     layer_bytes = spec.num_experts * layout.block_bytes
     # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
-    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and not n.endswith("_scale_inv")
+    scales = {ckpt.scale_of(n) for n in ckpt.names()} - {None}
+    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and n not in scales
                    and is_text_model_tensor(spec.family, n) and not is_beyond_last_layer(n, spec.num_layers)]
-    dense_bytes = sum(ckpt.nbytes(n) * (2 if n + "_scale_inv" in ckpt else 1) for n in dense_names)
+    dense_bytes = sum(ckpt.nbytes(n) * (2 if ckpt.scale_of(n) else 1) for n in dense_names)
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
 
     work = dst.with_name(dst.name + ".partial")

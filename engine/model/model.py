@@ -18,6 +18,8 @@ def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 class Model:
+    graph_safe = True        # False: the family's blocks need host-known positions (decode runs eagerly)
+
     def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,
                  lm_head: torch.Tensor, eps: float, expert_mlp: Callable = swiglu_expert,
                  expert_kernel: str | None = "swiglu"):

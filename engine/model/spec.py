@@ -16,11 +16,14 @@ import torch
 
 from engine.errors import SluiceError
 
+from engine.model.dsv4 import names as dsv4_names
 from engine.model.families import FAMILIES, family_module
 
 SUPPORTED_FAMILIES = tuple(FAMILIES)
-_EXPERT_PREFIX = {"mixtral": "block_sparse_moe", "minimax_m2": "block_sparse_moe"}   # checkpoint module name of the MoE block
-_EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}, "minimax_m2": {"gate": "w1", "up": "w3", "down": "w2"}}
+_EXPERT_PREFIX = {"mixtral": "block_sparse_moe", "minimax_m2": "block_sparse_moe",     # checkpoint module name of the MoE block
+                  "deepseek_v4": dsv4_names.EXPERT_PREFIX}
+_EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}, "minimax_m2": {"gate": "w1", "up": "w3", "down": "w2"},
+                "deepseek_v4": dsv4_names.EXPERT_PROJ}
 _TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
 
 
@@ -75,6 +78,8 @@ class ModelSpec:
 def canonical_dense_name(family: str, name: str) -> str:
     """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`,
     Qwen3.5's `model.language_model.` -> `model.`)."""
+    if family == "deepseek_v4":
+        return dsv4_names.canonical_name(name)
     prefix = _EXPERT_PREFIX.get(family)
     if family in _TEXT_PREFIX and name.startswith(_TEXT_PREFIX[family]):
         name = "model." + name[len(_TEXT_PREFIX[family]):]
@@ -104,12 +109,13 @@ def hf_config(config: dict):
     refuse_unhandled(config)
     if model_type not in SUPPORTED_FAMILIES:
         raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import AutoConfig
     fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         return AutoConfig.for_model(model_type, **fields)
-    except (TypeError, ValueError, KeyError) as exc:
+    except (TypeError, ValueError, KeyError, StrictDataclassClassValidationError) as exc:
         raise SluiceError(f"The config.json of this {model_type} model cannot be read ({exc}); download the model again.") from exc
 
 

@@ -58,6 +58,8 @@ class ModelShape:
 def model_shape(config: dict) -> ModelShape:
     """Parameter counts of a supported MoE config (matches transformers' num_parameters())."""
     family = config.get("model_type", "?")
+    if family == "deepseek_v4":
+        return _deepseek_v4_shape(config)
     if isinstance(config.get("text_config"), dict):       # a vision-language checkpoint: its text model only
         config = {**config, **config["text_config"], "model_type": family}
     try:
@@ -156,6 +158,16 @@ def _deepseek_style_sizes(config: dict, gqa_attn: int, num_experts: int) -> tupl
     shared = 3 * H * config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0)
     bias = 0 if family == "deepseek_v2" else num_experts                 # V2 routes without a correction bias
     return attn, shared + bias, config["moe_intermediate_size"]
+
+
+def _deepseek_v4_shape(config: dict) -> ModelShape:
+    from engine.model.dsv4.params import model_dense_params
+    from engine.model.spec import hf_config
+    cfg = hf_config(config)
+    H, L, E, k, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
+    dense, expert = model_dense_params(cfg), 3 * H * I
+    return ModelShape("deepseek_v4", L, L, E, k, H, I, cfg.vocab_size, dense + L * E * expert, dense + L * k * expert,
+                      dense, cfg.vocab_size * H)
 
 
 def format_params(n: int) -> str:

@@ -43,7 +43,7 @@ class DecodeStep:
     def set_step(self, token: int, position: int) -> None:
         """The next step's input token and position. The pinned row is reused only after the caller
         has read the previous step's result (a host sync), so its copy has long finished."""
-        self._start = None if self.state.static else position
+        self._start = None if self.state.static and self.use_graphs else position
         if self._step_stage is None:
             self.step_in.copy_(torch.tensor([token, position]))
             return

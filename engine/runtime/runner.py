@@ -57,7 +57,7 @@ class Runner:
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
         kernel = self._choose_kernel(layout) if use_kernels and self.is_cuda and self.model.expert_kernel else None
         self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
-        self.step = DecodeStep(self.model, self.state, self.device, use_graphs)
+        self.step = DecodeStep(self.model, self.state, self.device, use_graphs and self.model.graph_safe)
         graph_bytes = 0
         if self.is_cuda:
             # Capture the decode graphs before the slot banks exist, and charge what they really hold
@@ -155,7 +155,8 @@ def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, p
         names = list(f.keys())
         weights = {}
         for i, name in enumerate(names):
-            weights[name] = f.get_tensor(name).to(device=device, dtype=dtype)
+            tensor = f.get_tensor(name)             # integer tables (DeepSeek-V4's tid2eid) keep their dtype
+            weights[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
     return weights

@@ -159,7 +159,22 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "process_rss_bytes": max(end["process"]["rss_bytes"], before["process"]["rss_bytes"]),
         "process_non_cache_bytes": max(end["process"]["non_cache_bytes"], before["process"]["non_cache_bytes"]),
         "warnings": end["warnings"],
+        **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
+
+
+def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float) -> dict:
+    """For a preset with fewer layers than its model: bytes per token scaled to the whole model, beside
+    the figure the engine the project was created from read per token on it."""
+    from engine.tools.presets import FULL_MODEL
+    full = FULL_MODEL.get(preset)
+    if full is None:
+        return {}
+    scale = full["num_layers"] / len(spec.moe_layers)
+    return {"full_model": {"name": full["name"], "num_layers": full["num_layers"], "preset_layers": spec.num_layers,
+                           "expert_bytes_per_token": spec.top_k * full["num_layers"] * block_bytes,
+                           "disk_bytes_per_token": disk_per_token * scale,
+                           "reference_bytes_per_token": full["reference_bytes_per_token"]}}
 
 
 class _Timings:
@@ -183,6 +198,16 @@ def _timed_generate(eng, prompt: list[int], params) -> _Timings:
     return t
 
 
+def _full_model_lines(r: dict) -> list[str]:
+    f = r.get("full_model")
+    if not f:
+        return []
+    gib = lambda n: f"{n / 2**30:.2f} GiB"                               # noqa: E731
+    return [f"{f['name']}    this preset has {f['preset_layers']} of its {f['num_layers']} layers; scaled to "
+            f"{f['num_layers']}: experts per token {gib(f['expert_bytes_per_token'])}, read from disk per token "
+            f"{gib(f['disk_bytes_per_token'])} (the seed engine: {gib(f['reference_bytes_per_token'])}/token)"]
+
+
 def report(r: dict) -> str:
     gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
     from engine.tools.presets import PRESET_NOTES
@@ -203,6 +228,7 @@ def report(r: dict) -> str:
         f"efficiency {r['decode_efficiency']:.2f})",
         f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}, h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
         f"GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
+        *_full_model_lines(r),
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
         f"VRAM peak    {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget "

@@ -50,6 +50,12 @@ PRESETS = {
                          num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
                          max_position_embeddings=131072, rms_norm_eps=1e-5, swiglu_limit=7.0,
                          attention_bias=True, tie_word_embeddings=False),
+    # deepseek-ai/DeepSeek-V4-Flash's shapes (transformers' DeepseekV4Config defaults: hidden 4096, 256 experts of
+    # 2048, top-6, 64 heads of 512, hc_mult 4) with 4 of its 43 layers, one of each attention kind.
+    "deepseek-v4-flash-4l": dict(model_type="deepseek_v4", num_hidden_layers=4,
+                                 layer_types=["sliding_attention", "compressed_sparse_attention",
+                                              "heavily_compressed_attention", "compressed_sparse_attention"],
+                                 mlp_layer_types=["hash_moe", "moe", "moe", "moe"], tie_word_embeddings=False),
 }
 # DeepSeek-style presets (MLA, shared experts, dense first layers, grouped routers)
 _DEEPSEEK_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
@@ -77,7 +83,12 @@ PRESETS.update({
 # said in the bench output: how a preset differs from the real model
 PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)",
                 "gpt-oss-120b": "12 of gpt-oss-120b's 36 layers (every other dimension as released), so that "
-                                "the bench's files stay under ~40 GB at fp8 and ~21 GB at mxfp4"}
+                                "the bench's files stay under ~40 GB at fp8 and ~21 GB at mxfp4",
+                "deepseek-v4-flash-4l": "DeepSeek-V4-Flash layer shapes with 4 of its 43 layers (sliding, CSA, HCA, CSA)"}
+# Presets with fewer layers than the model they take their shapes from: the full model's layer count, and
+# the bytes per token the engine the project was created from moved on it (DeepSeek-V4.1-Flash: 4.2 GiB).
+FULL_MODEL = {"deepseek-v4-flash-4l": {"name": "DeepSeek-V4-Flash", "num_layers": 43,
+                                       "reference_bytes_per_token": 4.2 * 2**30}}
 NUM_DISTINCT_BLOCKS = 16
 
 
@@ -98,17 +109,21 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     cfg = AutoConfig.for_model(config["model_type"], **fields)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    # state_dict: parameters and persistent buffers (DeepSeek-V3's e_score_correction_bias)
+    # state_dict: parameters and persistent buffers (correction biases, DeepSeek-V4's tid2eid table)
     return {n: tuple(p.shape) for n, p in model.state_dict().items() if ".experts." not in n}
 
 
-def _random_dense(shapes: dict, device, generator: torch.Generator) -> dict[str, torch.Tensor]:
+def _random_dense(shapes: dict, device, generator: torch.Generator, num_experts: int = 0) -> dict[str, torch.Tensor]:
     """Random dense weights that route like a trained model: token embeddings of unit size dominate
     the residual stream, so each token picks its own experts (with 0.02-std embeddings, near-uniform
     random attention adds the same vector to every token and all tokens collapse onto a few experts,
     which would make any expert cache look perfect)."""
     out = {}
     for name, shape in shapes.items():
+        if name.endswith("tid2eid"):               # hash routing: each token's k distinct experts
+            order = torch.rand(shape[0], num_experts, device=device, generator=generator).argsort(dim=1)
+            out[name] = order[:, :shape[1]].contiguous().cpu()
+            continue
         if len(shape) == 1:                                                  # norms
             t = 1.0 + 0.1 * torch.randn(shape, device=device, generator=generator)
         elif name.endswith("embed_tokens.weight"):
@@ -130,7 +145,7 @@ def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: in
     spec = read_spec(config)
     layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=spec.has_expert_bias)
     gen_dev = torch.Generator(device=device).manual_seed(seed)
-    dense = _random_dense(_dense_shapes(config), device, gen_dev)
+    dense = _random_dense(_dense_shapes(config), device, gen_dev, spec.num_experts)
     save_file(dense, str(dst / DENSE_FILE), metadata={"format": "pt"})
     progress(f"{preset}: dense weights written ({sum(t.numel() * 2 for t in dense.values()) / 1e9:.2f} GB)")
 
@@ -183,7 +198,7 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
         if shard_size >= shard_bytes:
             flush()
 
-    for name, tensor in _random_dense(_dense_shapes(config), device, gen).items():
+    for name, tensor in _random_dense(_dense_shapes(config), device, gen, spec.num_experts).items():
         add(name, tensor)
     if spec.family == "gpt_oss":
         _add_gpt_oss_mxfp4_experts(spec, add, gen, progress)
@@ -223,4 +238,5 @@ def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> Non
 
 def _architecture(config: dict) -> str:
     return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-            "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM"}[config["model_type"]]
+            "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM",
+            "deepseek_v4": "DeepseekV4ForCausalLM"}[config["model_type"]]

@@ -17,6 +17,7 @@ FAMILIES: dict[str, str] = {
     "deepseek_v2": "deepseek_style", "deepseek_v3": "deepseek_style", "glm4_moe": "deepseek_style",
     "glm4_moe_lite": "deepseek_style", "minimax_m2": "deepseek_style",
     "gpt_oss": "gpt_oss",
+    "deepseek_v4": "deepseek_v4",
 }
 
 

@@ -1,0 +1,128 @@
+"""DeepSeek-V4 attention: one shared K = V head of a large dim, sinks, a sliding window plus compressed
+long-range entries (HCA: all closed windows; CSA: the indexer's top-k), grouped low-rank output.
+
+T = tokens, h = query heads, D = head_dim, N = compressed entries, S = sliding keys.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from engine.model.dsv4.compressor import (CompressorState, CompressorWeights, IndexerWeights, causal_entries,
+                                          compress, indexer_visible)
+from engine.model.dsv4.norms import rms_norm, unweighted_rms_norm
+from engine.model.dsv4.rope import apply_tail_rope
+
+SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
+
+
+@dataclass(frozen=True)
+class AttentionWeights:
+    q_a: torch.Tensor          # [q_lora, H]
+    q_a_norm: torch.Tensor     # [q_lora] float32
+    q_b: torch.Tensor          # [h * D, q_lora]
+    kv: torch.Tensor           # [D, H]
+    kv_norm: torch.Tensor      # [D] float32
+    o_a: torch.Tensor          # [groups * o_lora, h * D / groups]
+    o_b: torch.Tensor          # [H, groups * o_lora]
+    sinks: torch.Tensor        # [h] float32
+    o_groups: int
+    compressor: CompressorWeights | None = None   # CSA / HCA layers
+    indexer: IndexerWeights | None = None         # CSA layers
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv.shape[0]
+
+
+def project_query(h: torch.Tensor, w: AttentionWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor):
+    """h [T, H] -> q [T, h, D] (per-head unweighted norm, rope) and q_residual [T, q_lora] (the indexer's input)."""
+    q_residual = rms_norm(F.linear(h, w.q_a), w.q_a_norm, eps)
+    q = F.linear(q_residual, w.q_b).view(h.shape[0], -1, w.head_dim)
+    return apply_tail_rope(unweighted_rms_norm(q, eps), cos, sin), q_residual
+
+
+def project_kv(h: torch.Tensor, w: AttentionWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """h [T, H] -> the shared key/value [T, D]."""
+    return apply_tail_rope(rms_norm(F.linear(h, w.kv), w.kv_norm, eps), cos, sin)
+
+
+def sink_attention(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """q [T, h, D], keys (= values) [S, D], visible [T, S] bool, sinks [h] -> [T, h, D].
+    Every row sees at least its own key, so the masked softmax is well defined."""
+    scores = torch.matmul(q.transpose(0, 1), keys.T) * q.shape[-1] ** -0.5                    # [h, T, S]
+    scores = scores.masked_fill(~visible, float("-inf"))
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)                # [h, T, 1]
+    logits = torch.cat([scores, sink], dim=-1)
+    logits = logits - logits.max(dim=-1, keepdim=True).values
+    probs = torch.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1].to(keys.dtype)
+    return torch.matmul(probs, keys).transpose(0, 1)                                          # [T, h, D]
+
+
+def project_output(o: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """o [T, h, D]: undo V's rope at the query position, then the grouped output projection -> [T, H]."""
+    o = apply_tail_rope(o, cos, -sin)
+    num_tokens, groups = o.shape[0], w.o_groups
+    grouped = o.reshape(num_tokens, groups, -1).transpose(0, 1)                                # [g, T, hD/g]
+    per_group = w.o_a.view(groups, -1, grouped.shape[-1]).transpose(1, 2)                     # [g, hD/g, o_lora]
+    mixed = torch.bmm(grouped, per_group).transpose(0, 1).reshape(num_tokens, -1)             # [T, g * o_lora]
+    return F.linear(mixed, w.o_b)
+
+
+def sliding_visible(q_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
+    """[T, S]: causal and within the last `window` positions (the query's own included)."""
+    q, k = q_positions[:, None], key_positions[None, :]
+    return (k <= q) & (k > q - window)
+
+
+@dataclass
+class LayerCache:
+    """One attention layer's compressor states (the shared keys live in the model state)."""
+    compressor: CompressorState | None = None
+    indexer: CompressorState | None = None
+
+
+QUERY_CHUNK = 256      # queries per attention call: scores stay [h, 256, window + 256 + entries]
+
+
+def attention(h: torch.Tensor, start: int, w: AttentionWeights, cache: LayerCache, kind: str, window: int,
+              eps: float, rope: dict, store_keys: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """One layer's attention for the next T tokens h [T, H] at positions start..start+T-1 (after the cache).
+
+    store_keys(kv [T, D]) writes the tokens' shared keys and returns the keys of every position so far
+    [S, D] (position i at row i). Each chunk of queries reads only its window's keys, so a decode step
+    costs O(window) and a prompt O(T * window), not O(T^2). rope: {"main" | "compress": (cos, sin)
+    [T, R/2]} at the tokens' positions, and "compress_tables": (inv_freq, scaling) for the compressed
+    entries' own positions.
+    """
+    num_tokens = h.shape[0]
+    positions = torch.arange(start, start + num_tokens, device=h.device)
+    cos, sin = rope["main"] if kind == SLIDING else rope["compress"]
+    q, q_residual = project_query(h, w, eps, cos, sin)
+    keys = store_keys(project_kv(h, w, eps, cos, sin))                                        # [S, D]
+    entries = entry_visible = None
+    if kind != SLIDING:
+        inv_freq, scaling = rope["compress_tables"]
+        cache.compressor = cache.compressor or CompressorState()
+        entries = compress(h, w.compressor, cache.compressor, eps, inv_freq, scaling)          # [N, D]
+        if kind == HCA:
+            entry_visible = causal_entries(positions, entries.shape[0], w.compressor.rate)
+        else:
+            cache.indexer = cache.indexer or CompressorState()
+            index_keys = compress(h, w.indexer.compressor, cache.indexer, eps, inv_freq, scaling)
+            entry_visible = indexer_visible(q_residual, h, positions, index_keys, w.indexer, w.compressor.rate,
+                                            *rope["compress"])                                 # [T, N]
+    outs = []
+    for first in range(0, num_tokens, QUERY_CHUNK):
+        last = min(first + QUERY_CHUNK, num_tokens)
+        lo, hi = max(0, start + first - window + 1), start + last                             # the chunk's keys
+        visible = sliding_visible(positions[first:last], torch.arange(lo, hi, device=h.device), window)
+        chunk_keys = keys[lo:hi]
+        if entries is not None:
+            chunk_keys = torch.cat([chunk_keys, entries])
+            visible = torch.cat([visible, entry_visible[first:last]], dim=1)
+        outs.append(sink_attention(q[first:last], chunk_keys, visible, w.sinks))
+    return project_output(torch.cat(outs), w, cos, sin)

@@ -1,0 +1,81 @@
+"""DeepSeek-V4 through the user's path: repack, Engine.load(...).generate(...) with experts streaming
+(RAM cache and device slots smaller than the expert set), greedy tokens equal to transformers (float32)."""
+import pytest
+import torch
+
+import engine
+from engine import GenerationParams
+from engine.errors import SluiceError
+from engine.format.checkpoint import Checkpoint
+from tests.engine.reference import load_reference, reference_greedy
+from tests.families.dsv4_checkpoint import build_dsv4, quantize_like_flash
+
+PROMPT = [(i * 37) % 300 + 3 for i in range(21)]     # 21: a CSA and an HCA window left open at prefill's end
+NEW_TOKENS = 30
+
+
+@pytest.fixture(scope="module")
+def hf_dir(tmp_path_factory):
+    return build_dsv4(tmp_path_factory.mktemp("dsv4") / "hf", seed=2)
+
+
+def streaming_engine(model_dir, **kw):
+    probe = engine.load(model_dir, **kw)
+    ram = probe.model.expert_bytes_total // 3
+    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * probe.plan.device_slot_bytes
+    if probe.runner.is_cuda:
+        vram += probe.plan.workspace_bytes
+    probe.close()
+    return engine.load(model_dir, vram_budget=vram, ram_cache=ram, **kw)
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8"])
+def test_greedy_tokens_equal_transformers_while_streaming(hf_dir, tmp_path, quant):
+    from engine.format.repack import repack
+    model_dir = repack(hf_dir, tmp_path / quant, quant=quant)
+    eng = streaming_engine(model_dir)
+    tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
+    expected = reference_greedy(load_reference(hf_dir, quant), PROMPT, NEW_TOKENS)
+    assert tokens == expected
+    t = eng.telemetry()
+    assert t["ram_cache"]["evictions"] > 0 and t["disk"]["bytes_read"] > eng.model.expert_bytes_total
+    eng.close()
+
+
+@pytest.mark.gpu
+def test_greedy_tokens_equal_transformers_on_the_gpu(hf_dir, tmp_path):
+    """float32 on CUDA, experts streaming through the slot banks (decode runs eagerly: no graphs)."""
+    from engine.format.repack import repack
+    eng = streaming_engine(repack(hf_dir, tmp_path / "bf16", quant="bf16"), device="cuda", dtype="float32")
+    tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
+    assert tokens == reference_greedy(load_reference(hf_dir), PROMPT, NEW_TOKENS)
+    assert eng.telemetry()["ram_cache"]["evictions"] > 0
+    eng.close()
+
+
+def test_flash_formats_fp8_dense_and_fp4_experts_equal_transformers(tmp_path):
+    """A checkpoint as DeepSeek-V4-Flash ships (FP8 ue8m0-block linears under `.scale`, FP4 experts), read
+    by transformers' own loader for the reference; the bf16 repack holds those values exactly."""
+    from engine.format.repack import repack
+    hf_dir = quantize_like_flash(build_dsv4(tmp_path / "flash", seed=4))
+    eng = streaming_engine(repack(hf_dir, tmp_path / "bf16", quant="bf16"))
+    tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
+    reference = load_reference(hf_dir)
+    assert tokens == reference_greedy(reference, PROMPT, NEW_TOKENS)
+    eng.close()
+    ckpt = Checkpoint(hf_dir)                       # the dequantised values themselves, not only the tokens
+    layer = reference.model.layers[3]
+    assert "embed.weight" in ckpt and "layers.3.ffn.experts.5.w1.scale" in ckpt      # DeepSeek's own names
+    gate_up = torch.cat([ckpt.get_float(f"layers.3.ffn.experts.5.{p}.weight") for p in ("w1", "w3")])
+    assert torch.equal(gate_up, layer.mlp.experts.gate_up_proj[5].detach())
+    assert torch.equal(ckpt.get_float("layers.3.attn.wo_a.weight"), layer.self_attn.o_a_proj.weight.detach())
+
+
+def test_refuses_unknown_layer_kinds_in_one_sentence(hf_dir):
+    import json
+    from engine.model.spec import read_spec
+    config = json.loads((hf_dir / "config.json").read_text())
+    with pytest.raises(SluiceError, match="layer_types"):
+        read_spec({**config, "layer_types": ["full_attention"] * config["num_hidden_layers"]})
+    with pytest.raises(SluiceError, match="softmax"):
+        read_spec({**config, "scoring_func": "softmax"})
