@@ -305,6 +305,11 @@ STAGES = {
     "bench-gpt-oss": lambda: [
         bench("gpt-oss-mxfp4-12g-8g", ["--preset", "gpt-oss-120b", "--quant", "mxfp4", "--vram-budget", "12GB",
                                        "--ram-cache", "8GB", "--prompt-tokens", "1024", "--new-tokens", "64"])],
+    "bench-deepseek": lambda: [
+        bench("deepseek-v2-lite-fp8-6g-8g", ["--preset", "deepseek-v2-lite", "--quant", "fp8", "--vram-budget", "6GB",
+                                             "--ram-cache", "8GB", "--prompt-tokens", "512", "--new-tokens", "64"]),
+        bench("deepseek-v4-flash-4l-nvfp4-8g-8g", ["--preset", "deepseek-v4-flash-4l", "--quant", "nvfp4", "--vram-budget",
+                                                   "8GB", "--ram-cache", "8GB", "--prompt-tokens", "256", "--new-tokens", "32"])],
     "bench-olmoe": lambda: [
         bench("olmoe-fp8-4g-2g", ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB",
                                   "--ram-cache", "2GiB", "--prompt-tokens", "2048", "--new-tokens", "64"]),
