@@ -70,7 +70,9 @@ def test_engine_on_cuda_uses_the_gpu_path_and_matches_transformers(family_model)
     before = torch.cuda.memory_allocated()           # other tests' leftovers in this process
     eng = engine.load(path, device="cuda", dtype="float32", vram_budget=None, ram_cache=None)
     try:
-        assert eng.runner.step.use_graphs and eng.runner.experts.kernel is not None
+        assert eng.runner.step.use_graphs
+        # the Triton kernels cover plain SwiGLU experts; other activations (gpt-oss) run torch experts
+        assert (eng.runner.experts.kernel is not None) == (eng.runner.model.expert_kernel == "swiglu")
         ids = [ev.token_id for ev in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
         assert ids == expected
         assert eng.telemetry()["vram"]["peak_bytes"] - before <= eng.plan.vram_budget_bytes
