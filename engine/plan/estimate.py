@@ -189,8 +189,7 @@ def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
 
 def expert_block_bytes(shape: ModelShape, quant: str) -> int:
     """Bytes of one (layer, expert) block in experts.bin: the engine's own layout, 4096-aligned."""
-    from engine.format.layout import block_layout
-    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS
+    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
     return block_layout(shape.expert_intermediate, shape.hidden, quant,
                         bias=shape.family in FAMILIES_WITH_EXPERT_BIAS).block_bytes
 
