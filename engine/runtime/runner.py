@@ -41,6 +41,8 @@ class Runner:
         self.is_cuda = self.device.type == "cuda"
         spec, layout = model_dir.spec, model_dir.layout
         self.spec = spec
+        if self.is_cuda:
+            torch.cuda.empty_cache()       # blocks a previous model left cached would blur what this one measures
         base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
         weights = _load_dense(model_dir, self.device, dtype, progress)
         dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
