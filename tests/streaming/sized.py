@@ -14,21 +14,21 @@ def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: i
     from engine import SluiceError
     kw = {"device": DEVICE, "dtype": "float32", "max_context": max_context, **kw}
     vram = ram = plan = None
-    slack = 0
-    for _ in range(6):
+    for _ in range(8):
         try:
             eng = engine.load(path, vram_budget=vram, ram_cache=ram, **kw)
-        except SluiceError:           # this load measured more graph memory than the last: leave room
-            slack += plan.device_slot_bytes
-            vram += plan.device_slot_bytes
+        except SluiceError:           # this load measured more graph memory than the last: one slot more room
+            vram += 2 * plan.device_slot_bytes
             continue
         plan = eng.plan
         if vram is not None and plan.slots_per_bank == slots_per_bank:
             return eng
         eng.close()
         del eng
-        vram = (plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + slack
-                + 2 * slots_per_bank * plan.device_slot_bytes)
+        if vram is None:
+            vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * slots_per_bank * plan.device_slot_bytes
+        else:                         # closed loop on the slot count the engine really gave
+            vram += 2 * (slots_per_bank - plan.slots_per_bank) * plan.device_slot_bytes
         ram = ram_blocks * plan.block_bytes
     raise AssertionError(f"could not size a budget for {slots_per_bank} slots a bank (last plan: {plan})")
 
