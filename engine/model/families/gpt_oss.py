@@ -14,9 +14,11 @@ from engine.model.block import Attention, Block, Rope
 from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
-from engine.model.state import StateSpec
+from engine.model.families import standard
 
 FAMILY_NAMES = ("gpt_oss",)
+
+state_specs = standard.state_specs          # per-layer keys and values, as the standard families
 
 
 def read_spec(cfg) -> ModelSpec:
@@ -36,10 +38,6 @@ def read_spec(cfg) -> ModelSpec:
         rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 150000.0)),
         cfg=cfg,
     )
-
-
-def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
-    return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
