@@ -140,6 +140,21 @@ class Checkpoint:
             return dequantize_fp8_blocks(unpack_fp4(tensor), scale)
         return dequantize_fp8_blocks(tensor, scale, self.fp8_block)
 
+    def mxfp4_parts(self, name: str) -> dict[str, torch.Tensor] | None:
+        """An FP4-packed weight (two e2m1 values a byte, low nibble first, one e8m0 scale per 32 values:
+        DeepSeek-V4's experts) as the mxfp4 block parts {"w", "scale"} it already is byte for byte, or None."""
+        scale_name = self.scale_of(name)
+        if scale_name is None:
+            return None
+        tensor, scale = self.get(name), self.get(scale_name)
+        if tensor.dtype not in (torch.int8, torch.uint8) or scale.shape != (tensor.shape[0], 2 * tensor.shape[1] // 32):
+            return None
+        scale_bytes = scale if scale.dtype == torch.uint8 else scale.view(torch.uint8) \
+            if scale.element_size() == 1 else None
+        if scale_bytes is None:
+            return None
+        return {"w": tensor.view(torch.uint8).contiguous(), "scale": scale_bytes.contiguous()}
+
     def fingerprint(self) -> dict[str, dict]:
         """Per shard: size, modification time and a hash of its header: detects a changed snapshot cheaply."""
         out = {}

@@ -77,8 +77,18 @@ class ExpertSource:
     def is_expert_tensor(self, name: str) -> bool:
         return ".experts." in name
 
-    def native_parts(self, layer: int, expert: int, quant: str) -> None:
-        return None             # these checkpoints store no expert format Sluice can copy as it is
+    def native_parts(self, layer: int, expert: int, quant: str) -> dict[str, torch.Tensor] | None:
+        """Block parts copied as stored, when the checkpoint already holds this quant (FP4 experts with e8m0
+        scales per 32, as DeepSeek-V4-Flash ships them, are mxfp4 byte for byte); else None."""
+        if quant != "mxfp4" or self._name(layer, expert, "gate") not in self.ckpt:
+            return None
+        parts = {}
+        for proj in ("gate", "up", "down"):
+            native = self.ckpt.mxfp4_parts(self._name(layer, expert, proj))
+            if native is None:
+                return None
+            parts.update({f"{proj}.{k}": v for k, v in native.items()})
+        return parts
 
 
 def expert_source(ckpt: Checkpoint, spec: ModelSpec):

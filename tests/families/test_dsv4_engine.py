@@ -79,3 +79,25 @@ def test_refuses_unknown_layer_kinds_in_one_sentence(hf_dir):
         read_spec({**config, "layer_types": ["full_attention"] * config["num_hidden_layers"]})
     with pytest.raises(SluiceError, match="softmax"):
         read_spec({**config, "scoring_func": "softmax"})
+
+
+def test_flash_fp4_experts_repack_to_mxfp4_byte_for_byte_and_equal_transformers(tmp_path):
+    """V4-Flash's FP4 experts (e2m1 pairs, an e8m0 scale per 32) are mxfp4 already: `--quant mxfp4`
+    copies their bytes into the blocks, and the tokens are transformers' own on that checkpoint."""
+    from engine.format.modeldir import open_model_dir
+    from engine.format.repack import repack
+    hf_dir = quantize_like_flash(build_dsv4(tmp_path / "flash", seed=4))
+    model_dir = repack(hf_dir, tmp_path / "mxfp4", quant="mxfp4")
+    md, ckpt = open_model_dir(model_dir), Checkpoint(hf_dir)
+    layer = md.spec.moe_layers[-1]
+    with open(md.path / "experts.bin", "rb") as f:
+        f.seek(md.expert_offset(layer, 5))
+        block = torch.frombuffer(bytearray(f.read(md.layout.block_bytes)), dtype=torch.uint8)
+    views = md.layout.views(block)
+    for proj, name in (("gate", "w1"), ("up", "w3"), ("down", "w2")):
+        stored = ckpt.get(f"layers.{layer}.ffn.experts.5.{name}.weight").view(torch.uint8)
+        assert torch.equal(views[f"{proj}.w"].reshape(stored.shape), stored)
+    eng = streaming_engine(model_dir)
+    tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
+    eng.close()
+    assert tokens == reference_greedy(load_reference(hf_dir), PROMPT, NEW_TOKENS)
