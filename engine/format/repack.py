@@ -202,27 +202,7 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
         _save_state(work, state)
     report("dense weights written")
 
-    experts_path = work / modeldir.EXPERTS_FILE
-    fd = os.open(experts_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        os.ftruncate(fd, layer_bytes * len(spec.moe_layers))
-        for index, layer in enumerate(spec.moe_layers):
-            if str(layer) in state["layers"]:
-                continue
-            checksums = []
-            for expert in range(spec.num_experts):
-                if cancel_event is not None and cancel_event.is_set():
-                    raise RepackCancelled("Repack cancelled; start it again to resume where it stopped.")
-                parts = experts.native_parts(layer, expert, quant) or quantized_parts(experts.get(layer, expert), quant)
-                block = layout.pack(parts).numpy()
-                os.pwrite(fd, block, index * layer_bytes + expert * layout.block_bytes)
-                checksums.append(zlib.crc32(block))
-            os.fsync(fd)
-            state["layers"][str(layer)] = checksums
-            _save_state(work, state)
-            report(f"layer {layer} repacked")
-    finally:
-        os.close(fd)
+    _write_experts(work, spec, experts, layout, quant, state, cancel_event, report)
 
     tokenizer_files = []
     for name in TOKENIZER_FILES:
@@ -249,6 +229,34 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     os.replace(work, dst)
     report("done")
     return dst
+
+
+def _write_experts(work: Path, spec: ModelSpec, experts: ExpertSource, layout, quant: str, state: dict,
+                   cancel_event, report) -> None:
+    """experts.bin, layer by layer (fsynced, its block CRCs recorded in the resume state after each layer):
+    a rerun skips the layers already done."""
+    layer_bytes = spec.num_experts * layout.block_bytes
+    experts_path = work / modeldir.EXPERTS_FILE
+    fd = os.open(experts_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.ftruncate(fd, layer_bytes * len(spec.moe_layers))
+        for index, layer in enumerate(spec.moe_layers):
+            if str(layer) in state["layers"]:
+                continue
+            checksums = []
+            for expert in range(spec.num_experts):
+                if cancel_event is not None and cancel_event.is_set():
+                    raise RepackCancelled("Repack cancelled; start it again to resume where it stopped.")
+                parts = experts.native_parts(layer, expert, quant) or quantized_parts(experts.get(layer, expert), quant)
+                block = layout.pack(parts).numpy()
+                os.pwrite(fd, block, index * layer_bytes + expert * layout.block_bytes)
+                checksums.append(zlib.crc32(block))
+            os.fsync(fd)
+            state["layers"][str(layer)] = checksums
+            _save_state(work, state)
+            report(f"layer {layer} repacked")
+    finally:
+        os.close(fd)
 
 
 def quantized_parts(weights: dict[str, torch.Tensor], quant: str) -> dict[str, torch.Tensor]:

@@ -118,17 +118,16 @@ class GenerationQueue:
 
     def _on_cancel(self, job: Job) -> None:
         with self._cond:
-            if job in self._waiting:
+            unstarted = job in self._waiting
+            if unstarted:
                 self._waiting.remove(job)
-                unstarted = True
-            else:
-                unstarted = False
-            running = self._active is job
+            elif self._active is job:
+                # under the lock: the next job cannot have started, so this cancel cannot reach it (a
+                # generation clears a cancel that came before it began)
+                self.engine.cancel()
         if unstarted:
             self._finish_unstarted(job)
             self._changed()
-        elif running:
-            self.engine.cancel()
 
     def _retry_after_locked(self) -> int:
         per_job = sum(self._recent_s) / len(self._recent_s) if self._recent_s else 5.0
