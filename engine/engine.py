@@ -28,7 +28,8 @@ from engine.runtime.telemetry import Telemetry, current_cpu
 
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
-                 vram_budget: int | None, ram_cache: int | None, progress=None, max_context: int | None = None):
+                 vram_budget: int | None, ram_cache: int | None, progress=None, max_context: int | None = None,
+                 cpu_experts: str = "auto"):
         self.model, self.spec, self.device, self.dtype = model, model.spec, device, dtype
         self.telemetry_source = Telemetry()
         self._cancel = threading.Event()
@@ -38,8 +39,10 @@ class Engine:
         default_vram = torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4
         self.max_context = self._choose_context(max_context, vram_budget or default_vram)
         eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
+        cpu_experts = os.environ.get("SLUICE_CPU_EXPERTS", cpu_experts)  # A/B of hybrid execution from any command
         self.runner = Runner(model, device, dtype, self.telemetry_source, vram_budget=vram_budget, ram_cache=ram_cache,
                              max_tokens=self.max_context, use_graphs=not eager, use_kernels=not eager,
+                             cpu_experts=cpu_experts,
                              default_vram=default_vram, default_ram=available // 2, progress=progress)
         self.plan = self.runner.plan
         self.tokenizer = self._load_tokenizer()
@@ -64,7 +67,9 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
-             max_context: int | None = None) -> "Engine":
+             max_context: int | None = None, cpu_experts: str = "auto") -> "Engine":
+        """cpu_experts: "auto" (the placement cost model decides, CUDA only), "all" (every RAM-resident
+        expert of a decode step is computed by the CPU; also on the CPU device, for tests) or "off"."""
         dev = _pick_device(device)
         check_ram_cache_fits(parse_size(ram_cache))
         path = resolve_model_dir(Path(model_dir).expanduser(), progress)
@@ -75,7 +80,8 @@ class Engine:
             compute = getattr(torch, str(dtype).removeprefix("torch."), None)
             if not isinstance(compute, torch.dtype) or not compute.is_floating_point:
                 raise SluiceError(f"Unknown compute dtype '{dtype}': use float32, bfloat16 or float16.")
-        return cls(model, dev, compute, parse_size(vram_budget), parse_size(ram_cache), progress, max_context)
+        return cls(model, dev, compute, parse_size(vram_budget), parse_size(ram_cache), progress, max_context,
+                   cpu_experts)
 
     @property
     def info(self) -> dict:

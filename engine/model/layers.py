@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu_linear import packed_linear
+
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x32 = x.float()
@@ -11,12 +13,23 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * x32.to(x.dtype)
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+class Packed:
+    """A quantised [out, in] weight left in its block's format: `linear` multiplies by it without a
+    dequantised copy (the CPU computing experts where they sit in the RAM cache)."""
+
+    def __init__(self, parts: dict[str, torch.Tensor], fmt: str):
+        self.parts, self.fmt = parts, fmt
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor | Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, Packed):
+        y = packed_linear(x, weight.parts, weight.fmt)
+        return y if bias is None else y + bias
     return F.linear(x, weight, bias)
 
 
-def swiglu_mlp(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:
+    return linear(F.silu(linear(x, gate)) * linear(x, up), down)
 
 
 def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float, dtype: torch.dtype):

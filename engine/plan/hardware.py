@@ -103,6 +103,12 @@ def memory_limit(cgroup_root: str | Path = "/sys/fs/cgroup",
         group = group.parent
 
 
+def cgroup_capped() -> bool:
+    """Whether a cgroup v2 `memory.max` below the machine's memory applies to this process."""
+    import psutil
+    return memory_limit()[0] < psutil.virtual_memory().total
+
+
 def check_ram_cache_fits(ram_cache_bytes: int | None) -> None:
     """Refuse a RAM cache larger than all the memory this process could hold, with the numbers."""
     if ram_cache_bytes is None:

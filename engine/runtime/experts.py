@@ -7,6 +7,9 @@ For the tokens of a layer (a whole prompt, or one decode token):
      into the bank, in batches no larger than the bank or the RAM cache; each copy records an event
      and the compute stream waits on those events only (no host sync);
   4. in decode, the next layer's speculated experts start copying into the other bank.
+Hybrid execution: in a decode step the placement cost model (engine.runtime.placement) may give some
+of the RAM-resident misses to the CPU, which computes them where they sit (engine.runtime.cpu_experts)
+while the GPU computes the rest; their partial sums meet in `out`.
 Residency is one policy, exclusive tiers: a block copied into VRAM is demoted in RAM, and a block
 evicted from VRAM is written back to RAM, so RAM holds what VRAM does not and the two caches add up
 (measured on the H200: RAM hit rate 5% when inclusive; see BENCHMARKS.md).
@@ -29,6 +32,8 @@ import torch
 from engine.format.layout import Layout
 from engine.format.quant import dequantize
 from engine.runtime.cache import RamCache
+from engine.runtime.cpu_experts import MAX_TOKENS as CPU_MAX_TOKENS
+from engine.runtime.cpu_experts import CpuExperts, group_parts
 from engine.runtime.slots import SlotBanks
 from engine.runtime.speculation import score
 from engine.runtime.store import ExpertStore
@@ -49,7 +54,7 @@ def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
 class Experts:
     def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry, layout: Layout,
                  expert_mlp: Callable, dtype: torch.dtype, device: torch.device, kernel: Callable | None = None,
-                 batch_size: int = DEFAULT_BATCH):
+                 batch_size: int = DEFAULT_BATCH, cpu: CpuExperts | None = None):
         self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
         self.layout, self.expert_mlp, self.dtype, self.kernel = layout, expert_mlp, dtype, kernel
         self.offsets = {f.name: f.offset for f in layout.fields}
@@ -57,6 +62,7 @@ class Experts:
         self.is_cuda = self.device.type == "cuda"
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.exclusive = True
+        self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -95,6 +101,9 @@ class Experts:
         `next_layer` (prefetched while this layer runs). static_inputs: x, weights and out are the
         same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed."""
         num_tokens, top_k = weights.shape
+        hybrid = self.cpu is not None and num_tokens <= CPU_MAX_TOKENS
+        if hybrid:
+            self.cpu.stage(x, weights)
         ids = ids.tolist()                                                   # the one host sync of the layer
         routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
         self._release_finished_copies()
@@ -109,6 +118,15 @@ class Experts:
             else:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
+        cpu_job, on_cpu = None, []
+        if hybrid and late:
+            on_cpu = self._cpu_share(layer, late, num_tokens)
+            if on_cpu:
+                late = [e for e in late if e not in on_cpu]
+                blocks = {e: self.cache.block(self.cache.lookup((layer, e))) for e in on_cpu}
+                for e in on_cpu:
+                    self.cache.lock((layer, e))
+                cpu_job = self.cpu.submit(blocks, routed, top_k, x, weights)
         use_kernel = self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and len(wanted) <= self.batch_size
         if use_kernel:
             early = list(slot_of)
@@ -119,9 +137,20 @@ class Experts:
             self._set_ready(layer, slot_of)
         else:
             self._torch_layer(layer, x, weights, routed, top_k, slot_of, late, out)
+        if cpu_job is not None:
+            try:
+                self.cpu.finish(cpu_job, out)
+            finally:
+                for e in on_cpu:
+                    self.cache.unlock((layer, e))
         if next_layer is not None and predicted:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         return out
+
+    def _cpu_share(self, layer: int, late: list[int], num_tokens: int) -> list[int]:
+        """The misses the CPU computes from the RAM cache (placement cost model); the rest are copied."""
+        candidates = [e for e in late if (layer, e) in self.cache and (layer, e) not in self._reads]
+        return self.cpu.placement.cpu_share(candidates, num_tokens, lambda e: self.banks.uses((layer, e)))
 
     def _torch_layer(self, layer, x, weights, routed, top_k, resident, late, out) -> None:
         """Each expert in torch on its tokens: the resident ones, then the rest in batches."""
@@ -156,11 +185,7 @@ class Experts:
             cached = self._decoded.get((bank, slot))
             if cached is not None and cached[0] == (layer, expert):
                 return cached[1]
-        views = self.layout.views(self.banks.banks[bank][slot])
-        parts: dict[str, dict[str, torch.Tensor]] = {}
-        for name, view in views.items():
-            proj, part = name.split(".")
-            parts.setdefault(proj, {})[part] = view
+        parts = group_parts(self.layout.views(self.banks.banks[bank][slot]))
         decoded = {proj: dequantize(p, self.layout.fmt, self.dtype) for proj, p in parts.items()}
         if self._decoded is not None:
             self._decoded[(bank, slot)] = ((layer, expert), decoded)
@@ -192,7 +217,7 @@ class Experts:
         groups = [early, late] if num_tokens == 1 and early and late else [early + late]
         for i, group in enumerate(groups):
             members = set(group) if len(groups) > 1 else None
-            slots = [slot_of[e] if members is None or e in members else -1 for e in routed]
+            slots = [slot_of.get(e, -1) if members is None or e in members else -1 for e in routed]
             for expert in group:
                 self._wait_slot(bank, slot_of[expert])
             if static_inputs and num_tokens == 1 and (layer, i > 0) in self._graphs:

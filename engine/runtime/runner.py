@@ -10,22 +10,32 @@ layer); decode runs the one-token step (CUDA graphs where available) and the rou
 """
 from __future__ import annotations
 
+import os
+
 import torch
 from safetensors import safe_open
 
+from engine.errors import SluiceError
 from engine.format.modeldir import DENSE_FILE, ModelDir
 from engine.model.block import Step
 from engine.model.families import family_module
 from engine.model.state import ModelState, state_bytes
+from engine.plan.hardware import available_memory, cgroup_capped
 from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
+from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory
 from engine.runtime.pinned import pinned_buffer
+from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
+from kernels.formats import random_bank
+
+
+RAM_RESERVE = 384 << 20     # what the process still grows by after loading (tokenizer, staging, Python)
 
 
 class PrefillCancelled(Exception):
@@ -36,7 +46,7 @@ class Runner:
     def __init__(self, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, telemetry: Telemetry, *,
                  vram_budget: int | None, ram_cache: int | None, max_tokens: int, default_vram: int, default_ram: int,
                  use_graphs: bool = True, use_kernels: bool = True, max_prompt_tokens: int | None = None,
-                 progress=None):
+                 cpu_experts: str = "auto", progress=None):
         self.device, self.dtype, self.telemetry = torch.device(device), dtype, telemetry
         self.is_cuda = self.device.type == "cuda"
         spec, layout = model_dir.spec, model_dir.layout
@@ -60,20 +70,14 @@ class Runner:
         kernel = self._choose_kernel(layout) if use_kernels and self.is_cuda and self.model.expert_kernel else None
         self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
         self.step = DecodeStep(self.model, self.state, self.device, use_graphs and self.model.graph_safe)
-        graph_bytes = 0
-        if self.is_cuda:
-            # Capture the decode graphs before the slot banks exist, and charge what they really hold
-            # (their pool, library workspaces) and the peak they reached: measured, not estimated.
-            torch.cuda.reset_peak_memory_stats(self.device)
-            with torch.inference_mode():
-                self.step.capture()
-            torch.cuda.synchronize(self.device)
-            held = self._allocated() - base_bytes
-            graph_bytes = max(held - dense_bytes - kv_bytes, 0)
-            work = max(work, torch.cuda.max_memory_allocated(self.device) - base_bytes - held)
-        self.plan = plan_budgets(workspace_bytes=work + graph_bytes, **budgets)
+        graph_bytes, work = self._capture_decode(base_bytes, dense_bytes + kv_bytes, work)
+        context_bytes = self._driver_overhead() if self.is_cuda else 0
+        if ram_cache is None and cgroup_capped():
+            # Under a memory cap the cache takes what the cap leaves now that the rest is loaded.
+            budgets["default_ram"] = max(available_memory() - RAM_RESERVE, 0)
+        self.plan = plan_budgets(workspace_bytes=work + graph_bytes + context_bytes, **budgets)
         telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes,
-                      kv_tokens=max_tokens, vram_graph_bytes=graph_bytes)
+                      kv_tokens=max_tokens, vram_graph_bytes=graph_bytes, vram_context_bytes=context_bytes)
         telemetry.info["device"] = str(self.device)
         if self.is_cuda:
             telemetry.attach_driver_vram(DriverMemory(self.device.index or 0).used_bytes)
@@ -82,7 +86,7 @@ class Runner:
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
-                               dtype, self.device, kernel)
+                               dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts))
         if not self.is_cuda:
             device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
             telemetry.set(vram_used_bytes=device_bytes)
@@ -92,6 +96,50 @@ class Runner:
             with torch.inference_mode():
                 self.experts.capture({layer: (s.out[layer].h, s.out[layer].route_weights, s.moe_out[layer])
                                       for layer in s.moe_out})
+
+    def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
+        """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts
+        the placement gives it, at speeds measured here, on this machine, now."""
+        if mode not in MODES:
+            raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
+        if mode == "off" or (not self.is_cuda and mode == "auto"):
+            return None
+        if self.is_cuda:
+            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
+        placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
+        cpu = CpuExperts(layout, self.model.expert_mlp, self.dtype, self.device, self.spec.top_k, self.telemetry,
+                         placement)
+        offsets = {f.name: f.offset for f in layout.fields}
+        block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
+        x = torch.randn(1, layout.hidden).to(self.dtype)
+        weights = cpu.weights(block)
+        placement.cpu_s = measure_cpu_s(lambda: self.model.expert_mlp(x, weights))
+        if self.is_cuda:
+            placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
+        self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
+                                            "threads": torch.get_num_threads(), "mode": mode}
+        return cpu
+
+    def _capture_decode(self, base_bytes: int, resident_bytes: int, work: int) -> tuple[int, int]:
+        """Capture the decode graphs (CUDA) before the slot banks exist -> (bytes they hold: pool and
+        library workspaces, the workspace peak): measured, not estimated."""
+        if not self.is_cuda:
+            return 0, work
+        torch.cuda.reset_peak_memory_stats(self.device)
+        with torch.inference_mode():
+            self.step.capture()
+        torch.cuda.synchronize(self.device)
+        held = self._allocated() - base_bytes
+        return max(held - resident_bytes, 0), max(work, torch.cuda.max_memory_allocated(self.device) - base_bytes - held)
+
+    def _driver_overhead(self) -> int:
+        """What the driver shows for this process beyond torch's tensors (CUDA context, library
+        handles, allocator reserve): charged to the VRAM budget, so that the budget is what
+        `nvidia-smi` shows. 0 where NVML cannot say."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        used = DriverMemory(self.device.index or 0).used_bytes()
+        return max(used - torch.cuda.memory_allocated(self.device), 0) if used else 0
 
     def _allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
@@ -149,6 +197,8 @@ class Runner:
 
     def close(self) -> None:
         self.experts.synchronize()
+        if self.experts.cpu is not None:
+            self.experts.cpu.close()
         self.store.close()
 
 
@@ -161,4 +211,18 @@ def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, p
             weights[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
+    drop_page_cache(model_dir.path / DENSE_FILE)
     return weights
+
+
+def drop_page_cache(path) -> None:
+    """Let the kernel drop a file's cached pages (read once, now on the device): under a memory cap
+    they would count against the RAM cache's room."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):       # no posix_fadvise (macOS, Windows): the pages just stay
+        pass

@@ -56,6 +56,10 @@ class SlotBanks:
             self._uses_until_aging = self._aging_period
             self._uses = {k: n / 2 for k, n in self._uses.items() if n >= 0.5}
 
+    def uses(self, key: Key) -> float:
+        """How often the key's expert was routed to lately (its aged use count)."""
+        return self._uses.get(key, 0.0)
+
     def _victim(self, bank: int, protected: set[Key]) -> Key:
         """The least used of the `window` least recently used unprotected blocks (oldest on ties)."""
         candidates = []

@@ -15,10 +15,12 @@ COUNTERS = frozenset({
     "prompt_tokens", "generated_tokens", "decode_tok_s", "prefill_tok_s", "ttft_s", "decode_thread_core",
     "ram_capacity_bytes", "ram_used_bytes", "ram_hits", "ram_misses", "ram_evictions",
     "vram_budget_bytes", "vram_peak_bytes", "vram_used_bytes", "vram_slot_bytes", "vram_graph_bytes", "kv_tokens",
+    "vram_context_bytes",
     "vram_hits", "vram_misses",
     "disk_bytes_read", "disk_reads", "disk_busy_s", "prefill_max_expert_reads",
     "h2d_bytes", "h2d_busy_s", "d2h_bytes",
     "spec_predicted", "spec_correct", "prefetch_issued", "prefetch_used",
+    "cpu_experts", "cpu_expert_bytes", "cpu_busy_s", "cpu_wait_s",
 })
 
 
@@ -107,7 +109,8 @@ class Telemetry:
                "hits": i("ram_hits"), "misses": i("ram_misses"), "evictions": i("ram_evictions")}
         vram = {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
                 "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
-                "graph_bytes": i("vram_graph_bytes"), "kv_tokens": i("kv_tokens"),
+                "graph_bytes": i("vram_graph_bytes"), "context_bytes": i("vram_context_bytes"),
+                "kv_tokens": i("kv_tokens"),
                 "hits": i("vram_hits"), "misses": i("vram_misses"), "slots": slots,
                 "driver_bytes": driver or 0}
         return {
@@ -123,6 +126,9 @@ class Telemetry:
             "speculation": {"predicted": i("spec_predicted"), "correct": i("spec_correct"),
                             "recall": ratio(v["spec_correct"], v["spec_predicted"])},
             "prefetch": {"issued": i("prefetch_issued"), "used": i("prefetch_used")},
+            # hybrid execution: experts the CPU computed from the RAM cache (wait: GPU side idle for it)
+            "cpu": {"experts": i("cpu_experts"), "bytes": i("cpu_expert_bytes"), "busy_s": v["cpu_busy_s"],
+                    "wait_s": v["cpu_wait_s"], "gbps": gbps("cpu_expert_bytes", "cpu_busy_s")},
             # RSS counts the RAM cache's touched pages; the rest is what the process needs besides it
             "process": {"rss_bytes": rss, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0)},
             "device": self.info.get("device", "cpu"),

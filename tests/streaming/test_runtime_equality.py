@@ -47,6 +47,20 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
 
 
+def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
+    """Every RAM-resident expert of a decode step computed by the CPU from its RAM block (on a GPU
+    beside the kernels' share): the partial sums still give transformers' tokens."""
+    path, expected = family_model
+    eng = _streaming_model(path, ram_blocks=12, cpu_experts="all")
+    try:
+        assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+        snap = eng.telemetry()
+    finally:
+        eng.close()
+    assert snap["cpu"]["experts"] > 0 and snap["cpu"]["bytes"] == snap["cpu"]["experts"] * eng.model.layout.block_bytes
+    assert snap["disk"]["reads"] > 0 and snap["vram"]["hits"] > 0
+
+
 def test_eager_switch_gives_the_same_tokens(family_model, monkeypatch):
     path, expected = family_model
     monkeypatch.setenv("SLUICE_EAGER", "1")

@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.model.layers import linear
+
 SCORING_FUNCS = {
     "sqrtsoftplus": lambda logits: F.softplus(logits).sqrt(),
     "sigmoid": torch.sigmoid,
@@ -34,6 +36,6 @@ def route_hash(h: torch.Tensor, gate: torch.Tensor, tid2eid: torch.Tensor, token
 def clamped_swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, limit: float,
                    gate_bias=None, up_bias=None, down_bias=None) -> torch.Tensor:
     """down(silu(min(x W_g, limit)) * clamp(x W_u, -limit, limit)): routed experts and the shared expert."""
-    g = F.linear(x, gate, gate_bias).clamp(max=limit)
-    u = F.linear(x, up, up_bias).clamp(min=-limit, max=limit)
-    return F.linear(F.silu(g) * u, down, down_bias)
+    g = linear(x, gate, gate_bias).clamp(max=limit)
+    u = linear(x, up, up_bias).clamp(min=-limit, max=limit)
+    return linear(F.silu(g) * u, down, down_bias)

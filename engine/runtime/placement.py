@@ -1,0 +1,69 @@
+"""Where a layer's routed experts are computed: the cost model of hybrid CPU + GPU execution.
+
+For one decode step of a layer:
+  in a VRAM slot        -> the GPU computes it (nothing moves);
+  in the RAM cache      -> k of these n experts are computed by the CPU where they sit, the other
+                           n - k are copied into a slot and computed by the GPU; k minimises
+                           max(k * cpu_s, (n - k) * copy_s), both sides running at once;
+  on disk               -> read into RAM, then copied (the read dominates either way).
+cpu_s (one expert, one token, on the CPU) and copy_s (one block over PCIe) are measured on this
+machine when the model loads, and cpu_s follows what the CPU then really takes. The coldest experts
+go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay resident).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resident miss on the CPU (tests)
+SMOOTHING = 0.1                     # weight of a new CPU timing in the running estimate
+
+
+@dataclass
+class Placement:
+    cpu_s: float             # seconds for the CPU to compute one expert for one token
+    copy_s: float            # seconds to copy one expert block host -> device
+    mode: str = "auto"
+
+    def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float]) -> list:
+        """The candidates (RAM-resident misses) the CPU computes: the k least used."""
+        if self.mode == "off" or not candidates:
+            return []
+        n = len(candidates)
+        if self.mode == "all":
+            k = n
+        else:
+            per_cpu = self.cpu_s * num_tokens
+            k = min(range(n + 1), key=lambda j: (max(j * per_cpu, (n - j) * self.copy_s), -j))
+        return sorted(candidates, key=uses)[:k]
+
+    def observe(self, seconds: float, experts: int, num_tokens: int) -> None:
+        """A CPU batch took `seconds` for `experts` experts of `num_tokens` tokens."""
+        if experts:
+            sample = seconds / (experts * num_tokens)
+            self.cpu_s += SMOOTHING * (sample - self.cpu_s)
+
+
+def measure_cpu_s(compute: Callable[[], object], repeats: int = 5) -> float:
+    """Seconds one call of `compute` (one expert, one token on the CPU) takes, after warming up."""
+    for _ in range(2):
+        compute()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        compute()
+    return (time.perf_counter() - start) / repeats
+
+
+def measure_copy_s(src: torch.Tensor, dst: torch.Tensor, repeats: int = 5) -> float:
+    """Seconds to copy one pinned host block into a device slot (CUDA events)."""
+    dst.copy_(src, non_blocking=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src, non_blocking=True)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / repeats

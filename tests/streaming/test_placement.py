@@ -1,0 +1,22 @@
+"""The placement cost model: how many RAM-resident misses the CPU takes, and which."""
+from engine.runtime.placement import Placement
+
+
+def test_split_balances_cpu_and_copy_time_and_gives_the_cpu_the_coldest():
+    uses = {1: 9.0, 2: 0.0, 3: 5.0, 4: 1.0}.get
+    equal = Placement(cpu_s=1.0, copy_s=1.0)
+    assert sorted(equal.cpu_share([1, 2, 3, 4], 1, uses)) == [2, 4]          # half each, the two coldest
+    slow_cpu = Placement(cpu_s=3.0, copy_s=1.0)
+    assert slow_cpu.cpu_share([1, 2, 3, 4], 1, uses) == [2]                  # max(3, 3) beats max(0, 4)
+    assert Placement(cpu_s=10.0, copy_s=1.0).cpu_share([1, 2, 3, 4], 1, uses) == []
+    assert Placement(cpu_s=0.1, copy_s=1.0).cpu_share([1, 2, 3, 4], 1, uses) == [2, 4, 3, 1]
+    assert Placement(cpu_s=1.0, copy_s=1.0).cpu_share([1, 2], 4, uses) == []  # 4 tokens: 4x the CPU time
+
+
+def test_modes_and_the_running_cpu_estimate():
+    assert Placement(cpu_s=100.0, copy_s=1.0, mode="all").cpu_share([5, 6], 1, lambda e: 0) == [5, 6]
+    assert Placement(cpu_s=0.0, copy_s=1.0, mode="off").cpu_share([5, 6], 1, lambda e: 0) == []
+    p = Placement(cpu_s=1.0, copy_s=1.0)
+    for _ in range(100):
+        p.observe(seconds=4.0, experts=2, num_tokens=1)                      # the CPU really takes 2 s an expert
+    assert abs(p.cpu_s - 2.0) < 1e-3
