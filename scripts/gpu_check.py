@@ -249,8 +249,9 @@ def stage_profile_stream():
     save()
 
 
-def bench(name, argv, cgroup_bytes=None):
-    """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache)."""
+def bench(name, argv, cgroup_bytes=None, env=None):
+    """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache;
+    `env`: extra environment, e.g. SLUICE_CPU_EXPERTS for an A/B of hybrid execution)."""
     cmd = [sys.executable, "-m", "engine.tools.cli", "bench", *argv, "--json", "--work-dir", str(WORK)]
     prefix = []
     if cgroup_bytes:
@@ -268,7 +269,7 @@ def bench(name, argv, cgroup_bytes=None):
             RESULTS.setdefault("bench", {})[name] = {"error": f"cgroup: {exc}"}
             return
     start = time.perf_counter()
-    proc = subprocess.run(prefix + cmd, cwd=ROOT, capture_output=True, text=True)
+    proc = subprocess.run(prefix + cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     (OUT / f"bench-{name}.log").write_text(proc.stderr[-20000:])
     try:
         result = json.loads(proc.stdout)
@@ -280,7 +281,10 @@ def bench(name, argv, cgroup_bytes=None):
         print(f"--- bench {name} ({time.perf_counter() - start:.0f} s): sluice bench {' '.join(argv)}"
               + (f"  [cgroup memory.max {cgroup_bytes >> 20} MiB]" if cgroup_bytes else ""))
         print(report(result))
-    result["argv"], result["cgroup_bytes"] = argv, cgroup_bytes
+        print(f"  cpu share per token: {result.get('decode_cpu_per_token')}  driver VRAM "
+              f"{result.get('vram_driver_bytes', 0) / 2**30:.2f} GiB  non-cache "
+              f"{result.get('process_non_cache_bytes', 0) / 2**30:.2f} GiB")
+    result["argv"], result["cgroup_bytes"], result["env"] = argv, cgroup_bytes, env
     if prefix:
         try:
             peak = int((cg / "memory.peak").read_text())
@@ -291,6 +295,8 @@ def bench(name, argv, cgroup_bytes=None):
     RESULTS.setdefault("bench", {})[name] = result
     save()
 
+
+HYBRID_QUANTS = os.environ.get("HYBRID_QUANTS", "bf16").split(",")
 
 STAGES = {
     "kernels": stage_kernels,
@@ -325,6 +331,12 @@ STAGES = {
     "bench-olmoe-cap2g": lambda: bench("olmoe-fp8-cap4g-ram2GiB", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "2GiB",
         "--prompt-tokens", "512", "--new-tokens", "64"], cgroup_bytes=4 << 30),
+    "tests-hybrid": lambda: stage_tests(("tests/streaming",), ("-k", "hybrid or greedy or placement")),
+    # hybrid execution A/B: the same run with the CPU's share off and with the cost model deciding
+    "hybrid-ab": lambda: [
+        bench(f"olmoe-{q}-free-cpu-{mode}", ["--preset", "olmoe-1b-7b", "--quant", q, "--vram-budget", "4GB",
+                                             "--ram-cache", "16GB", "--prompt-tokens", "512", "--new-tokens", "128"],
+              env={"SLUICE_CPU_EXPERTS": mode}) for q in HYBRID_QUANTS for mode in ("off", "auto")],
     "bench-olmoe-free": lambda: bench("olmoe-fp8-ram-unconstrained", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "16GB",
         "--prompt-tokens", "512", "--new-tokens", "128"]),

@@ -149,6 +149,8 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "decode_bytes_per_token": {"disk": disk_tok, "h2d": h2d_tok, "gpu_reads": gpu_tok},
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
+        "decode_cpu_per_token": {"experts": d("cpu", "experts") / decoded, "bytes": d("cpu", "bytes") / decoded,
+                                 "busy_s": d("cpu", "busy_s") / decoded, "wait_s": d("cpu", "wait_s") / decoded},
         "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
         "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
         "decode_roofline_s_per_token": roofline_s, "decode_s_per_token": measured_s,
