@@ -51,6 +51,48 @@ def expert_forms(hidden: int, inter: int):
     return {"int8": (int8, 3 * inter * hidden), "bf16": (bf16, 6 * inter * hidden)}
 
 
+def streamed(hidden: int, inter: int, count: int = 96, busy_gpu: bool = False, worker: bool = False) -> dict:
+    """us per expert over `count` distinct experts (DRAM, not L3), as the engine runs them: on a
+    worker thread, optionally while the main thread keeps launching and syncing small CUDA work."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+    g = torch.Generator().manual_seed(1)
+    experts = [(torch.randint(-127, 127, (2 * inter, hidden), dtype=torch.int8, generator=g),
+                torch.rand(2 * inter, generator=g).bfloat16() / 100,
+                torch.randint(-127, 127, (hidden, inter), dtype=torch.int8, generator=g),
+                torch.rand(hidden, generator=g).bfloat16() / 100) for _ in range(count)]
+    x = torch.randn(1, hidden).bfloat16()
+
+    def one(e):
+        wi8, si8, di8, dsi8 = e
+        gu = torch.ops.aten._weight_int8pack_mm(x, wi8, si8)
+        return torch.ops.aten._weight_int8pack_mm((F.silu(gu[:, :inter]) * gu[:, inter:]).contiguous(), di8, dsi8)
+
+    def run_all():
+        with torch.inference_mode():
+            start = time.perf_counter()
+            for _ in range(3):
+                for e in experts:
+                    one(e)
+            return (time.perf_counter() - start) / (3 * count)
+
+    stop = threading.Event()
+    if busy_gpu and torch.cuda.is_available():
+        def launcher():
+            a = torch.randn(64, 2048, device="cuda")
+            while not stop.is_set():
+                (a * 2).sum().item()
+        threading.Thread(target=launcher, daemon=True).start()
+    run_all()
+    if worker:
+        with ThreadPoolExecutor(1) as pool:
+            s = pool.submit(run_all).result()
+    else:
+        s = run_all()
+    stop.set()
+    return s
+
+
 def main() -> None:
     print(subprocess.run("lscpu | grep -E 'Model name|^CPU\\(s\\)|Flags' | cut -c1-200", shell=True,
                          capture_output=True, text=True).stdout)
@@ -75,6 +117,11 @@ def main() -> None:
         torch.cuda.synchronize()
         s = timed(lambda: (dev.copy_(host, non_blocking=True), torch.cuda.synchronize()), 10)
         print(f"pinned H2D 256 MiB: {host.numel() / s / 1e9:.1f} GB/s")
+    torch.set_num_threads(15)
+    for label, kw in (("int8, 96 distinct experts", {}), ("int8, 96 experts, worker thread", {"worker": True}),
+                      ("int8, 96 experts, worker + busy CUDA main thread", {"worker": True, "busy_gpu": True})):
+        s = streamed(hidden, inter, **kw)
+        print(f"{label}: {s * 1e6:.0f} us/expert, {3 * inter * hidden / s / 1e9:.1f} GB/s")
     print("| form | threads | tokens | us/expert | GB/s of weights |")
     for name, threads, tokens, us, gbs in rows:
         print(f"| {name} | {threads} | {tokens} | {us:.0f} | {gbs:.1f} |")

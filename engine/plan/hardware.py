@@ -58,7 +58,8 @@ def probe(models_dir: str | Path | None = None, disk_test_bytes: int = 256 * MiB
 def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup") -> int:
     """Bytes of RAM this process can still take: the system's available memory, or less when the
     process runs inside a cgroup v2 with a `memory.max` (a container, a systemd slice): there the
-    limit minus what the group already uses (page cache included), the tightest of its ancestors."""
+    limit minus what the group already uses, the tightest of its ancestors. The group's inactive file
+    pages (page cache nobody is using, e.g. a file read once) do not count: the kernel drops them first."""
     import psutil
     available = psutil.virtual_memory().available
     try:
@@ -71,12 +72,23 @@ def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: st
         try:
             limit = (group / "memory.max").read_text().strip()
             if limit != "max":
-                available = min(available, max(int(limit) - int((group / "memory.current").read_text()), 0))
+                used = int((group / "memory.current").read_text()) - _inactive_file(group)
+                available = min(available, max(int(limit) - used, 0))
         except (OSError, ValueError):
             pass
         if group == root or root not in group.parents:
             return available
         group = group.parent
+
+
+def _inactive_file(group: Path) -> int:
+    try:
+        for line in (group / "memory.stat").read_text().splitlines():
+            if line.startswith("inactive_file "):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def memory_limit(cgroup_root: str | Path = "/sys/fs/cgroup",

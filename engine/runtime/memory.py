@@ -10,12 +10,21 @@ from __future__ import annotations
 import os
 
 
-def process_rss_bytes() -> int:
+def process_memory() -> tuple[int, int]:
+    """(resident bytes, of which anonymous). File-backed pages (the libraries' code) can be dropped
+    and read again under memory pressure; anonymous ones are what the process really holds."""
+    try:
+        with open("/proc/self/status") as f:
+            fields = dict(line.split(":", 1) for line in f if ":" in line)
+        return int(fields["VmRSS"].split()[0]) << 10, int(fields["RssAnon"].split()[0]) << 10
+    except (OSError, KeyError, ValueError):
+        pass
     try:
         import psutil
-        return psutil.Process().memory_info().rss
+        rss = psutil.Process().memory_info().rss
+        return rss, rss
     except Exception:       # noqa: BLE001 - psutil missing or the platform refuses: report nothing
-        return 0
+        return 0, 0
 
 
 class DriverMemory:

@@ -35,6 +35,7 @@ from engine.runtime.telemetry import Telemetry
 from kernels.formats import random_bank
 
 
+_CONTEXT_BYTES: dict[int, int] = {}    # device index -> driver-view bytes outside torch's allocator
 RAM_RESERVE = 384 << 20     # what the process still grows by after loading (tokenizer, staging, Python)
 
 
@@ -133,13 +134,18 @@ class Runner:
         return max(held - resident_bytes, 0), max(work, torch.cuda.max_memory_allocated(self.device) - base_bytes - held)
 
     def _driver_overhead(self) -> int:
-        """What the driver shows for this process beyond torch's tensors (CUDA context, library
-        handles, allocator reserve): charged to the VRAM budget, so that the budget is what
-        `nvidia-smi` shows. 0 where NVML cannot say."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()
-        used = DriverMemory(self.device.index or 0).used_bytes()
-        return max(used - torch.cuda.memory_allocated(self.device), 0) if used else 0
+        """What the driver shows for this process beyond torch's allocator (the CUDA context, loaded
+        kernel modules, library handles): charged to the VRAM budget so that the budget is what
+        `nvidia-smi` shows. Measured once per process and device, after the first model's graphs and
+        kernels are loaded (later loads would see the same context, give or take the driver's
+        rounding); 0 where NVML cannot say."""
+        index = self.device.index or 0
+        if index not in _CONTEXT_BYTES:
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+            used = DriverMemory(index).used_bytes()
+            _CONTEXT_BYTES[index] = max(used - torch.cuda.memory_reserved(self.device), 0) if used else 0
+        return _CONTEXT_BYTES[index]
 
     def _allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.is_cuda else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from engine.runtime.memory import process_rss_bytes
+from engine.runtime.memory import process_memory
 
 COUNTERS = frozenset({
     "prompt_tokens", "generated_tokens", "decode_tok_s", "prefill_tok_s", "ttft_s", "decode_thread_core",
@@ -102,7 +102,7 @@ class Telemetry:
             warnings = list(self.warnings)
         slots = self._slot_source() if self._slot_source else []
         driver = self._driver_vram() if self._driver_vram else None
-        rss = process_rss_bytes()
+        rss, anon = process_memory()
         i = lambda key: int(v[key])                                # noqa: E731
         gbps = lambda num, secs: ratio(v[num], v[secs]) / 1e9       # noqa: E731
         ram = {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"),
@@ -130,7 +130,8 @@ class Telemetry:
             "cpu": {"experts": i("cpu_experts"), "bytes": i("cpu_expert_bytes"), "busy_s": v["cpu_busy_s"],
                     "wait_s": v["cpu_wait_s"], "gbps": gbps("cpu_expert_bytes", "cpu_busy_s")},
             # RSS counts the RAM cache's touched pages; the rest is what the process needs besides it
-            "process": {"rss_bytes": rss, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0)},
+            "process": {"rss_bytes": rss, "anon_bytes": anon, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0),
+                        "non_cache_anon_bytes": max(anon - i("ram_used_bytes"), 0)},
             "device": self.info.get("device", "cpu"),
             "decode_thread_core": v["decode_thread_core"],
             "warnings": warnings,

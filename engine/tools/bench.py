@@ -160,6 +160,8 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "vram_driver_bytes": max(end["vram"]["driver_bytes"], before["vram"]["driver_bytes"]),
         "process_rss_bytes": max(end["process"]["rss_bytes"], before["process"]["rss_bytes"]),
         "process_non_cache_bytes": max(end["process"]["non_cache_bytes"], before["process"]["non_cache_bytes"]),
+        "process_non_cache_anon_bytes": max(end["process"]["non_cache_anon_bytes"],
+                                            before["process"]["non_cache_anon_bytes"]),
         "warnings": end["warnings"],
         **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
@@ -237,7 +239,8 @@ def report(r: dict) -> str:
         f"({'within' if r['vram_peak_within_budget'] else 'OVER'}); the driver shows "
         f"{format_size(r['vram_driver_bytes']) if r['vram_driver_bytes'] else 'n/a (no NVML)'} for the process",
         f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
-        f"{format_size(r['process_non_cache_bytes'])}",
+        f"{format_size(r['process_non_cache_bytes'])} ({format_size(r.get('process_non_cache_anon_bytes', 0))} "
+        f"anonymous, the rest the libraries' file pages)",
     ]
     if "baseline" in r:
         b = r["baseline"]

@@ -74,4 +74,6 @@ def test_the_snapshot_says_what_the_process_holds_besides_the_cache():
     process = t.snapshot()["process"]
     assert process["rss_bytes"] > 50 << 20                           # this test process: torch is loaded
     assert process["non_cache_bytes"] == process["rss_bytes"] - (1 << 20)
+    assert 0 < process["anon_bytes"] <= process["rss_bytes"]
+    assert process["non_cache_anon_bytes"] == process["anon_bytes"] - (1 << 20)
     assert t.snapshot()["vram"]["driver_bytes"] == 0                 # no GPU driver attached

@@ -1,36 +1,34 @@
 """Streaming tests: an engine with an exact number of slots a bank."""
+import dataclasses
+from unittest import mock
+
 import torch
 
 import engine
+from engine.runtime import runner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: int = 64, **kw):
-    """An Engine whose VRAM budget leaves exactly `slots_per_bank` slots a bank, and a RAM cache of
-    `ram_blocks` blocks. The budget is derived from an engine's own plan: on a GPU the workspace it
-    charges includes measured CUDA-graph memory, which is larger for the first model of a process
-    (library workspaces made once), so the sizing is repeated until it holds."""
-    from engine import SluiceError
+    """An Engine with exactly `slots_per_bank` slots a bank and a RAM cache of `ram_blocks` blocks.
+    The engine plans its budgets as always (an unconstrained VRAM budget), and the plan's slot count
+    is then cut to the one asked for: on a GPU the memory the engine charges besides the slots (CUDA
+    graphs, the driver's context) varies by megabytes between loads, far more than a test model's
+    12 KB slot, so no budget in bytes gives an exact slot count."""
+    real_plan = runner.plan_budgets
+
+    def plan_with_slots(**budgets):
+        plan = real_plan(**budgets)
+        assert plan.slots_per_bank >= slots_per_bank, plan
+        return dataclasses.replace(plan, slots_per_bank=slots_per_bank)
+
+    probe = engine.load(path, device=DEVICE, dtype="float32", max_context=max_context)
+    block_bytes = probe.plan.block_bytes
+    probe.close()
     kw = {"device": DEVICE, "dtype": "float32", "max_context": max_context, **kw}
-    vram = ram = plan = None
-    for _ in range(8):
-        try:
-            eng = engine.load(path, vram_budget=vram, ram_cache=ram, **kw)
-        except SluiceError:           # this load measured more graph memory than the last: one slot more room
-            vram += 2 * plan.device_slot_bytes
-            continue
-        plan = eng.plan
-        if vram is not None and plan.slots_per_bank == slots_per_bank:
-            return eng
-        eng.close()
-        del eng
-        if vram is None:
-            vram = plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes + 2 * slots_per_bank * plan.device_slot_bytes
-        else:                         # closed loop on the slot count the engine really gave
-            vram += 2 * (slots_per_bank - plan.slots_per_bank) * plan.device_slot_bytes
-        ram = ram_blocks * plan.block_bytes
-    raise AssertionError(f"could not size a budget for {slots_per_bank} slots a bank (last plan: {plan})")
+    with mock.patch.object(runner, "plan_budgets", plan_with_slots):
+        return engine.load(path, ram_cache=ram_blocks * block_bytes, **kw)
 
 
 def token_ids(eng, prompt, max_new_tokens: int, **params) -> list[int]:
