@@ -6,6 +6,9 @@ a test checks that engine/layout.py places the fields where the kernels read the
 "up.*", "down.*") to byte offsets from the block start, each 256-byte aligned.
   bf16 : w bf16 [out, in]
   fp8  : w float8_e4m3fn [out, in], scale fp32 [out]               W = w * scale[:, None]
+  int8 : w int8 [out, in] (symmetric, -127..127), scale bf16 [out]  W = w * scale[:, None]
+         (bf16 scales, so that torch's CPU int8 matmul, which takes its scales in the activation
+         dtype, computes with exactly the weights the GPU kernels compute with)
   nvfp4: w uint8 [out, in/2] (element 2j low nibble, 2j+1 high; bit3 sign, bits0-2 index into
          E2M1 = [0, .5, 1, 1.5, 2, 3, 4, 6]), scale e4m3 [out, in/16], gscale fp32 [1]
                                                                    W = e2m1 * scale * gscale
@@ -22,8 +25,8 @@ from typing import Mapping
 
 import torch
 
-FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4")
-FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3}     # the kernels' FMT constexpr
+FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4", "int8")
+FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3, "int8": 4}     # the kernels' FMT constexpr
 NVFP4_GROUP = 16
 MXFP4_GROUP = 32
 E8M0_BIAS = 127
@@ -45,6 +48,8 @@ def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str,
         return [("w", torch.bfloat16, (out_features, in_features))]
     if fmt == "fp8":
         return [("w", torch.float8_e4m3fn, (out_features, in_features)), ("scale", torch.float32, (out_features,))]
+    if fmt == "int8":
+        return [("w", torch.int8, (out_features, in_features)), ("scale", torch.bfloat16, (out_features,))]
     if fmt == "nvfp4":
         if in_features % NVFP4_GROUP:
             raise ValueError(f"nvfp4 needs in_features divisible by {NVFP4_GROUP}, got {in_features}")
@@ -73,7 +78,7 @@ def dequantize_block(block: torch.Tensor, fmt: str, offsets: Mapping[str, int], 
     for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
         parts = {name: field_view(block, offsets[f"{proj}.{name}"], dt, shape)
                  for name, dt, shape in part_specs(fmt, out_f, in_f)}
-        weights[proj] = _dequantize(parts, fmt).to(dtype)
+        weights[proj] = dequantize_parts(parts, fmt).to(dtype)
     for name, shape in bias_shapes(intermediate, hidden).items():
         if f"{name}.b" in offsets:
             weights[name] = field_view(block, offsets[f"{name}.b"], torch.float32, shape).to(dtype)
@@ -87,11 +92,12 @@ def e2m1_decode(packed: torch.Tensor) -> torch.Tensor:
     return table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
 
 
-def _dequantize(parts: dict[str, torch.Tensor], fmt: str) -> torch.Tensor:
+def dequantize_parts(parts: Mapping[str, torch.Tensor], fmt: str) -> torch.Tensor:
+    """float32 [out, in] weight of one projection from its parts ({"w", "scale", ...} of part_specs)."""
     if fmt == "bf16":
         return parts["w"].float()
-    if fmt == "fp8":
-        return parts["w"].float() * parts["scale"][:, None]
+    if fmt in ("fp8", "int8"):
+        return parts["w"].float() * parts["scale"].float()[:, None]
     values = e2m1_decode(parts["w"])                                                               # [O, in]
     if fmt == "mxfp4":
         exponent = parts["scale"].int().repeat_interleave(MXFP4_GROUP, dim=1) - E8M0_BIAS           # [O, in]
@@ -117,10 +123,14 @@ def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str
                     part = torch.randint(center - 2, center + 2, shape, generator=g).to(torch.uint8)
                 elif dt == torch.uint8:                                 # packed e2m1: every byte is valid
                     part = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+                elif name == "w" and dt == torch.int8:                  # int8 weights: every value but -128
+                    part = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
                 elif name == "w":                                       # bf16 / fp8 weights
                     part = (torch.randn(shape, generator=g) * (std if dt == torch.bfloat16 else 64.0)).clamp(-448, 448).to(dt)
                 elif name == "scale" and dt == torch.float32:           # fp8 row scales
                     part = torch.rand(shape, generator=g) * std / 32 + std / 128
+                elif name == "scale" and dt == torch.bfloat16:          # int8 row scales (uniform codes: std ~ 73 scale)
+                    part = (torch.rand(shape, generator=g) * std / 64 + std / 128).to(dt)
                 elif name == "scale":                                   # nvfp4 e4m3 group scales in [1, 8)
                     part = (1 + 7 * torch.rand(shape, generator=g)).to(dt)
                 else:                                                   # nvfp4 global scale

@@ -24,7 +24,7 @@ from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .moe_decode_fused import checked_counters, launch_fused
 from .tiles import gate_up_rows, interpreting, partial_dot, row_scale
 
-KERNEL_VERSION = 5     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 6     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -42,7 +42,8 @@ class DecodeConfig:
 
 def default_config(fmt: str) -> DecodeConfig:
     """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (BENCHMARKS.md)."""
-    if fmt == "fp8":        # session 2 sweep: 16.0-16.9 us at qwen3 shapes vs 19.1-19.3 for 8/16/512/w4
+    if fmt in ("fp8", "int8"):   # fp8, session 2 sweep: 16.0-16.9 us at qwen3 shapes vs 19.1-19.3 for 8/16/512/w4;
+                                 # int8: fp8's (same bytes an element), not yet swept on the H200 itself
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
     if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on the H200 itself
         return DecodeConfig(block_i=4, block_h=8, block_k=512, num_warps=2, split_down=True)
@@ -83,7 +84,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
         for i0 in range(0, I, BLOCK_K):
             part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
                                 FMT, BLOCK_H, BLOCK_K)
-        part *= row_scale(bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+        part *= row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
     else:
         token = tl.program_id(0)
@@ -97,7 +98,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
             for i0 in range(0, I, BLOCK_K):
                 part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
                                     FMT, BLOCK_H, BLOCK_K)
-            acc += part * row_scale(bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+            acc += part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
             acc += tl.load(out_ptr + token * H + rows, mask=rows < H, other=0.0)
         tl.store(out_ptr + token * H + rows, acc, mask=rows < H)

@@ -13,7 +13,7 @@ Fused (one launch, 1-D grid of T*K * (I/BLOCK_I + H/BLOCK_H) programs, pair = t*
   Preload: the words loaded before the wait are columns [0, PRE_A + PRE_B) of I as two
   power-of-two tiles (PRE_A = the largest power of two <= I, PRE_B = the rest rounded up and
   masked: I = 768 is 512 + 256, I = 1024 one tile, no padding), kept as stored words (1 byte an
-  element for fp8, 2 for bf16, 9/16 for nvfp4 with its group scales) and decoded only after the
+  element for fp8 and int8, 2 for bf16, 9/16 for nvfp4 with its group scales) and decoded only after the
   wait. At BLOCK_H = 16 and 4 warps that is 12 KiB (I = 768) / 16 KiB (I = 1024) of fp8 per
   program, 96 / 128 bytes (24 / 32 registers) a thread; bf16 twice that. config.preload caps the
   bytes a thread holds (default 256, 64 registers): columns past the cap are read after the wait,
@@ -101,7 +101,7 @@ def _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank
         words_a, scales_a = raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, 0, n, I, FMT, BLOCK_H, PRE_A)
     if PRE_B > 0:
         words_b, scales_b = raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, PRE_A, n, I, FMT, BLOCK_H, PRE_B)
-    factor = row_scale(bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+    factor = row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
     # 2. Wait for the pair's gate_up producers (gu_per_pair release increments).
     factor = _wait_for(counter_ptr + pair, gu_per_pair, factor, INTERPRET)
     # 3. Decode, dot with h, then the columns that were not preloaded, BLOCK_K at a time.
@@ -185,7 +185,7 @@ def _preload_split(fmt: str, intermediate: int, block_h: int, num_warps: int, pr
         return 0, 0
     group = 32 if fmt == "mxfp4" else 16
     budget = preload * 32 * num_warps
-    cap = max(group, int(budget / (block_h * {"bf16": 2.0, "fp8": 1.0, "nvfp4": 9 / 16, "mxfp4": 17 / 32}[fmt])))
+    cap = max(group, int(budget / (block_h * {"bf16": 2.0, "fp8": 1.0, "int8": 1.0, "nvfp4": 9 / 16, "mxfp4": 17 / 32}[fmt])))
     if intermediate <= cap:
         a = max(group, _prev_pow2(intermediate))
         rest = intermediate - a

@@ -3,7 +3,8 @@
 The bank is passed twice, as uint8 and as bf16 / float32 views of the same memory, so a field at
 byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-byte field alignment
 and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4, 3 mxfp4 (e2m1
-like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale).
+like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
+fp8, its scale stored as bf16).
 Also the pieces both decode kernels share: gate_up_rows (h = silu(gate x) * up x for a block of
 rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later).
 """
@@ -81,30 +82,39 @@ def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
 
 
 @triton.jit
+def byte_weights(raw, FMT: tl.constexpr):
+    """Stored weight bytes (uint8) of a one-byte format -> float32: e4m3 (fp8) or int8."""
+    if FMT == 1:
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        return raw.to(tl.int8, bitcast=True).to(tl.float32)
+
+
+@triton.jit
 def weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len,
                 FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 tile W[rows, k0:k0+BLOCK_K] ([BLOCK_R, BLOCK_K]; zero outside the matrix) of a bf16 or
-    fp8 weight; the fp8 per-row scale is left to `row_scale`.
+    """float32 tile W[rows, k0:k0+BLOCK_K] ([BLOCK_R, BLOCK_K]; zero outside the matrix) of a bf16,
+    fp8 or int8 weight; the fp8 / int8 per-row scale is left to `row_scale`.
     w_off / s_off: int64 byte offsets of the weight / scale field of this expert in the bank."""
     row_ok = rows[:, None] < n_rows
     if FMT == 0:
         cols = k0 + tl.arange(0, BLOCK_K)
         ptr = bank_bf16 + w_off // 2 + rows[:, None] * row_len + cols[None, :]
         return tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0.0).to(tl.float32)
-    elif FMT == 1:
+    else:
+        tl.static_assert(FMT == 1 or FMT == 4, "nvfp4 / mxfp4 tiles go through fp4_partial")
         cols = k0 + tl.arange(0, BLOCK_K)
         ptr = bank_u8 + w_off + rows[:, None] * row_len + cols[None, :]
-        raw = tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0)
-        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        tl.static_assert(FMT < 2, "nvfp4 / mxfp4 tiles go through fp4_partial")
+        return byte_weights(tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0), FMT)
 
 
 @triton.jit
-def row_scale(bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr):
+def row_scale(bank_bf16, bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr):
     """[BLOCK_R] float32 factor applied to each output row after the dot product."""
     if FMT == 1:
         return tl.load(bank_f32 + s_off // 4 + rows, mask=rows < n_rows, other=0.0)
+    elif FMT == 4:
+        return tl.load(bank_bf16 + s_off // 2 + rows, mask=rows < n_rows, other=0.0).to(tl.float32)
     elif FMT == 2:
         return tl.zeros(rows.shape, tl.float32) + tl.load(bank_f32 + g_off // 4)
     else:
@@ -116,7 +126,7 @@ def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec
                 FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`.
     vec_ptr points at the row's first element (any float dtype; zero past row_len)."""
-    if FMT >= 2:
+    if FMT == 2 or FMT == 3:
         j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
         x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
         x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
@@ -144,8 +154,8 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     for k0 in range(0, H, BLOCK_K):
         acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
         acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
-    acc_gate *= row_scale(bank_f32, base + GS, base + GG, rows, n, FMT)
-    acc_up *= row_scale(bank_f32, base + US, base + UG, rows, n, FMT)
+    acc_gate *= row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
+    acc_up *= row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)
     hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up   # silu(gate) * up
     tl.store(h_ptr + pair * I + rows, hidden, mask=rows < I)
 
@@ -154,12 +164,12 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
 def raw_tile(bank_u8, bank_bf16, w_off, s_off, rows, c0, n_rows, row_len,
               FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
     """The stored words of W[rows, c0:c0+NCOLS] (zero outside the matrix), not yet decoded: bf16 as
-    bf16, fp8 as uint8, nvfp4 as (packed uint8 [BLOCK_R, NCOLS/2], e4m3 group scales as uint8
+    bf16, fp8 and int8 as uint8, nvfp4 as (packed uint8 [BLOCK_R, NCOLS/2], e4m3 group scales as uint8
     [BLOCK_R, NCOLS/16]). Decoding to float32 is left to `raw_dot`, so that a tile loaded ahead of
-    a wait holds 1 (fp8), 2 (bf16) or 9/16 (nvfp4) bytes an element in registers, not 4.
-    Returns (words, scales); `scales` is `words` again (unused) for bf16 / fp8."""
+    a wait holds 1 (fp8, int8), 2 (bf16) or 9/16 (nvfp4) bytes an element in registers, not 4.
+    Returns (words, scales); `scales` is `words` again (unused) for bf16 / fp8 / int8."""
     row_ok = rows[:, None] < n_rows
-    if FMT >= 2:
+    if FMT == 2 or FMT == 3:
         half = row_len // 2                                   # bytes per row
         jb = c0 // 2 + tl.arange(0, NCOLS // 2)
         words = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
@@ -180,7 +190,7 @@ def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.
     """[BLOCK_R] float32: sum over c in [c0, c0+NCOLS) of W[rows, c] * vec[c] for a `raw_tile`
     (before `row_scale`). vec is read through L2 only (.cg): it was written by other programs of
     this launch, and the L1 of this multiprocessor is not coherent with their stores."""
-    if FMT >= 2:
+    if FMT == 2 or FMT == 3:
         j = c0 + 2 * tl.arange(0, NCOLS // 2)
         x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
         x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
@@ -190,8 +200,8 @@ def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.
     else:
         cols = c0 + tl.arange(0, NCOLS)
         vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
-        if FMT == 1:
-            w = words.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        else:
+        if FMT == 0:
             w = words.to(tl.float32)
+        else:
+            w = byte_weights(words, FMT)
         return tl.sum(w * vec[None, :], axis=1)

@@ -3,6 +3,7 @@
 Every format maps a 2D weight [out, in] to named parts; kernels are judged against `dequantize`.
   bf16 : w bf16 [out, in]                                               (lossless for bf16 sources)
   fp8  : w float8_e4m3fn [out, in], scale fp32 [out]                    w = w8 * scale[:, None]
+  int8 : w int8 [out, in] in -127..127, scale bf16 [out]                 w = w8 * scale[:, None]
   nvfp4: w uint8 [out, in/2] (two e2m1 codes: element 2j low nibble, 2j+1 high nibble),
          scale float8_e4m3fn [out, in/16], gscale fp32 [1]              w = e2m1 * scale * gscale
   mxfp4: w uint8 [out, in/2] (e2m1 pairs as nvfp4), scale uint8 [out, in/32] (e8m0, bias 127)
@@ -19,6 +20,7 @@ from kernels.formats import (E2M1_VALUES as _E2M1, E8M0_BIAS, FORMATS, MXFP4_GRO
 from engine.errors import SluiceError
 
 FP8_MAX = 448.0
+INT8_MAX = 127
 E2M1_MAX = 6.0
 E2M1_VALUES = torch.tensor(_E2M1)
 # Every e4m3 byte's value: on the CPU a table lookup is ~2.5x faster than the float8 -> float32 cast.
@@ -51,9 +53,22 @@ def quantize(weight: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
         scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)                  # [out]
         w8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
         return {"w": w8.contiguous(), "scale": scale.contiguous()}
+    if fmt == "int8":
+        return _quantize_int8(w)
     if fmt == "mxfp4":
         return quantize_mxfp4(w)
     return _quantize_nvfp4(w)
+
+
+def _quantize_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Symmetric per output row: scale = amax / 127 rounded to the nearest bf16, codes round(w / scale).
+    The scale's rounding error is at most 2^-8 relative, so amax / scale lies in [126.51, 127.49] and
+    the largest code is exactly 127 (the clamp never clips; the dequantized row is a fixed point)."""
+    amax = w.abs().amax(dim=1)                                                            # [out]
+    # A zero row gets the smallest normal scale instead of 0: its codes are 0 and nothing divides by 0.
+    scale = (amax / INT8_MAX).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
+    codes = torch.round(w / scale.float()[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return {"w": codes.contiguous(), "scale": scale.contiguous()}
 
 
 def _e2m1_codes(scaled: torch.Tensor) -> torch.Tensor:
@@ -100,6 +115,8 @@ def dequantize(parts: dict[str, torch.Tensor], fmt: str, dtype: torch.dtype = to
         return parts["w"].to(dtype)
     if fmt == "fp8":
         return (_fp8_to_float(parts["w"]) * parts["scale"].float()[:, None]).to(dtype)
+    if fmt == "int8":
+        return (parts["w"].float() * parts["scale"].float()[:, None]).to(dtype)
     if fmt == "mxfp4":
         values = e2m1_decode(parts["w"])                                          # [O, in]
         exponent = parts["scale"].int() - E8M0_BIAS                               # [O, in/32]

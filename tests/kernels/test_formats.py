@@ -7,7 +7,7 @@ from engine.format.quant import dequantize, quantize
 from kernels.formats import dequantize_block, make_offsets, random_bank
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4", "int8"])
 @pytest.mark.parametrize("intermediate,hidden", [(96, 160), (32, 2048)])   # small odd multiples of 32; real hidden
 @pytest.mark.parametrize("bias", [False, True], ids=["plain", "biases"])
 def test_offsets_and_dequant_match_engine(fmt, intermediate, hidden, bias):
@@ -34,7 +34,7 @@ def test_offsets_and_dequant_match_engine(fmt, intermediate, hidden, bias):
         torch.testing.assert_close(ours[proj], theirs, rtol=1e-6, atol=1e-6)   # same math; op order may differ by torch version
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8", "nvfp4", "mxfp4", "int8"])
 @pytest.mark.parametrize("bias", [False, True], ids=["plain", "biases"])
 def test_random_bank_is_finite_and_not_zero(fmt, bias):
     offsets, block_bytes = make_offsets(fmt, 64, 96, bias=bias)

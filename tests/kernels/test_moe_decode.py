@@ -14,7 +14,16 @@ from kernels.moe_decode_fused import fused_counters
 SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
 SMALL_SPLIT = DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)   # down pass with atomic adds
 SMALL_FUSED = DecodeConfig(block_i=16, block_h=16, block_k=32, fused=True)        # one launch, all of I preloaded
-FMTS = ["bf16", "fp8", "nvfp4", "mxfp4"]
+FMTS = ["bf16", "fp8", "nvfp4", "mxfp4", "int8"]
+# int8 runs fp8's code paths with its own loads: in the interpreter it is checked on the decode shapes
+# and every config, not again on the tests of format-independent logic (routing, accumulation).
+LOGIC_FMTS = ["bf16", "fp8", "nvfp4", "mxfp4"]
+SHAPES = [
+    (1, 1, 3, 37, 53),     # one token, one expert, prime dims (not multiples of any block)
+    (1, 4, 7, 61, 47),     # decode: one token, several experts, hidden < block_k tail
+    (3, 2, 5, 29, 97),     # small batch, prime dims
+    (4, 5, 5, 19, 31),     # k = E: every token uses every expert
+]
 
 
 def _dims(fmt, intermediate, hidden):
@@ -37,14 +46,10 @@ def _rel(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-@pytest.mark.parametrize("fmt", FMTS)
 @pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT, SMALL_FUSED], ids=["loop", "split", "fused"])
-@pytest.mark.parametrize("num_tokens,top_k,num_slots,intermediate,hidden", [
-    (1, 1, 3, 37, 53),     # one token, one expert, prime dims (not multiples of any block)
-    (1, 4, 7, 61, 47),     # decode: one token, several experts, hidden < block_k tail
-    (3, 2, 5, 29, 97),     # small batch, prime dims
-    (4, 5, 5, 19, 31),     # k = E: every token uses every expert
-])
+@pytest.mark.parametrize("fmt,num_tokens,top_k,num_slots,intermediate,hidden",
+                         [(fmt, *shape) for fmt in LOGIC_FMTS for shape in SHAPES]
+                         + [("int8", *shape) for shape in SHAPES[:2]])
 def test_matches_reference(fmt, config, device, num_tokens, top_k, num_slots, intermediate, hidden):
     intermediate, hidden = _dims(fmt, intermediate, hidden)
     args = _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed=num_tokens * 100 + top_k)
@@ -55,7 +60,7 @@ def test_matches_reference(fmt, config, device, num_tokens, top_k, num_slots, in
     assert _rel(out, ref) < 1e-5
 
 
-@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("fmt", LOGIC_FMTS)
 def test_all_tokens_on_one_expert(fmt, device):
     intermediate, hidden = _dims(fmt, 23, 41)
     x, bank, slots, weights, *rest = _case(fmt, device, 5, 2, 4, intermediate, hidden, seed=3)
@@ -215,7 +220,7 @@ def test_fused_in_cuda_graph_replays(fmt):
     assert not fused_counters("cuda").any()
 
 
-@pytest.mark.parametrize("fmt", FMTS)
+@pytest.mark.parametrize("fmt", LOGIC_FMTS)
 @pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT, SMALL_FUSED], ids=["loop", "split", "fused"])
 def test_resident_first_then_late_experts_add_up_to_one_launch(fmt, config, device):
     """The streaming decode's split: a launch over the resident experts (the others' slots -1, no

@@ -7,7 +7,7 @@ import torch
 
 from kernels import selfcheck
 from kernels.formats import make_offsets
-from kernels.moe_decode import moe_decode, moe_decode_ref
+from kernels.moe_decode import DecodeConfig, moe_decode, moe_decode_ref
 
 FMT, I, H, K = "fp8", 32, 48, 2
 
@@ -79,3 +79,30 @@ def test_unwritable_cache_still_checks(device, monkeypatch, tmp_path):
     monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(blocker / "sub" / "verdicts.json"))   # parent is a file
     fn, verdict = _select(device)
     assert verdict.ok and fn is moe_decode
+
+
+def test_int8_kernel_is_checked_in_bf16_and_a_misread_scale_is_caught(device):
+    """int8 blocks with bf16 activations, as the engine runs them: the kernel passes its check; one
+    that misreads the bf16 row scales (every scale 1) does not."""
+    offsets, block_bytes = make_offsets("int8", I, H)
+    small = DecodeConfig(block_i=16, block_h=16, block_k=32)          # interpreter-sized tiles
+
+    def select(kernel):
+        return selfcheck.select_moe_decode("int8", offsets, block_bytes, I, H, K, device, kernel=kernel)
+
+    def good(*args, **kw):
+        return moe_decode(*args, config=small)
+
+    def unit_scales(x, bank, *rest, **kw):
+        bank = bank.clone()
+        for proj, rows in (("gate", I), ("up", I), ("down", H)):
+            start = offsets[f"{proj}.scale"]
+            bank[:, start:start + 2 * rows] = torch.ones(rows, dtype=torch.bfloat16).view(torch.uint8).to(bank.device)
+        return moe_decode(x, bank, *rest, config=small)
+
+    fn, verdict = select(good)
+    assert fn is good and verdict.ok
+    selfcheck.cache_path().unlink()                 # verdicts are cached per shape, not per function
+    with pytest.warns(RuntimeWarning, match="reference path"):
+        fn, verdict = select(unit_scales)
+    assert fn is moe_decode_ref and "exceeds" in verdict.reason
