@@ -79,7 +79,7 @@ def stage_kernels(models=("qwen3-30b-a3b", "olmoe-1b-7b"), fmts=("fp8", "nvfp4",
                 out = moe_decode(xs, bank, sl, ws, fmt, offsets, inter).double()
                 errs.append(((out - ref).norm() / ref.norm()).item() if torch.isfinite(out).all() else float("inf"))
             weight_bytes = top_k * sum(n for n in _field_bytes(fmt, inter, hidden))
-            configs = [default_config(fmt)] + (sweep if fmt == "fp8" else sweep_other)
+            configs = [default_config(fmt)] + (sweep if fmt in ("fp8", "int8") else sweep_other)   # one byte a weight
             best = None
             for cfg in configs:
                 try:
@@ -301,6 +301,9 @@ HYBRID_QUANTS = os.environ.get("HYBRID_QUANTS", "bf16").split(",")
 STAGES = {
     "kernels": stage_kernels,
     "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
+    # int8 (int8 weights, bf16 row scales: what the CPU computes fast) beside fp8, both swept the same way
+    "kernels-int8": lambda: stage_kernels(fmts=("int8", "fp8")),
+    "tests-int8": lambda: stage_tests(("tests/kernels", "tests/families/test_families_gpu.py"), ("-k", "int8")),
     # mxfp4 at gpt-oss-120b's expert shapes (its native format), beside nvfp4 / bf16 at the same shapes
     "kernels-mxfp4": lambda: stage_kernels(models=("gpt-oss-120b",), fmts=("mxfp4", "nvfp4", "bf16")),
     "tests": stage_tests,
@@ -337,6 +340,10 @@ STAGES = {
         bench(f"olmoe-{q}-free-cpu-{mode}", ["--preset", "olmoe-1b-7b", "--quant", q, "--vram-budget", "4GB",
                                              "--ram-cache", "16GB", "--prompt-tokens", "512", "--new-tokens", "128"],
               env={"SLUICE_CPU_EXPERTS": mode}) for q in HYBRID_QUANTS for mode in ("off", "auto")],
+    "bench-olmoe-int8": lambda: [
+        bench(f"olmoe-{quant}-ram-unconstrained", ["--preset", "olmoe-1b-7b", "--quant", quant, "--vram-budget", "4GB",
+                                                   "--ram-cache", "16GB", "--prompt-tokens", "512", "--new-tokens", "128"])
+        for quant in ("int8", "fp8")],
     "bench-olmoe-free": lambda: bench("olmoe-fp8-ram-unconstrained", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "16GB",
         "--prompt-tokens", "512", "--new-tokens", "128"]),

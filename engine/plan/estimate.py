@@ -23,7 +23,7 @@ from engine.errors import SluiceError
 from engine.model.spec import read_spec
 from engine.runtime.budget import MAX_CONTEXT_TOKENS
 
-QUANTS = ("bf16", "fp8", "nvfp4", "mxfp4")
+QUANTS = ("bf16", "fp8", "int8", "nvfp4", "mxfp4")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 on CUDA, float32 on the CPU
 COMPUTE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}

@@ -10,6 +10,8 @@ import sys
 from engine.errors import SluiceError, allocation_sentence, fs_error_sentence
 
 EXIT_USER_ERROR = 2
+# kernels.formats.FORMATS, written out: building the parser must not import torch (tests check they agree)
+QUANTS = ("bf16", "fp8", "int8", "nvfp4", "mxfp4")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,9 +23,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("repack", help="turn a Hugging Face snapshot into a Sluice model folder")
     p.add_argument("src_dir", help="the Hugging Face snapshot folder (config.json and .safetensors files)")
     p.add_argument("dst_dir", help="the Sluice model folder to create")
-    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4", "mxfp4"], default="bf16",
-                   help="format of the expert weights: bf16 (lossless, default), fp8, nvfp4 or mxfp4 (smaller, "
-                        "faster; mxfp4 keeps gpt-oss's own blocks as they are)")
+    p.add_argument("--quant", choices=QUANTS, default="bf16",
+                   help="format of the expert weights: bf16 (lossless, default), fp8, int8 (half the bytes; int8 "
+                        "is the one the CPU computes fast), nvfp4 or mxfp4 (a quarter; mxfp4 keeps gpt-oss's own "
+                        "blocks as they are)")
 
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
@@ -54,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming")
     p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
-    p.add_argument("--quant", choices=["bf16", "fp8", "nvfp4", "mxfp4"], default="fp8", help="expert format (default fp8)")
+    p.add_argument("--quant", choices=QUANTS, default="fp8", help="expert format (default fp8)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--vram-budget", help="e.g. 4GB; what the driver shows for the process")
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")

@@ -45,6 +45,35 @@ def test_repack_then_chat_streams_valid_utf8(hf_models, tmp_path):
     assert "decode" in result.stderr.decode()
 
 
+def test_repack_int8_stores_int8_codes_and_bf16_row_scales_of_the_source(hf_models, tmp_path):
+    import torch
+    from safetensors import safe_open
+    from engine.format.modeldir import open_model_dir
+    from engine.format.quant import quantize
+    src, dst = hf_models("olmoe"), tmp_path / "model-int8"
+    result = run_sluice("repack", src, dst, "--quant", "int8")
+    assert result.returncode == 0, result.stderr
+    model = open_model_dir(dst, verify_experts=True)
+    assert model.quant == "int8"
+    layer, expert = model.spec.moe_layers[-1], 3
+    with open(dst / "experts.bin", "rb") as f:
+        f.seek(model.expert_offset(layer, expert))
+        block = torch.frombuffer(bytearray(f.read(model.layout.block_bytes)), dtype=torch.uint8)
+    views = model.layout.views(block)
+    with safe_open(str(src / "model.safetensors"), "pt") as s:
+        source = s.get_tensor(model.spec.expert_tensor_name(layer, expert, "down"))
+    expected = quantize(source, "int8")
+    assert views["down.w"].dtype == torch.int8 and views["down.scale"].dtype == torch.bfloat16
+    assert torch.equal(views["down.w"], expected["w"]) and torch.equal(views["down.scale"], expected["scale"])
+
+
+def test_quant_choices_are_the_formats():
+    from engine.plan.estimate import QUANTS as ESTIMATE_QUANTS
+    from engine.tools.cli import QUANTS
+    from kernels.formats import FORMATS
+    assert set(QUANTS) == set(FORMATS) == set(ESTIMATE_QUANTS)
+
+
 def test_errors_are_one_sentence_without_traceback(tmp_path):
     result = run_sluice("generate", tmp_path / "missing", "--prompt", "hi")
     assert result.returncode != 0

@@ -6,7 +6,7 @@ from engine.errors import SluiceError
 from engine.format.layout import block_layout
 from engine.format.quant import E2M1_VALUES, FORMATS, dequantize, quantize
 
-TOLERANCE = {"bf16": 0.005, "fp8": 0.04, "nvfp4": 0.12, "mxfp4": 0.15}   # relative Frobenius error on Gaussian weights
+TOLERANCE = {"bf16": 0.005, "fp8": 0.04, "int8": 0.01, "nvfp4": 0.12, "mxfp4": 0.15}   # relative Frobenius error on Gaussian weights
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -58,6 +58,22 @@ def test_fp8_scale_is_per_output_row():
     parts = quantize(w, "fp8")
     assert torch.allclose(parts["scale"], torch.tensor([2.0, 100.0]) / 448)
     assert torch.allclose(dequantize(parts, "fp8"), w, rtol=0.07)
+
+
+def test_int8_is_symmetric_per_row_with_bf16_scales_and_never_clips():
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(64, 96, generator=g) * torch.logspace(-6, 3, 64)[:, None]      # rows across 9 decades
+    w[5] = 0.0                                                                      # a zero row
+    parts = quantize(w, "int8")
+    assert parts["w"].dtype == torch.int8 and parts["scale"].dtype == torch.bfloat16 and parts["scale"].shape == (64,)
+    nonzero = torch.arange(64) != 5
+    assert (parts["w"][nonzero].abs().amax(dim=1) == 127).all()                   # amax -> exactly 127: nothing clips
+    assert parts["w"].min() >= -127                                                 # symmetric: -128 is never used
+    assert not parts["w"][5].any() and parts["scale"][5] > 0                        # zero row: zero codes, no 0 / 0
+    d = dequantize(parts, "int8")
+    assert torch.isfinite(d).all() and not d[5].any()
+    assert ((d - w).abs() <= parts["scale"].float()[:, None] / 2 * 1.0001).all()    # within half a step per value
+    assert torch.equal(d, parts["w"].float() * parts["scale"].float()[:, None])     # what every device computes with
 
 
 def test_nvfp4_rejects_widths_not_divisible_by_16_and_unknown_formats():
