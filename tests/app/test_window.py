@@ -119,7 +119,7 @@ def test_open_folder_on_a_snapshot_opens_the_repack_wizard_then_loads_the_model(
     wizard = window.last_wizard
     assert wizard.isVisible()
     table = wizard.options_page.quants
-    qtbot.waitUntil(lambda: table.rowCount() == 4, timeout=WAIT_MS)      # bf16, fp8, nvfp4, mxfp4 with size and speed
+    qtbot.waitUntil(lambda: table.rowCount() == 5, timeout=WAIT_MS)      # bf16, fp8, int8, nvfp4, mxfp4 with size and speed
     table.select("fp8")
     qtbot.mouseClick(wizard.button(QWizard.WizardButton.NextButton), Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: wizard.currentPage() is wizard.done_page, timeout=60_000)

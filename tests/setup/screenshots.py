@@ -90,7 +90,7 @@ def main(out_dir: str) -> None:
     wizard.back()
     page.results.setCurrentItem(page.results.topLevelItem(0))
     next_page(wizard)
-    wait(lambda: wizard.estimate_page.quants.rowCount() == 4)
+    wait(lambda: wizard.estimate_page.quants.rowCount() == 5)
     shoot(wizard, "2-estimate")
 
     hub.throttle_bps = 40e6
@@ -99,7 +99,7 @@ def main(out_dir: str) -> None:
     wait(lambda: wizard.download_page.bar.value() * 1024 > size * 0.4)
     shoot(wizard, "3-download")
     hub.throttle_bps = None
-    wait(lambda: wizard.currentPage() is wizard.options_page and wizard.options_page.quants.rowCount() == 4)
+    wait(lambda: wizard.currentPage() is wizard.options_page and wizard.options_page.quants.rowCount() == 5)
     shoot(wizard, "4-repack-options")
     next_page(wizard)
     wait(lambda: wizard.progress_page.bar.value() >= 3)
@@ -110,7 +110,7 @@ def main(out_dir: str) -> None:
 
     repack = RepackWizard(models, wizard.snapshot_dir)
     repack.show()
-    wait(lambda: repack.options_page.quants.rowCount() == 4)
+    wait(lambda: repack.options_page.quants.rowCount() == 5)
     repack.options_page.quants.select("nvfp4")
     shoot(repack, "7-repack-wizard")
     repack.reject()

@@ -62,7 +62,7 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
     _next(qtbot, wizard)
 
     est_page = wizard.estimate_page
-    qtbot.waitUntil(lambda: est_page.quants.isVisible() and est_page.quants.rowCount() == 4, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: est_page.quants.isVisible() and est_page.quants.rowCount() == 5, timeout=WAIT_MS)
     assert est_page.family_label.text().startswith("qwen3_moe — supported")
     assert "total" in est_page.params_label.text() and "active per token" in est_page.params_label.text()
     assert "tok/s" in est_page.verdict.text() and "moved per token" in est_page.verdict.text()
@@ -76,7 +76,7 @@ def test_search_pick_estimate_download_repack_then_the_model_answers_in_the_chat
 
     qtbot.waitUntil(lambda: wizard.currentPage() is wizard.options_page, timeout=WAIT_MS)   # download done
     assert len(hub.weight_requests()) == 1
-    qtbot.waitUntil(lambda: wizard.options_page.quants.rowCount() == 4, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: wizard.options_page.quants.rowCount() == 5, timeout=WAIT_MS)
     assert wizard.options_page.quants.quant() == "bf16"
     assert wizard.options_page.name.text() == "Qwen3-MoE-tiny-bf16"
     _next(qtbot, wizard)
@@ -171,9 +171,10 @@ def test_repack_wizard_offers_each_quant_and_makes_a_loadable_model(qtbot, model
     qtbot.addWidget(wizard)
     wizard.show()
     table = wizard.options_page.quants
-    qtbot.waitUntil(lambda: table.rowCount() == 4, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: table.rowCount() == 5, timeout=WAIT_MS)
     sizes = {q: e.repacked_bytes for q, e in table.estimates.items()}
     assert sizes["bf16"] > sizes["fp8"] >= sizes["nvfp4"]          # tiny blocks round up to 4 KiB pages
+    assert sizes["bf16"] > sizes["int8"] >= sizes["nvfp4"]
     table.select("fp8")
     assert wizard.options_page.name.text() == "snapshot-fp8"
     _next(qtbot, wizard)
@@ -211,7 +212,7 @@ def test_repack_stopped_after_a_layer_resumes_without_redoing_it(qtbot, model_fo
     wizard = RepackWizard(tmp_path / "models", model_folders[SUPPORTED_REPO])
     qtbot.addWidget(wizard)
     wizard.show()
-    qtbot.waitUntil(lambda: wizard.options_page.quants.rowCount() == 4, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: wizard.options_page.quants.rowCount() == 5, timeout=WAIT_MS)
     _next(qtbot, wizard)
     page = wizard.progress_page
     qtbot.waitUntil(page.restart_button.isVisible, timeout=WAIT_MS)
@@ -233,7 +234,7 @@ def test_too_little_disk_is_shown_on_the_estimate_page_and_blocks_the_download(q
     _search_and_pick(qtbot, wizard, "tiny", SUPPORTED_REPO)
     _next(qtbot, wizard)
     page = wizard.estimate_page
-    qtbot.waitUntil(lambda: page.quants.rowCount() == 4, timeout=WAIT_MS)
+    qtbot.waitUntil(lambda: page.quants.rowCount() == 5, timeout=WAIT_MS)
     assert {e.verdict for e in page.quants.estimates.values()} == {"will not run"}
     assert "of disk for download and repack" in page.verdict.text() and "97.66 KiB is free" in page.verdict.text()
     assert not wizard.button(QWizard.WizardButton.NextButton).isEnabled()
