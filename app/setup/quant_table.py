@@ -8,7 +8,7 @@ from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QTableWidget, QTab
 from .common import VERDICT_COLORS, format_speed
 
 COLUMNS = ("Quant", "Model size", "Experts per token", "Moved per token", "Predicted speed", "Verdict")
-QUANT_NOTES = {"bf16": "bf16 (exact)", "fp8": "fp8 (near exact)", "int8": "int8 (near exact; fast on CPU)",
+QUANT_NOTES = {"bf16": "bf16 (exact)", "fp8": "fp8 (near exact)", "int8": "int8 (near exact)",
                "nvfp4": "nvfp4 (smallest)",
                "mxfp4": "mxfp4 (smallest; gpt-oss as shipped)"}
 

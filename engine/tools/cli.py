@@ -24,9 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src_dir", help="the Hugging Face snapshot folder (config.json and .safetensors files)")
     p.add_argument("dst_dir", help="the Sluice model folder to create")
     p.add_argument("--quant", choices=QUANTS, default="bf16",
-                   help="format of the expert weights: bf16 (lossless, default), fp8, int8 (half the bytes; int8 "
-                        "is the one the CPU computes fast), nvfp4 or mxfp4 (a quarter; mxfp4 keeps gpt-oss's own "
-                        "blocks as they are)")
+                   help="format of the expert weights: bf16 (lossless, default), fp8 or int8 (half the bytes), "
+                        "nvfp4 or mxfp4 (a quarter; mxfp4 keeps gpt-oss's own blocks as they are)")
 
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
