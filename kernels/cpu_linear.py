@@ -3,11 +3,13 @@
   T = tokens, I = in features, O = out features
   x [T, I] (any float dtype), parts {"w", "scale", ...} of formats.part_specs(fmt, O, I) -> [T, O] in x's dtype
 
-int8 with bf16 activations goes through torch's own CPU int8 matmul (`_weight_int8pack_mm`: int8
-weights, one scale per output row in the activation dtype, about 19 GB/s of int8 on two cores): the
-format stores its scales as bf16 for exactly this, so the CPU multiplies by the same dequantized
-weights W = w * scale the GPU kernels use. float32 activations (the CPU engine's compute dtype, and
-the token-exact tests) take the plain dequantized float32 weights, so those results stay exact.
+int8 with bf16 activations, a few tokens (decode): torch's own CPU int8 matmul (`_weight_int8pack_mm`:
+int8 weights, one scale per output row in the activation dtype, ~70 us for a 768 x 2048 projection
+on two cores). The format stores its scales as bf16 for exactly this, so the CPU multiplies by the same
+dequantized weights W = w * scale the GPU kernels use. More tokens (prefill): the int8 codes as bf16
+(exact: |w| <= 127 fits bf16's 8 bits) through a bf16 GEMM, the row scale applied to its output, which
+is faster past ~12 tokens. float32 activations (the CPU engine's compute dtype, and the token-exact
+tests) take the plain dequantized float32 weights, so those results stay exact.
 """
 from __future__ import annotations
 
@@ -21,22 +23,26 @@ from .formats import dequantize_parts
 # _weight_int8pack_mm's CPU kernel reduces over K in vectors of 16: other widths give NaN or crash
 # (measured on AVX-512, torch 2.13).
 INT8PACK_K_MULTIPLE = 16
+# Tokens up to which _weight_int8pack_mm beats converting the codes to bf16 for a GEMM (2 cores,
+# AVX-512 + AMX, 768 x 2048 and 2048 x 768: 0.7 vs 1.8 ms at 8 tokens, even at 12-16).
+INT8PACK_MAX_TOKENS = 12
 
 
 def packed_linear(x: torch.Tensor, parts: Mapping[str, torch.Tensor], fmt: str) -> torch.Tensor:
     """x [..., I] @ W.T -> [..., O] in x's dtype, W the dequantized weight of `parts` in `fmt`."""
     w = parts["w"]
-    if fmt == "int8" and _int8pack_applies(x, w):
-        flat = x.reshape(-1, x.shape[-1]).contiguous()                                    # [T, I]
-        out = torch.ops.aten._weight_int8pack_mm(flat, w.contiguous(), parts["scale"].contiguous())   # [T, O]
+    if fmt == "int8" and x.dtype == torch.bfloat16:
+        flat = x.reshape(-1, x.shape[-1])                                                # [T, I]
+        if _int8pack_applies(flat, w):
+            out = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), w.contiguous(), parts["scale"].contiguous())
+        else:
+            out = F.linear(flat, w.to(torch.bfloat16)) * parts["scale"]                   # [T, O]
         return out.reshape(*x.shape[:-1], w.shape[0])
     if fmt == "bf16":
         return F.linear(x, w.to(x.dtype))
-    if fmt == "int8" and x.dtype == torch.bfloat16:       # a width the int8 kernel cannot take: float32 math
-        return F.linear(x.float(), dequantize_parts(parts, fmt)).to(x.dtype)
     return F.linear(x, dequantize_parts(parts, fmt).to(x.dtype))
 
 
-def _int8pack_applies(x: torch.Tensor, w: torch.Tensor) -> bool:
-    return (x.dtype == torch.bfloat16 and x.device.type == "cpu" and w.device.type == "cpu"
-            and x.shape[-1] % INT8PACK_K_MULTIPLE == 0)
+def _int8pack_applies(flat: torch.Tensor, w: torch.Tensor) -> bool:
+    return (flat.device.type == "cpu" and w.device.type == "cpu" and flat.shape[0] <= INT8PACK_MAX_TOKENS
+            and flat.shape[1] % INT8PACK_K_MULTIPLE == 0)

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from engine.format.quant import FORMATS, quantize
-from kernels.cpu_linear import packed_linear
+from kernels.cpu_linear import INT8PACK_MAX_TOKENS, packed_linear
 from kernels.formats import dequantize_parts
 
 TOLERANCE = {torch.bfloat16: 1e-2, torch.float32: 1e-5}      # relative Frobenius error
@@ -34,9 +34,9 @@ def test_matches_dequantized_reference(fmt, dtype, num_tokens, out_features, in_
     assert _rel(out, ref) < TOLERANCE[dtype]
 
 
-def test_int8_bf16_runs_torchs_int8_matmul_and_float32_is_exact():
+def test_int8_bf16_decode_runs_torchs_int8_matmul_and_float32_is_exact():
     parts = _parts("int8", 40, 64, seed=3)
-    x = torch.randn(5, 64, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(INT8PACK_MAX_TOKENS, 64, generator=torch.Generator().manual_seed(4))
     fast = torch.ops.aten._weight_int8pack_mm(x.bfloat16(), parts["w"], parts["scale"])
     assert torch.equal(packed_linear(x.bfloat16(), parts, "int8"), fast)
     exact = torch.nn.functional.linear(x, parts["w"].float() * parts["scale"].float()[:, None])
