@@ -118,6 +118,13 @@ def main() -> None:
         s = timed(lambda: (dev.copy_(host, non_blocking=True), torch.cuda.synchronize()), 10)
         print(f"pinned H2D 256 MiB: {host.numel() / s / 1e9:.1f} GB/s")
     torch.set_num_threads(15)
+    big = torch.ones(1 << 28, dtype=torch.int64)                 # 2 GiB: DRAM, not L3
+    for threads in (4, 8, 15):
+        torch.set_num_threads(threads)
+        s = timed(lambda: big.sum(), 5)
+        print(f"DRAM read, {threads} threads (int64 sum of 2 GiB): {big.numel() * 8 / s / 1e9:.1f} GB/s")
+    del big
+    torch.set_num_threads(15)
     for label, kw in (("int8, 96 distinct experts", {}), ("int8, 96 experts, worker thread", {"worker": True}),
                       ("int8, 96 experts, worker + busy CUDA main thread", {"worker": True, "busy_gpu": True})):
         s = streamed(hidden, inter, **kw)
