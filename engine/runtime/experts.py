@@ -21,6 +21,7 @@ stays locked until its copy has finished, so nothing is overwritten while in use
 """
 from __future__ import annotations
 
+import os
 import time
 from collections import Counter
 from concurrent.futures import Future
@@ -63,6 +64,9 @@ class Experts:
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.exclusive = True
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
+        # Speculative copies of the next layer's RAM-resident experts (SLUICE_PREFETCH_RAM=0: disk reads only,
+        # the misses are then split between the CPU and copies when the layer runs).
+        self.prefetch_ram = os.environ.get("SLUICE_PREFETCH_RAM", "1") != "0"
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -118,15 +122,12 @@ class Experts:
             else:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
-        cpu_job, on_cpu = None, []
-        if hybrid and late:
-            on_cpu = self._cpu_share(layer, late, num_tokens)
-            if on_cpu:
-                late = [e for e in late if e not in on_cpu]
-                blocks = {e: self.cache.block(self.cache.lookup((layer, e))) for e in on_cpu}
-                for e in on_cpu:
-                    self.cache.lock((layer, e))
-                cpu_job = self.cpu.submit(blocks, routed, top_k, x, weights)
+        on_cpu = self._cpu_share(layer, late, num_tokens) if hybrid and late else []
+        if on_cpu:
+            late = [e for e in late if e not in on_cpu]
+            cpu_blocks = {e: self.cache.block(self.cache.lookup((layer, e))) for e in on_cpu}
+            for e in on_cpu:
+                self.cache.lock((layer, e))
         use_kernel = self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and len(wanted) <= self.batch_size
         if use_kernel:
             early = list(slot_of)
@@ -137,20 +138,23 @@ class Experts:
             self._set_ready(layer, slot_of)
         else:
             self._torch_layer(layer, x, weights, routed, top_k, slot_of, late, out)
-        if cpu_job is not None:
+        if next_layer is not None and predicted and self.prefetch_ram:
+            self._prefetch(next_layer, list(dict.fromkeys(predicted)))
+        if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
             try:
-                self.cpu.finish(cpu_job, out)
+                self.cpu.add_into(self.cpu.compute(cpu_blocks, routed, top_k, x, weights), out)
             finally:
                 for e in on_cpu:
                     self.cache.unlock((layer, e))
-        if next_layer is not None and predicted:
+        if next_layer is not None and predicted and not self.prefetch_ram:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         return out
 
     def _cpu_share(self, layer: int, late: list[int], num_tokens: int) -> list[int]:
         """The misses the CPU computes from the RAM cache (placement cost model); the rest are copied."""
         candidates = [e for e in late if (layer, e) in self.cache and (layer, e) not in self._reads]
-        return self.cpu.placement.cpu_share(candidates, num_tokens, lambda e: self.banks.uses((layer, e)))
+        queued = sum(1 for done, _ in self._inflight if not done.query()) if self.is_cuda else 0
+        return self.cpu.placement.cpu_share(candidates, num_tokens, lambda e: self.banks.uses((layer, e)), queued)
 
     def _torch_layer(self, layer, x, weights, routed, top_k, resident, late, out) -> None:
         """Each expert in torch on its tokens: the resident ones, then the rest in batches."""

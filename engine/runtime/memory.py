@@ -16,7 +16,8 @@ def process_memory() -> tuple[int, int]:
     try:
         with open("/proc/self/status") as f:
             fields = dict(line.split(":", 1) for line in f if ":" in line)
-        return int(fields["VmRSS"].split()[0]) << 10, int(fields["RssAnon"].split()[0]) << 10
+        anon = int(fields["RssAnon"].split()[0]) + int(fields["RssShmem"].split()[0])   # the RAM cache is shared anonymous
+        return int(fields["VmRSS"].split()[0]) << 10, anon << 10
     except (OSError, KeyError, ValueError):
         pass
     try:

@@ -4,7 +4,8 @@ For one decode step of a layer:
   in a VRAM slot        -> the GPU computes it (nothing moves);
   in the RAM cache      -> k of these n experts are computed by the CPU where they sit, the other
                            n - k are copied into a slot and computed by the GPU; k minimises
-                           max(k * cpu_s, (n - k) * copy_s), both sides running at once;
+                           max(k * cpu_s, (q + n - k) * copy_s), both sides running at once, q the
+                           copies already queued ahead (when none are left to copy, their wait is 0);
   on disk               -> read into RAM, then copied (the read dominates either way).
 cpu_s (one expert, one token, on the CPU) and copy_s (one block over PCIe) are measured on this
 machine when the model loads, and cpu_s follows what the CPU then really takes. The coldest experts
@@ -28,8 +29,9 @@ class Placement:
     copy_s: float            # seconds to copy one expert block host -> device
     mode: str = "auto"
 
-    def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float]) -> list:
-        """The candidates (RAM-resident misses) the CPU computes: the k least used."""
+    def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
+        """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies
+        still ahead of them on the copy stream (prefetches), which a copied miss waits behind."""
         if self.mode == "off" or not candidates:
             return []
         n = len(candidates)
@@ -37,7 +39,7 @@ class Placement:
             k = n
         else:
             per_cpu = self.cpu_s * num_tokens
-            k = min(range(n + 1), key=lambda j: (max(j * per_cpu, (n - j) * self.copy_s), -j))
+            k = min(range(n + 1), key=lambda j: (max(j * per_cpu, (queued + n - j) * self.copy_s * (j < n)), -j))
         return sorted(candidates, key=uses)[:k]
 
     def observe(self, seconds: float, experts: int, num_tokens: int) -> None:

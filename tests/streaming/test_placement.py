@@ -11,6 +11,8 @@ def test_split_balances_cpu_and_copy_time_and_gives_the_cpu_the_coldest():
     assert Placement(cpu_s=10.0, copy_s=1.0).cpu_share([1, 2, 3, 4], 1, uses) == []
     assert Placement(cpu_s=0.1, copy_s=1.0).cpu_share([1, 2, 3, 4], 1, uses) == [2, 4, 3, 1]
     assert Placement(cpu_s=1.0, copy_s=1.0).cpu_share([1, 2], 4, uses) == []  # 4 tokens: 4x the CPU time
+    # five prefetch copies still queued: a copied miss would wait behind them, so the CPU takes both
+    assert sorted(slow_cpu.cpu_share([1, 2], 1, uses, queued=5)) == [1, 2]
 
 
 def test_modes_and_the_running_cpu_estimate():
