@@ -64,12 +64,12 @@ def _default_work_dir() -> Path:
 
 
 def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, log):
-    from engine.tools.presets import write_hf_checkpoint, write_sluice_dir
+    from engine.tools.presets import hf_checkpoint_dir, write_hf_checkpoint, write_sluice_dir
     from engine.format.repack import repack
     start = time.perf_counter()
     hf_dir = None
     if via_repack:
-        hf_dir = write_hf_checkpoint(preset, work / f"{preset}-hf", device=device, progress=log)
+        hf_dir = write_hf_checkpoint(preset, hf_checkpoint_dir(work, preset), device=device, progress=log)
         model_dir = work / f"{preset}-{quant}-repacked"
         if not (model_dir / "sluice.json").is_file():
             repack(hf_dir, model_dir, quant=quant, progress=lambda d, t, m: log(f"repack {d}/{t}: {m}") if d % 8 == 0 else None)
