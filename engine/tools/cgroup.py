@@ -24,9 +24,9 @@ class MemoryCap:
         self.path, self.limit_bytes = path, limit_bytes
 
     @classmethod
-    def create(cls, name: str, limit_bytes: int, root: Path = CGROUP_ROOT) -> "MemoryCap":
+    def create(cls, name: str, limit_bytes: int, root: Path | None = None) -> "MemoryCap":
         """A new, empty group `root/name` (an old one of that name is removed first, so its peak starts at 0)."""
-        root = Path(root)
+        root = Path(root or CGROUP_ROOT)
         try:
             controllers = (root / "cgroup.controllers").read_text().split()
         except OSError:

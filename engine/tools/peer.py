@@ -55,7 +55,7 @@ def decode_bound(raw: dict, rows: list[dict], n_gen: int, reps: int) -> float | 
 
 def run_peer(binary: Path, gguf: Path, ncmoe: int, regime: Regime, *, n_prompt: int, threads: int = 16,
              n_gen: int | None = None, reps: int | None = None, timeout_s: float | None = None,
-             use_cgroup: bool = True, log_dir: Path | None = None) -> dict:
+             use_cgroup: bool = True, drop_cache: bool = True, log_dir: Path | None = None) -> dict:
     """One llama-bench run of `-ncmoe ncmoe` in `regime`: a JSON row for the report."""
     s = {**RUN_SETTINGS["default"], **RUN_SETTINGS.get(regime.name, {})}
     n_gen, reps, timeout_s = n_gen or s["n_gen"], reps or s["reps"], timeout_s or s["timeout_s"]
@@ -65,7 +65,7 @@ def run_peer(binary: Path, gguf: Path, ncmoe: int, regime: Regime, *, n_prompt: 
             cap = MemoryCap.create(f"sluice-peer-{os.getpid()}-{ncmoe}", regime.memory_cap_bytes)
         except CgroupUnavailable as exc:
             cap_note = str(exc)
-    dropped = drop_page_cache()
+    dropped = drop_cache and drop_page_cache()
     argv = llama_bench_argv(binary, gguf, ncmoe, threads, n_prompt, n_gen, reps)
     with open(Path(log_dir or "/tmp") / f"llama-bench-{regime.name}-ncmoe{ncmoe}.log", "w") as err:
         raw = run_once(argv, timeout_s, cap, err)

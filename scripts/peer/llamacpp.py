@@ -48,6 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, help="seconds per llama-bench run (default: 240, 120 in exceeds)")
     p.add_argument("--threads", type=int, default=16)
     p.add_argument("--no-cgroup", action="store_true", help="budgets only: no memory cap")
+    p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before each run")
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "/tmp")) / "llamacpp.json")
     args = p.parse_args(argv)
     if args.phase in ("bench", "all") and not args.regime:
@@ -96,7 +97,8 @@ def bench(args) -> dict:
         results[name] = sweep(binary, gguf, r, tuple(args.ncmoe) if args.ncmoe else None, args.vram_budget,
                               log=lambda m: print(m, flush=True), n_prompt=args.prompt_tokens,
                               threads=args.threads, n_gen=args.new_tokens, reps=args.reps, timeout_s=args.timeout,
-                              use_cgroup=not args.no_cgroup, log_dir=args.out.parent)
+                              use_cgroup=not args.no_cgroup, drop_cache=not args.keep_page_cache,
+                              log_dir=args.out.parent)
         best = results[name]["best"]
         print(f"best within {results[name]['vram_limit_bytes'] / 1e9:.2f} GB of VRAM: "
               + (f"-ncmoe {best['ncmoe']}, decode {best['decode_tok_s']:.2f} tok/s" if best else "none"), flush=True)
