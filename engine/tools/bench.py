@@ -53,6 +53,9 @@ def run(args) -> int:
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     work = Path(opts.work_dir) if opts.work_dir else _default_work_dir()
     reg = regime(opts.regime) if opts.regime else None
+    if opts.llama_bench or opts.llama_gguf:
+        from engine.tools.bench_peer import check_llama_options
+        check_llama_options(opts)
     # the peer runs a GGUF of the HF checkpoint, so Sluice runs that checkpoint's repack (the same weights)
     opts.via_repack = opts.via_repack or args.baseline == "accelerate" or bool(opts.llama_bench)
     model_dir, hf_dir = _build(args.preset, args.quant, work, opts.via_repack, args.device, log)

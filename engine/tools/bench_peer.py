@@ -14,16 +14,20 @@ from engine.tools.regimes import REGIMES, Regime
 AS_GIVEN = Regime("as-given", None, "4GB", REGIMES["fits-ram"].ncmoe, "budgets as given, RAM unconstrained")
 
 
+def check_llama_options(opts) -> None:
+    """Before anything is measured: the paths the peer run needs."""
+    for flag, path in (("--llama-bench", opts.llama_bench), ("--llama-gguf", opts.llama_gguf)):
+        if path and not Path(path).is_file():
+            raise SluiceError(f"{flag} {path} is not a file: give the path of llama.cpp's "
+                              + ("llama-bench (scripts/peer/llamacpp.py build makes one)." if flag == "--llama-bench"
+                                 else "GGUF of this preset (scripts/peer/llamacpp.py convert makes one), or leave it out."))
+
+
 def run_llama_side(sluice: dict, args, opts, reg: Regime | None, work: Path, log) -> dict:
     from engine.tools import llamacpp
     binary = Path(opts.llama_bench)
-    if not binary.is_file():
-        raise SluiceError(f"--llama-bench {binary} is not a file: give the path of llama.cpp's llama-bench "
-                          f"(scripts/peer/llamacpp.py build makes one).")
     gguf = Path(opts.llama_gguf) if opts.llama_gguf else llamacpp.convert_preset(
         args.preset, work, Path(opts.llama_src) if opts.llama_src else llamacpp.default_src(), args.device, log)
-    if not gguf.is_file():
-        raise SluiceError(f"--llama-gguf {gguf} is not a file.")
     peer = sweep(binary, gguf, reg or AS_GIVEN, tuple(opts.llama_ncmoe) if opts.llama_ncmoe else None,
                  vram_budget=str(sluice["vram_budget_bytes"]), log=log, n_prompt=args.prompt_tokens,
                  threads=opts.llama_threads, use_cgroup=not opts.no_cgroup, drop_cache=not opts.keep_page_cache,
