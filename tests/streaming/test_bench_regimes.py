@@ -12,7 +12,7 @@ import pytest
 
 from engine.errors import SluiceError
 from engine.tools import bench_regime, cgroup, peer, presets
-from engine.tools.bench import _extra_args
+from engine.tools.bench import _extra_args, report
 from engine.tools.bench_peer import ratios
 from engine.tools.cli import build_parser, main
 from engine.tools.llamacpp import parse_compute_apps, parse_llama_bench, summarize
@@ -118,8 +118,7 @@ def test_bench_regime_falls_back_to_budgets_and_says_so(tiny_olmoe, no_cgroup_he
     assert r["ram_cache_bytes"] == 2 << 30                      # half the 4 GiB cap
     assert r["warm_prefill_tok_s"] > 0 and r["warm_ttft_s"] > 0 and r["ttft_s"] > 0
     assert set(r["decode_bytes_per_token"]) >= {"disk", "h2d", "cpu", "cpu_experts", "gpu_reads"}
-    assert main(argv) == 0
-    text = capsys.readouterr().out
+    text = report(r)
     assert "memory cap: budgets only (" in text and "RAM cache 2.00 GiB" in text and "prefill warm" in text
 
 
