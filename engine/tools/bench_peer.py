@@ -28,8 +28,10 @@ def run_llama_side(sluice: dict, args, opts, reg: Regime | None, work: Path, log
     binary = Path(opts.llama_bench)
     gguf = Path(opts.llama_gguf) if opts.llama_gguf else llamacpp.convert_preset(
         args.preset, work, Path(opts.llama_src) if opts.llama_src else llamacpp.default_src(), args.device, log)
+    # the same driver-view VRAM: Sluice's budget, or what the driver showed for Sluice where that was more
+    vram_limit = max(sluice["vram_budget_bytes"], sluice.get("vram_driver_bytes") or 0)
     peer = sweep(binary, gguf, reg or AS_GIVEN, tuple(opts.llama_ncmoe) if opts.llama_ncmoe else None,
-                 vram_budget=str(sluice["vram_budget_bytes"]), log=log, n_prompt=args.prompt_tokens,
+                 vram_budget=str(vram_limit), log=log, n_prompt=args.prompt_tokens,
                  threads=opts.llama_threads, use_cgroup=not opts.no_cgroup, drop_cache=not opts.keep_page_cache,
                  log_dir=work)
     peer["gguf"] = str(gguf)
