@@ -158,11 +158,10 @@ def _warm_prefill(eng, prompt: list[int], before: dict) -> dict:
 
 
 def _tier_bytes(after: dict, before: dict, tokens: int) -> dict:
-    """Expert bytes per token by where they came from or were computed: read from disk, copied host -> device,
-    computed on the CPU where they sit in RAM (hybrid execution); and the CPU-computed experts."""
+    """Expert bytes per token by tier: read from disk, copied host -> device, computed on the CPU where they
+    sit in RAM (hybrid execution)."""
     d = lambda *path: delta(after, before, *path) / tokens                     # noqa: E731
-    return {"disk": d("disk", "bytes_read"), "h2d": d("h2d", "bytes"), "cpu": d("cpu", "bytes"),
-            "cpu_experts": d("cpu", "experts")}
+    return {"disk": d("disk", "bytes_read"), "h2d": d("h2d", "bytes"), "cpu": d("cpu", "bytes")}
 
 
 def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
@@ -292,8 +291,8 @@ def report(r: dict) -> str:
         f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
         f"efficiency {r['decode_efficiency']:.2f})",
         f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}, h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
-        f"computed on the CPU {gb(r['decode_bytes_per_token'].get('cpu', 0))} "
-        f"({r['decode_bytes_per_token'].get('cpu_experts', 0):.1f} experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
+        f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
+        f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
         *_full_model_lines(r),
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
