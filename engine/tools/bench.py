@@ -19,6 +19,8 @@ from pathlib import Path
 from engine.errors import SluiceError
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
+from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines, wants_cap
+from engine.tools.regimes import REGIMES, regime
 
 
 def _extra_args(extra: list[str]) -> argparse.Namespace:
@@ -28,6 +30,14 @@ def _extra_args(extra: list[str]) -> argparse.Namespace:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels (SLUICE_EAGER=1)")
     p.add_argument("--baseline-new-tokens", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--regime", choices=list(REGIMES), help="; ".join(f"{r.name}: {r.summary}" for r in REGIMES.values()))
+    p.add_argument("--no-cgroup", action="store_true", help="a regime's cap as budgets only (no cgroup v2 memory.max)")
+    p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before a regime's runs")
+    p.add_argument("--llama-bench", help="llama.cpp's llama-bench binary: run it after Sluice in the same regime")
+    p.add_argument("--llama-gguf", help="the GGUF llama-bench runs (default: converted from the preset's HF checkpoint)")
+    p.add_argument("--llama-src", help="llama.cpp source with convert_hf_to_gguf.py (default: peer/llama.cpp)")
+    p.add_argument("--llama-ncmoe", type=int, nargs="+", help="llama-bench -ncmoe values (default: the regime's)")
+    p.add_argument("--llama-threads", type=int, default=16)
     return p.parse_args(extra)
 
 
@@ -42,20 +52,39 @@ def run(args) -> int:
         raise SluiceError("sluice bench needs a CUDA GPU (none is visible); run it on a machine with one.")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     work = Path(opts.work_dir) if opts.work_dir else _default_work_dir()
-    model_dir, hf_dir = _build(args.preset, args.quant, work, opts.via_repack or args.baseline == "accelerate",
-                               args.device, log)
+    reg = regime(opts.regime) if opts.regime else None
+    if opts.llama_bench or opts.llama_gguf:
+        from engine.tools.bench_peer import check_llama_options
+        check_llama_options(opts)
+    # the peer runs a GGUF of the HF checkpoint, so Sluice runs that checkpoint's repack (the same weights)
+    opts.via_repack = opts.via_repack or args.baseline == "accelerate" or bool(opts.llama_bench)
+    model_dir, hf_dir = _build(args.preset, args.quant, work, opts.via_repack, args.device, log)
+    result, why_no_cap = measure_capped(args, opts, reg, work, log) if wants_cap(reg, opts) else (None, None)
+    if result is None:
+        result = _measure_here(model_dir, hf_dir, args, opts, reg, why_no_cap, work, log)
+    if opts.llama_bench:
+        from engine.tools.bench_peer import run_llama_side
+        result["llama_cpp"] = run_llama_side(result, args, opts, reg, work, log)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    else:
+        print(report(result))
+    return 0
+
+
+def _measure_here(model_dir: Path, hf_dir, args, opts, reg, why_no_cap, work: Path, log) -> dict:
+    """The bench in this process (inside the regime's cap when started in one), and the accelerate baseline."""
+    regime_info = apply_regime(args, opts, reg, why_no_cap) if reg else None
     result = measure(model_dir, args, opts, log)
+    if regime_info:
+        result["regime"] = regime_info
     if args.baseline == "accelerate":
         from engine.tools.baseline import run_accelerate
         result["baseline"] = run_accelerate(hf_dir, args.vram_budget, args.ram_cache, args.prompt_tokens,
                                             opts.baseline_new_tokens, work / "offload", log)
         base = result["baseline"]["decode_tok_s"]
         result["speedup_vs_baseline"] = result["decode_tok_s"] / base if base else None
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(report(result))
-    return 0
+    return result
 
 
 def _default_work_dir() -> Path:
@@ -64,12 +93,12 @@ def _default_work_dir() -> Path:
 
 
 def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, log):
-    from engine.tools.presets import write_hf_checkpoint, write_sluice_dir
+    from engine.tools.presets import hf_checkpoint_dir, write_hf_checkpoint, write_sluice_dir
     from engine.format.repack import repack
     start = time.perf_counter()
     hf_dir = None
     if via_repack:
-        hf_dir = write_hf_checkpoint(preset, work / f"{preset}-hf", device=device, progress=log)
+        hf_dir = write_hf_checkpoint(preset, hf_checkpoint_dir(work, preset), device=device, progress=log)
         model_dir = work / f"{preset}-{quant}-repacked"
         if not (model_dir / "sluice.json").is_file():
             repack(hf_dir, model_dir, quant=quant, progress=lambda d, t, m: log(f"repack {d}/{t}: {m}") if d % 8 == 0 else None)
@@ -108,10 +137,31 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     try:
         t = _timed_generate(eng, prompt, params)
         end = eng.telemetry()
+        warm = _warm_prefill(eng, [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)], end)
     finally:
         eng.close()
-    return _summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
-                    {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps})
+    return {**_summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
+                       {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}), **warm}
+
+
+def _warm_prefill(eng, prompt: list[int], before: dict) -> dict:
+    """A second prompt of the same length, after the first generation left its experts in the caches:
+    prefill from RAM (and VRAM) where the model fits, beside the cold one (TTFT) from disk."""
+    from engine import GenerationParams
+    params = GenerationParams(max_new_tokens=1, temperature=1.0, seed=1, ignore_eos=True)
+    start = time.perf_counter()
+    for _ in eng.generate(prompt, params):
+        ttft = time.perf_counter() - start
+    after = eng.telemetry()
+    return {"warm_ttft_s": ttft, "warm_prefill_tok_s": len(prompt) / ttft,
+            "warm_prefill_bytes": _tier_bytes(after, before, 1)}
+
+
+def _tier_bytes(after: dict, before: dict, tokens: int) -> dict:
+    """Expert bytes per token by tier: read from disk, copied host -> device, computed on the CPU where they
+    sit in RAM (hybrid execution)."""
+    d = lambda *path: delta(after, before, *path) / tokens                     # noqa: E731
+    return {"disk": d("disk", "bytes_read"), "h2d": d("h2d", "bytes"), "cpu": d("cpu", "bytes")}
 
 
 def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
@@ -122,13 +172,13 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
     before = t.after_prefill
     decoded = max(t.new_tokens - 1, 1)
     d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
-    disk_tok, h2d_tok = d("disk", "bytes_read") / decoded, d("h2d", "bytes") / decoded
+    tiers = _tier_bytes(end, before, decoded)
+    disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
     dense_bytes = plan.dense_bytes - spec.vocab_size * spec.hidden_size * 2   # embedding: one row is read
     gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes + plan.kv_bytes // 2
     roofline_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps
     measured_s = t.decode_s / decoded
-    prefill_disk = value_at(before, ("disk", "bytes_read"))
-    prefill_h2d = value_at(before, ("h2d", "bytes"))
+    prefill = _tier_bytes(before, {}, 1)                             # the whole prompt's prefill (cold)
     expert_bytes = md.expert_bytes_total
     return {
         "preset": args.preset, "quant": md.quant, "model_dir": str(md.path), "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
@@ -143,10 +193,10 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "prompt_tokens": args.prompt_tokens, "new_tokens": t.new_tokens,
         "ttft_s": t.prefill_s, "prefill_tok_s": args.prompt_tokens / t.prefill_s,
         "decode_tok_s": decoded / t.decode_s,
-        "prefill_bytes": {"disk": prefill_disk, "h2d": prefill_h2d},
+        "prefill_bytes": prefill,
         "prefill_max_reads_per_expert_per_layer": value_at(before, ("disk", "max_reads_per_expert_in_prefill")),
-        "prefill_roofline_s": prefill_disk / disk_bps + prefill_h2d / h2d_bps,
-        "decode_bytes_per_token": {"disk": disk_tok, "h2d": h2d_tok, "gpu_reads": gpu_tok},
+        "prefill_roofline_s": prefill["disk"] / disk_bps + prefill["h2d"] / h2d_bps,
+        "decode_bytes_per_token": {**tiers, "gpu_reads": gpu_tok},
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "decode_cpu_per_token": {"experts": d("cpu", "experts") / decoded, "bytes": d("cpu", "bytes") / decoded,
@@ -212,11 +262,20 @@ def _full_model_lines(r: dict) -> list[str]:
             f"{gib(f['disk_bytes_per_token'])} (the seed engine: {gib(f['reference_bytes_per_token'])}/token)"]
 
 
+def _warm_prefill_lines(r: dict) -> list[str]:
+    if "warm_prefill_tok_s" not in r:
+        return []
+    w = r["warm_prefill_bytes"]
+    return [f"prefill warm {r['prompt_tokens']} tokens after the first generation: {r['warm_prefill_tok_s']:.1f} tok/s "
+            f"(TTFT {r['warm_ttft_s']:.2f} s), disk {w['disk'] / 1e9:.2f} GB, h2d {w['h2d'] / 1e9:.2f} GB, "
+            f"computed on the CPU {w['cpu'] / 1e9:.2f} GB"]
+
+
 def report(r: dict) -> str:
     gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
     from engine.tools.presets import PRESET_NOTES
     lines = [f"note: {PRESET_NOTES[r['preset']]}"] if r["preset"] in PRESET_NOTES else []
-    lines += [
+    lines += [*regime_lines(r),
         f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
         f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
@@ -224,14 +283,16 @@ def report(r: dict) -> str:
         f"decode: Engine.generate, tokens sampled at temperature 1 (varied routing, like real text)",
         f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
         f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",
-        f"prefill      {r['prompt_tokens']} tokens: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "
+        f"prefill      {r['prompt_tokens']} tokens, cold: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "
         f"disk {gb(r['prefill_bytes']['disk'])}, max reads/expert/layer {r['prefill_max_reads_per_expert_per_layer']:.0f}, "
         f"roofline {r['prefill_roofline_s']:.2f} s",
+        *_warm_prefill_lines(r),
         f"decode       {r['new_tokens']} tokens: {r['decode_tok_s']:.2f} tok/s "
         f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
         f"efficiency {r['decode_efficiency']:.2f})",
         f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}, h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
-        f"GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
+        f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
+        f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
         *_full_model_lines(r),
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
@@ -246,6 +307,8 @@ def report(r: dict) -> str:
         b = r["baseline"]
         lines.append(f"accelerate   decode {b['decode_tok_s']:.3f} tok/s, TTFT {b['ttft_s']:.2f} s "
                      f"({b['prompt_tokens']} prompt tokens); Sluice / accelerate = {r['speedup_vs_baseline']:.1f}x")
+    from engine.tools.bench_peer import peer_lines
+    lines += peer_lines(r)
     lines += [f"warning      {w}" for w in r["warnings"]]
     return "\n".join(lines)
 

@@ -171,6 +171,11 @@ def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: in
     return dst
 
 
+def hf_checkpoint_dir(work: Path, preset: str) -> Path:
+    """Where the bench keeps a preset's HF checkpoint (repacked for Sluice, converted to GGUF for llama.cpp)."""
+    return Path(work) / f"{preset}-hf"
+
+
 def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, shard_bytes: int = 4 << 30,
                         progress=print) -> Path:
     """A Hugging Face snapshot of `preset` (bf16, Hub layout: one tensor per expert projection)."""
