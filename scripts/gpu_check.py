@@ -344,6 +344,14 @@ STAGES = {
         bench(f"olmoe-{quant}-ram-unconstrained", ["--preset", "olmoe-1b-7b", "--quant", quant, "--vram-budget", "4GB",
                                                    "--ram-cache", "16GB", "--prompt-tokens", "512", "--new-tokens", "128"])
         for quant in ("int8", "fp8")],
+    # the three memory regimes of the hybrid issue (sluice bench --regime: cgroup cap + budgets), int8 experts
+    "regimes": lambda: [
+        bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                             "--prompt-tokens", "512", "--new-tokens", str(tokens)], env=env)
+        for regime, tokens, tag, env in (
+            ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "auto-noprefetch", {"SLUICE_PREFETCH_RAM": "0"}),
+            ("fits-vram-ram", 64, "auto", {}), ("fits-vram-ram", 64, "off", {"SLUICE_CPU_EXPERTS": "off"}),
+            ("exceeds", 32, "auto", {}))],
     "bench-olmoe-free": lambda: bench("olmoe-fp8-ram-unconstrained", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "16GB",
         "--prompt-tokens", "512", "--new-tokens", "128"]),
