@@ -352,6 +352,10 @@ STAGES = {
             ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "auto-noprefetch", {"SLUICE_PREFETCH_RAM": "0"}),
             ("fits-vram-ram", 64, "auto", {}), ("fits-vram-ram", 64, "off", {"SLUICE_CPU_EXPERTS": "off"}),
             ("exceeds", 32, "auto", {}))],
+    # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
+    "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
+        "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",
+        "--prompt-tokens", "512", "--new-tokens", "32"]),
     "bench-olmoe-free": lambda: bench("olmoe-fp8-ram-unconstrained", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "16GB",
         "--prompt-tokens", "512", "--new-tokens", "128"]),

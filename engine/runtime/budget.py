@@ -44,7 +44,8 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
         raise SluiceError(
             f"The VRAM budget of {format_size(vram_budget)} is too small for this model: it needs at least "
             f"{format_size(min_vram)} ({min_vram} bytes: dense weights {format_size(dense_bytes)}, KV cache "
-            f"{format_size(kv_bytes)}, two banks of {top_k} expert slots); raise the VRAM budget (--vram-budget, or Settings in the app) to at least that.")
+            f"{format_size(kv_bytes)}, workspace, graphs and the GPU driver's context {format_size(workspace_bytes)}, "
+            f"two banks of {top_k} expert slots); raise the VRAM budget (--vram-budget, or Settings in the app) to at least that.")
     slots_per_bank = min((vram_budget - fixed) // (2 * slot), all_slots)
     min_ram = top_k * block_bytes
     if ram_cache is None:
