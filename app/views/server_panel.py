@@ -137,7 +137,7 @@ class ServerPanel(QWidget):
         try:
             url = self.local.start(self.host, self.port.value(), self.key.text().strip() or None)
         except Exception as exc:
-            from ..worker import user_message
+            from ..work import user_message
             self.wanted = False
             self.switch.blockSignals(True)
             self.switch.setChecked(False)
