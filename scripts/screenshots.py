@@ -1,23 +1,18 @@
 """Screenshots of the real app for the README, taken under a virtual X screen (Xvfb).
 
-    .venv/bin/python scripts/screenshots.py            # re-runs itself under xvfb-run when there is no display
+    .venv/bin/python scripts/screenshots.py [OUT_DIR]  # re-runs itself under xvfb-run when there is no display
 Needs: apt-get install -y --no-install-recommends xvfb xauth libxcb-icccm4 libxcb-keysyms1
-Writes docs/screenshots/{first-run,chat,panels,long-chat,background-answer,markdown,settings-error,
+Writes OUT_DIR (default docs/screenshots)/{first-run,chat,panels,long-chat,background-answer,markdown,settings-error,
 catalog-offline,error-dialog}.png. Uses a fresh data dir and the built-in demo model (random weights:
 its answers are noise by design), with its own budgets, which make it stream.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "screenshots"
+from shots import Camera, run_with_display
+
 SIZE = (1440, 900)
 
 MARKDOWN_SAMPLE = """<think>The user wants a small example. A list comprehension is the shortest way.</think>
@@ -41,26 +36,11 @@ It uses a **list comprehension**; `map` would work too:
 
 
 def main() -> int:
-    if not os.environ.get("DISPLAY") and os.environ.get("SLUICE_SCREENSHOT_CHILD") != "1":
-        if not shutil.which("xvfb-run"):
-            print("xvfb-run is missing: apt-get install -y --no-install-recommends xvfb xauth", file=sys.stderr)
-            return 1
-        env = {**os.environ, "SLUICE_SCREENSHOT_CHILD": "1", "QT_QPA_PLATFORM": "xcb"}
-        return subprocess.call(["xvfb-run", "-a", "-s", f"-screen 0 {SIZE[0]}x{SIZE[1]}x24",
-                                sys.executable, __file__], env=env)
-    sys.path.insert(0, str(ROOT))
-    data_dir = Path(tempfile.mkdtemp(prefix="sluice-shots-"))
-    os.environ["SLUICE_DATA_DIR"] = str(data_dir)
-    OUT.mkdir(parents=True, exist_ok=True)
-    try:
-        return take_screenshots()
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    return run_with_display(__file__, SIZE, take_screenshots)
 
 
-def take_screenshots() -> int:
-    from PySide6.QtCore import QEvent, QEventLoop, QTimer
-    from PySide6.QtGui import QGuiApplication
+def take_screenshots(out: Path, _work: Path) -> int:
+    from PySide6.QtCore import QTimer
 
     from app import paths
     from app.gui import create_application, open_main_window
@@ -68,25 +48,8 @@ def take_screenshots() -> int:
     from app.views.main_window import MainWindow
 
     app = create_application()
-
-    def pump(seconds: float) -> None:
-        # a real event loop, as app.exec() runs it (QTest.qWait holds the GIL and starves the engine thread)
-        loop = QEventLoop()
-        QTimer.singleShot(int(seconds * 1000), loop.quit)
-        loop.exec()
-        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-
-    def wait_until(predicate, timeout_s: float = 60.0) -> None:
-        end = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > end:
-                raise TimeoutError("the app did not get there in time")
-            pump(0.05)
-
-    def shot(name: str) -> None:
-        pump(0.3)
-        QGuiApplication.primaryScreen().grabWindow(0).save(str(OUT / f"{name}.png"))
-        print("wrote", OUT / f"{name}.png")
+    camera = Camera(app, out)
+    pump, wait_until, shot = camera.pump, camera.wait_until, camera.shoot
 
     window = MainWindow()
     window.setGeometry(0, 0, *SIZE)
@@ -148,9 +111,7 @@ def take_screenshots() -> int:
     dialog.vram_budget.setText("1MB")
     dialog.ram_cache.setText("lots")
     dialog.accept()
-    pump(0.3)
-    dialog.grab().save(str(OUT / "settings-error.png"))
-    print("wrote", OUT / "settings-error.png")
+    shot("settings-error", dialog)
     dialog.reject()
 
     from app.setup import open_download_wizard     # offline: the catalog, and the search error with Retry
@@ -158,9 +119,7 @@ def take_screenshots() -> int:
     wizard.search_page.query.setText("qwen moe")
     wizard.search_page.search()
     wait_until(wizard.search_page.retry_button.isVisible, 30)
-    pump(0.3)
-    wizard.grab().save(str(OUT / "catalog-offline.png"))
-    print("wrote", OUT / "catalog-offline.png")
+    shot("catalog-offline", wizard)
     wizard.reject()
 
     window.apply_app_settings(type(window.settings)(**{**window.settings.__dict__, "vram_budget": "1MB"}))

@@ -1,39 +1,29 @@
 """Screenshots of the Local server panel and of a remote model chatting, for the README.
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/screenshots_server.py
-Writes docs/screenshots/{server-panel,remote-chat}.png. Builds the demo model (random weights: its
+    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/screenshots_server.py [OUT_DIR]
+Writes OUT_DIR (default docs/screenshots)/{server-panel,remote-chat}.png. Builds the demo model (random weights: its
 answers are noise by design), serves it from a second `sluice serve` process for the remote chat.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "screenshots"
+from shots import Camera, run_with_display
+
 SIZE = (1440, 900)
 
 
 def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    sys.path.insert(0, str(ROOT))
-    work = Path(tempfile.mkdtemp(prefix="sluice-shots-"))
-    os.environ["SLUICE_DATA_DIR"] = str(work / "data")
-    OUT.mkdir(parents=True, exist_ok=True)
-    try:
-        return take_screenshots(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return run_with_display(__file__, SIZE, take_screenshots)
 
 
-def take_screenshots(work: Path) -> int:
+def take_screenshots(out: Path, work: Path) -> int:
     import httpx
-    from PySide6.QtCore import QEvent, QEventLoop, QTimer
+    from PySide6.QtCore import QTimer
 
     from app.gui import create_application
     from app.store import ChatSettings
@@ -41,24 +31,11 @@ def take_screenshots(work: Path) -> int:
     from engine.tools.demo import build_demo_model
 
     app = create_application()
-
-    def pump(seconds: float) -> None:
-        loop = QEventLoop()
-        QTimer.singleShot(int(seconds * 1000), loop.quit)
-        loop.exec()
-        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-
-    def wait_until(predicate, timeout_s: float = 300.0) -> None:
-        end = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > end:
-                raise TimeoutError("the app did not get there in time")
-            pump(0.05)
+    camera = Camera(app, out)
+    pump, wait_until = camera.pump, camera.wait_until
 
     def shot(window, name: str) -> None:
-        pump(0.3)
-        window.grab().save(str(OUT / f"{name}.png"))
-        print("wrote", OUT / f"{name}.png")
+        camera.shoot(name, window)
 
     model = build_demo_model(work / "models" / "sluice-demo")
     window = MainWindow()

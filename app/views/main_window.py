@@ -230,7 +230,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
     def _update_page(self) -> None:
         has_model = self.model_info is not None or self.loading_path is not None
         has_installed = self.model_picker.count() > 1
-        has_history = bool(self.store.conversations())
+        has_history = bool(self.controller.conversations())
         show_first_run = not (has_model or has_installed or has_history)
         self.pages.setCurrentWidget(self.first_run if show_first_run else self.chat_page)
 
