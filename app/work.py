@@ -69,6 +69,14 @@ class Work(QObject):
         self.stop_event = threading.Event()
         self._thread: _OwnThread | None = None
 
+    def on(self, *, progress=None, result=None, failed=None, stopped=None) -> Work:
+        """Connects the slots given (each runs on the GUI thread); returns the Work, to start or submit."""
+        for signal, slot in ((self.progress, progress), (self.result, result), (self.failed, failed),
+                             (self.stopped, stopped)):
+            if slot is not None:
+                signal.connect(slot)
+        return self
+
     def stop(self) -> None:
         """Ask the call to stop (it checks stop_event, or its report raises WorkStopped); never waits."""
         self.stop_event.set()

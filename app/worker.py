@@ -269,20 +269,18 @@ class EngineHost(QObject):
     def load(self, model_dir: str, **options) -> None:
         work = Work(lambda report, stop: self.worker.load_model(str(model_dir), options, report, stop),
                     f"loading {model_dir}", ENGINE_FAILED)
-        work.progress.connect(lambda progress: self.load_progress.emit(*progress))
-        work.result.connect(lambda info: self.loaded.emit(info))
-        work.failed.connect(lambda message: self.load_failed.emit(message))
-        work.stopped.connect(lambda: self.load_failed.emit(""))
-        self._load = self._submit(work)
+        self._load = self._submit(work.on(progress=lambda progress: self.load_progress.emit(*progress),
+                                          result=lambda info: self.loaded.emit(info),
+                                          failed=lambda message: self.load_failed.emit(message),
+                                          stopped=lambda: self.load_failed.emit("")))
 
     def generate(self, messages: list[dict], params: dict) -> int:
         request_id = self._new_id()
         work = Work(lambda report, stop: self.worker.generate(messages, dict(params), report, stop),
                     "generation", ENGINE_FAILED)
-        work.progress.connect(lambda item: self._on_generation_progress(request_id, item))
-        work.result.connect(lambda stats: self.finished.emit(request_id, stats))
-        work.failed.connect(lambda message: self.failed.emit(request_id, message))
-        self._submit(work, request_id)
+        self._submit(work.on(progress=lambda item: self._on_generation_progress(request_id, item),
+                             result=lambda stats: self.finished.emit(request_id, stats),
+                             failed=lambda message: self.failed.emit(request_id, message)), request_id)
         return request_id
 
     def _on_generation_progress(self, request_id: int, item: Chunk | ContextFit) -> None:
@@ -297,17 +295,15 @@ class EngineHost(QObject):
             raise ValueError(f"unknown job {kind}")
         job_id = self._new_id()
         work = Work(lambda report, stop: self.worker.build_demo(args["dst"], report, stop), "demo job", ENGINE_FAILED)
-        work.progress.connect(lambda progress: self.job_progress.emit(job_id, *progress))
-        work.result.connect(lambda path: self.job_finished.emit(job_id, path))
-        work.failed.connect(lambda message: self.job_failed.emit(job_id, message))
-        work.stopped.connect(lambda: self.job_failed.emit(job_id, ""))
-        self._submit(work, job_id)
+        self._submit(work.on(progress=lambda progress: self.job_progress.emit(job_id, *progress),
+                             result=lambda path: self.job_finished.emit(job_id, path),
+                             failed=lambda message: self.job_failed.emit(job_id, message),
+                             stopped=lambda: self.job_failed.emit(job_id, "")), job_id)
         return job_id
 
     def estimate_speed(self, slot_hit_rate: float, ram_hit_rate: float) -> None:
         work = Work(lambda _report, _stop: self.worker.estimate_speed([slot_hit_rate, ram_hit_rate]), "speed estimate")
-        work.result.connect(self._on_estimated)
-        self._submit(work)
+        self._submit(work.on(result=self._on_estimated))
 
     def _on_estimated(self, prediction: dict | None) -> None:
         if prediction is not None:

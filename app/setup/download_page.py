@@ -64,11 +64,8 @@ class DownloadPage(QWizardPage):
         stop_and_wait(self.task)
         self.task = Work(lambda report, stop: download(info, dst, progress=report, stop_event=stop,
                                                        extra_bytes_needed=extra), "download")
-        self.task.progress.connect(self._on_progress)
-        self.task.result.connect(self._on_done)
-        self.task.failed.connect(self._on_failed)
-        self.task.stopped.connect(self._on_stopped)
-        self.task.start()
+        self.task.on(progress=self._on_progress, result=self._on_done, failed=self._on_failed,
+                     stopped=self._on_stopped).start()
 
     def _on_progress(self, p) -> None:
         from engine.sizes import format_size

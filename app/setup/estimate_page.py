@@ -129,9 +129,8 @@ class EstimatePage(QuantChoice, QWizardPage):
 
         stop_and_wait(self.task)
         self.task = Work(work, "estimate")
-        self.task.result.connect(self._on_info)
-        self.task.failed.connect(lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>"))
-        self.task.start()
+        self.task.on(result=self._on_info,
+                     failed=lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>")).start()
 
     def _on_info(self, result) -> None:
         from engine.plan.estimate import format_params, model_shape

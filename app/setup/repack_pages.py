@@ -101,9 +101,7 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
         self.status.setText("Reading the model's config and measuring this computer…")
         stop_and_wait(self.task)
         self.task = Work(work, "repack estimate")
-        self.task.result.connect(self._on_estimates)
-        self.task.failed.connect(self._on_failed)
-        self.task.start()
+        self.task.on(result=self._on_estimates, failed=self._on_failed).start()
 
     def _on_failed(self, message: str) -> None:
         self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
@@ -205,11 +203,8 @@ class RepackProgressPage(QWizardPage):
         stop_and_wait(self.task)
         self.task = Work(lambda report, stop: repack(src, dst, quant=quant, cancel_event=stop,
                                                      progress=lambda d, t, m: report((d, t, m))), "repack")
-        self.task.progress.connect(self._on_progress)
-        self.task.result.connect(self._on_done)
-        self.task.failed.connect(self._on_failed)
-        self.task.stopped.connect(self._on_stopped)
-        self.task.start()
+        self.task.on(progress=self._on_progress, result=self._on_done, failed=self._on_failed,
+                     stopped=self._on_stopped).start()
 
     def _on_progress(self, step) -> None:
         done, total, message = step

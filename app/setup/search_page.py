@@ -117,9 +117,7 @@ class SearchPage(QWizardPage):
         self.retry_button.setVisible(False)
         self._timeout.start()
         self.task = Work(lambda report, stop: search(text), "hub search")
-        self.task.result.connect(self._on_results)
-        self.task.failed.connect(self._on_failed)
-        self.task.start()
+        self.task.on(result=self._on_results, failed=self._on_failed).start()
 
     def _on_results(self, hits) -> None:
         if not self._timeout.isActive():
