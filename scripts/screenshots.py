@@ -44,19 +44,37 @@ def take_screenshots(out: Path, _work: Path) -> int:
 
     from app import paths
     from app.gui import create_application, open_main_window
-    from app.store import ChatSettings
     from app.views.main_window import MainWindow
 
     app = create_application()
     camera = Camera(app, out)
-    pump, wait_until, shot = camera.pump, camera.wait_until, camera.shoot
-
     window = MainWindow()
     window.setGeometry(0, 0, *SIZE)
     window.show()
-    pump(0.5)
-    shot("first-run")
+    camera.pump(0.5)
+    camera.shoot("first-run")
+    _chat_and_panels(window, camera)
+    long_chat_id = _long_chat(window, camera)
+    _background_answer(window, camera, long_chat_id)
+    _markdown(window, camera)
+    _errors(window, camera)
+    window.close()
 
+    # The next start finds the chat history damaged: moved aside, a fresh one, a dialog that says where.
+    paths.database_path().write_bytes(b"not an SQLite file " * 400)
+    window = open_main_window()
+    window.setGeometry(0, 0, *SIZE)
+    camera.shoot("damaged-database")
+    window.close()
+    QTimer.singleShot(0, app.quit)
+    app.exec()
+    return 0
+
+
+def _chat_and_panels(window, camera: Camera) -> None:
+    """The demo model answering, with the live panels mid-answer and the finished chat beside its speed."""
+    from app.store import ChatSettings
+    pump, wait_until, shot = camera.pump, camera.wait_until, camera.shoot
     window.start_demo()              # the demo's own budgets: RAM cache hits and misses, disk reads
     wait_until(lambda: window.model_info is not None, 120)
     window.controller.new_conversation()
@@ -70,7 +88,11 @@ def take_screenshots(out: Path, _work: Path) -> int:
     window.panels_dock.setVisible(False)
     shot("chat")
 
-    # A long chat, past the demo's old 512-token limit and past its 4,096-token context: the middle is dropped.
+
+def _long_chat(window, camera: Camera) -> int:
+    """A long chat, past the demo's old 512-token limit and past its 4,096-token context: the middle is dropped."""
+    from app.store import ChatSettings
+    wait_until, shot = camera.wait_until, camera.shoot
     long_chat = window.store.create_conversation("A long chat", ChatSettings(max_new_tokens=120, seed=3))
     for i in range(7):
         window.store.add_message(long_chat.id, "user", f"Question {i + 1}: " + "how do experts stream from disk? " * 20)
@@ -82,14 +104,19 @@ def take_screenshots(out: Path, _work: Path) -> int:
     wait_until(lambda: not window.controller.is_generating, 120)
     window.chat_view.ensureWidgetVisible(window.chat_view.context_marker)
     shot("long-chat")
+    return long_chat.id
 
-    # An answer streaming in one chat while the user reads another.
+
+def _background_answer(window, camera: Camera, other_chat_id: int) -> None:
+    """An answer streaming in one chat while the user reads another."""
+    from app.store import ChatSettings
+    pump, wait_until, shot = camera.pump, camera.wait_until, camera.shoot
     window.controller.new_conversation()
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=2000, seed=11))
     window.composer.edit.setPlainText("Write a long story about a river.")
     window.composer.submit()
     pump(0.5)
-    window.controller.open_conversation(conversation_id=long_chat.id)
+    window.controller.open_conversation(conversation_id=other_chat_id)
     window.composer.edit.setPlainText("A follow-up, typed while the other chat is answered")
     shot("background-answer")
     window.controller.stop()
@@ -97,15 +124,21 @@ def take_screenshots(out: Path, _work: Path) -> int:
     window.composer.edit.clear()
     window.panels_dock.setVisible(True)
 
-    # Markdown rendering: an answer with a thought, code and a table, stored as a finished message.
+
+def _markdown(window, camera: Camera) -> None:
+    """Markdown rendering: an answer with a thought, code and a table, stored as a finished message."""
     conversation = window.store.create_conversation("Markdown rendering")
     window.store.add_message(conversation.id, "user", "Show me how to square a list in Python.")
     window.store.add_message(conversation.id, "assistant", MARKDOWN_SAMPLE,
                              stats={"model": "example answer (not generated)", "tok_s": 0, "num_tokens": 0})
     window.conversations.refresh()
     window.controller.open_conversation(conversation.id)
-    shot("markdown")
+    camera.shoot("markdown")
 
+
+def _errors(window, camera: Camera) -> None:
+    """Bad settings said in place, the catalog offline with Retry, a budget too small as a dialog."""
+    wait_until, shot = camera.wait_until, camera.shoot
     window.edit_app_settings()                   # a size the model cannot use: said in place, dialog stays
     dialog = window.last_dialog
     dialog.vram_budget.setText("1MB")
@@ -126,17 +159,6 @@ def take_screenshots(out: Path, _work: Path) -> int:
     wait_until(lambda: window.last_dialog is not None and window.last_dialog.objectName() == "errorDialog", 60)
     shot("error-dialog")
     window.last_dialog.accept()
-    window.close()
-
-    # The next start finds the chat history damaged: moved aside, a fresh one, a dialog that says where.
-    paths.database_path().write_bytes(b"not an SQLite file " * 400)
-    window = open_main_window()
-    window.setGeometry(0, 0, *SIZE)
-    shot("damaged-database")
-    window.close()
-    QTimer.singleShot(0, app.quit)
-    app.exec()
-    return 0
 
 
 if __name__ == "__main__":

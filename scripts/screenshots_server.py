@@ -22,30 +22,37 @@ def main() -> int:
 
 
 def take_screenshots(out: Path, work: Path) -> int:
-    import httpx
     from PySide6.QtCore import QTimer
 
     from app.gui import create_application
-    from app.store import ChatSettings
     from app.views.main_window import MainWindow
     from engine.tools.demo import build_demo_model
 
     app = create_application()
     camera = Camera(app, out)
-    pump, wait_until = camera.pump, camera.wait_until
-
-    def shot(window, name: str) -> None:
-        camera.shoot(name, window)
-
     model = build_demo_model(work / "models" / "sluice-demo")
     window = MainWindow()
     window.setGeometry(0, 0, *SIZE)
     window.show()
     window.settings.vram_budget, window.settings.ram_cache = "1400KB", "400KB"
     window.load_model(model)
-    wait_until(lambda: window.model_info is not None)
+    camera.wait_until(lambda: window.model_info is not None)
+    try:
+        _server_panel(window, camera)
+        _remote_chat(window, camera, build_demo_model(work / "remote" / "remote-demo"))
+    finally:
+        window.close()
+    QTimer.singleShot(0, app.quit)
+    app.exec()
+    return 0
 
-    # The Local server panel, serving while a client streams and the app's own chat waits its turn.
+
+def _server_panel(window, camera: Camera) -> None:
+    """The Local server panel, serving while a client streams and the app's own chat waits its turn."""
+    import httpx
+
+    from app.store import ChatSettings
+    pump, wait_until = camera.pump, camera.wait_until
     panel = window.server_panel
     window.panels_dock.setVisible(False)
     window.server_dock.setVisible(True)
@@ -70,12 +77,17 @@ def take_screenshots(out: Path, work: Path) -> int:
             window.send("What does the server do?")
             pump(1.0)
             panel._update_counters()
-            shot(window, "server-panel")
+            camera.shoot("server-panel", window)
     wait_until(lambda: not window.controller.is_generating)
     panel.switch.setChecked(False)
 
-    # A remote model: a second `sluice serve` process, added as an endpoint and chatting.
-    remote_model = build_demo_model(work / "remote" / "remote-demo")
+
+def _remote_chat(window, camera: Camera, remote_model: Path) -> None:
+    """A remote model: a second `sluice serve` process, added as an endpoint and chatting."""
+    import httpx
+
+    from app.store import ChatSettings
+    wait_until = camera.wait_until
     sluice = str(Path(sys.executable).parent / "sluice")
     process = subprocess.Popen([sluice, "serve", str(remote_model), "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
@@ -99,14 +111,10 @@ def take_screenshots(out: Path, work: Path) -> int:
         window.controller.set_chat_settings(ChatSettings(max_new_tokens=40, temperature=0.8, seed=5))
         window.send("Hello from the other machine")
         wait_until(lambda: not window.controller.is_generating)
-        shot(window, "remote-chat")
+        camera.shoot("remote-chat", window)
     finally:
-        window.close()
         process.terminate()
         process.wait(20)
-    QTimer.singleShot(0, app.quit)
-    app.exec()
-    return 0
 
 
 if __name__ == "__main__":
