@@ -106,7 +106,12 @@ class ChatController(QObject):
         self.open_conversation(conversation.id)
         return conversation.id
 
+    def conversations(self, search: str = "") -> list[Conversation]:
+        return self.store.conversations(search)
+
     def rename_conversation(self, conversation_id: int, title: str) -> None:
+        if self.store.is_closed:        # an open title editor commits when the closing window drops it
+            return
         self.store.rename_conversation(conversation_id, title)
         if self.conversation and self.conversation.id == conversation_id:
             self.conversation = self.store.conversation(conversation_id)

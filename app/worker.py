@@ -1,9 +1,9 @@
-"""The engine thread: one long-lived QThread owns the engine through an EngineWorker moved onto it.
+"""The engine thread: one long-lived WorkThread (app.work) runs every engine call, one after another.
 
-GUI -> engine: EngineHost's request signals, queued into the worker's slots (run in order).
-Engine -> GUI: worker signals, re-emitted by EngineHost on the GUI thread.
-Cancel and telemetry() are called directly from the GUI thread (the engine makes them thread-safe),
-since the worker's event loop is busy while a generation runs.
+EngineWorker holds the engine and does the work on that thread; EngineHost, on the GUI thread,
+submits each call as a Work and turns its outcome into the signals the window and the chat
+controller use (keyed by request or job id). Cancel and telemetry() are called directly from the
+GUI thread (the engine makes them thread-safe), since the engine thread is busy while a generation runs.
 """
 from __future__ import annotations
 
@@ -12,39 +12,227 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import NamedTuple
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Signal
+
+from .work import Work, WorkStopped, WorkThread
 
 log = logging.getLogger("sluice.app")
 
 CHUNK_INTERVAL_S = 1 / 40   # tokens are coalesced into chunks at most this often (the GUI repaints per chunk)
+ENGINE_FAILED = "The engine failed"          # opens the sentence shown for an unexpected engine error
 
 
-class LoadCancelled(Exception):
-    pass
+class Chunk(NamedTuple):
+    """Reported by a generation: new text and the number of tokens so far."""
+    text: str
+    num_tokens: int
 
 
-def user_message(exc: BaseException) -> str:
-    """One sentence for a dialog: SluiceError texts as they are, anything else as an engine failure."""
-    from engine.errors import user_sentence
-    known = user_sentence(exc)          # SluiceError, a full/read-only disk naming the path, memory running out
-    if known:
-        return known
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"The engine failed ({detail}); the details are in the log file."
+class ContextFit(NamedTuple):
+    """Reported by a generation before it starts: what the context could not hold (app.context_policy)."""
+    dropped: list           # message indexes left out
+    prompt_tokens: int
+    max_context: int
+    max_new_tokens: int
 
 
-def _log_failure(exc: BaseException, message: str, *args) -> None:
-    """User errors get one log line; anything else its traceback (the dialog points to the log)."""
-    from engine import SluiceError
-    if isinstance(exc, SluiceError):
-        log.warning(message + ": %s", *args, exc)
-    else:
-        log.exception(message, *args)
+class _TokenStream:
+    """Coalesces a generation's text into Chunks (at most every CHUNK_INTERVAL_S; the first token at once)
+    and times its tokens."""
+
+    def __init__(self, report):
+        self._report = report
+        self.pending = ""
+        self.num_tokens = 0
+        self._last_report_s = 0.0
+        self._start_s = time.perf_counter()
+        self._first_s = self._last_s = None
+        self.finish_reason: str | None = None
+
+    def add(self, event) -> None:
+        now = time.perf_counter()
+        if event.token_id is not None:
+            self.num_tokens += 1
+            self._last_s = now
+            self._first_s = self._first_s or now
+        self.pending += event.text
+        if event.finished:
+            self.finish_reason = event.finish_reason
+        if self.pending and (now - self._last_report_s >= CHUNK_INTERVAL_S or event.finished or self.num_tokens == 1):
+            self.flush()
+            self._last_report_s = now
+
+    def flush(self) -> None:
+        if self.pending:
+            self._report(Chunk(self.pending, self.num_tokens))
+            self.pending = ""
+
+    def stats(self) -> dict:
+        """num_tokens, tok_s (decode rate, TTFT excluded), ttft_s, finish_reason (None while unknown)."""
+        tok_s = None
+        if self.num_tokens > 1 and self._last_s > self._first_s:
+            tok_s = (self.num_tokens - 1) / (self._last_s - self._first_s)
+        ttft_s = self._first_s - self._start_s if self._first_s is not None else None
+        return {"num_tokens": self.num_tokens, "tok_s": tok_s, "ttft_s": ttft_s, "finish_reason": self.finish_reason}
 
 
-class EngineWorker(QObject):
-    started = Signal(object, int)                  # pinned cores (list) or None, native thread id
+class EngineWorker:
+    """The engine and the calls that run on the engine thread (each the body of one Work)."""
+
+    def __init__(self, load_fn=None):
+        self._load_fn = load_fn                    # engine.load, injectable for tests of the thread itself
+        self.engine = None
+        self.native_thread_id: int | None = None
+        self.pinned_cores: list[int] | None = None
+        self.queue = None                          # the Local server's GenerationQueue while it serves this engine
+        self._running_stop: threading.Event | None = None   # the running generation's stop_event
+        self._stop_running = None                  # stops it: engine.cancel or its queue job's cancel
+
+    # engine thread ----------------------------------------------------------------------------
+    def start(self, _report, _stop) -> None:
+        """Pins the engine thread to the performance cores (panels show them and the thread's core)."""
+        self.native_thread_id = threading.get_native_id()
+        try:
+            from engine.plan import hardware
+            self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
+        except Exception:   # pinning is an optimisation: never fail the app for it
+            log.exception("pinning the engine thread failed")
+
+    def load_model(self, model_dir: str, options: dict, report, stop: threading.Event) -> dict:
+        """Loads the model (closing the one before); returns engine.info."""
+        self._close_engine()
+
+        def progress(done: int, total: int, message: str = "") -> None:
+            if stop.is_set():
+                raise WorkStopped()
+            report((int(done), int(total), str(message)))
+
+        load = self._load_fn
+        if load is None and model_dir.startswith("remote:"):     # a model on an OpenAI-compatible endpoint
+            from .remote import RemoteEngine
+            load = RemoteEngine.connect
+        elif load is None:
+            from engine import load
+        self.engine = load(model_dir, progress=progress, **options)
+        if stop.is_set():
+            self._close_engine()
+            raise WorkStopped()
+        return dict(self.engine.info)
+
+    def generate(self, messages: list, params: dict, report, stop: threading.Event) -> dict:
+        """Streams an answer as Chunks (a ContextFit first); returns its stats: num_tokens, tok_s, ttft_s,
+        finish_reason. A stop asked before it starts ends it at once ("cancelled")."""
+        from engine import GenerationParams, SluiceError
+        if self.engine is None:
+            raise SluiceError("No model is loaded; pick one in the model list first.")
+        if stop.is_set():
+            return {"num_tokens": 0, "tok_s": None, "ttft_s": None, "finish_reason": "cancelled"}
+        messages, params, asked_max_new_tokens = self._fit_to_context(messages, params, report)
+        stream = _TokenStream(report)
+        self._running_stop = stop
+        try:
+            events = self._start_generation(messages, GenerationParams(**params))
+            for event in events:
+                stream.add(event)
+                if not event.finished and stop.is_set():
+                    self._stop_running()     # Stop came before the engine had started listening for it
+                if event.finished:
+                    break
+        finally:
+            stream.flush()                   # keep what was generated, a failure included
+            self._running_stop = self._stop_running = None
+        return stats_with_reason(stream.stats(), params.get("max_new_tokens", 0), asked_max_new_tokens)
+
+    def _start_generation(self, messages: list, params):
+        """The events of a new generation; shares the engine with the Local server's requests, in turn."""
+        if self.queue is not None:
+            job = self.queue.submit(messages, params, origin="app", bounded=False)
+            self._stop_running = job.cancel
+            return iter(job)
+        self._stop_running = self.engine.cancel
+        return self.engine.generate(messages, params)
+
+    def _fit_to_context(self, messages: list, params: dict, report):
+        """Leave out turns the context cannot hold (app.context_policy) and lower max_new_tokens to the room
+        left; reports what was left out (ContextFit). Returns (messages, params, the asked max_new_tokens)."""
+        from .context_policy import DEFAULT_POLICY, fit_chat
+        params = dict(params)
+        policy = params.pop("context_overflow", None)
+        asked = params.get("max_new_tokens", 0)
+        max_context = self.engine.info.get("max_context")
+        encode = getattr(self.engine, "encode", None)
+        if not max_context or encode is None or not isinstance(messages, list):
+            return messages, params, asked
+        fitted = fit_chat(messages, lambda chat: len(encode(chat)[0]), max_context, asked, policy or DEFAULT_POLICY)
+        report(ContextFit(fitted.dropped, fitted.num_prompt_tokens, max_context, fitted.max_new_tokens))
+        return fitted.messages, {**params, "max_new_tokens": fitted.max_new_tokens}, asked
+
+    def build_demo(self, dst: str, report, stop: threading.Event) -> str:
+        """Builds the demo model (random weights) at dst; returns its path."""
+        from engine.tools.demo import build_demo_model
+
+        def progress(done, total, message: str = "") -> None:
+            if stop.is_set():
+                raise WorkStopped()
+            report((int(done), int(total), str(message)))
+
+        result = build_demo_model(dst, progress=progress)
+        if stop.is_set():
+            raise WorkStopped()
+        return str(result)
+
+    def estimate_speed(self, hit_rates: list) -> dict | None:
+        """The roofline prediction (engine.plan.estimate) for the loaded model with its real budgets and the hit
+        rates measured so far, to show beside the measured speed. Probes the disk once per run (~1 s)."""
+        engine = self.engine
+        if engine is None or "path" not in engine.info or engine.info.get("device") == "remote":
+            return None
+        try:
+            from engine.plan.estimate import estimate_model_dir
+            from .setup.common import machine_for
+            info = engine.info
+            device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"
+            machine, _hardware = machine_for(Path(info["path"]).parent, device)
+            prediction = estimate_model_dir(info["path"], machine, vram_budget=info.get("vram_budget_bytes"),
+                                            ram_cache=info.get("ram_cache_bytes"), hit_rates=tuple(hit_rates))
+        except Exception:      # a prediction is a nicety: never an error dialog for it
+            log.exception("speed estimate failed")
+            return None
+        return {"tok_s": prediction.tok_s, "verdict": prediction.verdict, "reason": prediction.reason}
+
+    def _close_engine(self) -> None:
+        engine, self.engine = self.engine, None
+        if engine is not None:
+            engine.close()
+
+    # any thread --------------------------------------------------------------------------------
+    def interrupt(self, stop: threading.Event) -> None:
+        """Stops the generation whose stop_event this is, if it is the one running."""
+        stop_running = self._stop_running
+        if stop_running is not None and self._running_stop is stop:
+            stop_running()
+
+    def telemetry(self) -> dict | None:
+        engine = self.engine
+        return engine.telemetry() if engine is not None else None
+
+
+def stats_with_reason(stats: dict, max_new_tokens: int, asked_max_new_tokens: int) -> dict:
+    """A generation without a finish reason ended at eos; one cut at a max_new_tokens lowered to fit the
+    context ended because the answer filled the context, not at the asked limit."""
+    reason = stats["finish_reason"] or "eos"
+    if reason == "length" and max_new_tokens < asked_max_new_tokens:
+        reason = "context_full"
+    return {**stats, "finish_reason": reason}
+
+
+LIVE_HOSTS: "weakref.WeakSet[EngineHost]" = weakref.WeakSet()   # tests check none is left running
+
+
+class EngineHost(QObject):
+    """GUI-thread handle on the engine thread. Create once; call shutdown() before the app quits."""
     load_progress = Signal(int, int, str)          # done, total, message
     loaded = Signal(dict)                          # engine.info
     load_failed = Signal(str)                      # one sentence ("" when cancelled)
@@ -57,299 +245,84 @@ class EngineWorker(QObject):
     job_failed = Signal(int, str)                  # job id, one sentence ("" when cancelled)
     estimated = Signal(dict)                       # {"tok_s", "verdict", "reason"}: the roofline prediction
 
-    def __init__(self, load_fn=None):
-        super().__init__()
-        self._load_fn = load_fn                    # engine.load, injectable for tests of the thread itself
-        self.engine = None
-        self.native_thread_id: int | None = None
-        self.pinned_cores: list[int] | None = None
-        self._cancel_load = threading.Event()
-        self._cancelled_requests: set[int] = set()
-        self._running_request: int | None = None
-        self._stop_running = None                  # stops the running request: engine.cancel or its job's cancel
-        self.queue = None                          # the Local server's GenerationQueue while it serves this engine
-        self._job_cancels: dict[int, threading.Event] = {}
-
-    # engine thread ----------------------------------------------------------------------------
-    @Slot()
-    def start(self) -> None:
-        self.native_thread_id = threading.get_native_id()
-        try:
-            from engine.plan import hardware
-            self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
-        except Exception:   # pinning is an optimisation: never fail the app for it
-            log.exception("pinning the engine thread failed")
-        self.started.emit(self.pinned_cores, self.native_thread_id)
-
-    @Slot(str, dict)
-    def load_model(self, model_dir: str, options: dict) -> None:
-        self._cancel_load.clear()
-        self._close_engine()
-
-        def progress(done: int, total: int, message: str = "") -> None:
-            if self._cancel_load.is_set():
-                raise LoadCancelled()
-            self.load_progress.emit(int(done), int(total), str(message))
-
-        try:
-            load = self._load_fn
-            if load is None and model_dir.startswith("remote:"):     # a model on an OpenAI-compatible endpoint
-                from .remote import RemoteEngine
-                load = RemoteEngine.connect
-            elif load is None:
-                from engine import load
-            self.engine = load(model_dir, progress=progress, **options)
-        except LoadCancelled:
-            self.load_failed.emit("")
-            return
-        except Exception as exc:
-            _log_failure(exc, "loading %s failed", model_dir)
-            self.load_failed.emit(user_message(exc))
-            return
-        if self._cancel_load.is_set():
-            self._close_engine()
-            self.load_failed.emit("")
-            return
-        self.loaded.emit(dict(self.engine.info))
-
-    @Slot(int, list, dict)
-    def generate(self, request_id: int, messages: list, params: dict) -> None:
-        from engine import GenerationParams
-        stats = {"num_tokens": 0, "tok_s": None, "ttft_s": None, "finish_reason": None}
-        if self.engine is None:
-            self.failed.emit(request_id, "No model is loaded; pick one in the model list first.")
-            return
-        if request_id in self._cancelled_requests:
-            stats["finish_reason"] = "cancelled"
-            self.finished.emit(request_id, stats)
-            return
-        self._running_request = request_id
-        policy = params.pop("context_overflow", None)
-        try:
-            messages, params, asked_max_new_tokens = self._fit_to_context(request_id, messages, params, policy)
-        except Exception as exc:
-            self._running_request = None
-            self._cancelled_requests.discard(request_id)
-            _log_failure(exc, "fitting the chat to the context failed")
-            self.failed.emit(request_id, user_message(exc))
-            return
-        t_start = time.perf_counter()
-        t_first = t_last = None
-        pending, last_emit = "", 0.0
-        queue = self.queue
-        try:
-            if queue is not None:                # share the engine with the Local server's requests, in turn
-                job = queue.submit(messages, GenerationParams(**params), origin="app", bounded=False)
-                events, self._stop_running = iter(job), job.cancel
-            else:
-                events, self._stop_running = self.engine.generate(messages, GenerationParams(**params)), self.engine.cancel
-            for event in events:
-                now = time.perf_counter()
-                if event.token_id is not None:
-                    stats["num_tokens"] += 1
-                    t_last = now
-                    if t_first is None:
-                        t_first = now
-                        stats["ttft_s"] = now - t_start
-                pending += event.text
-                if event.finished:
-                    stats["finish_reason"] = event.finish_reason
-                elif request_id in self._cancelled_requests:
-                    self._stop_running()     # Stop came before the engine had started listening for it
-                if pending and (now - last_emit >= CHUNK_INTERVAL_S or event.finished or stats["num_tokens"] == 1):
-                    self.chunk.emit(request_id, pending, stats["num_tokens"])
-                    pending, last_emit = "", now
-                if event.finished:
-                    break
-            if pending:
-                self.chunk.emit(request_id, pending, stats["num_tokens"])
-        except Exception as exc:
-            _log_failure(exc, "generation failed")
-            if pending:                                  # keep what was generated before the failure
-                self.chunk.emit(request_id, pending, stats["num_tokens"])
-            self.failed.emit(request_id, user_message(exc))
-            return
-        finally:
-            self._running_request = None
-            self._stop_running = None
-            self._cancelled_requests.discard(request_id)
-        if stats["num_tokens"] > 1 and t_last > t_first:
-            stats["tok_s"] = (stats["num_tokens"] - 1) / (t_last - t_first)   # decode rate, TTFT excluded
-        stats["finish_reason"] = stats["finish_reason"] or "eos"
-        if stats["finish_reason"] == "length" and params.get("max_new_tokens", 0) < asked_max_new_tokens:
-            stats["finish_reason"] = "context_full"      # the answer filled the context, not the asked limit
-        self.finished.emit(request_id, stats)
-
-    def _fit_to_context(self, request_id: int, messages: list, params: dict, policy: str | None):
-        """Leave out turns the context cannot hold (app.context_policy) and lower max_new_tokens to the room
-        left; reports what was left out (context_fitted). Returns (messages, params, the asked max_new_tokens)."""
-        from .context_policy import DEFAULT_POLICY, fit_chat
-        asked = params.get("max_new_tokens", 0)
-        max_context = self.engine.info.get("max_context")
-        encode = getattr(self.engine, "encode", None)
-        if not max_context or encode is None or not isinstance(messages, list):
-            return messages, params, asked
-        fitted = fit_chat(messages, lambda chat: len(encode(chat)[0]), max_context, asked, policy or DEFAULT_POLICY)
-        self.context_fitted.emit(request_id, {"dropped": fitted.dropped, "prompt_tokens": fitted.num_prompt_tokens,
-                                              "max_context": max_context, "max_new_tokens": fitted.max_new_tokens})
-        return fitted.messages, {**params, "max_new_tokens": fitted.max_new_tokens}, asked
-
-    @Slot(int, str, dict)
-    def run_job(self, job_id: int, kind: str, args: dict) -> None:
-        """Long jobs on the engine thread: "demo" (build the demo model)."""
-        cancel = self._job_cancels.setdefault(job_id, threading.Event())
-
-        def progress(done, total, message: str = "") -> None:
-            if cancel.is_set():
-                raise LoadCancelled()
-            self.job_progress.emit(job_id, int(done), int(total), str(message))
-
-        try:
-            if kind == "demo":
-                from engine.tools.demo import build_demo_model
-                result = build_demo_model(args["dst"], progress=progress)
-            else:
-                raise ValueError(f"unknown job {kind}")
-            if cancel.is_set():
-                self.job_failed.emit(job_id, "")
-            else:
-                self.job_finished.emit(job_id, str(result))
-        except LoadCancelled:
-            self.job_failed.emit(job_id, "")
-        except Exception as exc:
-            _log_failure(exc, "job %s failed", kind)
-            self.job_failed.emit(job_id, "" if cancel.is_set() else user_message(exc))
-        finally:
-            self._job_cancels.pop(job_id, None)
-
-    @Slot(list)
-    def estimate_speed(self, hit_rates: list) -> None:
-        """The roofline prediction (engine.plan.estimate) for the loaded model with its real budgets and the hit
-        rates measured so far, to show beside the measured speed. Probes the disk once per run (~1 s)."""
-        engine = self.engine
-        if engine is None or "path" not in engine.info or engine.info.get("device") == "remote":
-            return
-        try:
-            from engine.plan.estimate import estimate_model_dir
-            from .setup.common import machine_for
-            info = engine.info
-            device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"
-            machine, _hardware = machine_for(Path(info["path"]).parent, device)
-            prediction = estimate_model_dir(info["path"], machine, vram_budget=info.get("vram_budget_bytes"),
-                                            ram_cache=info.get("ram_cache_bytes"), hit_rates=tuple(hit_rates))
-        except Exception:      # a prediction is a nicety: never an error dialog for it
-            log.exception("speed estimate failed")
-            return
-        self.estimated.emit({"tok_s": prediction.tok_s, "verdict": prediction.verdict, "reason": prediction.reason})
-
-    @Slot()
-    def shutdown(self) -> None:
-        self._close_engine()
-
-    def _close_engine(self) -> None:
-        engine, self.engine = self.engine, None
-        if engine is not None:
-            engine.close()
-
-    # any thread --------------------------------------------------------------------------------
-    def cancel_generation(self, request_id: int) -> None:
-        self._cancelled_requests.add(request_id)
-        stop = self._stop_running
-        if stop is not None and self._running_request == request_id:
-            stop()
-
-    def cancel_load(self) -> None:
-        self._cancel_load.set()
-
-    def cancel_job(self, job_id: int) -> None:
-        self._job_cancels.setdefault(job_id, threading.Event()).set()
-
-    def telemetry(self) -> dict | None:
-        engine = self.engine
-        return engine.telemetry() if engine is not None else None
-
-
-LIVE_HOSTS: "weakref.WeakSet[EngineHost]" = weakref.WeakSet()   # tests check none is left running
-
-
-class EngineHost(QObject):
-    """GUI-thread handle on the engine thread. Create once; call shutdown() before the app quits."""
-    started = Signal(object, int)
-    load_progress = Signal(int, int, str)
-    loaded = Signal(dict)
-    load_failed = Signal(str)
-    chunk = Signal(int, str, int)
-    finished = Signal(int, dict)
-    failed = Signal(int, str)
-    context_fitted = Signal(int, dict)
-    job_progress = Signal(int, int, int, str)
-    job_finished = Signal(int, str)
-    job_failed = Signal(int, str)
-    estimated = Signal(dict)
-
-    _request_load = Signal(str, dict)
-    _request_generate = Signal(int, list, dict)
-    _request_job = Signal(int, str, dict)
-    _request_shutdown = Signal()
-    _request_estimate = Signal(list)
-
     def __init__(self, parent: QObject | None = None, load_fn=None):
         super().__init__(parent)
-        self.thread = QThread()
-        self.thread.setObjectName("sluice-engine")
         self.worker = EngineWorker(load_fn)
-        self.worker.moveToThread(self.thread)
-        for name in ("started", "load_progress", "loaded", "load_failed", "chunk", "finished", "failed",
-                     "context_fitted", "job_progress", "job_finished", "job_failed", "estimated"):
-            getattr(self.worker, name).connect(getattr(self, name))     # signal -> signal, queued to GUI
-        self._request_load.connect(self.worker.load_model)
-        self._request_generate.connect(self.worker.generate)
-        self._request_job.connect(self.worker.run_job)
-        self._request_shutdown.connect(self.worker.shutdown)
-        self._request_estimate.connect(self.worker.estimate_speed)
-        self.thread.started.connect(self.worker.start)
-        self.thread.finished.connect(self.worker.deleteLater)
+        self._engine_thread = WorkThread("sluice-engine", self)
+        self.thread = self._engine_thread.thread
         self._next_id = 0
-        self._active_requests: set[int] = set()
-        self._active_jobs: set[int] = set()
-        self.finished.connect(lambda request_id, _stats: self._active_requests.discard(request_id))
-        self.failed.connect(lambda request_id, _msg: self._active_requests.discard(request_id))
-        self.job_finished.connect(lambda job_id, _path: self._active_jobs.discard(job_id))
-        self.job_failed.connect(lambda job_id, _msg: self._active_jobs.discard(job_id))
-        self.thread.start()
+        self._load: Work | None = None
+        self._requests: dict[int, Work] = {}       # generations and jobs not finished yet, by id
+        self._submit(Work(self.worker.start, "pinning the engine thread"))
         LIVE_HOSTS.add(self)
+
+    def _submit(self, work: Work, request_id: int | None = None) -> Work:
+        if request_id is not None:
+            self._requests[request_id] = work
+            work.finished.connect(lambda: self._requests.pop(request_id, None))
+        return self._engine_thread.submit(work)
 
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id
 
     def load(self, model_dir: str, **options) -> None:
-        self.worker._cancel_load.clear()
-        self._request_load.emit(str(model_dir), options)
+        work = Work(lambda report, stop: self.worker.load_model(str(model_dir), options, report, stop),
+                    f"loading {model_dir}", ENGINE_FAILED)
+        self._load = self._submit(work.on(progress=lambda progress: self.load_progress.emit(*progress),
+                                          result=lambda info: self.loaded.emit(info),
+                                          failed=lambda message: self.load_failed.emit(message),
+                                          stopped=lambda: self.load_failed.emit("")))
 
     def generate(self, messages: list[dict], params: dict) -> int:
         request_id = self._new_id()
-        self._active_requests.add(request_id)
-        self._request_generate.emit(request_id, messages, params)
+        work = Work(lambda report, stop: self.worker.generate(messages, dict(params), report, stop),
+                    "generation", ENGINE_FAILED)
+        self._submit(work.on(progress=lambda item: self._on_generation_progress(request_id, item),
+                             result=lambda stats: self.finished.emit(request_id, stats),
+                             failed=lambda message: self.failed.emit(request_id, message)), request_id)
         return request_id
 
+    def _on_generation_progress(self, request_id: int, item: Chunk | ContextFit) -> None:
+        if isinstance(item, ContextFit):
+            self.context_fitted.emit(request_id, item._asdict())
+        else:
+            self.chunk.emit(request_id, item.text, item.num_tokens)
+
     def run_job(self, kind: str, **args) -> int:
+        """Long jobs on the engine thread: "demo" (build the demo model at args["dst"])."""
+        if kind != "demo":
+            raise ValueError(f"unknown job {kind}")
         job_id = self._new_id()
-        self._active_jobs.add(job_id)
-        self._request_job.emit(job_id, kind, args)
+        work = Work(lambda report, stop: self.worker.build_demo(args["dst"], report, stop), "demo job", ENGINE_FAILED)
+        self._submit(work.on(progress=lambda progress: self.job_progress.emit(job_id, *progress),
+                             result=lambda path: self.job_finished.emit(job_id, path),
+                             failed=lambda message: self.job_failed.emit(job_id, message),
+                             stopped=lambda: self.job_failed.emit(job_id, "")), job_id)
         return job_id
 
     def estimate_speed(self, slot_hit_rate: float, ram_hit_rate: float) -> None:
-        self._request_estimate.emit([slot_hit_rate, ram_hit_rate])
+        work = Work(lambda _report, _stop: self.worker.estimate_speed([slot_hit_rate, ram_hit_rate]), "speed estimate")
+        self._submit(work.on(result=self._on_estimated))
+
+    def _on_estimated(self, prediction: dict | None) -> None:
+        if prediction is not None:
+            self.estimated.emit(prediction)
 
     def cancel_generation(self, request_id: int) -> None:
-        self.worker.cancel_generation(request_id)
+        work = self._requests.get(request_id)
+        if work is not None:
+            work.stop()
+            self.worker.interrupt(work.stop_event)
 
     def cancel_load(self) -> None:
-        self.worker.cancel_load()
+        if self._load is not None:
+            self._load.stop()
 
     def cancel_job(self, job_id: int) -> None:
-        self.worker.cancel_job(job_id)
+        work = self._requests.get(job_id)
+        if work is not None:
+            work.stop()
 
     def telemetry(self) -> dict | None:
         return self.worker.telemetry()
@@ -362,11 +335,12 @@ class EngineHost(QObject):
         """Stop whatever runs, close the engine on its thread, and join the thread. True if it ended."""
         if not self.thread.isRunning():
             return True
-        self.worker.cancel_load()
-        for request_id in list(self._active_requests):
-            self.worker.cancel_generation(request_id)
-        for job_id in list(self._active_jobs):
-            self.worker.cancel_job(job_id)
-        self._request_shutdown.emit()
-        self.thread.quit()                 # the event loop ends after the queued shutdown slot
-        return self.thread.wait(timeout_ms)
+        self.cancel_load()
+        for request_id in list(self._requests):
+            self.cancel_generation(request_id)       # stops a job as well
+        self._submit(Work(lambda _report, _stop: self.worker._close_engine(), "closing the engine"))
+        ended = self._engine_thread.quit_and_wait(timeout_ms)   # after the queued close
+        # The engine thread's last chunks and "finished" are still queued for this thread: deliver them
+        # now, so that an answer is saved complete before the window closes the database.
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.MetaCall)
+        return ended

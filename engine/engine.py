@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import math
 import os
 import threading
 import time
@@ -59,11 +58,9 @@ class Engine:
                 raise SluiceError(f"A context of {requested} tokens is not possible for this model: choose "
                                   f"between 1 and {limit} tokens (its own limit).")
             return requested
-        elem = torch.empty((), dtype=self.dtype).element_size()
-        dense_params = sum(math.prod(t["shape"]) for t in self.model.manifest["dense"]["tensors"].values())
         is_cuda = self.device.type == "cuda"
         slot = layout.block_bytes + (0 if is_cuda else decoded_expert_bytes(layout, self.dtype))
-        return default_context(spec, self.dtype, self.device.type, vram_budget, dense_params * elem, slot)
+        return default_context(spec, self.dtype, self.device.type, vram_budget, self.model.dense_bytes(self.dtype), slot)
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,

@@ -1,23 +1,18 @@
 """Screenshots of the real app for the README, taken under a virtual X screen (Xvfb).
 
-    .venv/bin/python scripts/screenshots.py            # re-runs itself under xvfb-run when there is no display
+    .venv/bin/python scripts/screenshots.py [OUT_DIR]  # re-runs itself under xvfb-run when there is no display
 Needs: apt-get install -y --no-install-recommends xvfb xauth libxcb-icccm4 libxcb-keysyms1
-Writes docs/screenshots/{first-run,chat,panels,long-chat,background-answer,markdown,settings-error,
+Writes OUT_DIR (default docs/screenshots)/{first-run,chat,panels,long-chat,background-answer,markdown,settings-error,
 catalog-offline,error-dialog}.png. Uses a fresh data dir and the built-in demo model (random weights:
 its answers are noise by design), with its own budgets, which make it stream.
 """
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "screenshots"
+from shots import Camera, run_with_display
+
 SIZE = (1440, 900)
 
 MARKDOWN_SAMPLE = """<think>The user wants a small example. A list comprehension is the shortest way.</think>
@@ -41,59 +36,45 @@ It uses a **list comprehension**; `map` would work too:
 
 
 def main() -> int:
-    if not os.environ.get("DISPLAY") and os.environ.get("SLUICE_SCREENSHOT_CHILD") != "1":
-        if not shutil.which("xvfb-run"):
-            print("xvfb-run is missing: apt-get install -y --no-install-recommends xvfb xauth", file=sys.stderr)
-            return 1
-        env = {**os.environ, "SLUICE_SCREENSHOT_CHILD": "1", "QT_QPA_PLATFORM": "xcb"}
-        return subprocess.call(["xvfb-run", "-a", "-s", f"-screen 0 {SIZE[0]}x{SIZE[1]}x24",
-                                sys.executable, __file__], env=env)
-    sys.path.insert(0, str(ROOT))
-    data_dir = Path(tempfile.mkdtemp(prefix="sluice-shots-"))
-    os.environ["SLUICE_DATA_DIR"] = str(data_dir)
-    OUT.mkdir(parents=True, exist_ok=True)
-    try:
-        return take_screenshots()
-    finally:
-        shutil.rmtree(data_dir, ignore_errors=True)
+    return run_with_display(__file__, SIZE, take_screenshots)
 
 
-def take_screenshots() -> int:
-    from PySide6.QtCore import QEvent, QEventLoop, QTimer
-    from PySide6.QtGui import QGuiApplication
+def take_screenshots(out: Path, _work: Path) -> int:
+    from PySide6.QtCore import QTimer
 
     from app import paths
     from app.gui import create_application, open_main_window
-    from app.store import ChatSettings
     from app.views.main_window import MainWindow
 
     app = create_application()
-
-    def pump(seconds: float) -> None:
-        # a real event loop, as app.exec() runs it (QTest.qWait holds the GIL and starves the engine thread)
-        loop = QEventLoop()
-        QTimer.singleShot(int(seconds * 1000), loop.quit)
-        loop.exec()
-        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-
-    def wait_until(predicate, timeout_s: float = 60.0) -> None:
-        end = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > end:
-                raise TimeoutError("the app did not get there in time")
-            pump(0.05)
-
-    def shot(name: str) -> None:
-        pump(0.3)
-        QGuiApplication.primaryScreen().grabWindow(0).save(str(OUT / f"{name}.png"))
-        print("wrote", OUT / f"{name}.png")
-
+    camera = Camera(app, out)
     window = MainWindow()
     window.setGeometry(0, 0, *SIZE)
     window.show()
-    pump(0.5)
-    shot("first-run")
+    camera.pump(0.5)
+    camera.shoot("first-run")
+    _chat_and_panels(window, camera)
+    long_chat_id = _long_chat(window, camera)
+    _background_answer(window, camera, long_chat_id)
+    _markdown(window, camera)
+    _errors(window, camera)
+    window.close()
 
+    # The next start finds the chat history damaged: moved aside, a fresh one, a dialog that says where.
+    paths.database_path().write_bytes(b"not an SQLite file " * 400)
+    window = open_main_window()
+    window.setGeometry(0, 0, *SIZE)
+    camera.shoot("damaged-database")
+    window.close()
+    QTimer.singleShot(0, app.quit)
+    app.exec()
+    return 0
+
+
+def _chat_and_panels(window, camera: Camera) -> None:
+    """The demo model answering, with the live panels mid-answer and the finished chat beside its speed."""
+    from app.store import ChatSettings
+    pump, wait_until, shot = camera.pump, camera.wait_until, camera.shoot
     window.start_demo()              # the demo's own budgets: RAM cache hits and misses, disk reads
     wait_until(lambda: window.model_info is not None, 120)
     window.controller.new_conversation()
@@ -107,7 +88,11 @@ def take_screenshots() -> int:
     window.panels_dock.setVisible(False)
     shot("chat")
 
-    # A long chat, past the demo's old 512-token limit and past its 4,096-token context: the middle is dropped.
+
+def _long_chat(window, camera: Camera) -> int:
+    """A long chat, past the demo's old 512-token limit and past its 4,096-token context: the middle is dropped."""
+    from app.store import ChatSettings
+    wait_until, shot = camera.wait_until, camera.shoot
     long_chat = window.store.create_conversation("A long chat", ChatSettings(max_new_tokens=120, seed=3))
     for i in range(7):
         window.store.add_message(long_chat.id, "user", f"Question {i + 1}: " + "how do experts stream from disk? " * 20)
@@ -119,14 +104,19 @@ def take_screenshots() -> int:
     wait_until(lambda: not window.controller.is_generating, 120)
     window.chat_view.ensureWidgetVisible(window.chat_view.context_marker)
     shot("long-chat")
+    return long_chat.id
 
-    # An answer streaming in one chat while the user reads another.
+
+def _background_answer(window, camera: Camera, other_chat_id: int) -> None:
+    """An answer streaming in one chat while the user reads another."""
+    from app.store import ChatSettings
+    pump, wait_until, shot = camera.pump, camera.wait_until, camera.shoot
     window.controller.new_conversation()
     window.controller.set_chat_settings(ChatSettings(max_new_tokens=2000, seed=11))
     window.composer.edit.setPlainText("Write a long story about a river.")
     window.composer.submit()
     pump(0.5)
-    window.controller.open_conversation(conversation_id=long_chat.id)
+    window.controller.open_conversation(conversation_id=other_chat_id)
     window.composer.edit.setPlainText("A follow-up, typed while the other chat is answered")
     shot("background-answer")
     window.controller.stop()
@@ -134,23 +124,27 @@ def take_screenshots() -> int:
     window.composer.edit.clear()
     window.panels_dock.setVisible(True)
 
-    # Markdown rendering: an answer with a thought, code and a table, stored as a finished message.
+
+def _markdown(window, camera: Camera) -> None:
+    """Markdown rendering: an answer with a thought, code and a table, stored as a finished message."""
     conversation = window.store.create_conversation("Markdown rendering")
     window.store.add_message(conversation.id, "user", "Show me how to square a list in Python.")
     window.store.add_message(conversation.id, "assistant", MARKDOWN_SAMPLE,
                              stats={"model": "example answer (not generated)", "tok_s": 0, "num_tokens": 0})
     window.conversations.refresh()
     window.controller.open_conversation(conversation.id)
-    shot("markdown")
+    camera.shoot("markdown")
 
+
+def _errors(window, camera: Camera) -> None:
+    """Bad settings said in place, the catalog offline with Retry, a budget too small as a dialog."""
+    wait_until, shot = camera.wait_until, camera.shoot
     window.edit_app_settings()                   # a size the model cannot use: said in place, dialog stays
     dialog = window.last_dialog
     dialog.vram_budget.setText("1MB")
     dialog.ram_cache.setText("lots")
     dialog.accept()
-    pump(0.3)
-    dialog.grab().save(str(OUT / "settings-error.png"))
-    print("wrote", OUT / "settings-error.png")
+    shot("settings-error", dialog)
     dialog.reject()
 
     from app.setup import open_download_wizard     # offline: the catalog, and the search error with Retry
@@ -158,26 +152,13 @@ def take_screenshots() -> int:
     wizard.search_page.query.setText("qwen moe")
     wizard.search_page.search()
     wait_until(wizard.search_page.retry_button.isVisible, 30)
-    pump(0.3)
-    wizard.grab().save(str(OUT / "catalog-offline.png"))
-    print("wrote", OUT / "catalog-offline.png")
+    shot("catalog-offline", wizard)
     wizard.reject()
 
     window.apply_app_settings(type(window.settings)(**{**window.settings.__dict__, "vram_budget": "1MB"}))
     wait_until(lambda: window.last_dialog is not None and window.last_dialog.objectName() == "errorDialog", 60)
     shot("error-dialog")
     window.last_dialog.accept()
-    window.close()
-
-    # The next start finds the chat history damaged: moved aside, a fresh one, a dialog that says where.
-    paths.database_path().write_bytes(b"not an SQLite file " * 400)
-    window = open_main_window()
-    window.setGeometry(0, 0, *SIZE)
-    shot("damaged-database")
-    window.close()
-    QTimer.singleShot(0, app.quit)
-    app.exec()
-    return 0
 
 
 if __name__ == "__main__":

@@ -1,74 +1,58 @@
 """Screenshots of the Local server panel and of a remote model chatting, for the README.
 
-    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/screenshots_server.py
-Writes docs/screenshots/{server-panel,remote-chat}.png. Builds the demo model (random weights: its
+    QT_QPA_PLATFORM=offscreen .venv/bin/python scripts/screenshots_server.py [OUT_DIR]
+Writes OUT_DIR (default docs/screenshots)/{server-panel,remote-chat}.png. Builds the demo model (random weights: its
 answers are noise by design), serves it from a second `sluice serve` process for the remote chat.
 """
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-OUT = ROOT / "docs" / "screenshots"
+from shots import Camera, run_with_display
+
 SIZE = (1440, 900)
 
 
 def main() -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    sys.path.insert(0, str(ROOT))
-    work = Path(tempfile.mkdtemp(prefix="sluice-shots-"))
-    os.environ["SLUICE_DATA_DIR"] = str(work / "data")
-    OUT.mkdir(parents=True, exist_ok=True)
-    try:
-        return take_screenshots(work)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    return run_with_display(__file__, SIZE, take_screenshots)
 
 
-def take_screenshots(work: Path) -> int:
-    import httpx
-    from PySide6.QtCore import QEvent, QEventLoop, QTimer
+def take_screenshots(out: Path, work: Path) -> int:
+    from PySide6.QtCore import QTimer
 
     from app.gui import create_application
-    from app.store import ChatSettings
     from app.views.main_window import MainWindow
     from engine.tools.demo import build_demo_model
 
     app = create_application()
-
-    def pump(seconds: float) -> None:
-        loop = QEventLoop()
-        QTimer.singleShot(int(seconds * 1000), loop.quit)
-        loop.exec()
-        app.sendPostedEvents(None, QEvent.Type.DeferredDelete)
-
-    def wait_until(predicate, timeout_s: float = 300.0) -> None:
-        end = time.monotonic() + timeout_s
-        while not predicate():
-            if time.monotonic() > end:
-                raise TimeoutError("the app did not get there in time")
-            pump(0.05)
-
-    def shot(window, name: str) -> None:
-        pump(0.3)
-        window.grab().save(str(OUT / f"{name}.png"))
-        print("wrote", OUT / f"{name}.png")
-
+    camera = Camera(app, out)
     model = build_demo_model(work / "models" / "sluice-demo")
     window = MainWindow()
     window.setGeometry(0, 0, *SIZE)
     window.show()
     window.settings.vram_budget, window.settings.ram_cache = "1400KB", "400KB"
     window.load_model(model)
-    wait_until(lambda: window.model_info is not None)
+    camera.wait_until(lambda: window.model_info is not None)
+    try:
+        _server_panel(window, camera)
+        _remote_chat(window, camera, build_demo_model(work / "remote" / "remote-demo"))
+    finally:
+        window.close()
+    QTimer.singleShot(0, app.quit)
+    app.exec()
+    return 0
 
-    # The Local server panel, serving while a client streams and the app's own chat waits its turn.
+
+def _server_panel(window, camera: Camera) -> None:
+    """The Local server panel, serving while a client streams and the app's own chat waits its turn."""
+    import httpx
+
+    from app.store import ChatSettings
+    pump, wait_until = camera.pump, camera.wait_until
     panel = window.server_panel
     window.panels_dock.setVisible(False)
     window.server_dock.setVisible(True)
@@ -93,12 +77,17 @@ def take_screenshots(work: Path) -> int:
             window.send("What does the server do?")
             pump(1.0)
             panel._update_counters()
-            shot(window, "server-panel")
+            camera.shoot("server-panel", window)
     wait_until(lambda: not window.controller.is_generating)
     panel.switch.setChecked(False)
 
-    # A remote model: a second `sluice serve` process, added as an endpoint and chatting.
-    remote_model = build_demo_model(work / "remote" / "remote-demo")
+
+def _remote_chat(window, camera: Camera, remote_model: Path) -> None:
+    """A remote model: a second `sluice serve` process, added as an endpoint and chatting."""
+    import httpx
+
+    from app.store import ChatSettings
+    wait_until = camera.wait_until
     sluice = str(Path(sys.executable).parent / "sluice")
     process = subprocess.Popen([sluice, "serve", str(remote_model), "--port", "0"], stdout=subprocess.PIPE, text=True)
     try:
@@ -122,14 +111,10 @@ def take_screenshots(work: Path) -> int:
         window.controller.set_chat_settings(ChatSettings(max_new_tokens=40, temperature=0.8, seed=5))
         window.send("Hello from the other machine")
         wait_until(lambda: not window.controller.is_generating)
-        shot(window, "remote-chat")
+        camera.shoot("remote-chat", window)
     finally:
-        window.close()
         process.terminate()
         process.wait(20)
-    QTimer.singleShot(0, app.quit)
-    app.exec()
-    return 0
 
 
 if __name__ == "__main__":

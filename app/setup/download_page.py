@@ -7,7 +7,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QMessageBox, QProgressBar, QPushButton, QVBoxLayout, QWizardPage
 
 from .common import format_duration, format_rate, snapshot_dir
-from .task import Task, stop_and_wait
+from ..work import Work, stop_and_wait
 
 BAR_SCALE = 1024          # QProgressBar holds an int: count KiB so 2 TiB fits
 
@@ -19,7 +19,7 @@ class DownloadPage(QWizardPage):
         self.setTitle("Downloading")
         self.setSubTitle("Every file is checked against the hub's hash. You can pause, or close Sluice: "
                          "the download continues where it stopped next time.")
-        self.task: Task | None = None
+        self.task: Work | None = None
         self.is_done = False
         self.dst = None
 
@@ -62,13 +62,10 @@ class DownloadPage(QWizardPage):
         self.pause_button.setEnabled(True)
         self.status.setText("Connecting to the hub…")
         stop_and_wait(self.task)
-        self.task = Task(lambda report, stop: download(info, dst, progress=report, stop_event=stop,
-                                                       extra_bytes_needed=extra), self)
-        self.task.progress.connect(self._on_progress)
-        self.task.finished_ok.connect(self._on_done)
-        self.task.failed.connect(self._on_failed)
-        self.task.stopped.connect(self._on_stopped)
-        self.task.start()
+        self.task = Work(lambda report, stop: download(info, dst, progress=report, stop_event=stop,
+                                                       extra_bytes_needed=extra), "download")
+        self.task.on(progress=self._on_progress, result=self._on_done, failed=self._on_failed,
+                     stopped=self._on_stopped).start()
 
     def _on_progress(self, p) -> None:
         from engine.sizes import format_size
@@ -103,7 +100,7 @@ class DownloadPage(QWizardPage):
         self.pause_button.setEnabled(True)
 
     def toggle_pause(self) -> None:
-        if self.task is not None and self.task.isRunning():
+        if self.task is not None and self.task.is_running():
             self.pause_button.setEnabled(False)
             self.task.stop()
         else:

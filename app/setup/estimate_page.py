@@ -7,7 +7,7 @@ from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QT
 
 from .common import VERDICT_COLORS, describe_machine, format_speed, machine_for, snapshot_dir
 from .quant_table import QuantTable
-from .task import Task, stop_and_wait
+from ..work import Work, stop_and_wait
 
 
 def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine, options: dict) -> dict:
@@ -57,7 +57,7 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.models_dir = models_dir
         self.setTitle("Will it run here?")
         self.setSubTitle("Read from the model's config.json and file list only: no weights are downloaded yet.")
-        self.task: Task | None = None
+        self.task: Work | None = None
         self.info = None
 
         self.status = QLabel("Reading config.json and the file list…")
@@ -128,10 +128,9 @@ class EstimatePage(QuantChoice, QWizardPage):
             return info, estimates_for(info.config, total, missing, machine, options), hw
 
         stop_and_wait(self.task)
-        self.task = Task(work, self)
-        self.task.finished_ok.connect(self._on_info)
-        self.task.failed.connect(lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>"))
-        self.task.start()
+        self.task = Work(work, "estimate")
+        self.task.on(result=self._on_info,
+                     failed=lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>")).start()
 
     def _on_info(self, result) -> None:
         from engine.plan.estimate import format_params, model_shape

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QLabel, QLineEdit, QPro
 from .common import format_duration, machine_for, model_dir_name
 from .estimate_page import QuantChoice, estimates_for
 from .quant_table import QuantTable
-from .task import Task, stop_and_wait
+from ..work import Work, stop_and_wait
 
 
 class RepackOptionsPage(QuantChoice, QWizardPage):
@@ -24,7 +24,7 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
         self.setTitle("Repack for Sluice")
         self.setSubTitle("Sluice stores each expert as one aligned block so it can stream it from disk. "
                          "Choose how the experts are stored.")
-        self.task: Task | None = None
+        self.task: Work | None = None
         self.config: dict | None = None
         self._name_edited = False
 
@@ -100,10 +100,8 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
             return
         self.status.setText("Reading the model's config and measuring this computer…")
         stop_and_wait(self.task)
-        self.task = Task(work, self)
-        self.task.finished_ok.connect(self._on_estimates)
-        self.task.failed.connect(self._on_failed)
-        self.task.start()
+        self.task = Work(work, "repack estimate")
+        self.task.on(result=self._on_estimates, failed=self._on_failed).start()
 
     def _on_failed(self, message: str) -> None:
         self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
@@ -170,7 +168,7 @@ class RepackProgressPage(QWizardPage):
         self.setTitle("Repacking")
         self.setSubTitle("Layer by layer. If you stop or close Sluice, finished layers are kept and the repack "
                          "resumes from there.")
-        self.task: Task | None = None
+        self.task: Work | None = None
         self.is_done = False
         self.bar = QProgressBar()
         self.detail, self.status = QLabel(), QLabel()
@@ -203,13 +201,10 @@ class RepackProgressPage(QWizardPage):
         self.status.setText(f"Repacking {src.name} as {quant} into {dst}…")
         self._started_s, self._first_done = time.monotonic(), None
         stop_and_wait(self.task)
-        self.task = Task(lambda report, stop: repack(src, dst, quant=quant, cancel_event=stop,
-                                                     progress=lambda d, t, m: report((d, t, m))), self)
-        self.task.progress.connect(self._on_progress)
-        self.task.finished_ok.connect(self._on_done)
-        self.task.failed.connect(self._on_failed)
-        self.task.stopped.connect(self._on_stopped)
-        self.task.start()
+        self.task = Work(lambda report, stop: repack(src, dst, quant=quant, cancel_event=stop,
+                                                     progress=lambda d, t, m: report((d, t, m))), "repack")
+        self.task.on(progress=self._on_progress, result=self._on_done, failed=self._on_failed,
+                     stopped=self._on_stopped).start()
 
     def _on_progress(self, step) -> None:
         done, total, message = step

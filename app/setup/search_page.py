@@ -7,7 +7,7 @@ from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QInputDialog, QLabel, Q
 
 from engine.hub.search import supported_families
 
-from .task import Task, stop_and_wait
+from ..work import Work, stop_and_wait
 
 COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
 SEARCH_TIMEOUT_S = 6        # the hub client retries for up to half a minute offline: say so before that
@@ -19,7 +19,7 @@ class SearchPage(QWizardPage):
         self.models_dir = models_dir
         self.setTitle("Find a model")
         self.setSubTitle("Search the Hugging Face hub, or paste a model name (owner/name) or its address.")
-        self.task: Task | None = None
+        self.task: Work | None = None
 
         self.query = QLineEdit(placeholderText="e.g. Qwen3 MoE, or Qwen/Qwen3-30B-A3B")
         self.search_button = QPushButton("Search")
@@ -109,17 +109,15 @@ class SearchPage(QWizardPage):
     def search(self) -> None:
         from engine.hub.search import search
         text = self.query.text().strip()
-        if self.task is not None and self.task.isRunning():    # a search that hangs: let it end on its own
-            self.task.finished_ok.disconnect()
+        if self.task is not None and self.task.is_running():    # a search that hangs: let it end on its own
+            self.task.result.disconnect()
             self.task.failed.disconnect()
         self.status.setText("Searching the hub…")
         self.search_button.setEnabled(False)
         self.retry_button.setVisible(False)
         self._timeout.start()
-        self.task = Task(lambda report, stop: search(text), self)
-        self.task.finished_ok.connect(self._on_results)
-        self.task.failed.connect(self._on_failed)
-        self.task.start()
+        self.task = Work(lambda report, stop: search(text), "hub search")
+        self.task.on(result=self._on_results, failed=self._on_failed).start()
 
     def _on_results(self, hits) -> None:
         if not self._timeout.isActive():

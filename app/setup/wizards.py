@@ -12,7 +12,7 @@ from .download_page import DownloadPage
 from .estimate_page import EstimatePage
 from .repack_pages import DonePage, RepackOptionsPage, RepackProgressPage
 from .search_page import SearchPage
-from .task import stop_and_wait
+from ..work import stop_and_wait
 
 
 class _SetupWizard(QWizard):

@@ -69,7 +69,7 @@ class ConversationList(QWidget):
         streaming = self.controller.streaming_conversation_id
         self.list.blockSignals(True)
         self.list.clear()
-        for conversation in self.controller.store.conversations(self.search.text()):
+        for conversation in self.controller.conversations(self.search.text()):
             item = QListWidgetItem(conversation.title)
             item.setData(ID_ROLE, conversation.id)
             item.setData(STREAMING_ROLE, conversation.id == streaming)
@@ -104,8 +104,6 @@ class ConversationList(QWidget):
             self.controller.open_conversation(item.data(ID_ROLE))
 
     def _on_item_renamed(self, item: QListWidgetItem) -> None:
-        if self.controller.store.is_closed:      # an open title editor commits when the closing window drops it
-            return
         self.controller.rename_conversation(item.data(ID_ROLE), item.text())
 
     def _delete_current(self) -> None:

@@ -5,7 +5,7 @@ import gc
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QCoreApplication, QEvent, Qt, Signal
+from PySide6.QtCore import QByteArray, Qt, Signal
 from PySide6.QtGui import QGuiApplication, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
                                QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
@@ -230,7 +230,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
     def _update_page(self) -> None:
         has_model = self.model_info is not None or self.loading_path is not None
         has_installed = self.model_picker.count() > 1
-        has_history = bool(self.store.conversations())
+        has_history = bool(self.controller.conversations())
         show_first_run = not (has_model or has_installed or has_history)
         self.pages.setCurrentWidget(self.first_run if show_first_run else self.chat_page)
 
@@ -397,10 +397,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.settings.save(self.store)
         self.controller.stop()
         self.server_panel.shutdown()
-        ended = self.host.shutdown()
-        # The engine thread's last chunks and "finished" are still queued for this thread: deliver
-        # them now so the answer is saved complete before the database closes.
-        QCoreApplication.sendPostedEvents(self.host, QEvent.Type.MetaCall)
+        ended = self.host.shutdown()        # delivers the answer's last chunks before the database closes
         self.store.close()
         gc.unfreeze()         # let interpreter exit (and the next window) see every object again
         return ended

@@ -43,72 +43,80 @@ class LivePanels(QWidget):
         self._ticks = 0
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-
         self.remote_label = QLabel("")          # shown while the chat model runs on a remote endpoint
         self.remote_label.setWordWrap(True)
         self.remote_label.setObjectName("remoteNotice")
         self.remote_label.setVisible(False)
         layout.addWidget(self.remote_label)
-
-        summary = QGroupBox("Hardware")
-        form = QFormLayout(summary)
-        self.device_label = QLabel("CPU")
-        self.gpu_label = QLabel("no GPU (NVML not available)")
-        self.core_label = QLabel("—")
-        self.speed_label = QLabel("—")
-        self.speculation_label = QLabel("—")
-        form.addRow("Device", self.device_label)
-        form.addRow("GPU", self.gpu_label)
-        form.addRow("Decode thread", self.core_label)
-        form.addRow("Tokens/s", self.speed_label)
-        self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
-                                    "could go at the cache hit rates seen so far.")
-        form.addRow("Speculation recall", self.speculation_label)
-        layout.addWidget(summary)
-
-        self.slots_box = QGroupBox("Device slots")
-        slots_layout = QVBoxLayout(self.slots_box)
-        self.slot_map = SlotMap()
-        slots_layout.addWidget(self.slot_map)
-        legend = QHBoxLayout()
-        for state, color in STATE_COLORS.items():
-            swatch = QLabel(f'<span style="color:{color.name()}">■</span> {state}')
-            legend.addWidget(swatch)
-        legend.addStretch(1)
-        slots_layout.addLayout(legend)
-        layout.addWidget(self.slots_box)
-
-        cache_box = QGroupBox("RAM cache")
-        cache_layout = QVBoxLayout(cache_box)
-        self.cache_bar = QProgressBar()
-        self.cache_bar.setRange(0, 1000)
-        self.cache_bar.setFormat("—")
-        self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
-        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
-                                                    units="%")
-        cache_layout.addWidget(self.cache_bar)
-        cache_layout.addWidget(self.cache_label)
-        cache_layout.addWidget(self.hit_plot)
-        layout.addWidget(cache_box)
-
-        io_box = QGroupBox("Throughput")
-        io_layout = QVBoxLayout(io_box)
-        self.disk_plot, self.disk_curves = self._plot("disk reads, last 60 s", {"engine": COLORS["engine"],
-                                                                 "system": COLORS["system"]}, units="B/s")
-        self.h2d_plot, self.h2d_curves = self._plot("host → device copies", {"h2d": COLORS["engine"]}, units="B/s")
-        self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
-                                                                          "prefill": COLORS["prefill"]})
-        self.disk_label = QLabel("engine read 0 B")
-        io_layout.addWidget(self.disk_label)
-        for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
-            io_layout.addWidget(plot)
-        layout.addWidget(io_box)
+        layout.addWidget(self._build_hardware_box())
+        layout.addWidget(self._build_slots_box())
+        layout.addWidget(self._build_cache_box())
+        layout.addWidget(self._build_throughput_box())
         layout.addStretch(1)
 
         self.timer = QTimer(self, interval=IDLE_REFRESH_MS)
         self.timer.timeout.connect(self.refresh)
         self.is_busy = False
         self.apply_palette()
+
+    def _build_hardware_box(self) -> QGroupBox:
+        box = QGroupBox("Hardware")
+        form = QFormLayout(box)
+        self.device_label = QLabel("CPU")
+        self.gpu_label = QLabel("no GPU (NVML not available)")
+        self.core_label = QLabel("—")
+        self.speed_label = QLabel("—")
+        self.speculation_label = QLabel("—")
+        self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
+                                    "could go at the cache hit rates seen so far.")
+        form.addRow("Device", self.device_label)
+        form.addRow("GPU", self.gpu_label)
+        form.addRow("Decode thread", self.core_label)
+        form.addRow("Tokens/s", self.speed_label)
+        form.addRow("Speculation recall", self.speculation_label)
+        return box
+
+    def _build_slots_box(self) -> QGroupBox:
+        """The slot map with a legend of its states' colours."""
+        self.slots_box = QGroupBox("Device slots")
+        self.slot_map = SlotMap()
+        legend = QHBoxLayout()
+        for state, color in STATE_COLORS.items():
+            legend.addWidget(QLabel(f'<span style="color:{color.name()}">■</span> {state}'))
+        legend.addStretch(1)
+        box_layout = QVBoxLayout(self.slots_box)
+        box_layout.addWidget(self.slot_map)
+        box_layout.addLayout(legend)
+        return self.slots_box
+
+    def _build_cache_box(self) -> QGroupBox:
+        box = QGroupBox("RAM cache")
+        self.cache_bar = QProgressBar()
+        self.cache_bar.setRange(0, 1000)
+        self.cache_bar.setFormat("—")
+        self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
+        self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
+                                                    units="%")
+        box_layout = QVBoxLayout(box)
+        box_layout.addWidget(self.cache_bar)
+        box_layout.addWidget(self.cache_label)
+        box_layout.addWidget(self.hit_plot)
+        return box
+
+    def _build_throughput_box(self) -> QGroupBox:
+        """Disk reads (the engine's and the whole system's), host-to-device copies and tokens per second."""
+        box = QGroupBox("Throughput")
+        self.disk_plot, self.disk_curves = self._plot("disk reads, last 60 s", {"engine": COLORS["engine"],
+                                                                 "system": COLORS["system"]}, units="B/s")
+        self.h2d_plot, self.h2d_curves = self._plot("host → device copies", {"h2d": COLORS["engine"]}, units="B/s")
+        self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
+                                                                          "prefill": COLORS["prefill"]})
+        self.disk_label = QLabel("engine read 0 B")
+        box_layout = QVBoxLayout(box)
+        box_layout.addWidget(self.disk_label)
+        for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
+            box_layout.addWidget(plot)
+        return box
 
     def _plot(self, title: str, curves: dict[str, str], y_range=None, units: str | None = None):
         """A small plot; its axis shows human units (SI prefixes: "80 kB/s", not "8e-05") and its legend is

@@ -14,6 +14,14 @@ from ..local_server import LocalServer, curl_example, new_api_key
 LOG_LINES = 500
 
 
+def _monospace_log() -> QPlainTextEdit:
+    text = QPlainTextEdit()
+    text.setReadOnly(True)
+    text.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+    text.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
+    return text
+
+
 class ServerPanel(QWidget):
     error = Signal(str)                        # one sentence for a dialog
     _request_seen = Signal(dict)               # from the server's thread, queued to the GUI thread
@@ -26,21 +34,35 @@ class ServerPanel(QWidget):
         self.model_name: str | None = None
         self.wanted = False                    # on: serve whichever local model is loaded
         self.setMinimumWidth(480)
-        mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
+        layout.addLayout(self._build_switch_row())
+        layout.addWidget(self._build_access_box(settings))
+        layout.addWidget(self._build_example_box())
+        layout.addWidget(self._build_log_box(), 1)
+        self.port.valueChanged.connect(self._on_options_changed)
+        self.lan.toggled.connect(self._on_options_changed)
+        self.key.textChanged.connect(self._on_options_changed)
+        self._request_seen.connect(self._on_request)
+        self.timer = QTimer(self, interval=500)
+        self.timer.timeout.connect(self._update_counters)
+        self.timer.start()
+        self._update_example()
 
+    def _build_switch_row(self) -> QHBoxLayout:
         self.status = QLabel("Off")
         self.status.setWordWrap(True)
         self.status.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.switch = QPushButton("Start server")
         self.switch.setCheckable(True)
         self.switch.toggled.connect(self._on_switch)
-        top = QHBoxLayout()
-        top.addWidget(self.switch)
-        top.addWidget(self.status, 1)
-        layout.addLayout(top)
+        row = QHBoxLayout()
+        row.addWidget(self.switch)
+        row.addWidget(self.status, 1)
+        return row
 
+    def _build_access_box(self, settings: dict) -> QGroupBox:
+        """Port, LAN reach and API key, from the saved settings."""
         box = QGroupBox("Address and access")
         form = QFormLayout(box)
         self.port = QSpinBox()
@@ -51,55 +73,43 @@ class ServerPanel(QWidget):
         self.key = QLineEdit(settings.get("api_key", ""))
         self.key.setToolTip("Clients send it as 'Authorization: Bearer KEY'")
         self.key.setPlaceholderText("none: anyone who can connect may use it")
-        generate = self.new_key = QPushButton("New key")
-        generate.clicked.connect(lambda: self.key.setText(new_api_key()))
+        self.new_key = QPushButton("New key")
+        self.new_key.clicked.connect(lambda: self.key.setText(new_api_key()))
         key_row = QHBoxLayout()
         key_row.addWidget(self.key, 1)
-        key_row.addWidget(generate)
+        key_row.addWidget(self.new_key)
         form.addRow("Port", self.port)
         form.addRow("", self.lan)
         form.addRow("API key", key_row)
-        layout.addWidget(box)
+        return box
 
-        example = QGroupBox("Try it")
-        example_layout = QVBoxLayout(example)
-        self.curl = QPlainTextEdit()
-        self.curl.setReadOnly(True)
-        self.curl.setFont(mono)
+    def _build_example_box(self) -> QGroupBox:
+        """A curl command for the current address and key, with a Copy button."""
+        box = QGroupBox("Try it")
+        self.curl = _monospace_log()
         self.curl.setFixedHeight(110)
-        self.curl.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
         self.copy = QPushButton("Copy")
         self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.curl.toPlainText()))
         hint = QLabel("OpenAI clients: base URL <i>address</i>/v1 · Ollama clients: the address itself.")
         hint.setWordWrap(True)
-        example_layout.addWidget(self.curl)
         row = QHBoxLayout()
         row.addWidget(hint, 1)
         row.addWidget(self.copy)
-        example_layout.addLayout(row)
-        layout.addWidget(example)
+        box_layout = QVBoxLayout(box)
+        box_layout.addWidget(self.curl)
+        box_layout.addLayout(row)
+        return box
 
-        log_box = QGroupBox("Requests")
-        log_layout = QVBoxLayout(log_box)
+    def _build_log_box(self) -> QGroupBox:
+        """The request counters and the last LOG_LINES requests."""
+        box = QGroupBox("Requests")
         self.counters = QLabel("not serving")
-        self.log = QPlainTextEdit()
-        self.log.setReadOnly(True)
-        self.log.setFont(mono)
+        self.log = _monospace_log()
         self.log.setMaximumBlockCount(LOG_LINES)
-        self.log.setLineWrapMode(QPlainTextEdit.LineWrapMode.NoWrap)
-        log_layout.addWidget(self.counters)
-        log_layout.addWidget(self.log)
-        layout.addWidget(log_box, 1)
-
-        for widget in (self.port, self.lan, self.key):
-            signal = widget.valueChanged if widget is self.port else \
-                widget.toggled if widget is self.lan else widget.textChanged
-            signal.connect(self._on_options_changed)
-        self._request_seen.connect(self._on_request)
-        self.timer = QTimer(self, interval=500)
-        self.timer.timeout.connect(self._update_counters)
-        self.timer.start()
-        self._update_example()
+        box_layout = QVBoxLayout(box)
+        box_layout.addWidget(self.counters)
+        box_layout.addWidget(self.log)
+        return box
 
     # the window calls these -----------------------------------------------------------------------
     def model_changing(self) -> None:
@@ -137,7 +147,7 @@ class ServerPanel(QWidget):
         try:
             url = self.local.start(self.host, self.port.value(), self.key.text().strip() or None)
         except Exception as exc:
-            from ..worker import user_message
+            from ..work import user_message
             self.wanted = False
             self.switch.blockSignals(True)
             self.switch.setChecked(False)

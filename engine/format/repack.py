@@ -164,13 +164,7 @@ def _holds_repack_of(dst: Path, ckpt: Checkpoint, quant: str) -> bool:
 
 def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Checkpoint, experts: ExpertSource,
                    layout, quant: str, progress, cancel_event, display_name) -> Path:
-    if (dst / modeldir.MANIFEST).exists():
-        raise SluiceError(f"'{dst}' already holds a Sluice model; choose another destination or delete it first.")
-    if dst.exists() and not dst.is_dir():
-        raise SluiceError(f"'{dst}' is a file, not a folder; choose a new or empty destination folder.")
-    if dst.exists() and any(dst.iterdir()):
-        raise SluiceError(f"'{dst}' is not empty; choose a new or empty destination folder.")
-
+    _check_destination(dst)
     layer_bytes = spec.num_experts * layout.block_bytes
     # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
     scales = {ckpt.scale_of(n) for n in ckpt.names()} - {None}
@@ -195,20 +189,12 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
             progress(len(state["layers"]) + int(bool(state["dense"])), total_steps, message)
 
     if not state["dense"]:
-        tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
-        save_file(tensors, str(work / modeldir.DENSE_FILE), metadata={"format": "pt"})
-        _fsync(work / modeldir.DENSE_FILE)
-        state["dense"] = integrity.sha256_file(work / modeldir.DENSE_FILE)
-        _save_state(work, state)
+        _write_dense(work, ckpt, spec, dense_names, state)
     report("dense weights written")
 
     _write_experts(work, spec, experts, layout, quant, state, cancel_event, report)
 
-    tokenizer_files = []
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, work / name)
-            tokenizer_files.append(name)
+    tokenizer_files = _copy_tokenizer(src, work)
     manifest = modeldir.build_manifest(
         name=display_name or src.name, spec=spec, quant=quant, layout=layout,
         config={k: v for k, v in config.items() if k != "quantization_config"},   # weights are plain now
@@ -229,6 +215,33 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     os.replace(work, dst)
     report("done")
     return dst
+
+
+def _check_destination(dst: Path) -> None:
+    """A new or empty folder, never one holding a model."""
+    if (dst / modeldir.MANIFEST).exists():
+        raise SluiceError(f"'{dst}' already holds a Sluice model; choose another destination or delete it first.")
+    if dst.exists() and not dst.is_dir():
+        raise SluiceError(f"'{dst}' is a file, not a folder; choose a new or empty destination folder.")
+    if dst.exists() and any(dst.iterdir()):
+        raise SluiceError(f"'{dst}' is not empty; choose a new or empty destination folder.")
+
+
+def _write_dense(work: Path, ckpt: Checkpoint, spec: ModelSpec, dense_names: list[str], state: dict) -> None:
+    """dense.safetensors under the canonical names, synced; its hash marks it done in the progress state."""
+    tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
+    save_file(tensors, str(work / modeldir.DENSE_FILE), metadata={"format": "pt"})
+    _fsync(work / modeldir.DENSE_FILE)
+    state["dense"] = integrity.sha256_file(work / modeldir.DENSE_FILE)
+    _save_state(work, state)
+
+
+def _copy_tokenizer(src: Path, work: Path) -> list[str]:
+    """Copies the tokenizer and chat-template files the snapshot has; returns their names."""
+    names = [name for name in TOKENIZER_FILES if (src / name).is_file()]
+    for name in names:
+        shutil.copy2(src / name, work / name)
+    return names
 
 
 def _write_experts(work: Path, spec: ModelSpec, experts: ExpertSource, layout, quant: str, state: dict,

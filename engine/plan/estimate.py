@@ -259,10 +259,6 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
              vram_budget: int | None = None, ram_cache: int | None = None,
              hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
     """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
-    import torch
-    from engine.runtime.budget import default_context, plan_budgets, prefill_workspace_bytes
-    from engine.format.layout import block_layout
-    from engine.runtime.experts import decoded_expert_bytes
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
@@ -277,15 +273,31 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     missing = download_bytes if missing_download_bytes is None else missing_download_bytes
     disk_needed = missing + repacked
 
+    plan, problem = _plan_budgets(config, shape, quant, block, machine, vram_budget, ram_cache)
+    slot_hit, ram_hit = hit_rates if hit_rates is not None else _uniform_hit_rates(plan, num_blocks, block)
+    disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit)
+
+    verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
+    return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
+                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
+                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
+
+
+def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machine: Machine,
+                  vram_budget: int | None, ram_cache: int | None):
+    """The engine's own budget split (engine.runtime.budget) at its own default context; (plan, None), or
+    (None, the sentence saying why the budgets cannot hold the model)."""
+    import torch
+    from engine.format.layout import block_layout
+    from engine.runtime.budget import default_context, plan_budgets, prefill_workspace_bytes
+    from engine.runtime.experts import decoded_expert_bytes
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
     dense_bytes = shape.dense_params * elem                          # loaded in the compute dtype
     available = machine.ram_available_bytes
-
     # the CPU device keeps each resident expert decoded to float32 beside its block (engine.runtime.experts)
     decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
                                                     torch.float32)
-
     spec = read_spec(config)
     default_vram = machine.vram_bytes * 9 // 10 if on_gpu else available // 4
     compute_dtype = getattr(torch, COMPUTE_DTYPE[machine.device])
@@ -301,29 +313,30 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
                             default_vram=default_vram,
                             default_ram=available // 2, device_slot_bytes=block + decoded)
     try:
-        plan, problem = plan_for(ram_cache), None
+        plan = plan_for(ram_cache)
         in_ram = plan.ram_cache_bytes + (0 if on_gpu else plan.vram_budget_bytes)
         if ram_cache is None and in_ram > available - RAM_RESERVE_BYTES:
             # the engine's default cache would not fit beside the rest: assume the user sets a smaller one
             room = available - RAM_RESERVE_BYTES - (0 if on_gpu else plan.vram_budget_bytes)
             plan = plan_for(max(room, shape.top_k * block))
     except SluiceError as exc:
-        plan, problem = None, str(exc)
-    slot_hit, ram_hit = hit_rates if hit_rates is not None else _uniform_hit_rates(plan, num_blocks, block)
+        return None, str(exc)
+    return plan, None
 
+
+def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, ram_hit: float):
+    """Bytes per token from disk and over PCIe at these hit rates, the compute seconds per token, and the
+    decode speed they bound: (disk_bytes, h2d_bytes, compute_s, tok_s)."""
+    on_gpu = machine.device == "cuda"
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
     disk = h2d * (1 - ram_hit)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
     active_params = shape.active_params - shape.embedding_params          # one embedding row per token
-    compute_s = active_params * elem / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
-    tok_s = roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
-
-    verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
-    return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
-                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
-                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
+    compute_s = active_params * COMPUTE_DTYPE_BYTES[machine.device] / compute_bw \
+        + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
+    return disk, h2d, compute_s, roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
 
 
 def _uniform_hit_rates(plan, num_blocks: int, block: int) -> tuple[float, float]:

@@ -42,13 +42,48 @@ def _details(service: Service) -> dict:
             "families": [info.get("family", "")], "parameter_size": "", "quantization_level": info.get("quant", "")}
 
 
+def _model_entry(service: Service) -> dict:
+    info = service.engine.info
+    return {"name": service.model_id, "model": service.model_id, "modified_at": _now(),
+            "size": int(info.get("expert_bytes_total") or 0), "digest": "", "details": _details(service)}
+
+
+def _show(service: Service) -> dict:
+    """/api/show: the template, capabilities and the architecture's numbers, under Ollama's key names."""
+    info = service.engine.info
+    family = info.get("family", "")
+    return {"modelfile": "", "parameters": "", "template": service.chat_template or "",
+            "details": _details(service), "capabilities": ["completion"] + (["tools"] if service.supports_tools else []),
+            "model_info": {"general.architecture": family, f"{family}.context_length": service.ctx,
+                           f"{family}.block_count": info.get("num_layers"),
+                           f"{family}.expert_count": info.get("num_experts"),
+                           f"{family}.expert_used_count": info.get("top_k")}}
+
+
+def _chat_messages(body: OllamaChatRequest) -> list[dict]:
+    """The chat as the engine takes it: text only, tool calls' arguments as objects."""
+    messages = []
+    for i, m in enumerate(body.messages):
+        if m.images:
+            raise RequestError("Images are not supported; this model reads text only.", param=f"messages.{i}.images")
+        message = {"role": m.role, "content": m.content}
+        if m.tool_calls:
+            message["tool_calls"] = [{"type": "function", "function": {
+                "name": c.function.name, "arguments": _as_object(c.function.arguments)}} for c in m.tool_calls]
+        messages.append(message)
+    return messages
+
+
+def _generate_prompt(service: Service, body: OllamaGenerateRequest) -> str | list[dict]:
+    """A raw prompt as it is; otherwise a chat (the system text, then the prompt) for the chat template."""
+    if body.raw or service.chat_template is None:
+        return body.prompt
+    return ([{"role": "system", "content": body.system}] if body.system else []) + \
+        [{"role": "user", "content": body.prompt}]
+
+
 def router(service: Service) -> APIRouter:
     api = APIRouter()
-
-    def model_entry() -> dict:
-        info = service.engine.info
-        return {"name": service.model_id, "model": service.model_id, "modified_at": _now(),
-                "size": int(info.get("expert_bytes_total") or 0), "digest": "", "details": _details(service)}
 
     @api.get("/api/version")
     async def version():
@@ -56,38 +91,23 @@ def router(service: Service) -> APIRouter:
 
     @api.get("/api/tags")
     async def tags():
-        return {"models": [model_entry()]}
+        return {"models": [_model_entry(service)]}
 
     @api.get("/api/ps")
     async def ps():
-        return {"models": [{**model_entry(), "expires_at": "2999-01-01T00:00:00Z",
+        return {"models": [{**_model_entry(service), "expires_at": "2999-01-01T00:00:00Z",
                             "size_vram": int(service.engine.info.get("vram_budget_bytes") or 0),
                             "context_length": service.ctx}]}
 
     @api.post("/api/show")
     async def show(request: Request):
         await parse_body(request, OllamaShowRequest)
-        info = service.engine.info
-        family = info.get("family", "")
-        return {"modelfile": "", "parameters": "", "template": service.chat_template or "",
-                "details": _details(service), "capabilities": ["completion"] + (["tools"] if service.supports_tools else []),
-                "model_info": {"general.architecture": family, f"{family}.context_length": service.ctx,
-                               f"{family}.block_count": info.get("num_layers"),
-                               f"{family}.expert_count": info.get("num_experts"),
-                               f"{family}.expert_used_count": info.get("top_k")}}
+        return _show(service)
 
     @api.post("/api/chat")
     async def chat(request: Request):
         body = await parse_body(request, OllamaChatRequest)
-        messages = []
-        for i, m in enumerate(body.messages):
-            if m.images:
-                raise RequestError("Images are not supported; this model reads text only.", param=f"messages.{i}.images")
-            message = {"role": m.role, "content": m.content}
-            if m.tool_calls:
-                message["tool_calls"] = [{"type": "function", "function": {
-                    "name": c.function.name, "arguments": _as_object(c.function.arguments)}} for c in m.tool_calls]
-            messages.append(message)
+        messages = _chat_messages(body)
         if not messages:                     # Ollama loads the model on an empty chat
             return {"model": service.model_id, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done": True, "done_reason": "load"}
@@ -106,12 +126,7 @@ def router(service: Service) -> APIRouter:
         if not body.prompt:                  # Ollama loads the model on an empty prompt
             return {"model": service.model_id, "created_at": _now(), "response": "", "done": True,
                     "done_reason": "load"}
-        if body.raw or service.chat_template is None:
-            prompt = body.prompt
-        else:
-            prompt = ([{"role": "system", "content": body.system}] if body.system else []) + \
-                     [{"role": "user", "content": body.prompt}]
-        prepared = await service.prepare(prompt, _sampling(body.options), None, "options.num_predict")
+        prepared = await service.prepare(_generate_prompt(service, body), _sampling(body.options), None, "options.num_predict")
         prepared.parser.tools = False
         gen = service.start(prepared)
         if body.stream:

@@ -89,12 +89,7 @@ def router(service: Service) -> APIRouter:
         if body.tools and body.tool_choice != "none":
             tools = [t.model_dump(exclude_none=True) for t in body.tools]
         prepared = await service.prepare(engine_messages(body.messages), sampling, tools, max_param)
-        gen = service.start(prepared)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
-            return StreamingResponse(_stream_chat(gen, service.model_id, include_usage),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
-        return await _complete_chat(gen, service.model_id, request)
+        return await _respond(service, prepared, body, request, _stream_chat, _complete_chat)
 
     @api.post("/v1/completions")
     async def completions(request: Request):
@@ -106,14 +101,25 @@ def router(service: Service) -> APIRouter:
             prompt = prompt[0]
         prepared = await service.prepare(prompt, _sampling(body, body.max_tokens))
         prepared.parser.think = False            # plain completion: the text is returned as it is
-        gen = service.start(prepared)
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        if body.stream:
-            return StreamingResponse(_stream_completion(gen, service.model_id, include_usage),
-                                     media_type="text/event-stream", headers=SSE_HEADERS)
-        return await _complete_text(gen, service.model_id, request)
+        return await _respond(service, prepared, body, request, _stream_completion, _complete_text)
 
     return api
+
+
+async def _respond(service: Service, prepared, body, request: Request, stream, complete):
+    """Starts the generation; answers with `stream` (server-sent events) or, once it is done, `complete`."""
+    gen = service.start(prepared)
+    if body.stream:
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        return StreamingResponse(stream(gen, service.model_id, include_usage),
+                                 media_type="text/event-stream", headers=SSE_HEADERS)
+    return await complete(gen, service.model_id, request)
+
+
+def _usage_chunk(cid: str, kind: str, gen: Generation, model: str) -> str:
+    """The last event when the client asked for usage: no choices, the token counts and timings."""
+    return sse({"id": cid, "object": kind, "created": gen.created, "model": model,
+                "choices": [], "usage": gen.usage(), "timings": gen.timings()})
 
 
 # chat ------------------------------------------------------------------------------------------------
@@ -132,9 +138,10 @@ async def _stream_chat(gen: Generation, model: str, include_usage: bool):
     parser = gen.prepared.parser
     extra = {"usage": None} if include_usage else {}
 
-    def chunk(delta: dict, finish: str | None = None) -> str:
+    def chunk(delta: dict, finish: str | None = None, **more) -> str:
         return sse({"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": model,
-                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}], **extra})
+                    "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+                    **more, **extra})
     try:
         yield chunk({"role": "assistant", "content": ""})
         calls = 0
@@ -144,12 +151,9 @@ async def _stream_chat(gen: Generation, model: str, include_usage: bool):
                     yield chunk(delta)
                 calls += piece.kind == "tool_call"
         finish = "tool_calls" if parser.calls else FINISH[gen.finish_reason]
-        yield sse({"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": model,
-                   "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}],
-                   "timings": gen.timings(), **extra})
+        yield chunk({}, finish, timings=gen.timings())
         if include_usage:
-            yield sse({"id": cid, "object": "chat.completion.chunk", "created": gen.created, "model": model,
-                       "choices": [], "usage": gen.usage(), "timings": gen.timings()})
+            yield _usage_chunk(cid, "chat.completion.chunk", gen, model)
     except RequestError as exc:
         yield sse(error_object(exc))
     finally:
@@ -193,8 +197,7 @@ async def _stream_completion(gen: Generation, model: str, include_usage: bool):
                 yield chunk(event.text)
         yield chunk("", FINISH[gen.finish_reason], timings=gen.timings())
         if include_usage:
-            yield sse({"id": cid, "object": "text_completion", "created": gen.created, "model": model,
-                       "choices": [], "usage": gen.usage(), "timings": gen.timings()})
+            yield _usage_chunk(cid, "text_completion", gen, model)
     except RequestError as exc:
         yield sse(error_object(exc))
     finally:

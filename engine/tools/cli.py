@@ -19,7 +19,16 @@ def build_parser() -> argparse.ArgumentParser:
         prog="sluice", description="Run huge Mixture-of-Experts models by streaming experts from disk.",
         epilog="Run `sluice` with no command to open the desktop app. `sluice COMMAND --help` explains a command.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    _add_repack(sub)
+    _add_generate(sub)
+    _add_download(sub)
+    _add_bench(sub)
+    sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
+    _add_serve(sub)
+    return parser
 
+
+def _add_repack(sub) -> None:
     p = sub.add_parser("repack", help="turn a Hugging Face snapshot into a Sluice model folder")
     p.add_argument("src_dir", help="the Hugging Face snapshot folder (config.json and .safetensors files)")
     p.add_argument("dst_dir", help="the Sluice model folder to create")
@@ -27,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="format of the expert weights: bf16 (lossless, default), fp8 or int8 (half the bytes), "
                         "nvfp4 or mxfp4 (a quarter; mxfp4 keeps gpt-oss's own blocks as they are)")
 
+
+def _add_generate(sub) -> None:
     p = sub.add_parser("generate", help="generate text from a prompt")
     p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -43,17 +54,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (default 0: off)")
     p.add_argument("--seed", type=int, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
-    p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
-    p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
+    _add_engine_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object: token_ids, text, telemetry")
 
+
+def _add_download(sub) -> None:
     p = sub.add_parser("download", help="download a model from the Hugging Face hub")
     p.add_argument("repo_id", help="the model on the hub, as owner/name or its address")
     p.add_argument("--revision", help="a branch, tag or commit (default: the newest)")
     p.add_argument("--dir", dest="dst_dir", help="where to put it (default: <data dir>/models/.downloads/owner--name)")
 
+
+def _add_bench(sub) -> None:
     p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming")
     p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
     p.add_argument("--quant", choices=QUANTS, default="fp8", help="expert format (default fp8)")
@@ -65,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", choices=["accelerate"], help="also run this reference engine for comparison")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
 
-    sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
+
+def _add_serve(sub) -> None:
     p = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP server")
     p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this computer only)")
@@ -74,11 +87,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="require 'Authorization: Bearer KEY' (default: $SLUICE_API_KEY)")
     p.add_argument("--ctx", type=int, help="context length in tokens (prompt + answer); default: the model's")
     p.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one generates")
+    _add_engine_options(p)
+
+
+def _add_engine_options(p) -> None:
+    """Where the engine runs and its budgets (generate, serve)."""
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,7 +74,7 @@ def test_auto_repack_cache_below_a_file(cli, tiny_snapshot, tmp_path, monkeypatc
 
 
 def test_app_shows_file_system_errors_as_a_sentence(tmp_path):
-    from app.worker import user_message
+    from app.work import user_message
     error = OSError(30, "Read-only file system", str(tmp_path / "models" / "x"))
     assert user_message(error) == (f"Sluice could not use '{tmp_path / 'models' / 'x'}': the drive is read-only; "
                                    "choose a folder on a writable drive.")

@@ -146,7 +146,7 @@ def test_pasted_name_lost_network_retry_then_pause_and_reopened_wizard_resumes(q
     assert "Paused" in page.status.text() and "of" in page.bytes_label.text()
     kept = part.stat().st_size
     wizard.reject()                                        # the user closes the window (or the app)
-    assert not page.task.isRunning()
+    assert not page.task.is_running()
 
     hub.throttle_bps = None
     hub.reset_counters()
@@ -257,7 +257,7 @@ def test_cancel_download_asks_then_deletes_the_partial_download(qtbot, hub, tmp_
     answers = iter([QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes])
     monkeypatch.setattr(QMessageBox, "question", lambda *args, **kw: next(answers))
     qtbot.mouseClick(page.discard_button, Qt.MouseButton.LeftButton)        # "No": nothing happens
-    assert page.task.isRunning() and wizard.currentPage() is page
+    assert page.task.is_running() and wizard.currentPage() is page
     qtbot.mouseClick(page.discard_button, Qt.MouseButton.LeftButton)        # "Yes"
     assert wizard.currentPage() is wizard.estimate_page
     assert not (models_dir / ".downloads" / SUPPORTED_REPO.replace("/", "--")).exists()
