@@ -78,12 +78,15 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
 
     def set_source(self, path: str) -> None:
         from engine.model.spec import load_config_dict, read_spec
+        options = getattr(self.wizard(), "engine_options", None)
+        if options is None:          # the wizard is closing (the source field lost focus as it went)
+            return
         self.source.setText(path)
         self.config = None
         self.quants.setVisible(False)
         self.verdict.clear()
         src = Path(path)
-        models_dir, options = self.models_dir, self.wizard().engine_options
+        models_dir = self.models_dir
 
         def work(report, stop):
             config = load_config_dict(src)          # SluiceError: no config.json
