@@ -23,7 +23,8 @@ from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines
 from engine.tools.regimes import REGIMES, regime
 
 
-def _extra_args(extra: list[str]) -> argparse.Namespace:
+def extra_parser() -> argparse.ArgumentParser:
+    """The bench's own options beyond the CLI's (`sluice bench --help` lists them too)."""
     p = argparse.ArgumentParser(prog="sluice bench", add_help=False)
     p.add_argument("--work-dir", help="where preset models are built and kept (default: the user cache dir)")
     p.add_argument("--via-repack", action="store_true", help="build a bf16 HF checkpoint and repack it (product path)")
@@ -37,8 +38,12 @@ def _extra_args(extra: list[str]) -> argparse.Namespace:
     p.add_argument("--llama-gguf", help="the GGUF llama-bench runs (default: converted from the preset's HF checkpoint)")
     p.add_argument("--llama-src", help="llama.cpp source with convert_hf_to_gguf.py (default: peer/llama.cpp)")
     p.add_argument("--llama-ncmoe", type=int, nargs="+", help="llama-bench -ncmoe values (default: the regime's)")
-    p.add_argument("--llama-threads", type=int, default=16)
-    return p.parse_args(extra)
+    p.add_argument("--llama-threads", type=int, default=16, help="llama-bench -t (default 16)")
+    return p
+
+
+def _extra_args(extra: list[str]) -> argparse.Namespace:
+    return extra_parser().parse_args(extra)
 
 
 def run(args) -> int:

@@ -66,7 +66,10 @@ def _add_download(sub) -> None:
 
 
 def _add_bench(sub) -> None:
-    p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming")
+    from engine.tools.bench import extra_parser
+    more = extra_parser().format_help().split("\n\n", 1)[-1]          # without its usage line
+    p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming",
+                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="more options:\n" + more)
     p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
     p.add_argument("--quant", choices=QUANTS, default="fp8", help="expert format (default fp8)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")

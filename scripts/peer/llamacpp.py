@@ -107,6 +107,8 @@ def bench(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.out.is_dir():                      # a folder given: the JSON goes inside it
+        args.out = args.out / "llamacpp.json"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     result = json.loads(args.out.read_text()) if args.out.is_file() else {}
     if args.phase == "build":
