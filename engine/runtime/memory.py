@@ -28,6 +28,17 @@ def process_memory() -> tuple[int, int]:
         return 0, 0
 
 
+def release_free_heap() -> None:
+    """Give the C heap's free pages back to the system (glibc keeps what large transient buffers
+    freed, e.g. dense weights read on their way to the GPU: measured 0.79 GB kept after 0.4 GB of
+    tensors were freed). Elsewhere, nothing to do."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class DriverMemory:
     """This process's memory on one GPU as NVML reports it (nvidia-ml-py), or None where NVML is not
     available (no library, no driver, a GPU without per-process accounting)."""

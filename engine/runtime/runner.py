@@ -26,7 +26,7 @@ from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
-from engine.runtime.memory import DriverMemory
+from engine.runtime.memory import DriverMemory, release_free_heap
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
 from engine.runtime.slots import SlotBanks
@@ -73,6 +73,7 @@ class Runner:
         self.step = DecodeStep(self.model, self.state, self.device, use_graphs and self.model.graph_safe)
         graph_bytes, work = self._capture_decode(base_bytes, dense_bytes + kv_bytes, work)
         context_bytes = self._driver_overhead() if self.is_cuda else 0
+        release_free_heap()       # what loading left free in the heap: room for the RAM cache under a cap
         if ram_cache is None and cgroup_capped():
             # Under a memory cap the cache takes what the cap leaves now that the rest is loaded.
             budgets["default_ram"] = max(available_memory() - RAM_RESERVE, 0)

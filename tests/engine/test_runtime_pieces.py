@@ -1,5 +1,7 @@
 """The runtime's pieces on their own: declared telemetry, model state, and the decode step agreeing
 with prefill (one model definition drives both)."""
+import platform
+
 import pytest
 import torch
 
@@ -77,3 +79,18 @@ def test_the_snapshot_says_what_the_process_holds_besides_the_cache():
     assert 0 < process["anon_bytes"] <= process["rss_bytes"]
     assert process["non_cache_anon_bytes"] == process["anon_bytes"] - (1 << 20)
     assert t.snapshot()["vram"]["driver_bytes"] == 0                 # no GPU driver attached
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heap keeps freed blocks; others differ")
+def test_free_heap_pages_go_back_to_the_system():
+    """After loading, what transient buffers freed is handed back (room for the RAM cache under a cap)."""
+    from engine.runtime.memory import process_memory, release_free_heap
+    big = bytearray(8 << 20)
+    del big                                                 # glibc's mmap threshold rises: 4 MiB blocks now use the heap
+    blocks = [bytearray(4 << 20) for _ in range(64)]        # 256 MiB, touched
+    last = blocks[-1]
+    del blocks                                              # freed, but the heap's top is still in use: kept
+    before = process_memory()[1]
+    release_free_heap()
+    assert before - process_memory()[1] > 128 << 20
+    del last
