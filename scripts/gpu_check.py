@@ -28,91 +28,128 @@ def save():
 
 
 def stage_kernels(models=("qwen3-30b-a3b", "olmoe-1b-7b"), fmts=("fp8", "nvfp4", "bf16")):
-    import torch
     import triton
+
+    hbm = _kernel_env()
+    shapes = {m: s for m, s in {"qwen3-30b-a3b": (768, 2048, 8), "olmoe-1b-7b": (1024, 2048, 8),
+                                "gpt-oss-120b": (2880, 2880, 4)}.items() if m in models}
+    rows = []
+    for model, shape in shapes.items():
+        for fmt in fmts:
+            rows.append(_kernel_row(model, shape, fmt, hbm))
+            save()
+    RESULTS["kernels"] = rows
+    RESULTS["triton"] = triton.__version__
+
+
+def _kernel_env() -> float:
+    """Record the device, its copy bandwidths and the host sync time; returns the HBM copy rate."""
+    import torch
     from triton.testing import do_bench
 
-    from kernels.formats import make_offsets, random_bank
-    from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
-    from kernels.selfcheck import device_fingerprint, select_moe_decode
+    from kernels.selfcheck import device_fingerprint
     from engine.plan.bandwidth import h2d_bps, hbm_copy_bps
-
-    hbm = hbm_copy_bps()
-    h2d = h2d_bps()
+    hbm, h2d = hbm_copy_bps(), h2d_bps()
     RESULTS["env"] = {"fingerprint": device_fingerprint("cuda"), "hbm_copy_bps": hbm, "h2d_bps": h2d,
                       "sm_count": torch.cuda.get_device_properties(0).multi_processor_count}
     print(f"env: {RESULTS['env']['fingerprint']}; HBM copy {hbm / 1e12:.2f} TB/s; h2d {h2d / 1e9:.1f} GB/s")
     ids = torch.randint(0, 128, (1, 16), device="cuda")
     RESULTS["host_sync_us"] = do_bench(lambda: ids.tolist(), return_mode="median") * 1e3
     print(f"host sync (read 16 expert ids): {RESULTS['host_sync_us']:.1f} us")
+    return hbm
 
-    shapes = {m: s for m, s in {"qwen3-30b-a3b": (768, 2048, 8), "olmoe-1b-7b": (1024, 2048, 8),
-                                "gpt-oss-120b": (2880, 2880, 4)}.items() if m in models}
-    C = DecodeConfig
-    sweep = [C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True), C(4, 4, 2048, 4, True),
-             C(16, 8, 512, 4, True), C(8, 16, 512, 4, True), C(4, 8, 1024, 2, True), C(4, 4, 1024, 2, True),
-             C(16, 16, 256, 4), C(8, 8, 2048, 8, True), C(2, 8, 2048, 4, True), C(4, 16, 2048, 8, True),
-             C(8, 16, 512, 4, True, num_stages=1), C(16, 32, 512, 4, fused=True), C(8, 16, 512, 4, fused=True),
-             C(2, 4, 1024, 2, True), C(4, 4, 2048, 2, True), C(2, 2, 1024, 1, True), C(4, 4, 1024, 1, True),
-             C(2, 4, 2048, 2, True), C(8, 4, 1024, 2, True), C(4, 4, 512, 2, True), C(8, 16, 512, 4, True),
-             C(2, 4, 1024, 2, fused=True), C(4, 4, 1024, 2, fused=True)]
-    sweep_other = [C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True), C(8, 8, 512, 4, True),
-                   C(4, 8, 512, 2, True), C(4, 8, 512, 4, fused=True), C(16, 16, 512, 4, fused=True)]
-    rows = []
-    for model, (inter, hidden, top_k) in shapes.items():
-        for fmt in fmts:
-            offsets, block_bytes = make_offsets(fmt, inter, hidden)
-            small = random_bank(16, block_bytes, fmt, offsets, inter, hidden, generator=torch.Generator().manual_seed(1))
-            num_slots = max(16, (768 << 20) // block_bytes // 16 * 16)       # ~768 MB of slots: >> 60 MB L2
-            bank = small.cuda().repeat(num_slots // 16, 1)
-            gen = torch.Generator().manual_seed(2)
-            sets = [torch.randperm(num_slots, generator=gen)[:top_k].int().view(1, top_k).cuda() for _ in range(64)]
-            weights = torch.rand(1, top_k, device="cuda")
-            x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
-            # correctness: fresh data, T = 1 and 4, against the reference
-            errs = []
-            for t in (1, 4):
-                xs = torch.randn(t, hidden, device="cuda", dtype=torch.float32)
-                sl = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(t)]).int().cuda()
-                ws = torch.rand(t, top_k, device="cuda")
-                ref = moe_decode_ref(xs, bank, sl, ws, fmt, offsets, inter).double()
-                out = moe_decode(xs, bank, sl, ws, fmt, offsets, inter).double()
-                errs.append(((out - ref).norm() / ref.norm()).item() if torch.isfinite(out).all() else float("inf"))
-            weight_bytes = top_k * sum(n for n in _field_bytes(fmt, inter, hidden))
-            configs = [default_config(fmt)] + (sweep if fmt in ("fp8", "int8") else sweep_other)   # one byte a weight
-            best = None
-            for cfg in configs:
-                try:
-                    t_graph = _graph_time(lambda i: moe_decode(x, bank, sets[i], weights, fmt, offsets, inter, config=cfg), len(sets))
-                except Exception as exc:      # noqa: BLE001 - a config that does not compile is skipped
-                    print(f"  {model} {fmt} {cfg}: failed {type(exc).__name__}")
-                    continue
-                if best is None or t_graph < best[1]:
-                    best = (cfg, t_graph)
-                print(f"  {model} {fmt} {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}"
-                      f"{'/split' if cfg.split_down else ''}{'/fused' if cfg.fused else ''}: {t_graph * 1e6:.1f} us "
-                      f"({weight_bytes / t_graph / hbm:.0%})")
-            cfg, t_graph = best
-            i = iter(range(10 ** 9))
-            t_eager = do_bench(lambda: moe_decode(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter, config=cfg),
-                               return_mode="median") * 1e-3
-            t_torch = do_bench(lambda: moe_decode_ref(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter),
-                               return_mode="median") * 1e-3
-            row = {"model": model, "fmt": fmt, "rel_err_T1": errs[0], "rel_err_T4": errs[1], "best_config": cfg.__dict__,
-                   "weight_bytes": weight_bytes, "graph_us": t_graph * 1e6, "eager_us": t_eager * 1e6,
-                   "torch_ref_us": t_torch * 1e6, "graph_bw_frac_of_hbm_copy": weight_bytes / t_graph / hbm,
-                   "eager_bw_frac_of_hbm_copy": weight_bytes / t_eager / hbm}
-            rows.append(row)
-            print(f"{model:14s} {fmt:6s} err {errs[0]:.1e}/{errs[1]:.1e}  {weight_bytes / 1e6:6.1f} MB  "
-                  f"graph {t_graph * 1e6:7.1f} us ({row['graph_bw_frac_of_hbm_copy']:.0%} of HBM copy)  "
-                  f"eager {t_eager * 1e6:7.1f} us ({row['eager_bw_frac_of_hbm_copy']:.0%})  torch {t_torch * 1e6:8.1f} us  "
-                  f"best {cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}{'/split' if cfg.split_down else ''}",
-                  flush=True)
-            fn, verdict = select_moe_decode(fmt, offsets, block_bytes, inter, hidden, top_k, "cuda")
-            row["selfcheck"] = {"ok": verdict.ok, "reason": verdict.reason}
-            save()
-    RESULTS["kernels"] = rows
-    RESULTS["triton"] = triton.__version__
+
+def _sweep(fmt: str) -> list:
+    """Kernel configs tried for a format: a wide sweep for one-byte weights, a short one for the rest."""
+    from kernels.moe_decode import DecodeConfig as C, default_config
+    if fmt in ("fp8", "int8"):
+        return [default_config(fmt),
+                C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True), C(4, 4, 2048, 4, True),
+                C(16, 8, 512, 4, True), C(8, 16, 512, 4, True), C(4, 8, 1024, 2, True), C(4, 4, 1024, 2, True),
+                C(16, 16, 256, 4), C(8, 8, 2048, 8, True), C(2, 8, 2048, 4, True), C(4, 16, 2048, 8, True),
+                C(8, 16, 512, 4, True, num_stages=1), C(16, 32, 512, 4, fused=True), C(8, 16, 512, 4, fused=True),
+                C(2, 4, 1024, 2, True), C(4, 4, 2048, 2, True), C(2, 2, 1024, 1, True), C(4, 4, 1024, 1, True),
+                C(2, 4, 2048, 2, True), C(8, 4, 1024, 2, True), C(4, 4, 512, 2, True), C(8, 16, 512, 4, True),
+                C(2, 4, 1024, 2, fused=True), C(4, 4, 1024, 2, fused=True)]
+    return [default_config(fmt),
+            C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True), C(8, 8, 512, 4, True),
+            C(4, 8, 512, 2, True), C(4, 8, 512, 4, fused=True), C(16, 16, 512, 4, fused=True)]
+
+
+def _kernel_row(model: str, shape: tuple, fmt: str, hbm: float) -> dict:
+    """One model's expert shapes in one format: correctness, the config sweep, eager and torch times."""
+    import torch
+    from triton.testing import do_bench
+
+    from kernels.formats import make_offsets, random_bank
+    from kernels.moe_decode import moe_decode, moe_decode_ref
+    from kernels.selfcheck import select_moe_decode
+    inter, hidden, top_k = shape
+    offsets, block_bytes = make_offsets(fmt, inter, hidden)
+    small = random_bank(16, block_bytes, fmt, offsets, inter, hidden, generator=torch.Generator().manual_seed(1))
+    num_slots = max(16, (768 << 20) // block_bytes // 16 * 16)       # ~768 MB of slots: >> 60 MB L2
+    bank = small.cuda().repeat(num_slots // 16, 1)
+    gen = torch.Generator().manual_seed(2)
+    sets = [torch.randperm(num_slots, generator=gen)[:top_k].int().view(1, top_k).cuda() for _ in range(64)]
+    weights = torch.rand(1, top_k, device="cuda")
+    x = torch.randn(1, hidden, device="cuda", dtype=torch.bfloat16)
+    errs = _kernel_errors(bank, num_slots, shape, fmt, offsets, gen)
+    weight_bytes = top_k * sum(n for n in _field_bytes(fmt, inter, hidden))
+    run = lambda cfg: lambda i: moe_decode(x, bank, sets[i], weights, fmt, offsets, inter, config=cfg)  # noqa: E731
+    cfg, t_graph = _best_config(run, len(sets), f"{model} {fmt}", weight_bytes, hbm, _sweep(fmt))
+    i = iter(range(10 ** 9))
+    t_eager = do_bench(lambda: moe_decode(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter, config=cfg),
+                       return_mode="median") * 1e-3
+    t_torch = do_bench(lambda: moe_decode_ref(x, bank, sets[next(i) % 64], weights, fmt, offsets, inter),
+                       return_mode="median") * 1e-3
+    row = {"model": model, "fmt": fmt, "rel_err_T1": errs[0], "rel_err_T4": errs[1], "best_config": cfg.__dict__,
+           "weight_bytes": weight_bytes, "graph_us": t_graph * 1e6, "eager_us": t_eager * 1e6,
+           "torch_ref_us": t_torch * 1e6, "graph_bw_frac_of_hbm_copy": weight_bytes / t_graph / hbm,
+           "eager_bw_frac_of_hbm_copy": weight_bytes / t_eager / hbm}
+    print(f"{model:14s} {fmt:6s} err {errs[0]:.1e}/{errs[1]:.1e}  {weight_bytes / 1e6:6.1f} MB  "
+          f"graph {t_graph * 1e6:7.1f} us ({row['graph_bw_frac_of_hbm_copy']:.0%} of HBM copy)  "
+          f"eager {t_eager * 1e6:7.1f} us ({row['eager_bw_frac_of_hbm_copy']:.0%})  torch {t_torch * 1e6:8.1f} us  "
+          f"best {_config_name(cfg)}", flush=True)
+    fn, verdict = select_moe_decode(fmt, offsets, block_bytes, inter, hidden, top_k, "cuda")
+    row["selfcheck"] = {"ok": verdict.ok, "reason": verdict.reason}
+    return row
+
+
+def _kernel_errors(bank, num_slots: int, shape: tuple, fmt: str, offsets, gen) -> list[float]:
+    """Relative error against the torch reference on fresh data, for 1 and 4 tokens (inf on NaN)."""
+    import torch
+
+    from kernels.moe_decode import moe_decode, moe_decode_ref
+    inter, hidden, top_k = shape
+    errs = []
+    for t in (1, 4):
+        xs = torch.randn(t, hidden, device="cuda", dtype=torch.float32)
+        sl = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(t)]).int().cuda()
+        ws = torch.rand(t, top_k, device="cuda")
+        ref = moe_decode_ref(xs, bank, sl, ws, fmt, offsets, inter).double()
+        out = moe_decode(xs, bank, sl, ws, fmt, offsets, inter).double()
+        errs.append(((out - ref).norm() / ref.norm()).item() if torch.isfinite(out).all() else float("inf"))
+    return errs
+
+
+def _best_config(run, num_sets: int, label: str, weight_bytes: int, hbm: float, configs: list):
+    """The fastest config by CUDA-graph replay time (configs that do not compile are skipped)."""
+    best = None
+    for cfg in configs:
+        try:
+            t_graph = _graph_time(run(cfg), num_sets)
+        except Exception as exc:      # noqa: BLE001 - a config that does not compile is skipped
+            print(f"  {label} {cfg}: failed {type(exc).__name__}")
+            continue
+        if best is None or t_graph < best[1]:
+            best = (cfg, t_graph)
+        print(f"  {label} {_config_name(cfg)}: {t_graph * 1e6:.1f} us ({weight_bytes / t_graph / hbm:.0%})")
+    return best
+
+
+def _config_name(cfg) -> str:
+    return (f"{cfg.block_i}/{cfg.block_h}/{cfg.block_k}/w{cfg.num_warps}"
+            f"{'/split' if cfg.split_down else ''}{'/fused' if cfg.fused else ''}")
 
 
 def _field_bytes(fmt, inter, hidden):

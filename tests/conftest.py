@@ -26,6 +26,14 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def data_dir(tmp_path, monkeypatch):
+    """The app's data folder (database, settings, models) in a fresh temporary folder."""
+    path = tmp_path / "data"
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(path))
+    return path
+
+
 @pytest.fixture(scope="session")
 def hf_models(tmp_path_factory):
     """family -> path of a small random-weight HF snapshot (bf16 weights, tokenizer, chat template)."""

@@ -24,13 +24,6 @@ def demo_model(tmp_path_factory):
 
 
 @pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    path = tmp_path / "data"
-    monkeypatch.setenv("SLUICE_DATA_DIR", str(path))
-    return path
-
-
-@pytest.fixture
 def loaded_window(qtbot, data_dir, demo_model):
     """The main window with the demo model loaded through the engine thread, budgets small enough to stream."""
     window = make_window(qtbot, data_dir, **SMALL_BUDGETS)

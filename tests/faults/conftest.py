@@ -8,13 +8,6 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture
-def data_dir(tmp_path, monkeypatch):
-    path = tmp_path / "data"
-    monkeypatch.setenv("SLUICE_DATA_DIR", str(path))
-    return path
-
-
-@pytest.fixture
 def small_fs():
     """mount(path, size) -> a fresh tmpfs of `size` at `path` (really full, really read-only after
     read_only(path)); skipped where mounting is not allowed. Unmounted at the end."""

@@ -10,10 +10,10 @@ from functools import partial
 
 import torch
 
-from engine.model.block import Attention, Block, Rope
+from engine.model.block import Block
 from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert
 from engine.model.model import Model
-from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
+from engine.model.spec import ModelSpec, as_ids
 from engine.model.families import standard
 
 FAMILY_NAMES = ("gpt_oss",)
@@ -41,17 +41,12 @@ def read_spec(cfg) -> ModelSpec:
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
-    inv_freq, scaling = rope_inv_freq(spec)
-    rope = Rope(inv_freq.to(device), scaling, dtype)
+    rope = standard.make_rope(spec, dtype, device)
     blocks = []
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
-        attn = Attention(layer, w, p + "self_attn.", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                         head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, window=spec.sliding_windows[layer])
+        attn, norms = standard.attention(spec, w, layer, rope)
         router = TopKSoftmaxRouter(w[p + "mlp.router.weight"], w[p + "mlp.router.bias"], spec.top_k)
-        blocks.append(Block(attn, w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"],
-                            spec.rms_eps, router=router))
+        blocks.append(Block(attn, *norms, router=router))
     expert = partial(clamped_swiglu_expert, alpha=spec.cfg.swiglu_alpha, limit=spec.cfg.swiglu_limit)
-    embed = w["model.embed_tokens.weight"]
-    return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed),
-                 spec.rms_eps, expert_mlp=expert, expert_kernel=None)
+    return standard.assemble(spec, w, blocks, expert_mlp=expert, expert_kernel=None)

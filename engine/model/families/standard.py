@@ -66,15 +66,11 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
-    inv_freq, scaling = rope_inv_freq(spec)
-    rope = Rope(inv_freq.to(device), scaling, dtype)
+    rope = make_rope(spec, dtype, device)
     blocks = []
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
-        attn = Attention(layer, w, p + "self_attn.", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                         head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm,
-                         clip_qkv=spec.clip_qkv, window=spec.sliding_windows[layer])
-        norms = (w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"], spec.rms_eps)
+        attn, norms = attention(spec, w, layer, rope)
         if not spec.is_moe_layer(layer):
             blocks.append(Block(attn, *norms, mlp=Mlp(w, p + "mlp.")))
             continue
@@ -82,5 +78,25 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         shared = Mlp(w, p + "mlp.shared_expert.", gate=w[p + "mlp.shared_expert_gate.weight"]) \
             if spec.shared_expert_intermediate else None
         blocks.append(Block(attn, *norms, router=router, shared=shared))
+    return assemble(spec, w, blocks)
+
+
+def make_rope(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> Rope:
+    inv_freq, scaling = rope_inv_freq(spec)
+    return Rope(inv_freq.to(device), scaling, dtype)
+
+
+def attention(spec: ModelSpec, w: dict[str, torch.Tensor], layer: int, rope: Rope) -> tuple[Attention, tuple]:
+    """A standard layer's attention and its two norms (input, post-attention) with their eps."""
+    p = f"model.layers.{layer}."
+    attn = Attention(layer, w, p + "self_attn.", num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
+                     head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm,
+                     clip_qkv=spec.clip_qkv, window=spec.sliding_windows[layer])
+    return attn, (w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"], spec.rms_eps)
+
+
+def assemble(spec: ModelSpec, w: dict[str, torch.Tensor], blocks: list, **model_options) -> Model:
+    """The model around its blocks: embedding, final norm and head (tied to the embedding when absent)."""
     embed = w["model.embed_tokens.weight"]
-    return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps)
+    return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps,
+                 **model_options)
