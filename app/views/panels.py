@@ -23,6 +23,16 @@ PLOT_HEIGHT_PX = 96
 COLORS = {"engine": "#3b82f6", "system": "#9ca3af", "prefill": "#f59e0b", "decode": "#10b981", "hit": "#8b5cf6"}
 
 
+def _memory_text(snapshot: dict) -> str:
+    """"0.9 GB besides the cache · VRAM 3.6 GB (driver) of a 3.7 GB budget"."""
+    process, vram = snapshot.get("process") or {}, snapshot.get("vram") or {}
+    text = f"{format_size(process.get('non_cache_anon_bytes', 0))} besides the cache"
+    if vram.get("driver_bytes"):
+        text += (f" · VRAM {format_size(vram['driver_bytes'])} (driver) of a "
+                 f"{format_size(vram.get('budget_bytes', 0))} budget")
+    return text
+
+
 def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.0f} %"
 
@@ -67,6 +77,9 @@ class LivePanels(QWidget):
         self.core_label = QLabel("—")
         self.speed_label = QLabel("—")
         self.speculation_label = QLabel("—")
+        self.memory_label = QLabel("—")
+        self.memory_label.setToolTip("What the engine holds besides the RAM cache (anonymous memory: torch, CUDA, "
+                                     "Python), and the GPU memory the driver shows for it against the VRAM budget.")
         self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
                                     "could go at the cache hit rates seen so far.")
         form.addRow("Device", self.device_label)
@@ -74,6 +87,7 @@ class LivePanels(QWidget):
         form.addRow("Decode thread", self.core_label)
         form.addRow("Tokens/s", self.speed_label)
         form.addRow("Speculation recall", self.speculation_label)
+        form.addRow("Engine memory", self.memory_label)
         return box
 
     def _build_slots_box(self) -> QGroupBox:
@@ -236,8 +250,12 @@ class LivePanels(QWidget):
                                  f"{cache['evictions']} · hit rate {_percent(cache['hit_rate'])}")
         disk = snapshot.get("disk") or {}
         h2d = snapshot.get("h2d") or {}
+        cpu = snapshot.get("cpu") or {}
         self.disk_label.setText(f"engine read {format_size(disk.get('bytes_read', 0))} · "
-                                f"host→device {format_size(h2d.get('bytes', 0))}")
+                                f"host→device {format_size(h2d.get('bytes', 0))}"
+                                + (f" · computed on the CPU {format_size(cpu['bytes'])} ({cpu['experts']} experts)"
+                                   if cpu.get("experts") else ""))
+        self.memory_label.setText(_memory_text(snapshot))
         self.slot_map.set_slots(h.slots())
 
     def _update_plots(self) -> None:

@@ -128,6 +128,7 @@ def test_panels_show_cache_hits_misses_and_disk_bytes_after_a_generation(qtbot, 
     assert counts["hits"] > 0 and counts["misses"] > 0
     assert re.search(r"engine read [1-9][\d.]* (KiB|MiB)", panels.disk_label.text())
     assert panels.device_label.text() == "CPU"
+    assert re.search(r"^[1-9][\d.]* (MiB|GiB) besides the cache$", panels.memory_label.text())   # CPU: no driver figure
     assert len(panels.slot_map.slots) == 12 and {s["bank"] for s in panels.slot_map.slots} == {0, 1}
     assert any(s["state"] != "empty" for s in panels.slot_map.slots)
     assert "layer" in panels.slot_map.describe(next(s for s in panels.slot_map.slots if s["state"] != "empty"))
