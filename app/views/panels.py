@@ -78,7 +78,7 @@ class LivePanels(QWidget):
         self.speed_label = QLabel("—")
         self.speculation_label = QLabel("—")
         self.memory_label = QLabel("—")
-        self.memory_label.setToolTip("What the engine holds besides the RAM cache (anonymous memory: torch, CUDA, "
+        self.memory_label.setToolTip("What this process holds besides the RAM cache (anonymous memory: torch, CUDA, Qt, "
                                      "Python), and the GPU memory the driver shows for it against the VRAM budget.")
         self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
                                     "could go at the cache hit rates seen so far.")
@@ -87,7 +87,7 @@ class LivePanels(QWidget):
         form.addRow("Decode thread", self.core_label)
         form.addRow("Tokens/s", self.speed_label)
         form.addRow("Speculation recall", self.speculation_label)
-        form.addRow("Engine memory", self.memory_label)
+        form.addRow("Process memory", self.memory_label)
         return box
 
     def _build_slots_box(self) -> QGroupBox:
