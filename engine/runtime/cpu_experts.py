@@ -22,6 +22,7 @@ from engine.runtime.placement import Placement
 from engine.runtime.telemetry import Telemetry
 
 MAX_TOKENS = 4      # the CPU takes a share only in steps this small (decode); larger ones are the GPU's
+CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (kernels.cpu_linear); others dequantise
 
 
 def group_parts(views: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:

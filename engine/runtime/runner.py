@@ -23,7 +23,7 @@ from engine.model.state import ModelState, state_bytes
 from engine.plan.hardware import available_memory, cgroup_capped
 from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
-from engine.runtime.cpu_experts import CpuExperts
+from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, release_free_heap
@@ -104,8 +104,8 @@ class Runner:
         the placement gives it, at speeds measured here, on this machine, now."""
         if mode not in MODES:
             raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
-        if mode == "off" or (not self.is_cuda and mode == "auto"):
-            return None
+        if mode == "off" or (mode == "auto" and (not self.is_cuda or layout.fmt not in CPU_FAST_FORMATS)):
+            return None           # auto: only formats the CPU multiplies without dequantising first
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
