@@ -52,6 +52,19 @@ def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
     return 3 * layout.intermediate * layout.hidden * torch.empty((), dtype=dtype).element_size()
 
 
+def token_groups(routed: list[int], routed_dev: torch.Tensor, top_k: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """expert -> (token rows, top-k columns) of the (token, k) pairs routed to it, in routing order: slices
+    of one stable sort on the device, so no index list crosses from the host per expert (a pageable
+    host-to-device copy waits for the whole stream, which would serialise the prefill)."""
+    order = torch.argsort(routed_dev, stable=True)
+    rows, cols = order // top_k, order % top_k
+    groups, start = {}, 0
+    for expert, count in sorted(Counter(routed).items()):
+        groups[expert] = (rows[start:start + count], cols[start:start + count])
+        start += count
+    return groups
+
+
 class Experts:
     def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry, layout: Layout,
                  expert_mlp: Callable, dtype: torch.dtype, device: torch.device, kernel: Callable | None = None,
@@ -108,6 +121,7 @@ class Experts:
         hybrid = self.cpu is not None and num_tokens <= CPU_MAX_TOKENS
         if hybrid:
             self.cpu.stage(x, weights)
+        routed_dev = ids[:num_tokens * top_k]
         ids = ids.tolist()                                                   # the one host sync of the layer
         routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
         self._release_finished_copies()
@@ -137,7 +151,7 @@ class Experts:
             self._mark_bank_free(layer)
             self._set_ready(layer, slot_of)
         else:
-            self._torch_layer(layer, x, weights, routed, top_k, slot_of, late, out)
+            self._torch_layer(layer, x, weights, routed, routed_dev, top_k, slot_of, late, out)
         if next_layer is not None and predicted and self.prefetch_ram:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
@@ -156,27 +170,24 @@ class Experts:
         queued = sum(1 for done, _ in self._inflight if not done.query()) if self.is_cuda else 0
         return self.cpu.placement.cpu_share(candidates, num_tokens, lambda e: self.banks.uses((layer, e)), queued)
 
-    def _torch_layer(self, layer, x, weights, routed, top_k, resident, late, out) -> None:
+    def _torch_layer(self, layer, x, weights, routed, routed_dev, top_k, resident, late, out) -> None:
         """Each expert in torch on its tokens: the resident ones, then the rest in batches."""
-        tokens_of: dict[int, list[int]] = {}
-        for flat, expert in enumerate(routed):
-            tokens_of.setdefault(expert, []).append(flat)
+        groups = token_groups(routed, routed_dev, top_k)
         out.zero_()
-        self._torch_experts(layer, x, weights, top_k, tokens_of, resident, out)
+        self._torch_experts(layer, x, weights, groups, resident, out)
         for start in range(0, len(late), self.batch_size):
             batch = late[start:start + self.batch_size]
             placed = self._bring_in(layer, batch, protected={(layer, e) for e in batch})
-            self._torch_experts(layer, x, weights, top_k, tokens_of, placed, out)
+            self._torch_experts(layer, x, weights, groups, placed, out)
 
-    def _torch_experts(self, layer, x, weights, top_k, tokens_of, slot_of: dict[int, int], out) -> None:
+    def _torch_experts(self, layer, x, weights, groups, slot_of: dict[int, int], out) -> None:
         if not slot_of:
             return
         bank = self.banks.bank_of(layer)
         for expert, slot in slot_of.items():
             self._wait_slot(bank, slot)
             self.banks.set_state((layer, expert), slot, "computing")
-            flat = torch.tensor(tokens_of[expert], device=x.device)
-            token_idx, k_idx = flat // top_k, flat % top_k
+            token_idx, k_idx = groups[expert]
             y = self.expert_mlp(x[token_idx], self._expert_weights(layer, expert, bank, slot))
             out.index_add_(0, token_idx, (y * weights[token_idx, k_idx, None]).to(out.dtype))
         self._mark_bank_free(layer)
