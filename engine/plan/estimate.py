@@ -289,7 +289,7 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     (None, the sentence saying why the budgets cannot hold the model)."""
     import torch
     from engine.format.layout import block_layout
-    from engine.runtime.budget import default_context, plan_budgets, prefill_workspace_bytes
+    from engine.runtime.budget import CUDA_CONTEXT_BYTES, default_context, plan_budgets, prefill_workspace_bytes
     from engine.runtime.experts import decoded_expert_bytes
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
@@ -304,7 +304,7 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     context = default_context(spec, compute_dtype, machine.device, vram_budget or default_vram,
                               dense_bytes, block + decoded)             # the engine's own choice
     kv_bytes = _state_bytes(config, compute_dtype, context)
-    workspace = prefill_workspace_bytes(spec, context, elem) if on_gpu else 0
+    workspace = prefill_workspace_bytes(spec, context, elem) + CUDA_CONTEXT_BYTES if on_gpu else 0
 
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,

@@ -1,7 +1,8 @@
 """How the VRAM budget and RAM cache are split, and the minimum each needs.
 
-VRAM budget = dense weights + KV cache + two slot banks (+ workspace on CUDA). A bank must hold
-at least one token's active experts (top_k) for a layer; the RAM cache at least one block.
+VRAM budget = dense weights + KV cache + two slot banks (+ workspace, CUDA graphs and the driver's
+CUDA context on CUDA: the budget is what the driver shows). A bank must hold at least one token's
+active experts (top_k) for a layer; the RAM cache at least one block.
 """
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from engine.errors import SluiceError
 # The longest context a model gets by default (the user may ask for up to the model's own limit): on
 # CUDA the state is static at full size, and a decode step attends over the whole buffer.
 MAX_CONTEXT_TOKENS = 16384
+# The driver's CUDA context (kernel modules, library handles) before the runner measures it through
+# NVML: what an H200 showed with torch 2.11 (0.85 GB). The default context and the estimate plan with it.
+CUDA_CONTEXT_BYTES = 850 * 10**6
 from engine.sizes import format_size
 
 
@@ -103,6 +107,8 @@ def default_context(spec, dtype, device_type: str, vram_budget: int, dense_bytes
     def bytes_for_tokens(n: int) -> int:
         workspace = prefill_workspace_bytes(spec, n, elem) if device_type == "cuda" else 0
         return state_bytes(state_specs, n, dtype) + workspace
+    if device_type == "cuda":
+        vram_budget -= CUDA_CONTEXT_BYTES
     return fit_context(max_tokens=min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS), bytes_for_tokens=bytes_for_tokens,
                        vram_budget=vram_budget, dense_bytes=dense_bytes, top_k=spec.top_k,
                        device_slot_bytes=device_slot_bytes)

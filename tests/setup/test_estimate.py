@@ -119,8 +119,8 @@ def test_gpu_machine_uses_vram_slots_and_pcie():
 def test_verdicts():
     gpu_24gb = _machine(device="cuda", vram_bytes=24 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=900 * GB,
                         ram_available_bytes=64 * 2**30, disk_read_bps=7 * GB)
-    fast = estimate(QWEN3_30B_A3B, 61 * GB, gpu_24gb, "nvfp4")     # nearly all experts fit beside a 16K context
-    assert fast.verdict == "fits fast" and fast.tok_s >= FAST_TOK_S and fast.slot_hit > 0.9
+    fast = estimate(QWEN3_30B_A3B, 61 * GB, gpu_24gb, "nvfp4")     # most experts fit beside a 16K context
+    assert fast.verdict == "fits fast" and fast.tok_s >= FAST_TOK_S and fast.slot_hit > 0.85   # (the CUDA context: 0.85 GB)
     slow = estimate(MIXTRAL_8X7B, 93 * GB, _machine(ram_available_bytes=16 * 2**30, disk_read_bps=0.3 * GB), "bf16")
     assert slow.verdict == "fits but slow" and slow.tok_s < FAST_TOK_S
     no_disk = estimate(QWEN3_30B_A3B, 61 * GB, _machine(free_disk_bytes=50 * GB), "bf16")
