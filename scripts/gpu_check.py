@@ -371,7 +371,12 @@ STAGES = {
     "bench-olmoe-cap2g": lambda: bench("olmoe-fp8-cap4g-ram2GiB", [
         "--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GB", "--ram-cache", "2GiB",
         "--prompt-tokens", "512", "--new-tokens", "64"], cgroup_bytes=4 << 30),
-    "tests-hybrid": lambda: stage_tests(("tests/streaming",), ("-k", "hybrid or greedy or placement")),
+    "tests-hybrid": lambda: stage_tests(("tests/streaming",), ("-k", "hybrid or greedy or placement or embedding")),
+    # the embedding table in host RAM (SLUICE_EMBED_IN_RAM=1) against on the device: VRAM for slots vs a row copy
+    "embed-ab": lambda: [
+        bench(f"olmoe-int8-fits-ram-embed-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                   "--prompt-tokens", "512", "--new-tokens", "128"], env=env)
+        for tag, env in (("device", {}), ("ram", {"SLUICE_EMBED_IN_RAM": "1"}))],
     # hybrid execution A/B: the same run with the CPU's share off and with the cost model deciding
     "hybrid-ab": lambda: [
         bench(f"olmoe-{q}-free-cpu-{mode}", ["--preset", "olmoe-1b-7b", "--quant", q, "--vram-budget", "4GB",

@@ -33,6 +33,12 @@ class DecodeStep:
         self.token_in, self.position = self.step_in[0:1], self.step_in[1:2]
         self._step_stage = torch.zeros(2, dtype=torch.long).pin_memory() if self.device.type == "cuda" else None
         self._start: int | None = None        # the step's position on the host (eager, growing state only)
+        # An embedding table in host RAM: the step's row is gathered on the host and copied in (pinned).
+        self.x_in = self._x_stage = None
+        if model.embed_in_ram:
+            self.x_in = torch.zeros(1, model.spec.hidden_size, dtype=model.embed_tokens.dtype, device=self.device)
+            self._x_stage = torch.zeros(self.x_in.shape, dtype=self.x_in.dtype,
+                                        pin_memory=self.device.type == "cuda")
         self.out = [LayerOutputs() for _ in self.blocks]
         moe = [i for i, b in enumerate(self.blocks) if b.is_moe]
         self.moe_out = {i: torch.zeros(1, model.spec.hidden_size, dtype=torch.float32, device=self.device) for i in moe}
@@ -44,6 +50,9 @@ class DecodeStep:
         """The next step's input token and position. The pinned row is reused only after the caller
         has read the previous step's result (a host sync), so its copy has long finished."""
         self._start = None if self.state.static and self.use_graphs else position
+        if self.x_in is not None:
+            self._x_stage.copy_(self.model.embed_tokens[token:token + 1])
+            self.x_in.copy_(self._x_stage, non_blocking=True)
         if self._step_stage is None:
             self.step_in.copy_(torch.tensor([token, position]))
             return
@@ -57,7 +66,10 @@ class DecodeStep:
     # ---------------------------------------------------------------- the captured pieces
     def _layer(self, layer: int) -> None:
         block, o = self.blocks[layer], self.out[layer]
-        x = self.model.embed(self.token_in) if layer == 0 else self._residual(layer - 1)
+        if layer:
+            x = self._residual(layer - 1)
+        else:
+            x = self.x_in if self.x_in is not None else self.model.embed(self.token_in)
         x, h = block.mix(x, Step(self.position, self._start, self.state))
         if not block.is_moe:
             o.x = block.combine(x, h, None)

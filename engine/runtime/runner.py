@@ -19,6 +19,7 @@ from engine.errors import SluiceError
 from engine.format.modeldir import DENSE_FILE, ModelDir
 from engine.model.block import Step
 from engine.model.families import family_module
+from engine.model.model import Model
 from engine.model.state import ModelState, state_bytes
 from engine.plan.hardware import available_memory, cgroup_capped
 from engine.runtime.budget import plan_budgets, prefill_workspace_bytes
@@ -37,6 +38,7 @@ from kernels.formats import random_bank
 
 _CONTEXT_BYTES: dict[int, int] = {}    # device index -> driver-view bytes outside torch's allocator
 RAM_RESERVE = 384 << 20     # what the process still grows by after loading (tokenizer, staging, Python)
+EMBED_TABLE = "model.embed_tokens.weight"
 
 
 class PrefillCancelled(Exception):
@@ -55,9 +57,13 @@ class Runner:
         if self.is_cuda:
             torch.cuda.empty_cache()       # blocks a previous model left cached would blur what this one measures
         base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
-        weights = _load_dense(model_dir, self.device, dtype, progress)
-        dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        in_ram = os.environ.get("SLUICE_EMBED_IN_RAM", "0") == "1"
+        weights = _load_dense(model_dir, self.device, dtype, progress, embed_in_ram=in_ram)
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
+        self._place_embedding(in_ram)
+        dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        if self.model.embed_in_ram and self.is_cuda:                    # not in the VRAM budget
+            dense_bytes -= self.model.embed_tokens.numel() * self.model.embed_tokens.element_size()
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
@@ -121,6 +127,17 @@ class Runner:
         self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
                                             "threads": torch.get_num_threads(), "mode": mode}
         return cpu
+
+    def _place_embedding(self, wanted: bool) -> None:
+        """SLUICE_EMBED_IN_RAM=1: an embedding table loaded into host RAM (untied head) stays there when the
+        family embeds through the plain table lookup; a family with its own `embed` gets it on the device."""
+        table = self.model.embed_tokens
+        if not wanted or table.device.type != "cpu" or table is self.model.lm_head:
+            return
+        if type(self.model).embed is Model.embed:
+            self.model.embed_in_ram = True
+        else:
+            self.model.embed_tokens = table.to(self.device)
 
     def _capture_decode(self, base_bytes: int, resident_bytes: int, work: int) -> tuple[int, int]:
         """Capture the decode graphs (CUDA) before the slot banks exist -> (bytes they hold: pool and
@@ -207,13 +224,18 @@ class Runner:
         self.store.close()
 
 
-def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress) -> dict[str, torch.Tensor]:
+def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress,
+                embed_in_ram: bool = False) -> dict[str, torch.Tensor]:
+    """The dense weights on the device in the compute dtype; with `embed_in_ram` and an untied head, the
+    embedding table stays in host RAM (read one row a token: its VRAM goes to expert slots)."""
     with safe_open(str(model_dir.path / DENSE_FILE), framework="pt") as f:
         names = list(f.keys())
+        in_ram = {EMBED_TABLE} if embed_in_ram and "lm_head.weight" in names else set()
         weights = {}
         for i, name in enumerate(names):
             tensor = f.get_tensor(name)             # integer tables (DeepSeek-V4's tid2eid) keep their dtype
-            weights[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
+            weights[name] = tensor.to(device="cpu" if name in in_ram else device,
+                                      dtype=dtype if tensor.is_floating_point() else None)
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
     drop_page_cache(model_dir.path / DENSE_FILE)

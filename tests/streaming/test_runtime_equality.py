@@ -61,6 +61,22 @@ def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     assert snap["disk"]["reads"] > 0 and snap["vram"]["hits"] > 0
 
 
+def test_embedding_table_in_ram_gives_the_same_tokens(family_model, monkeypatch):
+    """SLUICE_EMBED_IN_RAM=1: the table stays in host RAM (an untied head), the decode step starts from
+    the row gathered there, prefill gathers its rows there; tokens unchanged."""
+    path, expected = family_model
+    monkeypatch.setenv("SLUICE_EMBED_IN_RAM", "1")
+    eng = _streaming_model(path)
+    try:
+        model = eng.runner.model
+        untied = model.lm_head is not model.embed_tokens
+        assert model.embed_in_ram == untied and (eng.runner.step.x_in is not None) == untied
+        assert model.embed_tokens.device.type == "cpu"
+        assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+    finally:
+        eng.close()
+
+
 def test_eager_switch_gives_the_same_tokens(family_model, monkeypatch):
     path, expected = family_model
     monkeypatch.setenv("SLUICE_EAGER", "1")
