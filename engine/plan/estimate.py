@@ -33,6 +33,9 @@ FAST_TOK_S = 5.0                   # about reading speed: below this a chat feel
 # setup README notes); CUDA value from the decode loop with CUDA graphs.
 LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 800e-6}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
+# Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the
+# machine's memory bandwidth (H200 box: 415 us for a 6.3 MB expert while decoding, DRAM 73 GB/s; BENCHMARKS run 22).
+CPU_EXPERT_SHARE_OF_MEM_BW = 0.2
 
 
 @dataclass
@@ -275,7 +278,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
 
     plan, problem = _plan_budgets(config, shape, quant, block, machine, vram_budget, ram_cache)
     slot_hit, ram_hit = hit_rates if hit_rates is not None else _uniform_hit_rates(plan, num_blocks, block)
-    disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit)
+    disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit, quant)
 
     verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
     return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
@@ -324,14 +327,18 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     return plan, None
 
 
-def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, ram_hit: float):
+def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, ram_hit: float, quant: str = "fp8"):
     """Bytes per token from disk and over PCIe at these hit rates, the compute seconds per token, and the
-    decode speed they bound: (disk_bytes, h2d_bytes, compute_s, tok_s)."""
+    decode speed they bound: (disk_bytes, h2d_bytes, compute_s, tok_s). With a format the CPU computes in
+    place, hybrid execution splits the RAM-resident misses between PCIe and the CPU, both at once."""
+    from engine.runtime.cpu_experts import CPU_FAST_FORMATS
     on_gpu = machine.device == "cuda"
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
     disk = h2d * (1 - ram_hit)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
+    if on_gpu and quant in CPU_FAST_FORMATS:
+        pcie_bps += CPU_EXPERT_SHARE_OF_MEM_BW * machine.mem_bw_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
     active_params = shape.active_params - shape.embedding_params          # one embedding row per token
     compute_s = active_params * COMPUTE_DTYPE_BYTES[machine.device] / compute_bw \

@@ -116,6 +116,18 @@ def test_gpu_machine_uses_vram_slots_and_pcie():
     assert est.verdict in ("fits fast", "fits but slow")
 
 
+def test_int8_on_a_gpu_counts_the_cpu_computing_ram_resident_experts():
+    """fp8 and int8 move the same bytes; with int8 the CPU computes part of the RAM-resident misses
+    beside the copies (hybrid execution), so the estimate is faster; on the CPU device they are equal."""
+    gpu = _machine(device="cuda", vram_bytes=8 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=400 * GB)
+    fp8, int8 = (estimate(QWEN3_30B_A3B, 61 * GB, gpu, q, ram_cache=32 * 2**30) for q in ("fp8", "int8"))
+    assert int8.h2d_bytes_per_token == pytest.approx(fp8.h2d_bytes_per_token, rel=0.02)
+    assert int8.tok_s > 1.1 * fp8.tok_s
+    cpu = _machine()
+    assert estimate(QWEN3_30B_A3B, 61 * GB, cpu, "int8").tok_s == pytest.approx(
+        estimate(QWEN3_30B_A3B, 61 * GB, cpu, "fp8").tok_s, rel=0.05)
+
+
 def test_verdicts():
     gpu_24gb = _machine(device="cuda", vram_bytes=24 * 2**30, pcie_bps=25 * GB, gpu_mem_bw_bps=900 * GB,
                         ram_available_bytes=64 * 2**30, disk_read_bps=7 * GB)
