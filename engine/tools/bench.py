@@ -180,7 +180,8 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
     tiers = _tier_bytes(end, before, decoded)
     disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
     dense_bytes = plan.dense_bytes - spec.vocab_size * spec.hidden_size * 2   # embedding: one row is read
-    gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes + plan.kv_bytes // 2
+    # the GPU reads the dense weights, the KV cache and the active experts the CPU did not compute
+    gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"] + plan.kv_bytes // 2
     roofline_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps
     measured_s = t.decode_s / decoded
     prefill = _tier_bytes(before, {}, 1)                             # the whole prompt's prefill (cold)
