@@ -40,6 +40,7 @@ class CpuExperts:
         self.layout, self.expert_mlp, self.dtype, self.telemetry = layout, expert_mlp, dtype, telemetry
         self.placement = placement
         self.is_cuda = torch.device(device).type == "cuda"
+        self._views: dict[int, dict] = {}
         if self.is_cuda:
             pinned = dict(pin_memory=True)
             self._x = torch.empty(MAX_TOKENS, layout.hidden, dtype=dtype, **pinned)
@@ -48,11 +49,16 @@ class CpuExperts:
             self._y_dev = torch.empty(MAX_TOKENS, layout.hidden, dtype=torch.float32, device=device)
 
     def weights(self, block: torch.Tensor) -> dict[str, torch.Tensor | Packed]:
-        """One expert's weights as the family's expert function takes them, left in the block."""
-        out: dict[str, torch.Tensor | Packed] = {}
-        for proj, parts in group_parts(self.layout.views(block)).items():
-            out[proj] = parts["b"].to(self.dtype) if "b" in parts else Packed(parts, self.layout.fmt)
-        return out
+        """One expert's weights as the family's expert function takes them, left in the block. The views
+        are kept per block address (a RAM cache slot's memory never moves), so each is made once."""
+        key = block.data_ptr()
+        cached = self._views.get(key)
+        if cached is None:
+            cached = {}
+            for proj, parts in group_parts(self.layout.views(block)).items():
+                cached[proj] = parts["b"].to(self.dtype) if "b" in parts else Packed(parts, self.layout.fmt)
+            self._views[key] = cached
+        return cached
 
     def stage(self, x: torch.Tensor, weights: torch.Tensor) -> None:
         """Before the layer's host sync: start copying its input [T, H] and routing weights [T, K]."""
@@ -70,11 +76,16 @@ class CpuExperts:
         else:
             weights, y = weights.float(), torch.empty(x.shape, dtype=torch.float32)
         y.zero_()
-        for expert, block in blocks.items():
-            flat = torch.tensor([i for i, e in enumerate(routed) if e == expert])
-            token_idx, k_idx = flat // top_k, flat % top_k
-            out = self.expert_mlp(x[token_idx], self.weights(block))
-            y.index_add_(0, token_idx, out.float() * weights[token_idx, k_idx, None])
+        if num_tokens == 1:                        # decode: each expert has the one token once, a scalar weight
+            row = weights[0].tolist()
+            for expert, block in blocks.items():
+                y.add_(self.expert_mlp(x, self.weights(block)), alpha=row[routed.index(expert)])
+        else:
+            for expert, block in blocks.items():
+                flat = torch.tensor([i for i, e in enumerate(routed) if e == expert])
+                token_idx, k_idx = flat // top_k, flat % top_k
+                out = self.expert_mlp(x[token_idx], self.weights(block))
+                y.index_add_(0, token_idx, out.float() * weights[token_idx, k_idx, None])
         busy = time.perf_counter() - start
         self.placement.observe(busy, len(blocks), num_tokens)
         self.telemetry.add(cpu_experts=len(blocks), cpu_expert_bytes=len(blocks) * self.layout.block_bytes,

@@ -61,6 +61,23 @@ def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     assert snap["disk"]["reads"] > 0 and snap["vram"]["hits"] > 0
 
 
+
+def test_hybrid_prefill_of_a_few_tokens_gives_the_same_tokens(family_model):
+    """A prompt of 3 tokens after a first one (its experts now in RAM): the prefill is small enough for the
+    CPU's share, with several tokens an expert."""
+    path, _ = family_model
+    tokens = {}
+    for mode in ("off", "all"):
+        eng = _streaming_model(path, ram_blocks=12, cpu_experts=mode)
+        try:
+            token_ids(eng, PROMPT, 2)
+            tokens[mode] = token_ids(eng, PROMPT[:3], 6)
+            cpu = eng.telemetry()["cpu"]["experts"]
+        finally:
+            eng.close()
+    assert tokens["all"] == tokens["off"] and cpu > 0
+
+
 def test_embedding_table_in_ram_gives_the_same_tokens(family_model, monkeypatch):
     """SLUICE_EMBED_IN_RAM=1: the table stays in host RAM (an untied head), the decode step starts from
     the row gathered there, prefill gathers its rows there; tokens unchanged."""
