@@ -391,7 +391,7 @@ STAGES = {
         bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
                                              "--prompt-tokens", "512", "--new-tokens", str(tokens)], env=env)
         for regime, tokens, tag, env in (
-            ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "auto-noprefetch", {"SLUICE_PREFETCH_RAM": "0"}),
+            ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "auto-prefetch-first", {"SLUICE_PREFETCH_FIRST": "1"}),
             ("fits-vram-ram", 64, "auto", {}), ("fits-vram-ram", 64, "off", {"SLUICE_CPU_EXPERTS": "off"}),
             ("exceeds", 32, "auto", {}))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
