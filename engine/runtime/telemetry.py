@@ -133,6 +133,7 @@ class Telemetry:
             "process": {"rss_bytes": rss, "anon_bytes": anon, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0),
                         "non_cache_anon_bytes": max(anon - i("ram_used_bytes"), 0)},
             "device": self.info.get("device", "cpu"),
+            "placement": self.info.get("placement"),      # hybrid execution: speeds measured at load, or None
             "decode_thread_core": v["decode_thread_core"],
             "warnings": warnings,
         }

@@ -205,6 +205,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "decode_bytes_per_token": {**tiers, "gpu_reads": gpu_tok},
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
+        "placement": end.get("placement"),
         "decode_cpu_per_token": {"experts": d("cpu", "experts") / decoded, "bytes": d("cpu", "bytes") / decoded,
                                  "busy_s": d("cpu", "busy_s") / decoded, "wait_s": d("cpu", "wait_s") / decoded},
         "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
@@ -221,6 +222,15 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "warnings": end["warnings"],
         **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
+
+
+def _placement_lines(r: dict) -> list[str]:
+    p = r.get("placement")
+    if not p:
+        return []
+    busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
+    return [f"placement    CPU share {p['mode']} on {p['threads']} threads: an expert took {p['cpu_expert_s'] * 1e6:.0f} us "
+            f"at load, {busy * 1e6:.0f} us decoding; a block copy {p['copy_s'] * 1e6:.0f} us"]
 
 
 def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float) -> dict:
@@ -299,6 +309,7 @@ def report(r: dict) -> str:
         f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}, h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
         f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
         f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}",
+        *_placement_lines(r),
         *_full_model_lines(r),
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
