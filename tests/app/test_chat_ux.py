@@ -42,16 +42,23 @@ def test_a_chat_past_the_context_keeps_going_and_marks_where_turns_were_dropped(
     assert window.chat_view.context_marker.isVisible()
 
 
+def _streaming_chat(qtbot, window, max_new_tokens: int, seed: int, text: str) -> int:
+    """A new chat whose long answer is streaming (two chunks in); returns its id."""
+    controller = window.controller
+    controller.new_conversation()
+    chat = controller.conversation.id
+    controller.set_chat_settings(ChatSettings(max_new_tokens=max_new_tokens, seed=seed))
+    chunks = []
+    window.host.chunk.connect(lambda *_: chunks.append(1))
+    window.send(text)
+    qtbot.waitUntil(lambda: len(chunks) >= 2, timeout=WAIT_MS)
+    return chat
+
+
 def test_an_answer_keeps_streaming_while_another_chat_is_open_and_one_runs_at_a_time(qtbot, loaded_window):
     window = loaded_window
     controller, conversations = window.controller, window.conversations
-    controller.new_conversation()
-    first = controller.conversation.id
-    controller.set_chat_settings(ChatSettings(max_new_tokens=300, seed=3))
-    chunks = []
-    window.host.chunk.connect(lambda *_: chunks.append(1))
-    window.send("a long answer please")
-    qtbot.waitUntil(lambda: len(chunks) >= 2, timeout=WAIT_MS)
+    first = _streaming_chat(qtbot, window, 300, 3, "a long answer please")
     controller.new_conversation()                                         # look at another chat meanwhile
     second = controller.conversation.id
     row = conversations.ids().index(first)
@@ -77,13 +84,7 @@ def test_an_answer_keeps_streaming_while_another_chat_is_open_and_one_runs_at_a_
 def test_switching_back_to_a_streaming_chat_shows_it_live_with_stop(qtbot, loaded_window):
     window = loaded_window
     controller = window.controller
-    controller.new_conversation()
-    first = controller.conversation.id
-    controller.set_chat_settings(ChatSettings(max_new_tokens=400, seed=5))
-    chunks = []
-    window.host.chunk.connect(lambda *_: chunks.append(1))
-    window.send("go on")
-    qtbot.waitUntil(lambda: len(chunks) >= 2, timeout=WAIT_MS)
+    first = _streaming_chat(qtbot, window, 400, 5, "go on")
     controller.new_conversation()
     controller.open_conversation(first)
     assert window.composer.send_button.text() == "Stop" and window.composer.send_button.isEnabled()

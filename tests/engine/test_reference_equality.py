@@ -5,19 +5,10 @@ import engine
 from engine import GenerationParams
 from tests.conftest import FAMILIES
 from tests.engine.reference import load_reference, reference_greedy
+from tests.streaming.sized import streaming_budgets
 
 PROMPT_IDS = [5, 17, 42, 99, 3, 250, 7, 63, 120, 11, 300, 8]
 NEW_TOKENS = 32
-
-
-def streaming_budgets(model_dir):
-    """RAM cache ~ a third of the expert bytes; device slots for about two layers' active experts."""
-    probe = engine.load(model_dir, vram_budget=None, ram_cache=None)
-    plan = probe.plan
-    ram = probe.model.expert_bytes_total // 3
-    vram = plan.dense_bytes + plan.kv_bytes + 2 * probe.spec.top_k * plan.device_slot_bytes
-    probe.close()
-    return vram, ram
 
 
 # int8 on two families: its path through the engine is fp8's, only the stored bytes differ (test time)

@@ -7,20 +7,13 @@ import pytest
 
 import engine
 from engine import GenerationParams
+from tests.streaming.sized import streaming_engine
 
 LONG_PROMPT = [(i * 37) % 300 + 3 for i in range(160)]
 
 
-def tight_engine(model_dir, **kw):
-    probe = engine.load(model_dir)
-    ram = probe.model.expert_bytes_total // 3
-    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * probe.plan.device_slot_bytes
-    probe.close()
-    return engine.load(model_dir, vram_budget=vram, ram_cache=ram, **kw)
-
-
 def test_prefill_reads_each_expert_at_most_once_per_layer(sluice_models):
-    eng = tight_engine(sluice_models("olmoe", "fp8"))
+    eng = streaming_engine(sluice_models("olmoe", "fp8"))
     reads = Counter()
     real_read = eng.runner.store.read_into
     eng.runner.store.read_into = lambda layer, expert, buf: (reads.update([(layer, expert)]), real_read(layer, expert, buf))[1]
@@ -32,7 +25,7 @@ def test_prefill_reads_each_expert_at_most_once_per_layer(sluice_models):
 
 
 def test_decode_streams_from_disk_and_hits_the_caches(sluice_models):
-    eng = tight_engine(sluice_models("qwen3_moe", "bf16"))
+    eng = streaming_engine(sluice_models("qwen3_moe", "bf16"))
     list(eng.generate(LONG_PROMPT[:10], GenerationParams(max_new_tokens=40, temperature=0)))
     first = eng.telemetry()
     list(eng.generate(LONG_PROMPT[10:30], GenerationParams(max_new_tokens=40, temperature=0)))

@@ -3,12 +3,12 @@
 import pytest
 import torch
 
-import engine
 from engine import GenerationParams
 from engine.errors import SluiceError
 from engine.format.checkpoint import Checkpoint
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.dsv4_checkpoint import build_dsv4, quantize_like_flash
+from tests.streaming.sized import streaming_engine
 
 PROMPT = [(i * 37) % 300 + 3 for i in range(21)]     # 21: a CSA and an HCA window left open at prefill's end
 NEW_TOKENS = 30
@@ -17,16 +17,6 @@ NEW_TOKENS = 30
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     return build_dsv4(tmp_path_factory.mktemp("dsv4") / "hf", seed=2)
-
-
-def streaming_engine(model_dir, **kw):
-    probe = engine.load(model_dir, **kw)
-    ram = probe.model.expert_bytes_total // 3
-    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * probe.plan.device_slot_bytes
-    if probe.runner.is_cuda:
-        vram += probe.plan.workspace_bytes
-    probe.close()
-    return engine.load(model_dir, vram_budget=vram, ram_cache=ram, **kw)
 
 
 @pytest.mark.parametrize("quant", ["bf16", "fp8"])

@@ -14,6 +14,7 @@ from engine.format.repack import repack
 from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert, sink_attention
 from engine.tools.demo import build_hf_model, write_mxfp4_checkpoint
 from tests.engine.reference import reference_greedy
+from tests.streaming.sized import streaming_engine
 
 PROMPT = [(i * 37) % 300 + 3 for i in range(20)]       # 20 tokens: longer than the window (8)
 NEW_TOKENS = 24
@@ -99,17 +100,8 @@ def _reference(hf_dir, quant="bf16"):
     return model
 
 
-def _streaming_engine(model_dir):
-    """RAM cache ~ a third of the expert bytes; device slots for about two layers' active experts."""
-    probe = engine.load(model_dir)
-    ram = probe.model.expert_bytes_total // 3
-    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * probe.plan.device_slot_bytes
-    probe.close()
-    return engine.load(model_dir, vram_budget=vram, ram_cache=ram)
-
-
 def _generate_streaming(model_dir) -> list[int]:
-    eng = _streaming_engine(model_dir)
+    eng = streaming_engine(model_dir)
     ids = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     tel = eng.telemetry()
     assert tel["ram_cache"]["misses"] > 0 and tel["ram_cache"]["evictions"] > 0      # experts really streamed

@@ -8,7 +8,8 @@ from engine import GenerationParams, SluiceError
 from engine.format.repack import repack
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.hybrid_models import build_hybrid
-from tests.families.test_qwen3_next import NEW_TOKENS, PROMPT_IDS, streaming_engine
+from tests.families.test_qwen3_next import NEW_TOKENS, PROMPT_IDS
+from tests.streaming.sized import streaming_engine
 
 
 @pytest.fixture(scope="module")

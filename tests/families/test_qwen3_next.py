@@ -2,11 +2,11 @@
 (float32, streaming forced), with a prompt that spans three DeltaNet prefill chunks."""
 import pytest
 
-import engine
 from engine import GenerationParams
 from engine.format.repack import repack
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.hybrid_models import build_hybrid
+from tests.streaming.sized import streaming_engine
 
 PROMPT_IDS = [(i * 37) % 390 + 3 for i in range(150)]      # 150 tokens: chunks of 64, 64 and 22
 NEW_TOKENS = 24
@@ -15,15 +15,6 @@ NEW_TOKENS = 24
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     return build_hybrid("qwen3_next", tmp_path_factory.mktemp("qwen3_next") / "hf")
-
-
-def streaming_engine(model_dir):
-    """RAM cache ~ a third of the expert bytes; device slots for about two layers' active experts."""
-    probe = engine.load(model_dir)
-    ram = probe.model.expert_bytes_total // 3
-    vram = probe.plan.dense_bytes + probe.plan.kv_bytes + 2 * probe.spec.top_k * probe.plan.device_slot_bytes
-    probe.close()
-    return engine.load(model_dir, vram_budget=vram, ram_cache=ram)
 
 
 @pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4"])

@@ -3,7 +3,7 @@ compared with transformers on the same (dequantised) weights."""
 import engine
 from engine import GenerationParams
 from tests.engine.reference import load_reference, reference_greedy
-from tests.engine.test_reference_equality import streaming_budgets
+from tests.streaming.sized import streaming_budgets
 
 PROMPT_IDS = [5, 17, 42, 99, 3, 250, 7, 63, 120, 11, 300, 8]
 NEW_TOKENS = 24

@@ -31,6 +31,25 @@ def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: i
         return engine.load(path, ram_cache=ram_blocks * block_bytes, **kw)
 
 
+def streaming_budgets(model_dir, **kw) -> tuple[int, int]:
+    """(VRAM budget, RAM cache) far below the experts: the cache ~ a third of the expert bytes, the slots
+    about two layers' active experts. kw: engine.load options (device, dtype)."""
+    probe = engine.load(model_dir, **kw)
+    plan = probe.plan
+    ram = probe.model.expert_bytes_total // 3
+    vram = plan.dense_bytes + plan.kv_bytes + 2 * probe.spec.top_k * plan.device_slot_bytes
+    if probe.runner.is_cuda:
+        vram += plan.workspace_bytes
+    probe.close()
+    return vram, ram
+
+
+def streaming_engine(model_dir, **kw):
+    """An engine whose experts really stream (see streaming_budgets)."""
+    vram, ram = streaming_budgets(model_dir, **kw)
+    return engine.load(model_dir, vram_budget=vram, ram_cache=ram, **kw)
+
+
 def token_ids(eng, prompt, max_new_tokens: int, **params) -> list[int]:
     from engine import GenerationParams
     params = {"temperature": 0, "ignore_eos": True, **params}
