@@ -48,6 +48,14 @@ class Layout:
         """Typed zero-copy views into one block (a uint8 tensor of block_bytes)."""
         return {f.name: block[f.offset:f.offset + f.nbytes].view(f.dtype).view(f.shape) for f in self.fields}
 
+    def parts(self, block: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
+        """The views grouped by projection: {"gate": {"w": ..., "scale": ...}, ..., "gate_bias": {"b": ...}}."""
+        grouped: dict[str, dict[str, torch.Tensor]] = {}
+        for name, view in self.views(block).items():
+            proj, part = name.split(".")
+            grouped.setdefault(proj, {})[part] = view
+        return grouped
+
     def pack(self, parts: dict[str, torch.Tensor]) -> torch.Tensor:
         """Named parts ("gate.w", ...) -> one zero-padded uint8 block."""
         block = torch.zeros(self.block_bytes, dtype=torch.uint8)

@@ -20,18 +20,10 @@ from engine.format.layout import Layout
 from engine.model.layers import Packed
 from engine.runtime.placement import Placement
 from engine.runtime.telemetry import Telemetry
+from engine.runtime.token_groups import token_groups
 
 MAX_TOKENS = 4      # the CPU takes a share only in steps this small (decode); larger ones are the GPU's
 CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (kernels.cpu_linear); others dequantise
-
-
-def group_parts(views: dict[str, torch.Tensor]) -> dict[str, dict[str, torch.Tensor]]:
-    """{"gate.w": t, "gate.scale": s, ...} -> {"gate": {"w": t, "scale": s}, ...}."""
-    parts: dict[str, dict[str, torch.Tensor]] = {}
-    for name, view in views.items():
-        proj, part = name.split(".")
-        parts.setdefault(proj, {})[part] = view
-    return parts
 
 
 class CpuExperts:
@@ -55,7 +47,7 @@ class CpuExperts:
         cached = self._views.get(key)
         if cached is None:
             cached = {}
-            for proj, parts in group_parts(self.layout.views(block)).items():
+            for proj, parts in self.layout.parts(block).items():
                 cached[proj] = parts["b"].to(self.dtype) if "b" in parts else Packed(parts, self.layout.fmt)
             self._views[key] = cached
         return cached
@@ -81,9 +73,9 @@ class CpuExperts:
             for expert, block in blocks.items():
                 y.add_(self.expert_mlp(x, self.weights(block)), alpha=row[routed.index(expert)])
         else:
+            groups = token_groups(routed, torch.tensor(routed), top_k)
             for expert, block in blocks.items():
-                flat = torch.tensor([i for i, e in enumerate(routed) if e == expert])
-                token_idx, k_idx = flat // top_k, flat % top_k
+                token_idx, k_idx = groups[expert]
                 out = self.expert_mlp(x[token_idx], self.weights(block))
                 y.index_add_(0, token_idx, out.float() * weights[token_idx, k_idx, None])
         busy = time.perf_counter() - start

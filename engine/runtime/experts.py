@@ -34,11 +34,12 @@ from engine.format.layout import Layout
 from engine.format.quant import dequantize
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import MAX_TOKENS as CPU_MAX_TOKENS
-from engine.runtime.cpu_experts import CpuExperts, group_parts
+from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.slots import SlotBanks
 from engine.runtime.speculation import score
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
+from engine.runtime.token_groups import token_groups
 
 Key = tuple[int, int]
 DEFAULT_BATCH = 32          # experts brought in per batch in prefill
@@ -50,19 +51,6 @@ def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
     if layout.fmt == "bf16" and dtype == torch.bfloat16:
         return 0
     return 3 * layout.intermediate * layout.hidden * torch.empty((), dtype=dtype).element_size()
-
-
-def token_groups(routed: list[int], routed_dev: torch.Tensor, top_k: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
-    """expert -> (token rows, top-k columns) of the (token, k) pairs routed to it, in routing order: slices
-    of one stable sort on the device, so no index list crosses from the host per expert (a pageable
-    host-to-device copy waits for the whole stream, which would serialise the prefill)."""
-    order = torch.argsort(routed_dev, stable=True)
-    rows, cols = order // top_k, order % top_k
-    groups, start = {}, 0
-    for expert, count in sorted(Counter(routed).items()):
-        groups[expert] = (rows[start:start + count], cols[start:start + count])
-        start += count
-    return groups
 
 
 class Experts:
@@ -200,7 +188,7 @@ class Experts:
             cached = self._decoded.get((bank, slot))
             if cached is not None and cached[0] == (layer, expert):
                 return cached[1]
-        parts = group_parts(self.layout.views(self.banks.banks[bank][slot]))
+        parts = self.layout.parts(self.banks.banks[bank][slot])
         decoded = {proj: dequantize(p, self.layout.fmt, self.dtype) for proj, p in parts.items()}
         if self._decoded is not None:
             self._decoded[(bank, slot)] = ((layer, expert), decoded)

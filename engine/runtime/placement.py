@@ -38,9 +38,13 @@ class Placement:
         if self.mode == "all":
             k = n
         else:
-            per_cpu = self.cpu_s * num_tokens
-            k = min(range(n + 1), key=lambda j: (max(j * per_cpu, (queued + n - j) * self.copy_s * (j < n)), -j))
+            k = min(range(n + 1), key=lambda j: (self._step_s(j, n - j, num_tokens, queued), -j))
         return sorted(candidates, key=uses)[:k]
+
+    def _step_s(self, on_cpu: int, copied: int, num_tokens: int, queued: int) -> float:
+        """Both sides at once: the CPU's experts, and the copies (behind the queued ones, if any copy)."""
+        copy_s = (queued + copied) * self.copy_s if copied else 0.0
+        return max(on_cpu * self.cpu_s * num_tokens, copy_s)
 
     def observe(self, seconds: float, experts: int, num_tokens: int) -> None:
         """A CPU batch took `seconds` for `experts` experts of `num_tokens` tokens."""
