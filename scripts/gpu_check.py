@@ -289,24 +289,19 @@ def stage_profile_stream():
 def bench(name, argv, cgroup_bytes=None, env=None):
     """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache;
     `env`: extra environment, e.g. SLUICE_CPU_EXPERTS for an A/B of hybrid execution)."""
+    from engine.tools.cgroup import CgroupUnavailable, MemoryCap
     cmd = [sys.executable, "-m", "engine.tools.cli", "bench", *argv, "--json", "--work-dir", str(WORK)]
-    prefix = []
+    cap = None
     if cgroup_bytes:
-        cg = Path(f"/sys/fs/cgroup/sluice-{name}")
         try:
-            Path("/sys/fs/cgroup/cgroup.subtree_control").write_text("+memory")
-        except OSError as exc:
-            print(f"  (subtree_control: {exc})")
-        try:
-            cg.mkdir(exist_ok=True)
-            (cg / "memory.max").write_text(str(cgroup_bytes))
-            prefix = ["sh", "-c", f'echo $$ > {cg}/cgroup.procs && exec "$0" "$@"']
-        except OSError as exc:
+            cap = MemoryCap.create(f"sluice-{name}", cgroup_bytes)
+        except CgroupUnavailable as exc:
             print(f"  cgroup cap unavailable: {exc}")
             RESULTS.setdefault("bench", {})[name] = {"error": f"cgroup: {exc}"}
             return
+        cmd = cap.command(cmd)
     start = time.perf_counter()
-    proc = subprocess.run(prefix + cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
     (OUT / f"bench-{name}.log").write_text(proc.stderr[-20000:])
     try:
         result = json.loads(proc.stdout)
@@ -318,17 +313,10 @@ def bench(name, argv, cgroup_bytes=None, env=None):
         print(f"--- bench {name} ({time.perf_counter() - start:.0f} s): sluice bench {' '.join(argv)}"
               + (f"  [cgroup memory.max {cgroup_bytes >> 20} MiB]" if cgroup_bytes else ""))
         print(report(result))
-        print(f"  cpu share per token: {result.get('decode_cpu_per_token')}  driver VRAM "
-              f"{result.get('vram_driver_bytes', 0) / 2**30:.2f} GiB  non-cache "
-              f"{result.get('process_non_cache_bytes', 0) / 2**30:.2f} GiB")
     result["argv"], result["cgroup_bytes"], result["env"] = argv, cgroup_bytes, env
-    if prefix:
-        try:
-            peak = int((cg / "memory.peak").read_text())
-            result["cgroup_peak_bytes"] = peak
-            print(f"  cgroup memory.peak {peak / 2**30:.2f} GiB of {cgroup_bytes / 2**30:.2f} GiB")
-        except (OSError, ValueError):
-            pass
+    if cap is not None and cap.peak_bytes() is not None:
+        result["cgroup_peak_bytes"] = cap.peak_bytes()
+        print(f"  cgroup memory.peak {result['cgroup_peak_bytes'] / 2**30:.2f} GiB of {cgroup_bytes / 2**30:.2f} GiB")
     RESULTS.setdefault("bench", {})[name] = result
     save()
 
