@@ -26,6 +26,8 @@ COLORS = {"engine": "#3b82f6", "system": "#9ca3af", "prefill": "#f59e0b", "decod
 def _memory_text(snapshot: dict) -> str:
     """"0.9 GB besides the cache · VRAM 3.6 GB (driver) of a 3.7 GB budget"."""
     process, vram = snapshot.get("process") or {}, snapshot.get("vram") or {}
+    if not process.get("non_cache_anon_bytes"):
+        return "—"                                  # no engine yet: nothing measured
     text = f"{format_size(process.get('non_cache_anon_bytes', 0))} besides the cache"
     if vram.get("driver_bytes"):
         text += (f" · VRAM {format_size(vram['driver_bytes'])} (driver) of a "

@@ -7,3 +7,4 @@ def test_memory_line_names_what_the_engine_holds_and_the_driver_view_against_the
                 "vram": {"driver_bytes": int(3.66 * 2**30), "budget_bytes": int(3.73 * 2**30)}}
     assert _memory_text(snapshot) == "950.00 MiB besides the cache · VRAM 3.66 GiB (driver) of a 3.73 GiB budget"
     assert _memory_text({"process": {"non_cache_anon_bytes": 2 << 30}, "vram": {}}) == "2.00 GiB besides the cache"
+    assert _memory_text({}) == "—"                                                  # before any model is loaded
