@@ -382,6 +382,17 @@ STAGES = {
             ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "auto-prefetch-first", {"SLUICE_PREFETCH_FIRST": "1"}),
             ("fits-vram-ram", 64, "auto", {}), ("fits-vram-ram", 64, "off", {"SLUICE_CPU_EXPERTS": "off"}),
             ("exceeds", 32, "auto", {}))],
+    # the CPU's expert speed on this host: the decode thread alone, or worker threads (SLUICE_CPU_POOL)
+    "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
+                                              capture_output=True, text=True).stdout[-3000:]),
+    # fits-ram decode: prefetch every predicted RAM hit (before) or leave the coldest to the CPU (now), and
+    # the CPU's share on the decode thread or on P worker threads
+    "policy-ab": lambda: [
+        bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                             "--prompt-tokens", "512", "--new-tokens", "128"], env=env)
+        for tag, env in (("prefetch-all", {"SLUICE_PREFETCH_ALL": "1"}), ("prefetch-share", {}),
+                         ("prefetch-share-pool4", {"SLUICE_CPU_POOL": "4"}),
+                         ("prefetch-share-pool2", {"SLUICE_CPU_POOL": "2"}))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",

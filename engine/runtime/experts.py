@@ -21,6 +21,7 @@ stays locked until its copy has finished, so nothing is overwritten while in use
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import time
 from collections import Counter
@@ -68,6 +69,9 @@ class Experts:
         # With a CPU share, the next layer's prefetch is issued after it (measured faster on the H200 box: 64.1
         # against 56.2 tok/s, BENCHMARKS runs 21-22); SLUICE_PREFETCH_FIRST=1 issues it before, for an A/B.
         self.prefetch_first = os.environ.get("SLUICE_PREFETCH_FIRST", "0") == "1"
+        # With a CPU share, the coldest predicted RAM hits are left to the CPU; SLUICE_PREFETCH_ALL=1 copies
+        # every one of them ahead (the order before), for an A/B.
+        self.prefetch_all = os.environ.get("SLUICE_PREFETCH_ALL", "0") == "1"
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -130,6 +134,7 @@ class Experts:
             cpu_blocks = {e: self.cache.block(self.cache.lookup((layer, e))) for e in on_cpu}
             for e in on_cpu:
                 self.cache.lock((layer, e))
+            started = self.cpu.start(cpu_blocks, x)
         use_kernel = self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and len(wanted) <= self.batch_size
         if use_kernel:
             early = list(slot_of)
@@ -144,8 +149,10 @@ class Experts:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
             try:
-                self.cpu.add_into(self.cpu.compute(cpu_blocks, routed, top_k, x, weights), out)
+                self.cpu.add_into(self.cpu.compute(cpu_blocks, routed, top_k, x, weights, started), out)
             finally:
+                if started:                          # no worker may still read a block once it is unlocked
+                    concurrent.futures.wait(started.values())
                 for e in on_cpu:
                     self.cache.unlock((layer, e))
         if next_layer is not None and predicted and not self.prefetch_first:
@@ -405,30 +412,41 @@ class Experts:
     # ------------------------------------------------------------------ speculation
     def _prefetch(self, layer: int, experts: list[int]) -> None:
         """Start bringing `layer`'s predicted experts: RAM hits copy now (other bank, copy stream),
-        the rest start their disk reads, to be copied when the layer asks for them."""
+        the rest start their disk reads, to be copied when the layer asks for them. With a CPU share,
+        the coldest RAM hits stay where they are, for the CPU (placement.prefetch_count)."""
         self._predicted[layer] = set(experts)
         issued = set()
         keys = {(layer, e) for e in experts}
-        to_copy = []
+        in_ram = []
         for expert in experts:
             key = (layer, expert)
             if self.banks.find(key) is not None or key in self._reads:
                 continue
             ram_slot = self.cache.lookup(key)
             if ram_slot is not None:
-                self.cache.lock(key)
-                to_copy.append((expert, ram_slot))
-            elif self.cache.can_insert():     # a prefetch never waits: with a full, locked cache it is skipped
-                self._reads[key] = self._start_read(key)
-            else:
+                in_ram.append((expert, ram_slot))
                 continue
+            if not self.cache.can_insert():   # a prefetch never waits: with a full, locked cache it is skipped
+                continue
+            self._reads[key] = self._start_read(key)
             issued.add(expert)
+        to_copy = self._prefetch_copies(layer, in_ram)
         if to_copy:
             with self._copy_batch(layer):
                 for expert, ram_slot in to_copy:
+                    self.cache.lock((layer, expert))
                     self._copy(layer, expert, ram_slot, protected=keys)
+                    issued.add(expert)
         self._prefetched[layer] = issued
         self.telemetry.add(prefetch_issued=len(issued))
+
+    def _prefetch_copies(self, layer: int, in_ram: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """The predicted RAM hits worth copying ahead: all of them, or with a CPU share the hottest
+        ones, so that the CPU can compute the rest in about the time their copies would take."""
+        if self.cpu is None or self.prefetch_all or not in_ram:
+            return in_ram
+        count = self.cpu.placement.prefetch_count(len(in_ram))
+        return sorted(in_ram, key=lambda e: -self.banks.uses((layer, e[0])))[:count]
 
     def _score_speculation(self, layer: int, actual: set[int]) -> None:
         predicted = self._predicted.pop(layer, None)

@@ -28,6 +28,39 @@ def process_memory() -> tuple[int, int]:
         return 0, 0
 
 
+def anonymous_by_mapping(top: int = 6, min_region: int = 64 << 20) -> list[tuple[str, int]]:
+    """Where the process's anonymous memory sits, largest first: [(what, bytes)] from /proc/self/smaps.
+    A library's name stands for its private copies (data, relocations); "[heap]" is the C heap (glibc's
+    other arenas are "anonymous maps"); maps of `min_region` or more are the RAM cache's chunks and
+    large tensors ("shared" ones: the RAM cache). Empty where smaps cannot be read."""
+    totals: dict[str, int] = {}
+    name, field = "", "Rss:"
+    try:
+        with open("/proc/self/smaps") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if not head[0].endswith(":"):                        # a mapping's header line
+                    start, end = (int(a, 16) for a in head[0].split("-"))
+                    path = head[5].strip() if len(head) > 5 else ""
+                    name, field = _mapping_name(path, end - start >= min_region, head[1]), "Rss:"
+                    if path.startswith("/") and not path.startswith("/dev/zero"):
+                        field = "Anonymous:"                        # a file: only its private copies
+                elif head[0] == field:
+                    totals[name] = totals.get(name, 0) + (int(head[1]) << 10)
+    except (OSError, ValueError, IndexError):
+        return []
+    return sorted(((k, v) for k, v in totals.items() if v), key=lambda kv: -kv[1])[:top]
+
+
+def _mapping_name(path: str, large: bool, perms: str) -> str:
+    if path.startswith("/") and not path.startswith("/dev/zero"):
+        return os.path.basename(path)
+    if path.startswith("[") and not path.startswith("[anon"):
+        return path
+    kind = "shared" if perms.endswith("s") else "private"
+    return f"{'large' if large else 'small'} {kind} anonymous maps"
+
+
 def release_free_heap() -> None:
     """Give the C heap's free pages back to the system (glibc keeps what large transient buffers
     freed, e.g. dense weights read on their way to the GPU: measured 0.79 GB kept after 0.4 GB of

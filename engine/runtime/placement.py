@@ -7,6 +7,9 @@ For one decode step of a layer:
                            max(k * cpu_s, (q + n - k) * copy_s), both sides running at once, q the
                            copies already queued ahead (when none are left to copy, their wait is 0);
   on disk               -> read into RAM, then copied (the read dominates either way).
+The next layer's speculative prefetch follows the same split (prefetch_count): it copies the hottest
+predicted RAM-resident experts ahead and leaves the coldest to the CPU, so the copy stream does not
+fill with blocks the CPU could have computed in place.
 cpu_s (one expert, one token, on the CPU) and copy_s (one block over PCIe) are measured on this
 machine when the model loads, and cpu_s follows what the CPU then really takes. The coldest experts
 go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay resident).
@@ -40,6 +43,16 @@ class Placement:
         else:
             k = min(range(n + 1), key=lambda j: (self._step_s(j, n - j, num_tokens, queued), -j))
         return sorted(candidates, key=uses)[:k]
+
+    def prefetch_count(self, n: int) -> int:
+        """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the split
+        where the CPU's share of them, k = n - count, takes as long as the copies, k * cpu_s =
+        count * copy_s (mode "all": none, the CPU computes every RAM-resident miss)."""
+        if self.mode == "off":
+            return n
+        if self.mode == "all" or self.cpu_s <= 0:
+            return 0 if self.mode == "all" else n
+        return min(n, round(n * self.cpu_s / (self.cpu_s + self.copy_s)))
 
     def _step_s(self, on_cpu: int, copied: int, num_tokens: int, queued: int) -> float:
         """Both sides at once: the CPU's experts, and the copies (behind the queued ones, if any copy)."""

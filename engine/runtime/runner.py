@@ -221,6 +221,8 @@ class Runner:
 
     def close(self) -> None:
         self.experts.synchronize()
+        if self.experts.cpu is not None:
+            self.experts.cpu.close()
         self.store.close()
 
 

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from engine.errors import SluiceError
+from engine.runtime.memory import anonymous_by_mapping
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
 from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines, wants_cap
@@ -219,9 +220,17 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
         "process_non_cache_bytes": max(end["process"]["non_cache_bytes"], before["process"]["non_cache_bytes"]),
         "process_non_cache_anon_bytes": max(end["process"]["non_cache_anon_bytes"],
                                             before["process"]["non_cache_anon_bytes"]),
+        "process_anonymous_by_mapping": anonymous_by_mapping(),
         "warnings": end["warnings"],
         **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
+
+
+def _mapping_lines(r: dict) -> list[str]:
+    where = r.get("process_anonymous_by_mapping")
+    if not where:
+        return []
+    return ["anonymous    " + ", ".join(f"{name} {format_size(n)}" for name, n in where)]
 
 
 def _placement_lines(r: dict) -> list[str]:
@@ -319,6 +328,7 @@ def report(r: dict) -> str:
         f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
         f"{format_size(r['process_non_cache_bytes'])} ({format_size(r.get('process_non_cache_anon_bytes', 0))} "
         f"anonymous, the rest the libraries' file pages)",
+        *_mapping_lines(r),
     ]
     if "baseline" in r:
         b = r["baseline"]

@@ -94,3 +94,19 @@ def test_free_heap_pages_go_back_to_the_system():
     release_free_heap()
     assert before - process_memory()[1] > 128 << 20
     del last
+
+
+def test_anonymous_memory_is_broken_down_by_mapping():
+    """The bench says where the memory besides the cache sits: a shared anonymous map (what the RAM
+    cache is made of) and a large tensor show up under their own names, with their sizes."""
+    import mmap
+
+    from engine.runtime.memory import anonymous_by_mapping, process_memory
+    shared = mmap.mmap(-1, 96 << 20)
+    shared.write(b"x" * (96 << 20))
+    tensor = torch.ones(80 << 20, dtype=torch.uint8)
+    where = dict(anonymous_by_mapping(top=20))
+    assert where["large shared anonymous maps"] >= 96 << 20
+    assert where["large private anonymous maps"] >= tensor.numel()
+    assert sum(where.values()) <= process_memory()[1] * 1.05 + (8 << 20)   # parts of the anonymous total
+    shared.close()

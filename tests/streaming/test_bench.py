@@ -3,6 +3,7 @@ import json
 
 import pytest
 
+from engine.tools.bench import report
 from engine.tools.cli import main
 from engine.tools import presets
 
@@ -39,3 +40,4 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     assert 0 < r["decode_roofline_s_per_token"] and 0 < r["decode_efficiency"]
     assert 0 <= r["speculation_recall"] <= 1 and r["prefetch"]["issued"] > 0
     assert r["quant"] == quant
+    assert r["process_anonymous_by_mapping"] and "anonymous    " in report(r)     # where the memory sits

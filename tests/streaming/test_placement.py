@@ -22,3 +22,11 @@ def test_modes_and_the_running_cpu_estimate():
     for _ in range(100):
         p.observe(seconds=4.0, experts=2, num_tokens=1)                      # the CPU really takes 2 s an expert
     assert abs(p.cpu_s - 2.0) < 1e-3
+
+
+def test_prefetch_copies_what_the_cpu_would_take_as_long_to_compute():
+    assert Placement(cpu_s=1.0, copy_s=1.0).prefetch_count(6) == 3          # equal speeds: half each
+    assert Placement(cpu_s=3.0, copy_s=1.0).prefetch_count(8) == 6          # a slow CPU keeps 2 of 8
+    assert Placement(cpu_s=100.0, copy_s=1.0).prefetch_count(8) == 8
+    assert Placement(cpu_s=1.0, copy_s=1.0, mode="all").prefetch_count(8) == 0   # tests: the CPU takes every one
+    assert Placement(cpu_s=1.0, copy_s=1.0, mode="off").prefetch_count(8) == 8
