@@ -385,14 +385,18 @@ STAGES = {
     # the CPU's expert speed on this host: the decode thread alone, or worker threads (SLUICE_CPU_POOL)
     "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
                                               capture_output=True, text=True).stdout[-3000:]),
-    # fits-ram decode: prefetch every predicted RAM hit (before) or leave the coldest to the CPU (now), and
-    # the CPU's share on the decode thread or on P worker threads
+    # fits-ram decode: prefetch every predicted RAM hit (before) or leave the coldest to the CPU, with copies
+    # charged 1-5x their duration (SLUICE_COPY_COST); the embedding in RAM; glibc's arenas capped at 2
     "policy-ab": lambda: [
-        bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+        bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
                                              "--prompt-tokens", "512", "--new-tokens", "128"], env=env)
-        for tag, env in (("prefetch-all", {"SLUICE_PREFETCH_ALL": "1"}), ("prefetch-share", {}),
-                         ("prefetch-share-pool4", {"SLUICE_CPU_POOL": "4"}),
-                         ("prefetch-share-pool2", {"SLUICE_CPU_POOL": "2"}))],
+        for regime, tag, env in (
+            ("fits-ram", "prefetch-all", {"SLUICE_PREFETCH_ALL": "1"}), ("fits-ram", "cost1", {}),
+            ("fits-ram", "cost2", {"SLUICE_COPY_COST": "2"}), ("fits-ram", "cost3", {"SLUICE_COPY_COST": "3"}),
+            ("fits-ram", "cost5", {"SLUICE_COPY_COST": "5"}),
+            ("fits-ram", "cost3-embed-ram", {"SLUICE_COPY_COST": "3", "SLUICE_EMBED_IN_RAM": "1"}),
+            ("fits-vram-ram", "cost1", {}), ("fits-vram-ram", "cost3-arenas2", {"SLUICE_COPY_COST": "3",
+                                                                                "MALLOC_ARENA_MAX": "2"}))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",

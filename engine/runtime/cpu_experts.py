@@ -5,15 +5,15 @@ int8 kernel for the int8 format), so nothing is dequantised or copied first. The
 itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
 the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into
 the layer's output, the one place the two devices' results meet. (A worker thread measured 4-6x
-slower per expert on the H200 box: it waits for the GIL while the decode thread launches work.)
+slower per expert on the H200 box: it waits for the GIL while the decode thread launches work; a pool
+of 2-8 workers sharing the cores, started before the GPU's share, measured 267-391 us an expert against
+235 us for the decode thread alone: torch's int8 kernel is the limit, not the thread.)
 On CUDA the layer's input and routing weights reach the host through pinned rows copied before the
 layer's host sync, so they cost no extra wait.
 """
 from __future__ import annotations
 
-import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import torch
@@ -35,7 +35,6 @@ class CpuExperts:
         self.placement = placement
         self.is_cuda = torch.device(device).type == "cuda"
         self._views: dict[int, dict] = {}
-        self._pool = _worker_pool(int(os.environ.get("SLUICE_CPU_POOL", "0")))
         if self.is_cuda:
             pinned = dict(pin_memory=True)
             self._x = torch.empty(MAX_TOKENS, layout.hidden, dtype=dtype, **pinned)
@@ -61,20 +60,8 @@ class CpuExperts:
             self._x[:x.shape[0]].copy_(x, non_blocking=True)
             self._w[:x.shape[0]].copy_(weights, non_blocking=True)
 
-    def start(self, blocks: dict[int, torch.Tensor], x: torch.Tensor) -> dict[int, Future] | None:
-        """With worker threads: start the one-token experts now (after the host sync, before the GPU's
-        share is enqueued), each on a worker; `compute` collects them. None: `compute` does them all."""
-        if self._pool is None or x.shape[0] != 1 or len(blocks) < 2:
-            return None
-        x = self._x[:1] if self.is_cuda else x
-        return {e: self._pool.submit(self._one, x, block) for e, block in blocks.items()}
-
-    def _one(self, x: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
-        with torch.inference_mode():
-            return self.expert_mlp(x, self.weights(block))
-
     def compute(self, blocks: dict[int, torch.Tensor], routed: list[int], top_k: int, x: torch.Tensor,
-                weights: torch.Tensor, started: dict[int, Future] | None = None) -> torch.Tensor:
+                weights: torch.Tensor) -> torch.Tensor:
         """The experts {expert: RAM block}'s weighted sum [T, H] float32, on the host (after the host sync)."""
         start = time.perf_counter()
         num_tokens = x.shape[0]
@@ -86,8 +73,7 @@ class CpuExperts:
         if num_tokens == 1:                        # decode: each expert has the one token once, a scalar weight
             row = weights[0].tolist()
             for expert, block in blocks.items():
-                out = started[expert].result() if started else self.expert_mlp(x, self.weights(block))
-                y.add_(out, alpha=row[routed.index(expert)])
+                y.add_(self.expert_mlp(x, self.weights(block)), alpha=row[routed.index(expert)])
         else:
             groups = token_groups(routed, torch.tensor(routed), top_k)
             for expert, block in blocks.items():
@@ -100,23 +86,9 @@ class CpuExperts:
                            cpu_busy_s=busy)
         return y
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-
     def add_into(self, y: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, H] += the CPU's share y (on the device: stream-ordered after the GPU's share)."""
         if self.is_cuda:
             out.add_(self._y_dev[:y.shape[0]].copy_(y, non_blocking=True))
         else:
             out.add_(y)
-
-
-def _worker_pool(workers: int) -> ThreadPoolExecutor | None:
-    """SLUICE_CPU_POOL=P: P worker threads share the torch threads (each gets 1/P of them) and compute
-    one expert each at a time; 0 (default): the decode thread computes them, with all the threads."""
-    if workers < 2:
-        return None
-    per_worker = max(1, torch.get_num_threads() // workers)
-    return ThreadPoolExecutor(workers, thread_name_prefix="sluice-cpu-expert",
-                              initializer=torch.set_num_threads, initargs=(per_worker,))

@@ -21,7 +21,6 @@ stays locked until its copy has finished, so nothing is overwritten while in use
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import time
 from collections import Counter
@@ -134,7 +133,6 @@ class Experts:
             cpu_blocks = {e: self.cache.block(self.cache.lookup((layer, e))) for e in on_cpu}
             for e in on_cpu:
                 self.cache.lock((layer, e))
-            started = self.cpu.start(cpu_blocks, x)
         use_kernel = self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and len(wanted) <= self.batch_size
         if use_kernel:
             early = list(slot_of)
@@ -149,10 +147,8 @@ class Experts:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
             try:
-                self.cpu.add_into(self.cpu.compute(cpu_blocks, routed, top_k, x, weights, started), out)
+                self.cpu.add_into(self.cpu.compute(cpu_blocks, routed, top_k, x, weights), out)
             finally:
-                if started:                          # no worker may still read a block once it is unlocked
-                    concurrent.futures.wait(started.values())
                 for e in on_cpu:
                     self.cache.unlock((layer, e))
         if next_layer is not None and predicted and not self.prefetch_first:

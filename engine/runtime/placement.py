@@ -16,12 +16,17 @@ go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay re
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
+# A copy delays the whole token, a CPU expert only its own layer: the copy stream is shared by every
+# layer and runs ahead of them (prefetch), so in a streaming decode it is the bottleneck, while the CPU
+# waits idle outside its layer's share. The cost model charges a copy this many times its duration.
+COPY_COST = float(os.environ.get("SLUICE_COPY_COST", "1"))
 MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resident miss on the CPU (tests)
 SMOOTHING = 0.1                     # weight of a new CPU timing in the running estimate
 
@@ -31,6 +36,7 @@ class Placement:
     cpu_s: float             # seconds for the CPU to compute one expert for one token
     copy_s: float            # seconds to copy one expert block host -> device
     mode: str = "auto"
+    copy_cost: float = 1.0   # what a copy costs the token, in copy_s: see COPY_COST
 
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies
@@ -47,16 +53,17 @@ class Placement:
     def prefetch_count(self, n: int) -> int:
         """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the split
         where the CPU's share of them, k = n - count, takes as long as the copies, k * cpu_s =
-        count * copy_s (mode "all": none, the CPU computes every RAM-resident miss)."""
+        count * copy_s * copy_cost (mode "all": none, the CPU computes every RAM-resident miss)."""
         if self.mode == "off":
             return n
         if self.mode == "all" or self.cpu_s <= 0:
             return 0 if self.mode == "all" else n
-        return min(n, round(n * self.cpu_s / (self.cpu_s + self.copy_s)))
+        copy_s = self.copy_s * self.copy_cost
+        return min(n, round(n * self.cpu_s / (self.cpu_s + copy_s)))
 
     def _step_s(self, on_cpu: int, copied: int, num_tokens: int, queued: int) -> float:
         """Both sides at once: the CPU's experts, and the copies (behind the queued ones, if any copy)."""
-        copy_s = (queued + copied) * self.copy_s if copied else 0.0
+        copy_s = (queued + copied) * self.copy_s * self.copy_cost if copied else 0.0
         return max(on_cpu * self.cpu_s * num_tokens, copy_s)
 
     def observe(self, seconds: float, experts: int, num_tokens: int) -> None:

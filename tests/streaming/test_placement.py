@@ -30,3 +30,13 @@ def test_prefetch_copies_what_the_cpu_would_take_as_long_to_compute():
     assert Placement(cpu_s=100.0, copy_s=1.0).prefetch_count(8) == 8
     assert Placement(cpu_s=1.0, copy_s=1.0, mode="all").prefetch_count(8) == 0   # tests: the CPU takes every one
     assert Placement(cpu_s=1.0, copy_s=1.0, mode="off").prefetch_count(8) == 8
+
+
+def test_copies_charged_more_give_the_cpu_more():
+    """copy_cost: a copy holds up the whole token's shared copy stream, so it may be charged more than
+    its own duration; the CPU then takes more of the misses and of the next layer's predictions."""
+    uses = {1: 9.0, 2: 0.0, 3: 5.0, 4: 1.0}.get
+    slow_cpu = Placement(cpu_s=3.0, copy_s=1.0)
+    charged = Placement(cpu_s=3.0, copy_s=1.0, copy_cost=3.0)
+    assert len(charged.cpu_share([1, 2, 3, 4], 1, uses)) > len(slow_cpu.cpu_share([1, 2, 3, 4], 1, uses))
+    assert charged.prefetch_count(8) == 4 < slow_cpu.prefetch_count(8)

@@ -2,8 +2,6 @@
 device there is, must produce transformers' greedy tokens with budgets that force experts to stream.
 On the CPU it runs torch math and synchronous copies; on a GPU the Triton kernels, the copy stream
 and the CUDA graphs (float32 compute)."""
-import threading
-
 import pytest
 import torch
 
@@ -49,23 +47,18 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
 
 
-@pytest.mark.parametrize("workers", ["0", "3"])
-def test_hybrid_cpu_experts_give_the_same_tokens(family_model, workers, monkeypatch):
+def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     """Every RAM-resident expert of a decode step computed by the CPU from its RAM block (on a GPU
-    beside the kernels' share), by the decode thread or by 3 worker threads (SLUICE_CPU_POOL): the
-    partial sums still give transformers' tokens."""
+    beside the kernels' share): the partial sums still give transformers' tokens."""
     path, expected = family_model
-    monkeypatch.setenv("SLUICE_CPU_POOL", workers)
     eng = _streaming_model(path, ram_blocks=12, cpu_experts="all")
     try:
         assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
         snap = eng.telemetry()
-        workers_ran = any(t.name.startswith("sluice-cpu-expert") for t in threading.enumerate())
     finally:
         eng.close()
     assert snap["cpu"]["experts"] > 0 and snap["cpu"]["bytes"] == snap["cpu"]["experts"] * eng.model.layout.block_bytes
     assert snap["disk"]["reads"] > 0 and snap["vram"]["hits"] > 0
-    assert workers_ran == (workers != "0")
 
 
 
