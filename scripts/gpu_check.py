@@ -246,9 +246,16 @@ def _sampled(max_new_tokens: int):
     return GenerationParams(max_new_tokens=max_new_tokens, temperature=1.0, seed=0, ignore_eos=True)
 
 
-def stage_profile_stream():
-    """Where a decode token's time goes while experts stream (OLMoE fp8, 4 GB VRAM, RAM unconstrained),
-    through Engine.generate: telemetry per token, cProfile (host) and torch.profiler (device)."""
+def stage_profile_stream(quant="fp8", budgets=("4GB",)):
+    """Where a decode token's time goes while experts stream (OLMoE, 4 GB VRAM, RAM unconstrained),
+    through Engine.generate: telemetry per token and cProfile (host). More budgets (e.g. one that holds
+    every expert) are timed the same way first, without the profile."""
+    for budget in budgets[1:]:
+        _profile_stream(quant, budget, profile=False)
+    _profile_stream(quant, budgets[0], profile=True)
+
+
+def _profile_stream(quant: str, budget: str, profile: bool):
     import cProfile
     import io
     import pstats
@@ -258,30 +265,35 @@ def stage_profile_stream():
     from engine.runtime.telemetry import delta
     from engine.tools.bench import _timed_generate
     from engine.tools.presets import write_sluice_dir
-    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-fp8", "fp8")
-    eng = engine.load(path, device="cuda", vram_budget="4GB", ram_cache="16GB", max_context=1024)
+    path = write_sluice_dir("olmoe-1b-7b", WORK / f"olmoe-1b-7b-{quant}", quant)
+    eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache="16GB", max_context=1024)
     rng = random.Random(0)
     prompt = [rng.randrange(50000) for _ in range(512)]
     _timed_generate(eng, prompt, _sampled(96))                         # fill RAM and banks
     t = _timed_generate(eng, prompt[:64], _sampled(64))
     before, after = t.after_prefill, eng.telemetry()                 # decode only
     ms = t.decode_s / 63 * 1e3
-    print(f"streaming decode: {ms:.2f} ms/token ({1e3 / ms:.1f} tok/s); slots/bank {eng.plan.slots_per_bank}, "
+    print(f"{quant}, VRAM budget {budget}: decode {ms:.2f} ms/token ({1e3 / ms:.1f} tok/s); slots/bank {eng.plan.slots_per_bank}, "
           f"RAM slots {eng.runner.cache.num_slots}")
     d = lambda *path: delta(after, before, *path)                 # noqa: E731 - per-run deltas
     print(f"  per token: VRAM hits {d('vram', 'hits') / 63:.1f} misses {d('vram', 'misses') / 63:.1f}, "
           f"RAM hits {d('ram_cache', 'hits') / 63:.1f}, h2d {d('h2d', 'bytes') / 63 / 1e6:.0f} MB, "
           f"d2h {d('d2h', 'bytes') / 63 / 1e6:.0f} MB, disk {d('disk', 'bytes_read') / 63 / 1e6:.0f} MB, "
           f"recall {d('speculation', 'correct') / max(d('speculation', 'predicted'), 1):.2f}, "
-          f"prefetch used {d('prefetch', 'used')}/{d('prefetch', 'issued')}")
+          f"prefetch used {d('prefetch', 'used')}/{d('prefetch', 'issued')}, "
+          f"CPU experts {d('cpu', 'experts') / 63:.1f} ({d('cpu', 'busy_s') / 63 * 1e3:.2f} ms)")
+    RESULTS.setdefault("profile_stream", {})[f"{quant}-{budget}"] = {"ms_per_token": ms}
+    if not profile:
+        eng.close()
+        return
     prof = cProfile.Profile()
     prof.enable()
     _timed_generate(eng, prompt[:64], _sampled(32))
     prof.disable()
     text = io.StringIO()
-    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(22)
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    pstats.Stats(prof, stream=text).sort_stats("cumulative").print_stats(25)
     print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
-    RESULTS["profile_stream"] = {"ms_per_token": ms}
     eng.close()
     save()
 
@@ -335,6 +347,8 @@ STAGES = {
     "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
+    # int8 streaming at 4 GB against every expert resident (40 GB): the decode's floor without streaming
+    "profile-int8": lambda: stage_profile_stream("int8", ("4GB", "40GB")),
     # gpt-oss-120b's dims (12 of 36 layers), its native mxfp4: 20 GB of experts, VRAM budget below them
     "bench-gpt-oss": lambda: [
         bench("gpt-oss-mxfp4-12g-8g", ["--preset", "gpt-oss-120b", "--quant", "mxfp4", "--vram-budget", "12GB",
