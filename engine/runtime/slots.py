@@ -62,13 +62,20 @@ class SlotBanks:
 
     def _victim(self, bank: int, protected: set[Key]) -> Key:
         """The least used of the `window` least recently used unprotected blocks (oldest on ties)."""
-        candidates = []
+        uses = self._uses.get
+        victim, fewest, seen = None, 0.0, 0
         for key in self._resident[bank]:                  # oldest first
-            if key not in protected:
-                candidates.append(key)
-                if len(candidates) == self.window:
+            if key in protected:
+                continue
+            n = uses(key, 0.0)
+            if victim is None or n < fewest:
+                victim, fewest = key, n
+                if n == 0.0:                              # nothing is used less: the oldest unused one
                     break
-        return min(candidates, key=lambda k: self._uses.get(k, 0.0))
+            seen += 1
+            if seen == self.window:
+                break
+        return victim
 
     def acquire(self, key: Key, protected: set[Key]) -> int:
         """A slot in key's bank for a new block, evicting an unprotected block (see `_victim`)."""

@@ -40,4 +40,5 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     assert 0 < r["decode_roofline_s_per_token"] and 0 < r["decode_efficiency"]
     assert 0 <= r["speculation_recall"] <= 1 and r["prefetch"]["issued"] > 0
     assert r["quant"] == quant
+    assert 0 < r["decode_sync_wait_s_per_token"] < r["decode_s_per_token"]
     assert r["process_anonymous_by_mapping"] and "anonymous    " in report(r)     # where the memory sits

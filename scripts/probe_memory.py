@@ -1,0 +1,53 @@
+"""Where the process's memory besides the RAM cache comes from, phase by phase (issue #10's memory diet).
+
+Loads a Sluice model dir with a small RAM cache and prints, after each phase, the anonymous memory
+(RssAnon + RssShmem, less the RAM cache) and its largest mappings (engine.runtime.memory).
+Usage: python3 scripts/probe_memory.py MODEL_DIR [device=cuda]
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+ROWS = []
+
+
+def note(phase: str, cache_bytes: int = 0) -> None:
+    from engine.runtime.memory import anonymous_by_mapping, process_memory
+    rss, anon = process_memory()
+    where = ", ".join(f"{name} {size / 2**20:.0f}" for name, size in anonymous_by_mapping(top=5))
+    ROWS.append((phase, (anon - cache_bytes) / 2**20, rss / 2**20, where))
+
+
+def main() -> None:
+    path, device = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "cuda")
+    note("python")
+    import torch
+    note("import torch")
+    if device == "cuda":
+        torch.zeros(1, device="cuda")
+        note("CUDA context")
+        a = torch.randn(1024, 1024, device="cuda")
+        (a @ a).sum().item()
+        del a
+        note("cuBLAS handle")
+    import engine
+    note("import engine")
+    import transformers  # noqa: F401 - the tokenizer's import, counted on its own
+    note("import transformers")
+    eng = engine.load(path, device=device, vram_budget="4GB", ram_cache="256MB", max_context=int(os.environ.get("PROBE_CONTEXT", "1024")))
+    note("engine.load", eng.telemetry()["ram_cache"]["used_bytes"])
+    from engine.params import GenerationParams
+    for _ in eng.generate(list(range(1, 65)), GenerationParams(max_new_tokens=16, temperature=0.0)):
+        pass
+    note("64-token prompt + 16 tokens", eng.telemetry()["ram_cache"]["used_bytes"])
+    eng.close()
+    print("| phase | anonymous besides the RAM cache, MiB | RSS, MiB | largest anonymous mappings, MiB |")
+    for phase, anon, rss, where in ROWS:
+        print(f"| {phase} | {anon:.0f} | {rss:.0f} | {where} |")
+
+
+if __name__ == "__main__":
+    main()
