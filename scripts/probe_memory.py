@@ -21,6 +21,17 @@ def note(phase: str, cache_bytes: int = 0) -> None:
     ROWS.append((phase, (anon - cache_bytes) / 2**20, rss / 2**20, where))
 
 
+def _note_after(owner, name: str, label: str) -> None:
+    """Wrap a loading step so the memory is noted when it returns."""
+    step = getattr(owner, name)
+
+    def noted(*args, **kwargs):
+        result = step(*args, **kwargs)
+        note(label)
+        return result
+    setattr(owner, name, noted)
+
+
 def main() -> None:
     path, device = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "cuda")
     note("python")
@@ -37,6 +48,13 @@ def main() -> None:
     note("import engine")
     import transformers  # noqa: F401 - the tokenizer's import, counted on its own
     note("import transformers")
+    import engine.runtime.runner as runner
+    for owner, name, label in ((runner, "_load_dense", "load: dense weights"),
+                               (runner.Runner, "_choose_kernel", "load: kernel self-check"),
+                               (runner.Runner, "_capture_decode", "load: decode CUDA graphs"),
+                               (runner, "release_free_heap", "load: free heap trimmed"),
+                               (runner.Runner, "_cpu_experts", "load: CPU expert probe")):
+        _note_after(owner, name, label)
     eng = engine.load(path, device=device, vram_budget="4GB", ram_cache="256MB", max_context=int(os.environ.get("PROBE_CONTEXT", "1024")))
     note("engine.load", eng.telemetry()["ram_cache"]["used_bytes"])
     from engine.params import GenerationParams

@@ -91,6 +91,7 @@ class Experts:
         self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if self.is_cuda else None   # set by `run`
+        self._batch_copies = 0                         # copies issued in the current `_copy_batch`
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -332,6 +333,7 @@ class Experts:
             yield
             return
         bank = self.banks.bank_of(layer)
+        issued, self._batch_copies = time.perf_counter(), 0
         torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         try:
             if self._bank_free[bank] is not None:
@@ -344,6 +346,8 @@ class Experts:
         finally:
             torch.cuda.set_stream(self._compute_stream)
         self._timed.append((start, end))
+        if self.cpu is not None:          # the decode thread's time to issue a copy, for the placement
+            self.cpu.placement.observe_copies(time.perf_counter() - issued, self._batch_copies)
 
     def _copy(self, layer: int, expert: int, ram_slot: int, protected: set[Key]) -> int:
         """Copy a locked RAM block into a slot of layer's bank (inside `_copy_batch`); the RAM lock is
@@ -355,6 +359,7 @@ class Experts:
         write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
         dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
         self.telemetry.add(h2d_bytes=self.cache.block_bytes)
+        self._batch_copies += 1
         if self.exclusive:
             self.cache.demote(key)
         if not self.is_cuda:

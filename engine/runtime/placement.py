@@ -4,39 +4,40 @@ For one decode step of a layer:
   in a VRAM slot        -> the GPU computes it (nothing moves);
   in the RAM cache      -> k of these n experts are computed by the CPU where they sit, the other
                            n - k are copied into a slot and computed by the GPU; k minimises
-                           max(k * cpu_s, (q + n - k) * copy_s), both sides running at once, q the
+                           max(k * cpu_s + (n - k) * host_s, (q + n - k) * copy_s): the decode
+                           thread computes the CPU's share and issues each copy (host_s of its time,
+                           its bookkeeping included), while the copy stream moves the blocks, q
                            copies already queued ahead (when none are left to copy, their wait is 0);
   on disk               -> read into RAM, then copied (the read dominates either way).
 The next layer's speculative prefetch follows the same split (prefetch_count): it copies the hottest
 predicted RAM-resident experts ahead and leaves the coldest to the CPU, so the copy stream does not
 fill with blocks the CPU could have computed in place.
 cpu_s (one expert, one token, on the CPU) and copy_s (one block over PCIe) are measured on this
-machine when the model loads, and cpu_s follows what the CPU then really takes. The coldest experts
+machine when the model loads; cpu_s and host_s then follow what decoding really takes, each sample
+bounded (a stall of the machine cannot switch the CPU's share off for good). The coldest experts
 go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay resident).
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
 
-# A copy delays the whole token, a CPU expert only its own layer: the copy stream is shared by every
-# layer and runs ahead of them (prefetch), so in a streaming decode it is the bottleneck, while the CPU
-# waits idle outside its layer's share. The cost model charges a copy this many times its duration.
-COPY_COST = float(os.environ.get("SLUICE_COPY_COST", "1"))
 MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resident miss on the CPU (tests)
-SMOOTHING = 0.1                     # weight of a new CPU timing in the running estimate
+SMOOTHING = 0.1                     # weight of a new timing in a running estimate
+MAX_STEP = 2.0                      # one sample moves an estimate at most this factor up (or down)
+CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these factors of the one measured at load
 
 
 @dataclass
 class Placement:
     cpu_s: float             # seconds for the CPU to compute one expert for one token
-    copy_s: float            # seconds to copy one expert block host -> device
+    copy_s: float            # seconds to copy one expert block host -> device (the copy stream's time)
     mode: str = "auto"
-    copy_cost: float = 1.0   # what a copy costs the token, in copy_s: see COPY_COST
+    host_s: float = 0.0      # seconds of the decode thread's time to issue one copy (bookkeeping included)
+    cpu_load_s: float = 0.0  # cpu_s as measured at load (bounds the running estimate)
 
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies
@@ -44,43 +45,60 @@ class Placement:
         if self.mode == "off" or not candidates:
             return []
         n = len(candidates)
-        if self.mode == "all":
-            k = n
-        else:
-            k = min(range(n + 1), key=lambda j: (self._step_s(j, n - j, num_tokens, queued), -j))
+        k = n if self.mode == "all" else self._best_k(n, num_tokens, queued)
         return sorted(candidates, key=uses)[:k]
 
     def prefetch_count(self, n: int) -> int:
-        """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the split
-        where the CPU's share of them, k = n - count, takes as long as the copies, k * cpu_s =
-        count * copy_s * copy_cost (mode "all": none, the CPU computes every RAM-resident miss)."""
-        if self.mode == "off":
+        """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the same
+        split, the CPU taking the rest when that layer runs (mode "all": none, the CPU computes every
+        RAM-resident miss)."""
+        if self.mode == "off" or (self.mode == "auto" and self.cpu_s <= 0):
             return n
-        if self.mode == "all" or self.cpu_s <= 0:
-            return 0 if self.mode == "all" else n
-        copy_s = self.copy_s * self.copy_cost
-        return min(n, round(n * self.cpu_s / (self.cpu_s + copy_s)))
+        return 0 if self.mode == "all" else n - self._best_k(n, 1, 0)
+
+    def _best_k(self, n: int, num_tokens: int, queued: int) -> int:
+        return min(range(n + 1), key=lambda k: (self._step_s(k, n - k, num_tokens, queued), -k))
 
     def _step_s(self, on_cpu: int, copied: int, num_tokens: int, queued: int) -> float:
-        """Both sides at once: the CPU's experts, and the copies (behind the queued ones, if any copy)."""
-        copy_s = (queued + copied) * self.copy_s * self.copy_cost if copied else 0.0
-        return max(on_cpu * self.cpu_s * num_tokens, copy_s)
+        """Both sides at once: the decode thread (the CPU's experts, issuing the copies) and the copy
+        stream (the copies, behind the queued ones, if any copy)."""
+        host = on_cpu * self.cpu_s * num_tokens + copied * self.host_s
+        stream = (queued + copied) * self.copy_s if copied else 0.0
+        return max(host, stream)
 
     def observe(self, seconds: float, experts: int, num_tokens: int) -> None:
         """A CPU batch took `seconds` for `experts` experts of `num_tokens` tokens."""
         if experts:
-            sample = seconds / (experts * num_tokens)
-            self.cpu_s += SMOOTHING * (sample - self.cpu_s)
+            self.cpu_s = _follow(self.cpu_s, seconds / (experts * num_tokens))
+            if self.cpu_load_s > 0:
+                low, high = CPU_RANGE
+                self.cpu_s = min(max(self.cpu_s, low * self.cpu_load_s), high * self.cpu_load_s)
+
+    def observe_copies(self, seconds: float, copies: int) -> None:
+        """Issuing `copies` copies took the decode thread `seconds`."""
+        if copies:
+            self.host_s = _follow(self.host_s, seconds / copies)
 
 
-def measure_cpu_s(compute: Callable[[], object], repeats: int = 5) -> float:
-    """Seconds one call of `compute` (one expert, one token on the CPU) takes, after warming up."""
+def _follow(estimate: float, sample: float) -> float:
+    """A running average that one outlier moves at most MAX_STEP-fold."""
+    if estimate <= 0:
+        return sample
+    sample = min(max(sample, estimate / MAX_STEP), estimate * MAX_STEP)
+    return estimate + SMOOTHING * (sample - estimate)
+
+
+def measure_cpu_s(compute: Callable[[], object], repeats: int = 7) -> float:
+    """Seconds one call of `compute` (one expert, one token on the CPU) takes: the median of a few
+    calls after warming up (a stall of the machine during one call does not count)."""
     for _ in range(2):
         compute()
-    start = time.perf_counter()
+    times = []
     for _ in range(repeats):
+        start = time.perf_counter()
         compute()
-    return (time.perf_counter() - start) / repeats
+        times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
 
 
 def measure_copy_s(src: torch.Tensor, dst: torch.Tensor, repeats: int = 5) -> float:

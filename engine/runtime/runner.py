@@ -29,7 +29,7 @@ from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, release_free_heap
 from engine.runtime.pinned import pinned_buffer
-from engine.runtime.placement import COPY_COST, MODES, Placement, measure_copy_s, measure_cpu_s
+from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
@@ -114,19 +114,18 @@ class Runner:
             return None           # auto: only formats the CPU multiplies without dequantising first
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
-        placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode, copy_cost=COPY_COST)
+        placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
         cpu = CpuExperts(layout, self.model.expert_mlp, self.dtype, self.device, self.spec.top_k, self.telemetry,
                          placement)
         offsets = {f.name: f.offset for f in layout.fields}
         block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
         x = torch.randn(1, layout.hidden).to(self.dtype)
         weights = cpu.weights(block)
-        placement.cpu_s = measure_cpu_s(lambda: self.model.expert_mlp(x, weights))
+        placement.cpu_s = placement.cpu_load_s = measure_cpu_s(lambda: self.model.expert_mlp(x, weights))
         if self.is_cuda:
             placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
         self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
-                                            "threads": torch.get_num_threads(), "mode": mode,
-                                            "copy_cost": placement.copy_cost}
+                                            "threads": torch.get_num_threads(), "mode": mode}
         return cpu
 
     def _place_embedding(self, wanted: bool) -> None:

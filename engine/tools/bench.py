@@ -240,8 +240,7 @@ def _placement_lines(r: dict) -> list[str]:
         return []
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
     return [f"placement    CPU share {p['mode']} on {p['threads']} threads: an expert took {p['cpu_expert_s'] * 1e6:.0f} us "
-            f"at load, {busy * 1e6:.0f} us decoding; a block copy {p['copy_s'] * 1e6:.0f} us, "
-            f"charged {p.get('copy_cost', 1):g}x"]
+            f"at load, {busy * 1e6:.0f} us decoding; a block copy {p['copy_s'] * 1e6:.0f} us"]
 
 
 def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float) -> dict:
