@@ -395,6 +395,26 @@ STAGES = {
         for regime, tokens, tag, env in (
             ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "off", {"SLUICE_CPU_EXPERTS": "off"}),
             ("fits-vram-ram", 64, "auto", {}))],
+    # the CPU's expert speed on this host: the decode thread alone, or worker threads (SLUICE_CPU_POOL)
+    "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
+                                              capture_output=True, text=True).stdout[-3000:]),
+    # where the memory besides the RAM cache comes from, phase by phase (the model is made in another process)
+    "probe-memory": lambda: print(subprocess.run(
+        f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
+        f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
+        f"{sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
+        capture_output=True, text=True).stdout[-3000:]),
+    # the prefetch A/B again, alternated (the first bench of a fresh machine also made the model)
+    "prefetch-abab": lambda: [
+        bench(f"olmoe-int8-fits-ram-{tag}-{i}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                 "--prompt-tokens", "512", "--new-tokens", "128"], env=env)
+        for i in (1, 2) for tag, env in (("prefetch-share", {}), ("prefetch-all", {"SLUICE_PREFETCH_ALL": "1"}))],
+    # hybrid on/off alternated after a warm-up bench (the first bench of a fresh machine also writes the model)
+    "hybrid-abab": lambda: [
+        bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                             "--prompt-tokens", "512", "--new-tokens", "128"],
+              env={"SLUICE_CPU_EXPERTS": mode}) for tag, mode in (
+                  ("warmup", "off"), ("off-1", "off"), ("auto-1", "auto"), ("off-2", "off"), ("auto-2", "auto"))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",
