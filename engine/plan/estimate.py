@@ -330,15 +330,17 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
 def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, ram_hit: float, quant: str = "fp8"):
     """Bytes per token from disk and over PCIe at these hit rates, the compute seconds per token, and the
     decode speed they bound: (disk_bytes, h2d_bytes, compute_s, tok_s). With a format the CPU computes in
-    place, hybrid execution splits the RAM-resident misses between PCIe and the CPU, both at once."""
+    place, hybrid execution splits the RAM-resident misses between PCIe and the CPU, both at once, where
+    the CPU computes an expert faster than PCIe copies it (engine.runtime.placement.Placement.pays_off)."""
     from engine.runtime.cpu_experts import CPU_FAST_FORMATS
     on_gpu = machine.device == "cuda"
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
     disk = h2d * (1 - ram_hit)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
-    if on_gpu and quant in CPU_FAST_FORMATS:
-        pcie_bps += CPU_EXPERT_SHARE_OF_MEM_BW * machine.mem_bw_bps
+    cpu_bps = CPU_EXPERT_SHARE_OF_MEM_BW * machine.mem_bw_bps
+    if on_gpu and quant in CPU_FAST_FORMATS and cpu_bps > pcie_bps:     # as "auto" decides: the CPU beats a copy
+        pcie_bps += cpu_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
     active_params = shape.active_params - shape.embedding_params          # one embedding row per token
     compute_s = active_params * COMPUTE_DTYPE_BYTES[machine.device] / compute_bw \

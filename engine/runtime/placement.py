@@ -29,6 +29,11 @@ MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resid
 SMOOTHING = 0.1                     # weight of a new timing in a running estimate
 MAX_STEP = 2.0                      # one sample moves an estimate at most this factor up (or down)
 CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these factors of the one measured at load
+# An expert computed while decoding took 2.2-5x what the same expert took at load (H200 box, OLMoE int8:
+# 309-715 us against 111-155 us; DRAM instead of cache, threads waking, the decode thread's other work).
+# "auto" turns the CPU's share on only where even that slower CPU beats a copy: there (141 us at load
+# against a 138 us copy) it cost 12-16 tok/s in alternated runs (59-60 on, 71-74 off; BENCHMARKS run 34).
+LIVE_FACTOR = 3.0
 
 
 @dataclass
@@ -38,6 +43,11 @@ class Placement:
     mode: str = "auto"
     host_s: float = 0.0      # seconds of the decode thread's time to issue one copy (bookkeeping included)
     cpu_load_s: float = 0.0  # cpu_s as measured at load (bounds the running estimate)
+
+    def pays_off(self) -> bool:
+        """Whether the CPU's share is worth having at all: mode "all" always, "auto" where an expert
+        computed while decoding (LIVE_FACTOR x what it took at load) is faster than copying its block."""
+        return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * LIVE_FACTOR < self.copy_s)
 
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies

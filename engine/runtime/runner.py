@@ -107,7 +107,8 @@ class Runner:
 
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
         """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts
-        the placement gives it, at speeds measured here, on this machine, now."""
+        the placement gives it, at speeds measured here, on this machine, now; in mode "auto" only where
+        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report."""
         if mode not in MODES:
             raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
         if mode == "off" or (mode == "auto" and (not self.is_cuda or layout.fmt not in CPU_FAST_FORMATS)):
@@ -125,8 +126,9 @@ class Runner:
         if self.is_cuda:
             placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
         self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
-                                            "threads": torch.get_num_threads(), "mode": mode}
-        return cpu
+                                            "threads": torch.get_num_threads(), "mode": mode,
+                                            "active": placement.pays_off()}
+        return cpu if placement.pays_off() else None
 
     def _place_embedding(self, wanted: bool) -> None:
         """SLUICE_EMBED_IN_RAM=1: an embedding table loaded into host RAM (untied head) stays there when the

@@ -238,6 +238,9 @@ def _placement_lines(r: dict) -> list[str]:
     p = r.get("placement")
     if not p:
         return []
+    if not p.get("active", True):
+        return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at load "
+                f"(decoding takes ~3x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
     return [f"placement    CPU share {p['mode']} on {p['threads']} threads: an expert took {p['cpu_expert_s'] * 1e6:.0f} us "
             f"at load, {busy * 1e6:.0f} us decoding; a block copy {p['copy_s'] * 1e6:.0f} us"]

@@ -55,3 +55,12 @@ def test_one_stall_cannot_switch_the_cpu_share_off_for_good():
     for _ in range(200):
         p.observe(seconds=100.0, experts=1, num_tokens=1)
     assert p.cpu_s == 5.0
+
+
+def test_auto_keeps_the_cpu_share_only_where_the_cpu_beats_a_copy():
+    """Measured at load: an expert on the CPU and a block copy. Decoding, the CPU takes ~3x its load
+    time, so "auto" keeps its share only where that is still faster than copying ("all": always)."""
+    assert not Placement(cpu_s=141e-6, copy_s=138e-6, cpu_load_s=141e-6).pays_off()     # the H200 box
+    assert Placement(cpu_s=150e-6, copy_s=790e-6, cpu_load_s=150e-6).pays_off()         # a PCIe 4.0 x4 card
+    assert Placement(cpu_s=1.0, copy_s=0.0, mode="all", cpu_load_s=1.0).pays_off()
+    assert not Placement(cpu_s=0.0, copy_s=1.0, mode="off").pays_off()
