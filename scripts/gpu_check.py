@@ -404,6 +404,10 @@ STAGES = {
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
         f"{sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-3000:]),
+    # the same without CUDA graphs and Triton kernels: is the memory the graphs, or the kernels' first run?
+    "probe-memory-eager": lambda: print(subprocess.run(
+        f"SLUICE_EAGER=1 {sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True,
+        cwd=ROOT, capture_output=True, text=True).stdout[-3000:]),
     # the prefetch A/B again, alternated (the first bench of a fresh machine also made the model)
     "prefetch-abab": lambda: [
         bench(f"olmoe-int8-fits-ram-{tag}-{i}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
