@@ -30,8 +30,11 @@ COMPUTE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
 FAST_TOK_S = 5.0                   # about reading speed: below this a chat feels slow
 # Per layer per token: kernel launches, Python and small-op overhead that no byte count explains.
 # CPU value measured with engine.load on a 12-layer model whose experts all sat in slots (see the
-# setup README notes); CUDA value from the decode loop with CUDA graphs.
-LAYER_OVERHEAD_S = {"cuda": 60e-6, "cpu": 800e-6}
+# setup README notes). CUDA value: OLMoE-1B-7B int8 with every expert in a slot decoded at 5.49 ms a
+# token on the H200 box (BENCHMARKS run 31), 0.37 ms of it reading 1.6 GB of HBM: 320 us for each of
+# its 16 layers (the layer's host sync, the decode thread's Python, launches). A desktop's faster
+# cores take less; 60 us, the figure used before, came from a loop without the host sync.
+LAYER_OVERHEAD_S = {"cuda": 320e-6, "cpu": 800e-6}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 # Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the
 # machine's memory bandwidth (H200 box: 415 us for a 6.3 MB expert while decoding, DRAM 73 GB/s; BENCHMARKS run 22).
