@@ -164,7 +164,7 @@ class Experts:
     def _cpu_share(self, layer: int, late: list[int], num_tokens: int) -> list[int]:
         """The misses the CPU computes from the RAM cache (placement cost model); the rest are copied."""
         candidates = [e for e in late if (layer, e) in self.cache and (layer, e) not in self._reads]
-        queued = sum(1 for done, _ in self._inflight if not done.query()) if self.is_cuda else 0
+        queued = len(self._inflight) - _finished_prefix([done for done, _ in self._inflight]) if self.is_cuda else 0
         return self.cpu.placement.cpu_share(candidates, num_tokens, lambda e: self.banks.uses((layer, e)), queued)
 
     def _torch_layer(self, layer, x, weights, routed, routed_dev, top_k, resident, late, out) -> None:
@@ -402,21 +402,16 @@ class Experts:
         self._release_finished_copies()
 
     def _release_finished_copies(self) -> None:
-        """Unlock the RAM blocks whose copies have finished; add finished batches' h2d busy time."""
-        still = []
-        for end, key in self._inflight:
-            if end.query():
-                self.cache.unlock(key)
-            else:
-                still.append((end, key))
-        self._inflight = still
-        timed = []
-        for start, end in self._timed:
-            if end.query():
-                self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
-            else:
-                timed.append((start, end))
-        self._timed = timed
+        """Unlock the RAM blocks whose copies have finished; add finished batches' h2d busy time. All
+        copies run in order on the one copy stream, so the first unfinished one ends the scan."""
+        done = _finished_prefix([end for end, _ in self._inflight])
+        for _, key in self._inflight[:done]:
+            self.cache.unlock(key)
+        del self._inflight[:done]
+        done = _finished_prefix([end for _, end in self._timed])
+        for start, end in self._timed[:done]:
+            self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
+        del self._timed[:done]
 
     # ------------------------------------------------------------------ speculation
     def _prefetch(self, layer: int, experts: list[int]) -> None:
@@ -485,3 +480,11 @@ class Experts:
             self._settle_read(key)
         self._predicted.clear()
         self._prefetched.clear()
+
+
+def _finished_prefix(events: list) -> int:
+    """How many of the events, recorded in this order on one stream, have completed."""
+    for i, event in enumerate(events):
+        if not event.query():
+            return i
+    return len(events)

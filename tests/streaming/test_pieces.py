@@ -40,3 +40,22 @@ def test_pinned_buffer_pins_exactly_what_is_asked():
     import gc
     gc.collect()
     assert pinned_bytes() == before
+
+
+def test_copies_finish_in_stream_order_so_the_scan_stops_at_the_first_unfinished():
+    """Copies run in order on one copy stream: once one has not finished, no later one has (a later
+    event that says it has is not asked, so its RAM block stays locked until the earlier ones land)."""
+    from engine.runtime.experts import _finished_prefix
+
+    class Event:
+        def __init__(self, done):
+            self.done, self.asked = done, False
+
+        def query(self):
+            self.asked = True
+            return self.done
+
+    events = [Event(True), Event(True), Event(False), Event(True)]
+    assert _finished_prefix(events) == 2
+    assert not events[3].asked
+    assert _finished_prefix([]) == 0 and _finished_prefix(events[:2]) == 2
