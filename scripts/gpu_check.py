@@ -393,9 +393,9 @@ STAGES = {
         bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
                                              "--prompt-tokens", "512", "--new-tokens", str(tokens)], env=env)
         for regime, tokens, tag, env in (
+            ("fits-ram", 16, "warmup", {}),      # the first bench on a fresh machine also writes the model: discard
             ("fits-ram", 128, "auto", {}), ("fits-ram", 128, "off", {"SLUICE_CPU_EXPERTS": "off"}),
             ("fits-vram-ram", 64, "auto", {}))],
-    # the CPU's expert speed on this host: the decode thread alone, or worker threads (SLUICE_CPU_POOL)
     "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
                                               capture_output=True, text=True).stdout[-3000:]),
     # where the memory besides the RAM cache comes from, phase by phase (the model is made in another process)
