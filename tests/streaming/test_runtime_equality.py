@@ -47,6 +47,24 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
 
 
+def test_disk_reads_ahead_only_for_the_better_half_of_the_guesses(family_model, monkeypatch):
+    """Reading ahead for every guess of the next layer reads more from the disk (the wrong guesses),
+    and never less; the tokens stay transformers' either way."""
+    path, expected = family_model
+    snaps = {}
+    for reads in ("", "1000"):                               # the default (half), then every guess
+        monkeypatch.setenv("SLUICE_PREFETCH_READS", reads)
+        eng = _streaming_model(path, ram_blocks=6)
+        try:
+            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+            snaps[reads] = eng.telemetry()
+        finally:
+            eng.close()
+    half, every = snaps[""], snaps["1000"]
+    assert half["prefetch"]["issued"] < every["prefetch"]["issued"]
+    assert half["disk"]["reads"] <= every["disk"]["reads"]
+
+
 def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     """Every RAM-resident expert of a decode step computed by the CPU from its RAM block (on a GPU
     beside the kernels' share): the partial sums still give transformers' tokens."""
