@@ -1,4 +1,8 @@
-"""RAM cache of expert blocks: a fixed number of block-sized slots, LRU, allocated as it fills.
+"""RAM cache of expert blocks: a fixed number of block-sized slots, allocated as it fills.
+
+Eviction: a block also held in a VRAM slot (demoted) goes first, as it costs nothing to lose; then,
+like the slot banks, the least used of the `window` least recently used blocks (`uses`: the routing
+use counts the slot banks keep), so hot experts stay in RAM. With no `uses` it is plain LRU.
 
 Memory is taken in chunks only when the cache grows, so a large budget costs nothing until used
 (and on CUDA, pinned memory is never taken past the budget). Locked entries are never evicted.
@@ -32,6 +36,9 @@ class RamCache:
         self._chunks: list[torch.Tensor] = []
         self._entries: OrderedDict[Key, int] = OrderedDict()   # LRU first
         self._locks: dict[Key, int] = {}
+        self._demoted: set[Key] = set()           # also in a VRAM slot
+        self.uses: Callable[[Key], float] | None = None
+        self.window = 32
         self._free: list[int] = []
         self._num_created = 0
         telemetry.set(ram_capacity_bytes=self.num_slots * block_bytes)
@@ -46,6 +53,7 @@ class RamCache:
             self.telemetry.add(ram_misses=1)
             return None
         self._entries.move_to_end(key)
+        self._demoted.discard(key)
         self.telemetry.add(ram_hits=1)
         return slot
 
@@ -53,11 +61,13 @@ class RamCache:
         """Make a cached block the first to be evicted (it now also sits in a VRAM slot)."""
         if key in self._entries:
             self._entries.move_to_end(key, last=False)
+            self._demoted.add(key)
 
     def touch(self, key: Key) -> None:
         """Make a cached block the most recent, without counting a hit or a miss."""
         if key in self._entries:
             self._entries.move_to_end(key)
+            self._demoted.discard(key)
 
     def can_insert(self) -> bool:
         """Whether `insert` would find a slot (free, not yet created, or an unlocked entry to evict)."""
@@ -71,17 +81,33 @@ class RamCache:
         elif self._num_created < self.num_slots:
             slot = self._grow()
         else:
-            victim = next((k for k in self._entries if not self._locks.get(k)), None)
+            victim = self._victim()
             if victim is None:
                 raise RuntimeError("RAM cache: every slot is locked")  # callers size batches to avoid this
             slot = self._entries.pop(victim)
+            self._demoted.discard(victim)
             self.telemetry.add(ram_evictions=1)
         self._entries[key] = slot
         self.telemetry.set(ram_used_bytes=len(self._entries) * self.block_bytes)
         return slot
 
+    def _victim(self) -> Key | None:
+        """A demoted block (oldest first), else the least used of the `window` least recently used
+        unlocked ones (the oldest on ties)."""
+        candidates = []
+        for key in self._entries:                      # least recent first; demoted ones are moved there
+            if self._locks.get(key):
+                continue
+            if key in self._demoted or self.uses is None:
+                return key
+            candidates.append(key)
+            if len(candidates) == self.window:
+                break
+        return min(candidates, key=self.uses) if candidates else None
+
     def discard(self, key: Key) -> None:
         """Forget a block whose read failed."""
+        self._demoted.discard(key)
         slot = self._entries.pop(key, None)
         if slot is not None:
             self._free.append(slot)

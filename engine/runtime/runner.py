@@ -93,6 +93,7 @@ class Runner:
         self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
+        self.cache.uses = self.banks.uses                 # one routing frequency for both tiers' evictions
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
                                dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts))
         if not self.is_cuda:

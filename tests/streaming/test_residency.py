@@ -4,6 +4,7 @@ import random
 
 import torch
 
+from engine.runtime.cache import RamCache
 from engine.runtime.slots import SlotBanks
 from engine.runtime.telemetry import Telemetry
 
@@ -54,3 +55,41 @@ def test_uniform_routing_loses_nothing():
     trace = zipf_trace(0.0)                            # s = 0: every expert equally likely
     lru, frequency_aware = hit_rate(trace, window=1), hit_rate(trace, window=32)
     assert frequency_aware > lru - 0.02, (lru, frequency_aware)   # measured 0.24 -> 0.29
+
+
+def disk_reads_per_token(trace, ram_window: int | None, slots_per_bank: int = 40, ram_blocks: int = 200) -> float:
+    """Both tiers as the runtime drives them (exclusive: a block copied into a slot is demoted in RAM,
+    a slot's victim goes back to RAM): blocks read from disk a token."""
+    banks = SlotBanks(slots_per_bank, 1, torch.device("cpu"), Telemetry())
+    cache = RamCache(ram_blocks, 1, Telemetry(), allocate=lambda n: torch.empty(n, dtype=torch.uint8))
+    cache.uses = banks.uses if ram_window else None
+    cache.window = ram_window or 1
+    reads = 0
+    for token in trace:
+        for layer, experts in enumerate(token):
+            keys = [(layer, e) for e in experts]
+            banks.note_used(keys)
+            for key in keys:
+                if banks.find(key) is not None:
+                    continue
+                if cache.lookup(key) is None:
+                    reads += 1
+                    cache.insert(key)
+                banks.acquire(key, protected=set(keys))
+                if banks.last_evicted:
+                    victim = banks.last_evicted[0]
+                    if victim in cache:
+                        cache.touch(victim)
+                    else:
+                        cache.insert(victim)
+                cache.demote(key)
+    return reads / len(trace)
+
+
+def test_hot_experts_stay_in_ram_too():
+    """The RAM cache evicts like the slots (least used of the 32 oldest, blocks also in a slot first):
+    fewer disk reads on skewed routing, none more on uniform (measured 63.5 -> 57.5 and 102.6 -> 100.0
+    blocks a token; 80 slots and 200 RAM blocks for 1024 experts)."""
+    skewed, uniform = zipf_trace(1.0), zipf_trace(0.0)
+    assert disk_reads_per_token(skewed, 32) < 0.95 * disk_reads_per_token(skewed, None)
+    assert disk_reads_per_token(uniform, 32) <= disk_reads_per_token(uniform, None)
