@@ -71,8 +71,8 @@ class Experts:
         # With a CPU share, the coldest predicted RAM hits are left to the CPU; SLUICE_PREFETCH_ALL=1 copies
         # every one of them ahead (the order before), for an A/B.
         self.prefetch_all = os.environ.get("SLUICE_PREFETCH_ALL", "0") == "1"
-        # Disk reads started ahead only for the better half of the next layer's guesses (see `_prefetch`);
-        # SLUICE_PREFETCH_READS=N reads ahead for the best N instead (an A/B switch).
+        # Disk reads started ahead for the better half of the next layer's guesses on a GPU, all of them
+        # on the CPU device (see `_prefetch`); SLUICE_PREFETCH_READS=N: the best N (an A/B switch).
         reads = os.environ.get("SLUICE_PREFETCH_READS")
         self.prefetch_reads = int(reads) if reads else None
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
@@ -420,15 +420,19 @@ class Experts:
     # ------------------------------------------------------------------ speculation
     def _prefetch(self, layer: int, experts: list[int]) -> None:
         """Start bringing `layer`'s predicted experts (best guess first): RAM hits copy now (other bank,
-        copy stream); for the better half of the guesses a disk read starts, to be copied when the layer
-        asks for it. A read ahead saves no bytes (a used expert is read anyway), and a wrong one costs a
-        whole block from the disk, the bottleneck once the model exceeds RAM: the lower half of the
-        guesses were used 53% of the time against 79% for the upper half, and reading ahead for them
-        took disk bytes a token from 0.38 to 0.48 GB (OLMoE-1B-7B dims on the CPU device, 35 slots a
-        bank and a 1.2 GiB RAM cache; BENCHMARKS session 5). With a CPU share, the coldest RAM hits stay
-        where they are, for the CPU (placement.prefetch_count)."""
+        copy stream); for the better half of the guesses (on a GPU) a disk read starts, to be copied
+        when the layer asks for it. A read ahead saves no bytes (a used expert is read anyway) and a wrong
+        one costs a whole block from the disk, which on a GPU is the bottleneck once the model exceeds
+        RAM (the exceeds and fits-vram-ram runs are disk-bound, efficiency 0.90-0.98): the lower half of
+        the guesses were used 53% of the time against 79% for the upper half, and reading ahead for them
+        took disk bytes a token from 0.38 to 0.48 GB (OLMoE-1B-7B dims, 35 slots a bank, a 1.2 GiB RAM
+        cache; BENCHMARKS session 5). On the CPU device the compute is the bottleneck and the disk waits
+        anyway, so every guess is read ahead there. With a CPU share, the coldest RAM hits stay where they
+        are, for the CPU (placement.prefetch_count)."""
         self._predicted[layer] = set(experts)
-        read_ahead = self.prefetch_reads if self.prefetch_reads is not None else max(1, len(experts) // 2)
+        read_ahead = self.prefetch_reads
+        if read_ahead is None:
+            read_ahead = max(1, len(experts) // 2) if self.is_cuda else len(experts)
         issued = set()
         keys = {(layer, e) for e in experts}
         in_ram = []
@@ -437,7 +441,8 @@ class Experts:
             if self.banks.find(key) is not None or key in self._reads:
                 continue
             ram_slot = self.cache.lookup(key)
-            if ram_slot is not None:
+            if ram_slot is not None:                 # locked at once: a read started below must not evict it
+                self.cache.lock(key)
                 in_ram.append((expert, ram_slot))
                 continue
             if rank >= read_ahead or not self.cache.can_insert():   # a prefetch never waits
@@ -445,10 +450,11 @@ class Experts:
             self._reads[key] = self._start_read(key)
             issued.add(expert)
         to_copy = self._prefetch_copies(layer, in_ram)
+        for expert in {e for e, _ in in_ram} - {e for e, _ in to_copy}:   # left to the CPU: unlocked again
+            self.cache.unlock((layer, expert))
         if to_copy:
             with self._copy_batch(layer):
                 for expert, ram_slot in to_copy:
-                    self.cache.lock((layer, expert))
                     self._copy(layer, expert, ram_slot, protected=keys)
                     issued.add(expert)
         self._prefetched[layer] = issued
