@@ -5,9 +5,9 @@ int8 kernel for the int8 format), so nothing is dequantised or copied first. The
 itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
 the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into
 the layer's output, the one place the two devices' results meet. (A worker thread measured 4-6x
-slower per expert on the H200 box: it waits for the GIL while the decode thread launches work; a pool
-of 2-8 workers sharing the cores, started before the GPU's share, measured 267-391 us an expert against
-235 us for the decode thread alone: torch's int8 kernel is the limit, not the thread.)
+slower per expert on the H200 box: it waits for the GIL while the decode thread launches work. A pool
+of 2-8 workers sharing the cores measured 267-391 us an expert against 235 us for the decode thread
+alone (scripts/probe_cpu_experts.py), and 687-823 us while decoding: torch's int8 kernel is the limit.)
 On CUDA the layer's input and routing weights reach the host through pinned rows copied before the
 layer's host sync, so they cost no extra wait.
 """
