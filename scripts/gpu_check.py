@@ -333,6 +333,8 @@ def bench(name, argv, cgroup_bytes=None, env=None):
     save()
 
 
+DISK_AB = [(0, "fits-ram", None)] + [(i, regime, reads) for i in (1, 2) for regime in ("exceeds", "fits-vram-ram")
+                                     for reads in (None, "8")]
 HYBRID_QUANTS = os.environ.get("HYBRID_QUANTS", "bf16").split(",")
 
 STAGES = {
@@ -419,6 +421,14 @@ STAGES = {
                                              "--prompt-tokens", "512", "--new-tokens", "128"],
               env={"SLUICE_CPU_EXPERTS": mode}) for tag, mode in (
                   ("warmup", "off"), ("off-1", "off"), ("auto-1", "auto"), ("off-2", "off"), ("auto-2", "auto"))],
+    # the disk-bound regimes with reads ahead for the better half of the guesses (now) and for all 8 (before),
+    # alternated after a warm-up; the RAM cache's frequency-aware eviction is in both (compare run 33: 2.61)
+    "disk-ab": lambda: [
+        bench(f"olmoe-int8-{regime}-reads-{reads or 'half'}-{i}",
+              ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime, "--prompt-tokens", "512",
+               "--new-tokens", "32"] + (["--vram-budget", "2.5GB"] if regime == "exceeds" else []),
+              env={"SLUICE_PREFETCH_READS": reads} if reads else {})
+        for i, regime, reads in DISK_AB],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",
