@@ -4,7 +4,7 @@ Piece L starts from the previous layer's results (layer 0: the embedding of the 
 residual add after a MoE block (and its shared expert) happens inside the next piece: per MoE layer
 the host does one graph replay, one read of the expert ids and the expert launch(es). Piece L runs
 the block's mixer and, for a MoE layer, its router, with the speculated ids of the next MoE layer
-(that layer's own router on this layer's input) appended. A last piece gives the logits and the
+(that layer's own router on this layer's input, best guess first) appended. A last piece gives the logits and the
 greedy token. The routed experts of layer L write the static `moe_out[L]`.
 On CUDA the state is static (allocated at full size, graph-safe); elsewhere, and with
 `use_graphs=False` (the switch to bisect a graph bug), the very same functions run eagerly.
@@ -78,8 +78,10 @@ class DecodeStep:
         o.route_weights, route_ids = block.route(h)                                   # [1, K], [1, K]
         o.ids = route_ids.flatten()                    # routed ids, then the speculated ids of the next MoE layer
         nxt = self.next_moe[layer]
-        if nxt is not None:
-            o.ids = torch.cat([o.ids, self.blocks[nxt].route(h)[1].flatten()])
+        if nxt is not None:                            # the guesses best first (some routers pick unsorted)
+            guess_weights, guess_ids = self.blocks[nxt].route(h)
+            order = torch.argsort(guess_weights, dim=-1, descending=True)
+            o.ids = torch.cat([o.ids, guess_ids.gather(-1, order).flatten()])
 
     def _head(self) -> None:
         self.logits = self.model.head(self._residual(len(self.blocks) - 1))

@@ -51,23 +51,34 @@ def test_static_state_writes_at_device_positions_and_returns_the_whole_buffer():
     assert out.shape == (8, 1) and out[5, 0] == 7 and out[:5].abs().sum() == 0      # zeros, never garbage
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe", "deepseek_v3"])
 def test_decode_step_continues_what_prefill_computed(sluice_models, family):
     """prefill(p + [t]) and prefill(p) then decode(t) must give the same logits: one definition of
     the model drives both paths, and the state written by prefill is the one decode reads."""
     eng = engine.load(sluice_models(family, "bf16"))
     prompt = [5, 17, 42, 99, 3, 250, 7]
+    second_block = eng.runner.model.blocks[eng.spec.moe_layers[1]]
+    route = second_block.route
+    second_block.route = lambda h: tuple(t.flip(-1) for t in route(h))      # a router that picks unsorted
     try:
         with torch.inference_mode():
             whole = eng.runner.prefill(prompt).clone()
             eng.runner.prefill(prompt[:-1])
             stepped = eng.runner.decode(prompt[-1], len(prompt) - 1).clone()
-            routed_and_guessed = eng.runner.step.out[eng.spec.moe_layers[0]].ids
+            first, second = eng.spec.moe_layers[:2]
+            routed_and_guessed = eng.runner.step.out[first].ids
+            guess_weights, guess_ids = eng.runner.model.blocks[second].route(eng.runner.step.out[first].h)
     finally:
         eng.close()
     torch.testing.assert_close(stepped, whole, rtol=1e-4, atol=1e-4)
-    # a MoE layer's ids: its top-k, then the next MoE layer's own router's guess on the same input
-    assert routed_and_guessed.numel() == 2 * eng.spec.top_k
+    # a MoE layer's ids: its top-k, then the next MoE layer's own router's guess on the same input, best
+    # first (the prefetch reads ahead from disk for the better half only)
+    top_k = eng.spec.top_k
+    assert routed_and_guessed.numel() == 2 * top_k
+    weight_of = dict(zip(guess_ids.flatten().tolist(), guess_weights.flatten().tolist()))
+    guessed = routed_and_guessed[top_k:].tolist()
+    assert set(guessed) == set(weight_of)
+    assert [weight_of[e] for e in guessed] == sorted(weight_of.values(), reverse=True)
 
 
 def test_the_snapshot_says_what_the_process_holds_besides_the_cache():
