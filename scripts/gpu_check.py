@@ -410,11 +410,6 @@ STAGES = {
     "probe-memory-eager": lambda: print(subprocess.run(
         f"SLUICE_EAGER=1 {sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True,
         cwd=ROOT, capture_output=True, text=True).stdout[-3000:]),
-    # the prefetch A/B again, alternated (the first bench of a fresh machine also made the model)
-    "prefetch-abab": lambda: [
-        bench(f"olmoe-int8-fits-ram-{tag}-{i}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
-                                                 "--prompt-tokens", "512", "--new-tokens", "128"], env=env)
-        for i in (1, 2) for tag, env in (("prefetch-share", {}), ("prefetch-all", {"SLUICE_PREFETCH_ALL": "1"}))],
     # hybrid on/off alternated after a warm-up bench (the first bench of a fresh machine also writes the model)
     "hybrid-abab": lambda: [
         bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",

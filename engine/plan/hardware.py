@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.runtime.memory import drop_file_cache
+
 MiB = 2**20
 DIRECT_ALIGN = 4096
 
@@ -172,10 +174,7 @@ def _write_test_file(path: Path, size: int, piece: int) -> None:
             fh.write(pattern)
         fh.flush()
         os.fsync(fh.fileno())
-    if hasattr(os, "posix_fadvise"):
-        fd = os.open(path, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+    drop_file_cache(path)
 
 
 def _timed_reads(path: Path, offsets: list[int], read_bytes: int) -> float:

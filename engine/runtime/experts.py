@@ -68,9 +68,6 @@ class Experts:
         # With a CPU share, the next layer's prefetch is issued after it (measured faster on the H200 box: 64.1
         # against 56.2 tok/s, BENCHMARKS runs 21-22); SLUICE_PREFETCH_FIRST=1 issues it before, for an A/B.
         self.prefetch_first = os.environ.get("SLUICE_PREFETCH_FIRST", "0") == "1"
-        # With a CPU share, the coldest predicted RAM hits are left to the CPU; SLUICE_PREFETCH_ALL=1 copies
-        # every one of them ahead (the order before), for an A/B.
-        self.prefetch_all = os.environ.get("SLUICE_PREFETCH_ALL", "0") == "1"
         # Disk reads started ahead for the better half of the next layer's guesses on a GPU, all of them
         # on the CPU device (see `_prefetch`); SLUICE_PREFETCH_READS=N: the best N (an A/B switch).
         reads = os.environ.get("SLUICE_PREFETCH_READS")
@@ -123,7 +120,7 @@ class Experts:
         routed_dev = ids[:num_tokens * top_k]
         waited = time.perf_counter()
         ids = ids.tolist()                                                   # the one host sync of the layer
-        self.telemetry.add(sync_wait_s=time.perf_counter() - waited)
+        waited = time.perf_counter() - waited
         routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
         self._release_finished_copies()
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
@@ -136,7 +133,7 @@ class Experts:
                 late.append(expert)
             else:
                 slot_of[expert] = slot
-        self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late))
+        self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
         on_cpu = self._cpu_share(layer, late, num_tokens) if hybrid and late else []
         if on_cpu:
             late = [e for e in late if e not in on_cpu]
@@ -463,7 +460,7 @@ class Experts:
     def _prefetch_copies(self, layer: int, in_ram: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The predicted RAM hits worth copying ahead: all of them, or with a CPU share the hottest
         ones, so that the CPU can compute the rest in about the time their copies would take."""
-        if self.cpu is None or self.prefetch_all or not in_ram:
+        if self.cpu is None or not in_ram:
             return in_ram
         count = self.cpu.placement.prefetch_count(len(in_ram))
         return sorted(in_ram, key=lambda e: -self.banks.uses((layer, e[0])))[:count]

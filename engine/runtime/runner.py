@@ -27,7 +27,7 @@ from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
-from engine.runtime.memory import DriverMemory, release_free_heap
+from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
 from engine.runtime.slots import SlotBanks
@@ -126,10 +126,10 @@ class Runner:
         placement.cpu_s = placement.cpu_load_s = measure_cpu_s(lambda: self.model.expert_mlp(x, weights))
         if self.is_cuda:
             placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
+        active = placement.pays_off()
         self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
-                                            "threads": torch.get_num_threads(), "mode": mode,
-                                            "active": placement.pays_off()}
-        return cpu if placement.pays_off() else None
+                                            "threads": torch.get_num_threads(), "mode": mode, "active": active}
+        return cpu if active else None
 
     def _place_embedding(self, wanted: bool) -> None:
         """SLUICE_EMBED_IN_RAM=1: an embedding table loaded into host RAM (untied head) stays there when the
@@ -241,18 +241,6 @@ def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, p
                                       dtype=dtype if tensor.is_floating_point() else None)
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
-    drop_page_cache(model_dir.path / DENSE_FILE)
+    drop_file_cache(model_dir.path / DENSE_FILE)       # read once, now on the device
     return weights
 
-
-def drop_page_cache(path) -> None:
-    """Let the kernel drop a file's cached pages (read once, now on the device): under a memory cap
-    they would count against the RAM cache's room."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    except (OSError, AttributeError):       # no posix_fadvise (macOS, Windows): the pages just stay
-        pass
