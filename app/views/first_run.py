@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QFrame, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from .. import paths
 from . import theme
@@ -50,7 +50,13 @@ class FirstRunPage(QWidget):
                                         "are gibberish by design; it shows the app, the streaming and the panels "
                                         "without any download.")
         self.demo_button.clicked.connect(self.demo_requested)
-        outer.addWidget(card, 0, Qt.AlignmentFlag.AlignHCenter)
+        # Centred by stretches, not by an alignment flag: an aligned widget gets its size hint's height,
+        # computed before its labels wrap to the card's real width, and the last note was cut off.
+        row = QHBoxLayout()
+        row.addStretch(1)
+        row.addWidget(card, 4)
+        row.addStretch(1)
+        outer.addLayout(row)
         outer.addStretch(2)
 
     def _choice(self, layout: QVBoxLayout, text: str, explanation: str) -> QPushButton:
