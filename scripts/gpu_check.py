@@ -21,6 +21,7 @@ OUT.mkdir(parents=True, exist_ok=True)
 WORK = Path(os.environ.get("SLUICE_BENCH_DIR", "/tmp/sluice-bench"))
 os.environ.setdefault("SLUICE_KERNEL_CACHE", str(WORK / "kernel_verdicts.json"))
 RESULTS: dict = {}
+SUMMARY: list[str] = []        # one line per test stage and bench, printed last
 
 
 def save():
@@ -187,12 +188,14 @@ def stage_tests(paths=("tests/kernels", "tests/streaming"), extra=("-k", "not be
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra],
                           cwd=ROOT, capture_output=True, text=True)
-    (OUT / "pytest.txt").write_text(proc.stdout[-200000:] + "\n" + proc.stderr[-20000:])
+    with open(OUT / "pytest.txt", "a") as log:        # one file for every test stage ($OUT brings back 8 files)
+        log.write(f"===== {' '.join(paths)} {' '.join(extra)}\n" + proc.stdout[-200000:] + "\n" + proc.stderr[-20000:])
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
-    RESULTS["tests"] = {"rc": proc.returncode, "tail": tail, "stderr": proc.stderr[-2000:],
-                        "seconds": time.perf_counter() - start}
+    RESULTS.setdefault("tests", {})[" ".join(paths + extra)] = {
+        "rc": proc.returncode, "tail": tail, "stderr": proc.stderr[-2000:], "seconds": time.perf_counter() - start}
     print(f"pytest {' '.join(paths)} on GPU: rc {proc.returncode} in {time.perf_counter() - start:.0f} s")
     print(tail)
+    SUMMARY.append(f"pytest {' '.join(paths + extra)}: rc {proc.returncode}; {tail.splitlines()[-1] if tail else ''}")
     save()
 
 
@@ -298,6 +301,27 @@ def _profile_stream(quant: str, budget: str, profile: bool):
     save()
 
 
+def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256):
+    """The decode thread sampled by py-spy (no tracing overhead) while decoding through Engine.generate,
+    OLMoE int8 with RAM free: at a 4 GB VRAM budget (streaming) and at 40 GB (every expert resident)."""
+    import shutil
+
+    from engine.tools.presets import write_sluice_dir
+    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-int8", "int8")
+    spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    for budget in budgets:
+        raw = WORK / f"decode-{budget}.raw"
+        proc = subprocess.run([spy, "record", "--nonblocking", "-r", "1000", "-f", "raw", "-o", str(raw), "--",
+                               sys.executable, "scripts/profile_decode.py", "run", str(path), budget, str(tokens)],
+                              cwd=ROOT, capture_output=True, text=True)
+        print(f"--- decode profile, VRAM budget {budget}:\n{proc.stdout[-800:]}{proc.stderr[-1500:] if proc.returncode else ''}")
+        text = subprocess.run([sys.executable, "scripts/profile_decode.py", "summary", str(raw)], cwd=ROOT,
+                              capture_output=True, text=True)
+        print(text.stdout[-6000:] + text.stderr[-2000:])
+        with open(OUT / "profile.txt", "a") as log:
+            log.write(f"===== {budget}\n{proc.stdout}\n{text.stdout}\n")
+
+
 def bench(name, argv, cgroup_bytes=None, env=None):
     """Run `sluice bench` (as a child, optionally inside a cgroup v2 memory cap incl. page cache;
     `env`: extra environment, e.g. SLUICE_CPU_EXPERTS for an A/B of hybrid execution)."""
@@ -314,7 +338,8 @@ def bench(name, argv, cgroup_bytes=None, env=None):
         cmd = cap.command(cmd)
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    (OUT / f"bench-{name}.log").write_text(proc.stderr[-20000:])
+    with open(OUT / "bench.log", "a") as log:          # one file for every bench ($OUT brings back 8 files)
+        log.write(f"===== {name}\n{proc.stderr[-20000:]}\n")
     try:
         result = json.loads(proc.stdout)
     except json.JSONDecodeError:
@@ -325,6 +350,10 @@ def bench(name, argv, cgroup_bytes=None, env=None):
         print(f"--- bench {name} ({time.perf_counter() - start:.0f} s): sluice bench {' '.join(argv)}"
               + (f"  [cgroup memory.max {cgroup_bytes >> 20} MiB]" if cgroup_bytes else ""))
         print(report(result))
+        per_tok = result.get("decode_bytes_per_token", {})
+        SUMMARY.append(f"bench {name}: decode {result['decode_tok_s']:.2f} tok/s, disk {per_tok.get('disk', 0) / 1e9:.2f} "
+                       f"GB/token, prefill {result['prefill_tok_s']:.0f} tok/s cold, warm "
+                       f"{result.get('warm_prefill_tok_s', float('nan')):.0f}")
     result["argv"], result["cgroup_bytes"], result["env"] = argv, cgroup_bytes, env
     if cap is not None and cap.peak_bytes() is not None:
         result["cgroup_peak_bytes"] = cap.peak_bytes()
@@ -349,6 +378,7 @@ STAGES = {
     "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
+    "profile-decode": stage_profile_decode,
     # int8 streaming at 4 GB against every expert resident (40 GB): the decode's floor without streaming
     "profile-int8": lambda: stage_profile_stream("int8", ("4GB", "40GB")),
     # gpt-oss-120b's dims (12 of 36 layers), its native mxfp4: 20 GB of experts, VRAM budget below them
@@ -462,3 +492,4 @@ if __name__ == "__main__":
             RESULTS.setdefault("errors", {})[stage] = repr(exc)
             save()
         print(f"[stage {stage}: {time.perf_counter() - t0:.0f} s]", flush=True)
+    print("\n===== summary\n" + "\n".join(SUMMARY))

@@ -1,0 +1,81 @@
+"""Where the decode thread's time goes, sampled (py-spy) rather than traced, so the profile does not
+slow the Python it measures. Two modes:
+
+    py-spy record -r 1000 -f raw -o decode.raw -- python scripts/profile_decode.py run MODEL_DIR [VRAM] [TOKENS]
+    python scripts/profile_decode.py summary decode.raw
+
+`run` decodes through Engine.generate (temperature 1, like the bench): a warm-up generation first, then
+the profiled one. `summary` keeps the samples under Runner.decode (the decode steps, not the prefill)
+and prints, per function, the share of the decode thread's samples spent in it (inclusive) and in its
+own code (self), plus ms a token.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections import Counter
+
+DECODE_FRAME = "decode (engine/runtime/runner.py"
+
+
+def run(model_dir: str, vram_budget: str = "4GB", tokens: int = 256) -> None:
+    import random
+
+    import engine
+    from engine import GenerationParams
+    device = os.environ.get("SLUICE_PROFILE_DEVICE", "cuda")     # cpu: to try the script without a GPU
+    eng = engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache="16GB", max_context=1024)
+    rng = random.Random(0)
+    prompt = [rng.randrange(eng.spec.vocab_size) for _ in range(64)]
+    for new_tokens in (96, tokens):                # the first fills the RAM cache and the slot banks
+        params = GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
+        start, first = time.perf_counter(), None
+        for _ in eng.generate(prompt, params):
+            first = first or time.perf_counter()
+        print(f"decode {new_tokens} tokens: {(time.perf_counter() - first) / (new_tokens - 1) * 1e3:.2f} ms/token",
+              flush=True)
+    eng.close()
+
+
+def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:
+    inclusive, own, lines, total = Counter(), Counter(), Counter(), 0
+    for line in open(raw_path):
+        stack, _, count = line.rstrip("\n").rpartition(" ")
+        if DECODE_FRAME not in stack:
+            continue
+        frames = stack.split(";")
+        start = next(i for i, f in enumerate(frames) if DECODE_FRAME in f)
+        n = int(count)
+        lines[frames[-1].replace("/work/main/", "")] += n
+        frames = [_short(f) for f in frames[start:]]
+        total += n
+        own[frames[-1]] += n
+        for frame in set(frames):
+            inclusive[frame] += n
+    if not total:
+        print("no decode samples")
+        return
+    print(f"{total} samples in Runner.decode; share of them (inclusive | self)")
+    for frame, n in inclusive.most_common(top):
+        print(f"  {n / total:6.1%} | {own[frame] / total:6.1%}  {frame}")
+    print("self time, largest:")
+    for frame, n in own.most_common(15):
+        print(f"  {n / total:6.1%}  {frame}")
+    print("self time by line (time in C calls goes to the line that made them):")
+    for frame, n in lines.most_common(25):
+        print(f"  {n / total:6.1%}  {frame}")
+
+
+def _short(frame: str) -> str:
+    """'fn (path/to/file.py:123)' -> 'fn (file.py)': one row per function, not per line."""
+    name, _, where = frame.partition(" (")
+    return f"{name} ({where.rsplit('/', 1)[-1].split(':')[0]})"
+
+
+if __name__ == "__main__":
+    mode, *args = sys.argv[1:]
+    if mode == "run":
+        run(args[0], *(args[1:2]), *(int(a) for a in args[2:3]))
+    else:
+        summary(args[0])
