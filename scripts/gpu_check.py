@@ -454,6 +454,13 @@ STAGES = {
                "--new-tokens", "32"] + (["--vram-budget", "2.5GB"] if regime == "exceeds" else []),
               env={"SLUICE_PREFETCH_READS": reads} if reads else {})
         for i, regime, reads in DISK_AB],
+    # fits-ram: RAM hits copied ahead for every guess of the next layer (now) against the best 4, alternated
+    "copies-ab": lambda: [
+        bench(f"olmoe-int8-fits-ram-copies-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                    "--prompt-tokens", "512", "--new-tokens", str(tokens)],
+              env={"SLUICE_PREFETCH_COPIES": copies} if copies else {})
+        for tag, copies, tokens in (("warmup", None, 16), ("all-1", None, 128), ("4-1", "4", 128),
+                                    ("all-2", None, 128), ("4-2", "4", 128))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",

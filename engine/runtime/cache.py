@@ -34,6 +34,7 @@ class RamCache:
         self.telemetry = telemetry
         self._allocate = allocate
         self._chunks: list[torch.Tensor] = []
+        self._views: list[torch.Tensor] = []      # one view a created slot, made once
         self._entries: OrderedDict[Key, int] = OrderedDict()   # LRU first
         self._locks: dict[Key, int] = {}
         self._demoted: set[Key] = set()           # also in a VRAM slot
@@ -121,13 +122,14 @@ class RamCache:
             del self._locks[key]
 
     def block(self, slot: int) -> torch.Tensor:
-        chunk, index = divmod(slot, CHUNK_SLOTS)
-        return self._chunks[chunk][index * self.block_bytes:(index + 1) * self.block_bytes]
+        return self._views[slot]
 
     def _grow(self) -> int:
         slot = self._num_created
         if slot // CHUNK_SLOTS >= len(self._chunks):
             count = min(CHUNK_SLOTS, self.num_slots - slot)
-            self._chunks.append(self._allocate(count * self.block_bytes))
+            chunk = self._allocate(count * self.block_bytes)
+            self._chunks.append(chunk)
+            self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
         self._num_created += 1
         return slot

@@ -72,6 +72,9 @@ class Experts:
         # on the CPU device (see `_prefetch`); SLUICE_PREFETCH_READS=N: the best N (an A/B switch).
         reads = os.environ.get("SLUICE_PREFETCH_READS")
         self.prefetch_reads = int(reads) if reads else None
+        # SLUICE_PREFETCH_COPIES=N: RAM hits copied ahead for the best N guesses only (an A/B switch; all by default)
+        copies = os.environ.get("SLUICE_PREFETCH_COPIES")
+        self.prefetch_copies = int(copies) if copies else None
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -89,10 +92,13 @@ class Experts:
         self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(8)]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
-        self._graphs: dict[tuple[int, bool], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}   # see capture
+        self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], torch.Tensor]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if self.is_cuda else None   # set by `run`
         self._batch_copies = 0                         # copies issued in the current `_copy_batch`
+        self._batch_each = True                        # ... each with its own done event, or one for all
+        self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
+        self._batch_keys: list[Key] = []
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -175,7 +181,7 @@ class Experts:
         self._torch_experts(layer, x, weights, groups, resident, out)
         for start in range(0, len(late), self.batch_size):
             batch = late[start:start + self.batch_size]
-            placed = self._bring_in(layer, batch, protected={(layer, e) for e in batch})
+            placed = self._bring_in(layer, batch, protected={(layer, e) for e in batch}, each=True)
             self._torch_experts(layer, x, weights, groups, placed, out)
 
     def _torch_experts(self, layer, x, weights, groups, slot_of: dict[int, int], out) -> None:
@@ -210,6 +216,14 @@ class Experts:
             if event is not None:
                 self._compute_stream.wait_event(event)
 
+    def _wait_slots(self, bank: int, slots: list[int]) -> None:
+        """The compute stream waits for these slots' copies (each distinct done event once)."""
+        if self.is_cuda:
+            events = {self._slot_ready.pop((bank, slot), None) for slot in slots}
+            events.discard(None)
+            for event in events:
+                self._compute_stream.wait_event(event)
+
     def _mark_bank_free(self, layer: int) -> None:
         if self.is_cuda:
             done = torch.cuda.Event()
@@ -228,17 +242,20 @@ class Experts:
         num_tokens = x.shape[0]
         bank = self.banks.bank_of(layer)
         groups = [early, late] if num_tokens == 1 and early and late else [early + late]
-        for i, group in enumerate(groups):
+        rows = []
+        for group in groups:
             members = set(group) if len(groups) > 1 else None
-            slots = [slot_of.get(e, -1) if members is None or e in members else -1 for e in routed]
-            for expert in group:
-                self._wait_slot(bank, slot_of[expert])
-            if static_inputs and num_tokens == 1 and (layer, i > 0) in self._graphs:
-                graph, index = self._graphs[(layer, i > 0)]
-                self._upload(slots, index[0])
-                graph.replay()
+            rows.append([slot_of.get(e, -1) if members is None or e in members else -1 for e in routed])
+        replay = static_inputs and num_tokens == 1 and layer in self._graphs
+        if replay:                                   # both groups' slot rows in one upload
+            graphs, index = self._graphs[layer]
+            self._upload([s for row in rows for s in row], index[:len(rows)].view(-1))
+        for i, group in enumerate(groups):
+            self._wait_slots(bank, [slot_of[e] for e in group])
+            if replay:
+                graphs[i > 0].replay()
                 continue
-            index = self._upload(slots).view(num_tokens, top_k)
+            index = self._upload(rows[i]).view(num_tokens, top_k)
             self.kernel(x, self.banks.banks[bank], index, weights.float(), self.layout.fmt, self.offsets,
                         self.layout.intermediate, out=out, accumulate=i > 0)
 
@@ -258,22 +275,26 @@ class Experts:
         before each replay. Done once at load, so no capture happens while tokens are timed."""
         for layer, (x, weights, out) in layers.items():
             bank = self.banks.bank_of(layer)
-            index = torch.zeros(1, weights.shape[1], dtype=torch.int32, device=self.device)   # slot 0: valid bytes
+            index = torch.zeros(2, weights.shape[1], dtype=torch.int32, device=self.device)   # slot 0: valid bytes
+            graphs = []
             for accumulate in (False, True):
-                launch = lambda: self.kernel(x, self.banks.banks[bank], index, weights.float(),  # noqa: E731
-                                             self.layout.fmt, self.offsets, self.layout.intermediate,
-                                             out=out, accumulate=accumulate)
+                launch = lambda: self.kernel(x, self.banks.banks[bank], index[int(accumulate)][None],  # noqa: E731
+                                             weights.float(), self.layout.fmt, self.offsets,
+                                             self.layout.intermediate, out=out, accumulate=accumulate)
                 launch()                                          # compile / warm up outside the capture
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=self._graph_pool):
                     launch()
-                self._graphs[(layer, accumulate)] = (graph, index)
+                graphs.append(graph)
+            self._graphs[layer] = (graphs, index)       # [write, add] graphs, their slot rows
         torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ transfers
-    def _bring_in(self, layer: int, experts: list[int], protected: set[Key]) -> dict[int, int]:
+    def _bring_in(self, layer: int, experts: list[int], protected: set[Key], each: bool = False) -> dict[int, int]:
         """Make experts resident in layer's bank; returns {expert: slot}. RAM hits are copied first,
-        disk reads are all in flight before the first wait."""
+        disk reads are all in flight before the first wait. each: every copy gets its own done event (the
+        torch path computes each expert as soon as it lands); else the RAM hits share one (the kernel
+        computes them all in one launch anyway, and an event costs the decode thread ~5-10 us)."""
         in_ram, from_disk = [], []
         for expert in experts:
             key = (layer, expert)
@@ -288,7 +309,7 @@ class Experts:
             else:
                 from_disk.append((expert, *self._start_read(key)))
         placed = {}
-        with self._copy_batch(layer):
+        with self._copy_batch(layer, each):
             for expert, ram_slot in in_ram:
                 placed[expert] = self._copy(layer, expert, ram_slot, protected)
         for i, (expert, ram_slot, future) in enumerate(from_disk):
@@ -327,14 +348,16 @@ class Experts:
             self.cache.discard((layer, expert))
 
     @contextmanager
-    def _copy_batch(self, layer: int):
+    def _copy_batch(self, layer: int, each: bool = False):
         """Copies into layer's bank issued inside, on the copy stream after the last compute that read
-        the bank; the batch is timed as a whole (h2d busy time) by one pair of events."""
+        the bank; the batch is timed as a whole (h2d busy time) by one pair of events, whose end also
+        marks every copy done unless `each` copy records its own."""
         if not self.is_cuda:
             yield
             return
         bank = self.banks.bank_of(layer)
-        issued, self._batch_copies = time.perf_counter(), 0
+        issued, self._batch_copies, self._batch_each = time.perf_counter(), 0, each
+        self._batch_ready, self._batch_keys = [], []
         torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         try:
             if self._bank_free[bank] is not None:
@@ -347,6 +370,10 @@ class Experts:
         finally:
             torch.cuda.set_stream(self._compute_stream)
         self._timed.append((start, end))
+        for bank_slot in self._batch_ready:
+            self._slot_ready[bank_slot] = end
+        self._inflight += [(end, key) for key in self._batch_keys]
+        self.telemetry.add(h2d_bytes=self._batch_copies * self.cache.block_bytes)
         if self.cpu is not None:          # the decode thread's time to issue a copy, for the placement
             self.cpu.placement.observe_copies(time.perf_counter() - issued, self._batch_copies)
 
@@ -359,11 +386,11 @@ class Experts:
         evicted = self.banks.last_evicted
         write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
         dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
-        self.telemetry.add(h2d_bytes=self.cache.block_bytes)
         self._batch_copies += 1
         if self.exclusive:
             self.cache.demote(key)
         if not self.is_cuda:
+            self.telemetry.add(h2d_bytes=self.cache.block_bytes)
             if write_back is not None:
                 self.cache.block(write_back).copy_(dst)
                 self.cache.unlock(evicted[0])
@@ -374,14 +401,16 @@ class Experts:
             return slot
         if write_back is not None:           # same stream: the victim's bytes leave before new ones land
             self.cache.block(write_back).copy_(dst, non_blocking=True)
-            back = torch.cuda.Event()
-            back.record(self.copy_stream)
-            self._inflight.append((back, evicted[0]))
         dst.copy_(src, non_blocking=True)
+        done = [evicted[0], key] if write_back is not None else [key]
+        if not self._batch_each:
+            self._batch_ready.append((bank, slot))
+            self._batch_keys += done
+            return slot
         end = torch.cuda.Event()
         end.record(self.copy_stream)
         self._slot_ready[(bank, slot)] = end
-        self._inflight.append((end, key))
+        self._inflight += [(end, k) for k in done]
         return slot
 
     def _victim_slot(self, victim: Key) -> int | None:
@@ -437,6 +466,8 @@ class Experts:
             key = (layer, expert)
             if self.banks.find(key) is not None or key in self._reads:
                 continue
+            if self.prefetch_copies is not None and rank >= self.prefetch_copies and key in self.cache:
+                continue
             ram_slot = self.cache.lookup(key)
             if ram_slot is not None:                 # locked at once: a read started below must not evict it
                 self.cache.lock(key)
@@ -467,11 +498,9 @@ class Experts:
 
     def _score_speculation(self, layer: int, actual: set[int]) -> None:
         predicted = self._predicted.pop(layer, None)
-        if predicted is not None:
-            correct, needed = score(predicted, actual)
-            self.telemetry.add(spec_correct=correct, spec_predicted=needed)
+        correct, needed = score(predicted, actual) if predicted is not None else (0, 0)
         prefetched = self._prefetched.pop(layer, set())
-        self.telemetry.add(prefetch_used=len(prefetched & actual))
+        self.telemetry.add(spec_correct=correct, spec_predicted=needed, prefetch_used=len(prefetched & actual))
         # Reads started for experts this layer did not use: finish them so the RAM slot holds the block.
         for key in [k for k in self._reads if k[0] == layer and k[1] not in actual]:
             self._settle_read(key)
