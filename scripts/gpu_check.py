@@ -459,8 +459,7 @@ STAGES = {
         bench(f"olmoe-int8-fits-ram-copies-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
                                                     "--prompt-tokens", "512", "--new-tokens", str(tokens)],
               env={"SLUICE_PREFETCH_COPIES": copies} if copies else {})
-        for tag, copies, tokens in (("warmup", None, 16), ("all-1", None, 128), ("4-1", "4", 128),
-                                    ("all-2", None, 128), ("4-2", "4", 128))],
+        for tag, copies, tokens in (("warmup", None, 16), ("all", None, 128), ("4", "4", 128))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",
