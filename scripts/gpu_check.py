@@ -459,7 +459,16 @@ STAGES = {
         bench(f"olmoe-int8-fits-ram-copies-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
                                                     "--prompt-tokens", "512", "--new-tokens", str(tokens)],
               env={"SLUICE_PREFETCH_COPIES": copies} if copies else {})
-        for tag, copies, tokens in (("warmup", None, 16), ("all", None, 128), ("4", "4", 128))],
+        for tag, copies, tokens in (("warmup", None, 16), ("all", "8", 128), ("4", "4", 128))],
+    # the default (copies ahead for the better half) against copies for all 8, alternated, then exceeds
+    "copies-confirm": lambda: [
+        bench(f"olmoe-int8-{regime}-copies-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                    "--prompt-tokens", "512", "--new-tokens", str(tokens)] +
+              (["--vram-budget", "2.5GB"] if regime == "exceeds" else []),
+              env={"SLUICE_PREFETCH_COPIES": copies} if copies else {})
+        for regime, tag, copies, tokens in (("fits-ram", "warmup", None, 16), ("fits-ram", "half-1", None, 128),
+                                            ("fits-ram", "all", "8", 128), ("fits-ram", "half-2", None, 128),
+                                            ("exceeds", "half", None, 32))],
     # exceeds with the VRAM budget raised to what Sluice needs on the H200 (its CUDA context is ~0.85 GB)
     "exceeds-2g5": lambda: bench("olmoe-int8-exceeds-2.5GB", [
         "--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "exceeds", "--vram-budget", "2.5GB",

@@ -72,7 +72,8 @@ class Experts:
         # on the CPU device (see `_prefetch`); SLUICE_PREFETCH_READS=N: the best N (an A/B switch).
         reads = os.environ.get("SLUICE_PREFETCH_READS")
         self.prefetch_reads = int(reads) if reads else None
-        # SLUICE_PREFETCH_COPIES=N: RAM hits copied ahead for the best N guesses only (an A/B switch; all by default)
+        # RAM hits copied ahead for the better half of the guesses (see `_prefetch`); SLUICE_PREFETCH_COPIES=N:
+        # for the best N (an A/B switch)
         copies = os.environ.get("SLUICE_PREFETCH_COPIES")
         self.prefetch_copies = int(copies) if copies else None
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
@@ -445,20 +446,25 @@ class Experts:
 
     # ------------------------------------------------------------------ speculation
     def _prefetch(self, layer: int, experts: list[int]) -> None:
-        """Start bringing `layer`'s predicted experts (best guess first): RAM hits copy now (other bank,
-        copy stream); for the better half of the guesses (on a GPU) a disk read starts, to be copied
-        when the layer asks for it. A read ahead saves no bytes (a used expert is read anyway) and a wrong
-        one costs a whole block from the disk, which on a GPU is the bottleneck once the model exceeds
-        RAM (the exceeds and fits-vram-ram runs are disk-bound, efficiency 0.90-0.98): the lower half of
-        the guesses were used 53% of the time against 79% for the upper half, and reading ahead for them
-        took disk bytes a token from 0.38 to 0.48 GB (OLMoE-1B-7B dims, 35 slots a bank, a 1.2 GiB RAM
-        cache; BENCHMARKS session 5). On the CPU device the compute is the bottleneck and the disk waits
-        anyway, so every guess is read ahead there. With a CPU share, the coldest RAM hits stay where they
-        are, for the CPU (placement.prefetch_count)."""
+        """Start bringing `layer`'s predicted experts (best guess first), for the better half of the
+        guesses: RAM hits copy now (other bank, copy stream); on a GPU a disk read starts, to be copied
+        when the layer asks for it (on the CPU device a read starts for every guess: see below).
+        Copies: ahead for the lower half they cost more than they saved. On the H200 box (fits-ram) decode
+        went 73.4 -> 83.0 tok/s and h2d 0.55 -> 0.41 GB a token without them (BENCHMARKS session 6): PCIe
+        is nearly busy there, and a wrong copy also evicts a resident expert.
+        Reads: one ahead saves no bytes (a used expert is read anyway) and a wrong one costs a whole block
+        from the disk, which on a GPU is the bottleneck once the model exceeds RAM (the exceeds and
+        fits-vram-ram runs are disk-bound): the lower half of the guesses were used 53% of the time against
+        79% for the upper half, and reading ahead for them took disk bytes a token from 0.38 to 0.48 GB
+        (CPU device, session 5) and 0.50 to 0.61 GB on the H200 (session 6). On the CPU device the compute
+        is the bottleneck and the disk waits anyway, so every guess is read ahead there.
+        With a CPU share, the coldest RAM hits stay where they are, for the CPU (placement.prefetch_count)."""
         self._predicted[layer] = set(experts)
+        half = max(1, len(experts) // 2)
         read_ahead = self.prefetch_reads
         if read_ahead is None:
-            read_ahead = max(1, len(experts) // 2) if self.is_cuda else len(experts)
+            read_ahead = half if self.is_cuda else len(experts)
+        copy_ahead = half if self.prefetch_copies is None else self.prefetch_copies
         issued = set()
         keys = {(layer, e) for e in experts}
         in_ram = []
@@ -466,7 +472,7 @@ class Experts:
             key = (layer, expert)
             if self.banks.find(key) is not None or key in self._reads:
                 continue
-            if self.prefetch_copies is not None and rank >= self.prefetch_copies and key in self.cache:
+            if rank >= copy_ahead and key in self.cache:
                 continue
             ram_slot = self.cache.lookup(key)
             if ram_slot is not None:                 # locked at once: a read started below must not evict it

@@ -65,6 +65,24 @@ def test_reading_ahead_for_fewer_guesses_reads_less_from_disk(family_model, monk
     assert half["disk"]["reads"] <= every["disk"]["reads"]
 
 
+def test_copying_ahead_for_fewer_guesses_copies_less(family_model, monkeypatch):
+    """RAM hits copied ahead into the other bank for every guess of the next layer copy more over the
+    link (the wrong guesses) than for the best one (the default is the better half); same tokens."""
+    path, expected = family_model
+    snaps = {}
+    for copies in ("1", "1000"):
+        monkeypatch.setenv("SLUICE_PREFETCH_COPIES", copies)
+        eng = _streaming_model(path, ram_blocks=12)
+        try:
+            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+            snaps[copies] = eng.telemetry()
+        finally:
+            eng.close()
+    best, every = snaps["1"], snaps["1000"]
+    assert best["prefetch"]["issued"] < every["prefetch"]["issued"]
+    assert best["h2d"]["bytes"] < every["h2d"]["bytes"]
+
+
 def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     """Every RAM-resident expert of a decode step computed by the CPU from its RAM block (on a GPU
     beside the kernels' share): the partial sums still give transformers' tokens."""
