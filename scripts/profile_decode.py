@@ -5,8 +5,8 @@ slow the Python it measures. Two modes:
     python scripts/profile_decode.py summary decode.raw
 
 `run` decodes through Engine.generate (temperature 1, like the bench): a warm-up generation first, then
-the profiled one. `summary` keeps the samples under Runner.decode (the decode steps, not the prefill)
-and prints, per function, the share of the decode thread's samples spent in it (inclusive) and in its
+the profiled one. `summary` keeps the profiled generation's samples under Runner.decode (its decode
+steps: not the load, the warm-up or the prefill) and prints, per function, the share of the decode thread's samples spent in it (inclusive) and in its
 own code (self), plus ms a token.
 """
 from __future__ import annotations
@@ -16,33 +16,42 @@ import sys
 import time
 from collections import Counter
 
-DECODE_FRAME = "decode (engine/runtime/runner.py"
+DECODE_FRAME = "Runner.decode ("
+PROFILED_FRAME = "_profiled (profile_decode.py"
 
 
 def run(model_dir: str, vram_budget: str = "4GB", tokens: int = 256) -> None:
     import random
 
     import engine
-    from engine import GenerationParams
     device = os.environ.get("SLUICE_PROFILE_DEVICE", "cuda")     # cpu: to try the script without a GPU
     eng = engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache="16GB", max_context=1024)
     rng = random.Random(0)
     prompt = [rng.randrange(eng.spec.vocab_size) for _ in range(64)]
-    for new_tokens in (96, tokens):                # the first fills the RAM cache and the slot banks
-        params = GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
-        start, first = time.perf_counter(), None
-        for _ in eng.generate(prompt, params):
-            first = first or time.perf_counter()
-        print(f"decode {new_tokens} tokens: {(time.perf_counter() - first) / (new_tokens - 1) * 1e3:.2f} ms/token",
-              flush=True)
+    _generate(eng, prompt, 96)                     # fills the RAM cache and the slot banks
+    _profiled(eng, prompt, tokens)
     eng.close()
+
+
+def _profiled(eng, prompt: list[int], tokens: int) -> None:
+    """The generation `summary` keeps (its frame marks the samples)."""
+    _generate(eng, prompt, tokens)
+
+
+def _generate(eng, prompt: list[int], new_tokens: int) -> None:
+    from engine import GenerationParams
+    params = GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
+    first = None
+    for _ in eng.generate(prompt, params):
+        first = first or time.perf_counter()
+    print(f"decode {new_tokens} tokens: {(time.perf_counter() - first) / (new_tokens - 1) * 1e3:.2f} ms/token", flush=True)
 
 
 def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:
     inclusive, own, lines, total = Counter(), Counter(), Counter(), 0
     for line in open(raw_path):
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        if DECODE_FRAME not in stack:
+        if DECODE_FRAME not in stack or PROFILED_FRAME not in stack:
             continue
         frames = stack.split(";")
         start = next(i for i, f in enumerate(frames) if DECODE_FRAME in f)
