@@ -47,38 +47,33 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
 
 
-def test_reading_ahead_for_fewer_guesses_reads_less_from_disk(family_model, monkeypatch):
-    """Reading ahead for every guess of the next layer reads more from the disk (the wrong guesses)
-    than for the best one only (a GPU's default is the better half); the tokens stay transformers'."""
-    path, expected = family_model
-    snaps = {}
-    for reads in ("1", "1000"):                              # the best guess only, then every guess
-        monkeypatch.setenv("SLUICE_PREFETCH_READS", reads)
-        eng = _streaming_model(path, ram_blocks=6)
+def _prefetch_ab(path, expected, monkeypatch, switch: str, ram_blocks: int) -> tuple[dict, dict]:
+    """Telemetry of the same generation with the prefetch A/B `switch` at the best guess only, then at
+    every guess; the tokens must stay transformers' in both."""
+    snaps = []
+    for value in ("1", "1000"):
+        monkeypatch.setenv(switch, value)
+        eng = _streaming_model(path, ram_blocks=ram_blocks)
         try:
             assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
-            snaps[reads] = eng.telemetry()
+            snaps.append(eng.telemetry())
         finally:
             eng.close()
-    half, every = snaps["1"], snaps["1000"]
-    assert half["prefetch"]["issued"] < every["prefetch"]["issued"]
-    assert half["disk"]["reads"] <= every["disk"]["reads"]
+    return snaps[0], snaps[1]
+
+
+def test_reading_ahead_for_fewer_guesses_reads_less_from_disk(family_model, monkeypatch):
+    """Reading ahead for every guess of the next layer reads more from the disk (the wrong guesses)
+    than for the best one only (a GPU's default is the better half)."""
+    best, every = _prefetch_ab(*family_model, monkeypatch, "SLUICE_PREFETCH_READS", ram_blocks=6)
+    assert best["prefetch"]["issued"] < every["prefetch"]["issued"]
+    assert best["disk"]["reads"] <= every["disk"]["reads"]
 
 
 def test_copying_ahead_for_fewer_guesses_copies_less(family_model, monkeypatch):
     """RAM hits copied ahead into the other bank for every guess of the next layer copy more over the
-    link (the wrong guesses) than for the best one (the default is the better half); same tokens."""
-    path, expected = family_model
-    snaps = {}
-    for copies in ("1", "1000"):
-        monkeypatch.setenv("SLUICE_PREFETCH_COPIES", copies)
-        eng = _streaming_model(path, ram_blocks=12)
-        try:
-            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
-            snaps[copies] = eng.telemetry()
-        finally:
-            eng.close()
-    best, every = snaps["1"], snaps["1000"]
+    link (the wrong guesses) than for the best one (the default is the better half)."""
+    best, every = _prefetch_ab(*family_model, monkeypatch, "SLUICE_PREFETCH_COPIES", ram_blocks=12)
     assert best["prefetch"]["issued"] < every["prefetch"]["issued"]
     assert best["h2d"]["bytes"] < every["h2d"]["bytes"]
 
