@@ -531,8 +531,12 @@ class Experts:
 
 
 def _finished_prefix(events: list) -> int:
-    """How many of the events, recorded in this order on one stream, have completed."""
+    """How many of the events, recorded in this order on one stream, have completed (a copy batch's
+    event stands for each of its copies: it is asked once)."""
+    done = None
     for i, event in enumerate(events):
-        if not event.query():
-            return i
+        if event is not done:
+            if not event.query():
+                return i
+            done = event
     return len(events)

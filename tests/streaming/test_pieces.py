@@ -49,13 +49,15 @@ def test_copies_finish_in_stream_order_so_the_scan_stops_at_the_first_unfinished
 
     class Event:
         def __init__(self, done):
-            self.done, self.asked = done, False
+            self.done, self.asked = done, 0
 
         def query(self):
-            self.asked = True
+            self.asked += 1
             return self.done
 
     events = [Event(True), Event(True), Event(False), Event(True)]
     assert _finished_prefix(events) == 2
     assert not events[3].asked
     assert _finished_prefix([]) == 0 and _finished_prefix(events[:2]) == 2
+    batch, later = Event(True), Event(False)           # one done event for a batch's three copies
+    assert _finished_prefix([batch, batch, batch, later]) == 3 and batch.asked == 1
