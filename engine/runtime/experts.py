@@ -360,21 +360,21 @@ class Experts:
         issued, self._batch_copies, self._batch_each = time.perf_counter(), 0, each
         self._batch_ready, self._batch_keys = [], []
         torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
+        start = torch.cuda.Event(enable_timing=True)
         try:
             if self._bank_free[bank] is not None:
                 self.copy_stream.wait_event(self._bank_free[bank])
-            start = torch.cuda.Event(enable_timing=True)
             start.record(self.copy_stream)
             yield
+        finally:        # also when a copy failed: the ones issued before it keep their done event and RAM locks
             end = torch.cuda.Event(enable_timing=True)
             end.record(self.copy_stream)
-        finally:
             torch.cuda.set_stream(self._compute_stream)
-        self._timed.append((start, end))
-        for bank_slot in self._batch_ready:
-            self._slot_ready[bank_slot] = end
-        self._inflight += [(end, key) for key in self._batch_keys]
-        self.telemetry.add(h2d_bytes=self._batch_copies * self.cache.block_bytes)
+            self._timed.append((start, end))
+            for bank_slot in self._batch_ready:
+                self._slot_ready[bank_slot] = end
+            self._inflight += [(end, key) for key in self._batch_keys]
+            self.telemetry.add(h2d_bytes=self._batch_copies * self.cache.block_bytes)
         if self.cpu is not None:          # the decode thread's time to issue a copy, for the placement
             self.cpu.placement.observe_copies(time.perf_counter() - issued, self._batch_copies)
 
