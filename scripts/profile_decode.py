@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections import Counter
 
 DECODE_FRAME = "Runner.decode ("
@@ -40,11 +39,10 @@ def _profiled(eng, prompt: list[int], tokens: int) -> None:
 
 def _generate(eng, prompt: list[int], new_tokens: int) -> None:
     from engine import GenerationParams
-    params = GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0, ignore_eos=True)
-    first = None
-    for _ in eng.generate(prompt, params):
-        first = first or time.perf_counter()
-    print(f"decode {new_tokens} tokens: {(time.perf_counter() - first) / (new_tokens - 1) * 1e3:.2f} ms/token", flush=True)
+    from engine.tools.bench import _timed_generate
+    t = _timed_generate(eng, prompt, GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0,
+                                                      ignore_eos=True))
+    print(f"decode {new_tokens} tokens: {t.decode_s / (t.new_tokens - 1) * 1e3:.2f} ms/token", flush=True)
 
 
 def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:

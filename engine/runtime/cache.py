@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import mmap
 from collections import OrderedDict
+from itertools import chain
 from typing import Callable
 
 import torch
 
+from engine.runtime.slots import least_used
 from engine.runtime.telemetry import Telemetry
 
 Key = tuple[int, int]      # (layer, expert)
@@ -33,8 +35,7 @@ class RamCache:
         self.num_slots = capacity_bytes // block_bytes
         self.telemetry = telemetry
         self._allocate = allocate
-        self._chunks: list[torch.Tensor] = []
-        self._views: list[torch.Tensor] = []      # one view a created slot, made once
+        self._views: list[torch.Tensor] = []      # one view a slot of the chunks allocated so far (keeps them)
         self._entries: OrderedDict[Key, int] = OrderedDict()   # LRU first
         self._locks: dict[Key, int] = {}
         self._demoted: set[Key] = set()           # also in a VRAM slot
@@ -95,16 +96,11 @@ class RamCache:
     def _victim(self) -> Key | None:
         """A demoted block (oldest first), else the least used of the `window` least recently used
         unlocked ones (the oldest on ties)."""
-        candidates = []
-        for key in self._entries:                      # least recent first; demoted ones are moved there
-            if self._locks.get(key):
-                continue
-            if key in self._demoted or self.uses is None:
-                return key
-            candidates.append(key)
-            if len(candidates) == self.window:
-                break
-        return min(candidates, key=self.uses) if candidates else None
+        unlocked = (key for key in self._entries if not self._locks.get(key))   # least recent first
+        first = next(unlocked, None)
+        if first is None or first in self._demoted or self.uses is None:     # demoted ones are moved first
+            return first
+        return least_used(chain([first], unlocked), self.uses, self.window)
 
     def discard(self, key: Key) -> None:
         """Forget a block whose read failed."""
@@ -126,10 +122,9 @@ class RamCache:
 
     def _grow(self) -> int:
         slot = self._num_created
-        if slot // CHUNK_SLOTS >= len(self._chunks):
+        if slot >= len(self._views):                   # the allocated chunks are full: one more
             count = min(CHUNK_SLOTS, self.num_slots - slot)
             chunk = self._allocate(count * self.block_bytes)
-            self._chunks.append(chunk)
             self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
         self._num_created += 1
         return slot

@@ -70,12 +70,10 @@ class Experts:
         self.prefetch_first = os.environ.get("SLUICE_PREFETCH_FIRST", "0") == "1"
         # Disk reads started ahead for the better half of the next layer's guesses on a GPU, all of them
         # on the CPU device (see `_prefetch`); SLUICE_PREFETCH_READS=N: the best N (an A/B switch).
-        reads = os.environ.get("SLUICE_PREFETCH_READS")
-        self.prefetch_reads = int(reads) if reads else None
+        self.prefetch_reads = _env_int("SLUICE_PREFETCH_READS")
         # RAM hits copied ahead for the better half of the guesses (see `_prefetch`); SLUICE_PREFETCH_COPIES=N:
         # for the best N (an A/B switch)
-        copies = os.environ.get("SLUICE_PREFETCH_COPIES")
-        self.prefetch_copies = int(copies) if copies else None
+        self.prefetch_copies = _env_int("SLUICE_PREFETCH_COPIES")
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -190,7 +188,7 @@ class Experts:
             return
         bank = self.banks.bank_of(layer)
         for expert, slot in slot_of.items():
-            self._wait_slot(bank, slot)
+            self._wait_slots(bank, [slot])
             self.banks.set_state((layer, expert), slot, "computing")
             token_idx, k_idx = groups[expert]
             y = self.expert_mlp(x[token_idx], self._expert_weights(layer, expert, bank, slot))
@@ -210,12 +208,6 @@ class Experts:
         if self._decoded is not None:
             self._decoded[(bank, slot)] = ((layer, expert), decoded)
         return decoded
-
-    def _wait_slot(self, bank: int, slot: int) -> None:
-        if self.is_cuda:
-            event = self._slot_ready.pop((bank, slot), None)
-            if event is not None:
-                self._compute_stream.wait_event(event)
 
     def _wait_slots(self, bank: int, slots: list[int]) -> None:
         """The compute stream waits for these slots' copies (each distinct done event once)."""
@@ -353,11 +345,15 @@ class Experts:
         """Copies into layer's bank issued inside, on the copy stream after the last compute that read
         the bank; the batch is timed as a whole (h2d busy time) by one pair of events, whose end also
         marks every copy done unless `each` copy records its own."""
+        self._batch_copies = 0
         if not self.is_cuda:
-            yield
+            try:
+                yield
+            finally:
+                self.telemetry.add(h2d_bytes=self._batch_copies * self.cache.block_bytes)
             return
         bank = self.banks.bank_of(layer)
-        issued, self._batch_copies, self._batch_each = time.perf_counter(), 0, each
+        issued, self._batch_each = time.perf_counter(), each
         self._batch_ready, self._batch_keys = [], []
         torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         start = torch.cuda.Event(enable_timing=True)
@@ -391,7 +387,6 @@ class Experts:
         if self.exclusive:
             self.cache.demote(key)
         if not self.is_cuda:
-            self.telemetry.add(h2d_bytes=self.cache.block_bytes)
             if write_back is not None:
                 self.cache.block(write_back).copy_(dst)
                 self.cache.unlock(evicted[0])
@@ -528,6 +523,11 @@ class Experts:
             self._settle_read(key)
         self._predicted.clear()
         self._prefetched.clear()
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    return int(value) if value else None
 
 
 def _finished_prefix(events: list) -> int:

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import islice
+from typing import Callable, Iterable
 
 import torch
 
 from engine.runtime.telemetry import Telemetry
 
 Key = tuple[int, int]
+
+
+def least_used(oldest_first: Iterable[Key], uses: Callable[[Key], float], window: int) -> Key | None:
+    """The least used of the first `window` keys (the oldest on ties), or None: the eviction rule of the
+    slot banks and the RAM cache."""
+    candidates = list(islice(oldest_first, window))
+    return min(candidates, key=uses) if candidates else None
 
 
 class SlotBanks:
@@ -64,10 +72,9 @@ class SlotBanks:
 
     def _victim(self, bank: int, protected: set[Key]) -> Key:
         """The least used of the `window` least recently used unprotected blocks (oldest on ties)."""
-        oldest = islice(self._resident[bank], self.window + len(protected))
-        candidates = [key for key in oldest if key not in protected][:self.window]
         uses = self._uses
-        return min(candidates, key=lambda key: uses.get(key, 0.0)) if candidates else None
+        return least_used((key for key in self._resident[bank] if key not in protected),
+                          lambda key: uses.get(key, 0.0), self.window)
 
     def acquire(self, key: Key, protected: set[Key]) -> int:
         """A slot in key's bank for a new block, evicting an unprotected block (see `_victim`)."""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from engine.errors import SluiceError
 from engine.runtime.memory import anonymous_by_mapping
+from engine.runtime.placement import LIVE_FACTOR
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
 from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines, wants_cap
@@ -240,7 +241,7 @@ def _placement_lines(r: dict) -> list[str]:
         return []
     if not p.get("active", True):
         return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at load "
-                f"(decoding takes ~3x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
+                f"(decoding takes ~{LIVE_FACTOR:g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
     return [f"placement    CPU share {p['mode']} on {p['threads']} threads: an expert took {p['cpu_expert_s'] * 1e6:.0f} us "
             f"at load, {busy * 1e6:.0f} us decoding; a block copy {p['copy_s'] * 1e6:.0f} us"]
