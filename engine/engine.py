@@ -14,6 +14,7 @@ from typing import Iterator
 import torch
 
 from engine.format import modeldir
+from engine.model import dense_quant as dense_quant_
 from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
 from engine.plan.hardware import available_memory, check_ram_cache_fits
@@ -28,8 +29,9 @@ from engine.runtime.telemetry import Telemetry, current_cpu
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
                  vram_budget: int | None, ram_cache: int | None, progress=None, max_context: int | None = None,
-                 cpu_experts: str = "auto"):
+                 cpu_experts: str = "auto", dense_quant: str | None = None):
         self.model, self.spec, self.device, self.dtype = model, model.spec, device, dtype
+        self.dense_quant = dense_quant_.check(dense_quant, self.spec.family)
         self.telemetry_source = Telemetry()
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
@@ -41,7 +43,7 @@ class Engine:
         cpu_experts = os.environ.get("SLUICE_CPU_EXPERTS", cpu_experts)  # A/B of hybrid execution from any command
         self.runner = Runner(model, device, dtype, self.telemetry_source, vram_budget=vram_budget, ram_cache=ram_cache,
                              max_tokens=self.max_context, use_graphs=not eager, use_kernels=not eager,
-                             cpu_experts=cpu_experts,
+                             cpu_experts=cpu_experts, dense_quant=self.dense_quant,
                              default_vram=default_vram, default_ram=available // 2, progress=progress)
         self.plan = self.runner.plan
         self.tokenizer = self._load_tokenizer()
@@ -60,13 +62,15 @@ class Engine:
             return requested
         is_cuda = self.device.type == "cuda"
         slot = layout.block_bytes + (0 if is_cuda else decoded_expert_bytes(layout, self.dtype))
-        return default_context(spec, self.dtype, self.device.type, vram_budget, self.model.dense_bytes(self.dtype), slot)
+        dense_bytes = dense_quant_.planned_bytes(self.model.dense_shapes, self.dtype, spec.family, self.dense_quant)
+        return default_context(spec, self.dtype, self.device.type, vram_budget, dense_bytes, slot)
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
-             max_context: int | None = None, cpu_experts: str = "auto") -> "Engine":
+             max_context: int | None = None, cpu_experts: str = "auto", dense_quant: str | None = None) -> "Engine":
         """cpu_experts: "auto" (the placement cost model decides, CUDA only), "all" (every RAM-resident
-        expert of a decode step is computed by the CPU; also on the CPU device, for tests) or "off"."""
+        expert of a decode step is computed by the CPU; also on the CPU device, for tests) or "off".
+        dense_quant: None (dense weights in the compute dtype) or "int8" (engine.model.dense_quant)."""
         dev = _pick_device(device)
         check_ram_cache_fits(parse_size(ram_cache))
         path = resolve_model_dir(Path(model_dir).expanduser(), progress)
@@ -78,13 +82,13 @@ class Engine:
             if not isinstance(compute, torch.dtype) or not compute.is_floating_point:
                 raise SluiceError(f"Unknown compute dtype '{dtype}': use float32, bfloat16 or float16.")
         return cls(model, dev, compute, parse_size(vram_budget), parse_size(ram_cache), progress, max_context,
-                   cpu_experts)
+                   cpu_experts, dense_quant)
 
     @property
     def info(self) -> dict:
         s = self.spec
         return {"name": self.model.name, "path": str(self.model.path), "family": s.family, "num_layers": s.num_layers,
-                "num_experts": s.num_experts, "top_k": s.top_k, "quant": self.model.quant, "device": str(self.device),
+                "num_experts": s.num_experts, "top_k": s.top_k, "quant": self.model.quant, "dense_quant": self.dense_quant or "none", "device": str(self.device),
                 "dtype": str(self.dtype).removeprefix("torch."), "expert_bytes": self.model.layout.block_bytes,
                 "expert_bytes_total": self.model.expert_bytes_total, "slots_per_bank": self.plan.slots_per_bank,
                 "ram_cache_bytes": self.plan.ram_cache_bytes, "vram_budget_bytes": self.plan.vram_budget_bytes,

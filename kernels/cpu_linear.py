@@ -26,12 +26,13 @@ INT8PACK_K_MULTIPLE = 16
 # Tokens up to which _weight_int8pack_mm beats converting the codes to bf16 for a GEMM (2 cores,
 # AVX-512 + AMX, 768 x 2048 and 2048 x 768: 0.7 vs 1.8 ms at 8 tokens, even at 12-16).
 INT8PACK_MAX_TOKENS = 12
+SLAB_BYTES = 32 << 20  # int8_linear_ref's dequantised scratch at most (a 50k-vocab head would be 200 MB)
 
 
 def packed_linear(x: torch.Tensor, parts: Mapping[str, torch.Tensor], fmt: str) -> torch.Tensor:
     """x [..., I] @ W.T -> [..., O] in x's dtype, W the dequantized weight of `parts` in `fmt`."""
     w = parts["w"]
-    if fmt == "int8" and x.dtype == torch.bfloat16:
+    if fmt == "int8" and x.dtype == torch.bfloat16 and x.device.type == "cpu":
         flat = x.reshape(-1, x.shape[-1])                                                # [T, I]
         if _int8pack_applies(flat, w):
             out = torch.ops.aten._weight_int8pack_mm(flat.contiguous(), w.contiguous(), parts["scale"].contiguous())
@@ -40,9 +41,25 @@ def packed_linear(x: torch.Tensor, parts: Mapping[str, torch.Tensor], fmt: str) 
         return out.reshape(*x.shape[:-1], w.shape[0])
     if fmt == "bf16":
         return F.linear(x, w.to(x.dtype))
+    if fmt == "int8":       # a GPU, or float32: the reference's own weights, a slab of rows at a time
+        return int8_linear_ref(x, w, parts["scale"])
     return F.linear(x, dequantize_parts(parts, fmt).to(x.dtype))
 
 
 def _int8pack_applies(flat: torch.Tensor, w: torch.Tensor) -> bool:
     return (flat.device.type == "cpu" and w.device.type == "cpu" and flat.shape[0] <= INT8PACK_MAX_TOKENS
             and flat.shape[1] % INT8PACK_K_MULTIPLE == 0)
+
+
+def dequantized(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The reference weight: each element q * scale rounded once to `dtype` (engine.format.quant)."""
+    return (q.float() * scale.float()[:, None]).to(dtype)
+
+
+def int8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x @ W.T with W the int8 weight dequantised as the reference does it, a slab of rows at a time."""
+    rows = max(1, SLAB_BYTES // (q.shape[1] * 4))          # the float32 intermediate is the largest
+    if q.shape[0] <= rows:
+        return F.linear(x, dequantized(q, scale, x.dtype))
+    return torch.cat([F.linear(x, dequantized(q[r:r + rows], scale[r:r + rows], x.dtype))
+                      for r in range(0, q.shape[0], rows)], dim=-1)

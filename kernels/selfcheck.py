@@ -184,3 +184,32 @@ def select_moe_decode(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
     shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype}"
     verdict = check("moe_decode", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=4)
     return (kernel if verdict.ok else moe_decode_ref), verdict
+
+
+def select_int8_linear(out_features: int, in_features: int, device, dtype: torch.dtype = torch.bfloat16,
+                       kernel: Callable | None = None):
+    """The int8 dense linear to use for an [out, in] weight on this device: the Triton kernel if it passes
+    its check against the torch reference (one and a few tokens), else None (the caller keeps the
+    reference). `kernel` injects a variant (tests). Returns (fn or None, verdict)."""
+    from .cpu_linear import int8_linear_ref
+    from .int8_linear import KERNEL_VERSION, MAX_KERNEL_TOKENS, int8_linear_kernel
+
+    kernel = kernel or int8_linear_kernel
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(4321)
+    codes = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8).to(device)
+    scale = (torch.rand(out_features, generator=gen) * in_features ** -0.5 / 64).to(device, torch.bfloat16)
+    cases = iter([torch.randn(n, in_features, generator=gen).to(device, dtype) for n in (1, 1, MAX_KERNEL_TOKENS)])
+    current: list = []
+
+    def run_kernel():
+        current[:] = [next(cases)]
+        return kernel(current[0], codes, scale)
+
+    def run_ref():
+        return int8_linear_ref(current[0], codes, scale)
+
+    rtol = 1e-2 if dtype == torch.bfloat16 else 1e-4        # the same weights: only the sums' order differs
+    shape_key = f"N={out_features} K={in_features} {dtype}"
+    verdict = check("int8_linear", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict

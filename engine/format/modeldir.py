@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import math
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,10 +66,9 @@ class ModelDir:
     def expert_bytes_total(self) -> int:
         return self.manifest["experts"]["total_bytes"]
 
-    def dense_bytes(self, dtype: torch.dtype) -> int:
-        """The dense weights' size once loaded in `dtype` (the runner loads them all in the compute dtype)."""
-        num_params = sum(math.prod(t["shape"]) for t in self.manifest["dense"]["tensors"].values())
-        return num_params * torch.empty((), dtype=dtype).element_size()
+    @property
+    def dense_shapes(self) -> dict[str, list[int]]:
+        return {name: t["shape"] for name, t in self.manifest["dense"]["tensors"].items()}
 
 
 def is_model_dir(path: str | Path) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.cpu_linear import packed_linear
+from kernels.cpu_linear import dequantized, packed_linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -15,17 +15,35 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 class Packed:
     """A quantised [out, in] weight left in its block's format: `linear` multiplies by it without a
-    dequantised copy (the CPU computing experts where they sit in the RAM cache)."""
+    dequantised copy (the CPU computing experts where they sit in the RAM cache; int8 dense weights).
+    `kernel`: a GPU kernel verified on this weight's shape (kernels.int8_linear)."""
 
-    def __init__(self, parts: dict[str, torch.Tensor], fmt: str):
+    def __init__(self, parts: dict[str, torch.Tensor], fmt: str, dtype: torch.dtype | None = None):
         self.parts, self.fmt = parts, fmt
+        self.dtype = dtype          # the compute dtype it was quantised from (rows gathered come back in it)
+        self.kernel = None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.parts["w"].shape
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     if isinstance(weight, Packed):
-        y = packed_linear(x, weight.parts, weight.fmt)
+        if weight.kernel is not None:
+            y = weight.kernel(x, weight.parts["w"], weight.parts["scale"])
+        else:
+            y = packed_linear(x, weight.parts, weight.fmt)
         return y if bias is None else y + bias
     return F.linear(x, weight, bias)
+
+
+def embedding(token_ids: torch.Tensor, table: torch.Tensor | Packed) -> torch.Tensor:
+    """Rows of an embedding table; an int8 table's rows dequantised as its whole would be."""
+    if isinstance(table, Packed):
+        rows = F.embedding(token_ids.reshape(-1), table.parts["w"])                   # [T, H] codes
+        return dequantized(rows, table.parts["scale"][token_ids.reshape(-1)], table.dtype).reshape(*token_ids.shape, -1)
+    return F.embedding(token_ids, table)
 
 
 def swiglu_mlp(x: torch.Tensor, gate, up, down) -> torch.Tensor:

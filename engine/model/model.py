@@ -7,7 +7,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from engine.model.layers import linear, rms_norm, swiglu_mlp
+from engine.model.layers import embedding, linear, rms_norm, swiglu_mlp
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
 
@@ -34,8 +34,8 @@ class Model:
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         if self.embed_in_ram:                                              # rows gathered on the host
-            return F.embedding(token_ids.cpu(), self.embed_tokens).to(token_ids.device)
-        return F.embedding(token_ids, self.embed_tokens)                   # [T] -> [T, H]
+            return embedding(token_ids.cpu(), self.embed_tokens).to(token_ids.device)
+        return embedding(token_ids, self.embed_tokens)                     # [T] -> [T, H]
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream [T, H] -> logits of its last token [V], float32."""

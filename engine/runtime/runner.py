@@ -17,7 +17,9 @@ from safetensors import safe_open
 
 from engine.errors import SluiceError
 from engine.format.modeldir import DENSE_FILE, ModelDir
+from engine.model import dense_quant as dense_quant_
 from engine.model.block import Step
+from engine.model.layers import Packed
 from engine.model.families import family_module
 from engine.model.model import Model
 from engine.model.state import ModelState, state_bytes
@@ -49,7 +51,7 @@ class Runner:
     def __init__(self, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, telemetry: Telemetry, *,
                  vram_budget: int | None, ram_cache: int | None, max_tokens: int, default_vram: int, default_ram: int,
                  use_graphs: bool = True, use_kernels: bool = True, max_prompt_tokens: int | None = None,
-                 cpu_experts: str = "auto", progress=None):
+                 cpu_experts: str = "auto", dense_quant: str | None = None, progress=None):
         self.device, self.dtype, self.telemetry = torch.device(device), dtype, telemetry
         self.is_cuda = self.device.type == "cuda"
         spec, layout = model_dir.spec, model_dir.layout
@@ -58,12 +60,14 @@ class Runner:
             torch.cuda.empty_cache()       # blocks a previous model left cached would blur what this one measures
         base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
         in_ram = os.environ.get("SLUICE_EMBED_IN_RAM", "0") == "1"
-        weights = _load_dense(model_dir, self.device, dtype, progress, embed_in_ram=in_ram)
+        weights = _load_dense(model_dir, self.device, dtype, progress, embed_in_ram=in_ram, dense_quant=dense_quant)
+        if use_kernels and self.is_cuda:
+            self._choose_linear_kernels(weights)
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
         self._place_embedding(in_ram)
-        dense_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+        dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values())
         if self.model.embed_in_ram and self.is_cuda:                    # not in the VRAM budget
-            dense_bytes -= self.model.embed_tokens.numel() * self.model.embed_tokens.element_size()
+            dense_bytes -= dense_quant_.nbytes(self.model.embed_tokens)
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
@@ -171,6 +175,20 @@ class Runner:
     def _allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
 
+    def _choose_linear_kernels(self, weights: dict) -> None:
+        """The int8 dense weights' GPU kernel, checked once per distinct shape; a shape that fails keeps
+        the torch reference (and a warning says so)."""
+        from kernels.selfcheck import select_int8_linear
+        chosen: dict[tuple[int, int], object] = {}
+        for w in weights.values():
+            if isinstance(w, Packed):
+                if w.shape not in chosen:
+                    fn, verdict = select_int8_linear(*w.shape, self.device, dtype=self.dtype)
+                    chosen[w.shape] = fn
+                    if not verdict.ok:
+                        self.telemetry.warn(f"int8 dense kernel disabled for {tuple(w.shape)} on this GPU: {verdict.reason}")
+                w.kernel = chosen[w.shape]
+
     def _choose_kernel(self, layout):
         from kernels.selfcheck import select_moe_decode
         offsets = {f.name: f.offset for f in layout.fields}
@@ -229,17 +247,21 @@ class Runner:
 
 
 def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress,
-                embed_in_ram: bool = False) -> dict[str, torch.Tensor]:
+                embed_in_ram: bool = False, dense_quant: str | None = None) -> dict[str, torch.Tensor | Packed]:
     """The dense weights on the device in the compute dtype; with `embed_in_ram` and an untied head, the
-    embedding table stays in host RAM (read one row a token: its VRAM goes to expert slots)."""
+    embedding table stays in host RAM (read one row a token: its VRAM goes to expert slots). With
+    `dense_quant` "int8" the weights the family allows become int8 on the device as they arrive."""
     with safe_open(str(model_dir.path / DENSE_FILE), framework="pt") as f:
         names = list(f.keys())
         in_ram = {EMBED_TABLE} if embed_in_ram and "lm_head.weight" in names else set()
+        int8 = dense_quant_.quantized_names(model_dir.spec.family, names, keep=in_ram) if dense_quant else set()
         weights = {}
         for i, name in enumerate(names):
             tensor = f.get_tensor(name)             # integer tables (DeepSeek-V4's tid2eid) keep their dtype
             weights[name] = tensor.to(device="cpu" if name in in_ram else device,
                                       dtype=dtype if tensor.is_floating_point() else None)
+            if name in int8:
+                weights[name] = dense_quant_.to_int8(weights[name])
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
     drop_file_cache(model_dir.path / DENSE_FILE)       # read once, now on the device

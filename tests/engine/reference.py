@@ -7,14 +7,17 @@ from engine.format.quant import dequantize, quantize
 from engine.model.spec import read_spec
 
 
-def load_reference(hf_dir, quant: str = "bf16"):
-    """transformers model on hf_dir; with quant != bf16 its routed experts hold the dequantized weights."""
+def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
+    """transformers model on hf_dir; with quant != bf16 its routed experts hold the dequantized weights,
+    with dense_quant "int8" the dense weights its family quantises (engine.model.dense_quant) too."""
     from safetensors import safe_open
     from transformers import AutoModelForCausalLM
     import glob
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
                                                  attn_implementation="eager").eval()
+    if dense_quant:
+        _quantize_dense(model, dense_quant)
     if quant == "bf16":
         return model
     spec = read_spec(hf_dir)
@@ -31,6 +34,14 @@ def load_reference(hf_dir, quant: str = "bf16"):
                 experts.gate_up_proj[e].copy_(torch.cat([w["gate"], w["up"]], dim=0))
                 experts.down_proj[e].copy_(w["down"])
     return model
+
+
+def _quantize_dense(model, dense_quant: str) -> None:
+    from engine.model import dense_quant as dq
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name in dq.quantized_names(model.config.model_type, params):
+            params[name].copy_(dequantize(quantize(params[name], dense_quant), dense_quant))
 
 
 def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:

@@ -15,6 +15,10 @@ from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
 from engine.model.state import StateSpec
 
 FAMILY_NAMES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): the weights only `linear` multiplies by
+# (attention, dense MLPs and shared experts, the head) and the embedding table; the routers stay exact.
+DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.[qkvo]_proj\.weight$"
+              r"|\.mlp\.(shared_expert\.)?(gate|up|down)_proj\.weight$")
 
 
 def read_spec(cfg) -> ModelSpec:

@@ -1,0 +1,77 @@
+"""Dense weights as int8 (`dense_quant="int8"`, off by default): the attention and dense-MLP projections,
+the head and the embedding table kept as int8 codes with one bf16 scale per output row, the int8
+expert format's quantisation (engine.format.quant) of each weight in the compute dtype.
+
+Why: a GPU's dense weights sit in VRAM for the whole run; as int8 they take half of it, and the slot
+banks get the rest (OLMoE-1B-7B: ~0.45 GB, ~70 more expert slots at a 3.7 GiB budget), and a decode
+step reads half the bytes from them. llama.cpp's Q8_0 quantises them too.
+
+Quantised at load time, so every repacked model can use it and nothing on disk changes. Only the
+weights a family multiplies through `layers.linear` (or gathers by row: the embedding) are quantised;
+each family names them with a DENSE_INT8 pattern, and a family without one keeps its dense weights in
+the compute dtype. The reference the tests compare with holds the same dequantised weights.
+"""
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+
+from engine.errors import SluiceError
+from engine.format.quant import quantize
+from engine.model.layers import Packed
+from kernels.cpu_linear import SLAB_BYTES
+
+DENSE_QUANTS = ("int8",)
+EMBED_TABLE = "model.embed_tokens.weight"
+
+
+def check(dense_quant: str | None, family: str) -> str | None:
+    """The dense format asked for, or a SluiceError that says what to choose instead."""
+    if dense_quant in (None, "", "none", "bf16"):
+        return None
+    if dense_quant not in DENSE_QUANTS:
+        raise SluiceError(f"Unknown dense weight format '{dense_quant}': choose int8, or leave it out to keep "
+                          f"the dense weights in the compute dtype.")
+    if pattern(family) is None:
+        raise SluiceError(f"int8 dense weights are not available for {family} models yet: leave the dense "
+                          f"format out (they stay in the compute dtype).")
+    return dense_quant
+
+
+def pattern(family: str) -> re.Pattern | None:
+    from engine.model.families import family_module
+    regex = getattr(family_module(family), "DENSE_INT8", None)
+    return re.compile(regex) if regex else None
+
+
+def quantized_names(family: str, names, keep: set[str] = frozenset()) -> set[str]:
+    """The dense tensors the family lets `dense_quant` turn into int8 (`keep`: names left as they are)."""
+    regex = pattern(family)
+    return {n for n in names if regex is not None and regex.search(n) and n not in keep}
+
+
+def to_int8(weight: torch.Tensor) -> Packed:
+    """[out, in] in the compute dtype -> its int8 codes and bf16 row scales, on the weight's device, a
+    slab of rows at a time (rows are independent): the float32 scratch stays small beside a VRAM budget."""
+    rows = max(1, SLAB_BYTES // (weight.shape[1] * 4))
+    codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scale = torch.empty(weight.shape[0], dtype=torch.bfloat16, device=weight.device)
+    for r in range(0, weight.shape[0], rows):
+        parts = quantize(weight[r:r + rows], "int8")
+        codes[r:r + rows], scale[r:r + rows] = parts["w"], parts["scale"]
+    return Packed({"w": codes, "scale": scale}, "int8", weight.dtype)
+
+
+def nbytes(weight: torch.Tensor | Packed) -> int:
+    if isinstance(weight, Packed):
+        return sum(t.numel() * t.element_size() for t in weight.parts.values())
+    return weight.numel() * weight.element_size()
+
+
+def planned_bytes(shapes: dict[str, list[int]], dtype: torch.dtype, family: str, dense_quant: str | None) -> int:
+    """What the dense weights of these shapes take once loaded (the planner asks before loading)."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    int8 = quantized_names(family, shapes) if dense_quant else set()
+    return sum(math.prod(s) + 2 * s[0] if n in int8 else math.prod(s) * elem for n, s in shapes.items())

@@ -1,0 +1,66 @@
+"""y = x @ W.T for a dense weight kept as int8 codes with one bf16 scale per output row (the int8 block
+format's projection: W = q * scale[:, None], rounded to the compute dtype as the reference rounds it).
+
+  T = tokens, N = out features, K = in features
+  x [..., K] (compute dtype), q [N, K] int8, scale [N] bf16 -> [..., N] in x's dtype
+
+int8_linear_kernel: a decode step's few tokens, one Triton launch, grid (N / BLOCK_N, T): each program
+reads BLOCK_N rows of codes once, dequantises each element exactly as the reference does (q * scale in
+float32, rounded to x's dtype) and accumulates its products with one token in float32. Half the bytes
+of a bf16 weight, and no dequantised copy in memory.
+Its reference, kernels.cpu_linear.int8_linear_ref (no Triton there: the CPU app installs without it), takes
+the same dequantised weights a slab of rows at a time through torch's matmul: prompts (more than
+MAX_KERNEL_TOKENS, compute-bound: the GEMM reads the codes once), eager mode, and any GPU where the
+kernel fails its self-check.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from .cpu_linear import int8_linear_ref
+
+KERNEL_VERSION = 1     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
+MAX_KERNEL_TOKENS = 8  # more tokens than this (prompts) take the reference
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    block_n: int = 8        # output rows per program
+    block_k: int = 512      # reduction tile (input elements)
+    num_warps: int = 4
+
+
+@triton.jit
+def _int8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    token = tl.program_id(1)
+    row_ok = rows < N
+    scale = tl.load(s_ptr + rows, mask=row_ok, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        col_ok = cols < K
+        codes = tl.load(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+                        mask=row_ok[:, None] & col_ok[None, :], other=0)
+        # the reference's weight element: q * scale rounded once to the compute dtype
+        w = (codes.to(tl.float32) * scale[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
+        x = tl.load(x_ptr + token * K + cols, mask=col_ok, other=0.0).to(tl.float32)
+        acc += w * x[None, :]
+    tl.store(y_ptr + token * N + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=row_ok)
+
+
+def int8_linear_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
+                       config: LinearConfig = LinearConfig()) -> torch.Tensor:
+    if x.numel() > MAX_KERNEL_TOKENS * x.shape[-1]:
+        return int8_linear_ref(x, q, scale)
+    flat = x.reshape(-1, x.shape[-1]).contiguous()                                   # [T, K]
+    num_tokens, (n, k) = flat.shape[0], q.shape
+    y = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), num_tokens)
+    _int8_linear_kernel[grid](flat, q, scale, y, n, k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                              num_warps=config.num_warps)
+    return y.reshape(*x.shape[:-1], n)

@@ -1,0 +1,60 @@
+"""The int8 dense linear kernel (kernels/int8_linear.py) against its torch reference, and its self-check."""
+import pytest
+import torch
+
+from engine.format.quant import quantize
+from kernels.cpu_linear import dequantized, int8_linear_ref
+from kernels.int8_linear import MAX_KERNEL_TOKENS, LinearConfig, int8_linear_kernel
+from kernels.selfcheck import select_int8_linear
+
+
+def _weight(out_features, in_features, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    parts = quantize(torch.randn(out_features, in_features, generator=g) * in_features ** -0.5, "int8")
+    return parts["w"].to(device), parts["scale"].to(device)
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.bfloat16, 1e-2), (torch.float32, 1e-5)], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("num_tokens,out_features,in_features,config", [
+    (1, 96, 64, LinearConfig()),                                  # one decode token, K < BLOCK_K
+    (3, 37, 1100, LinearConfig(block_n=16, block_k=256)),         # ragged rows and reduction tail
+    (MAX_KERNEL_TOKENS, 40, 512, LinearConfig(block_n=4, block_k=128, num_warps=2)),
+])
+def test_kernel_matches_the_dequantized_weights(device, dtype, tol, num_tokens, out_features, in_features, config):
+    q, scale = _weight(out_features, in_features, device)
+    x = torch.randn(num_tokens, in_features, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    out = int8_linear_kernel(x, q, scale, config)
+    assert out.shape == (num_tokens, out_features) and out.dtype == dtype
+    exact = x.double() @ dequantized(q, scale, dtype).double().T      # the reference's own weights
+    assert _rel(out, exact) < tol
+    assert _rel(int8_linear_ref(x, q, scale), exact) < tol
+
+
+def test_prompts_and_a_batch_dimension_take_the_reference(device):
+    q, scale = _weight(24, 64, device)
+    x = torch.randn(2, MAX_KERNEL_TOKENS, 64).to(device)               # 16 tokens: the reference's GEMM
+    out = int8_linear_kernel(x, q, scale)
+    assert out.shape == (2, MAX_KERNEL_TOKENS, 24)
+    assert torch.equal(out, int8_linear_ref(x, q, scale))
+
+
+def test_reference_slabs_give_the_whole_weights_product(monkeypatch):
+    q, scale = _weight(300, 64, "cpu")
+    x = torch.randn(5, 64)
+    whole = int8_linear_ref(x, q, scale)
+    monkeypatch.setattr("kernels.cpu_linear.SLAB_BYTES", 64 * 4 * 7)   # 7 rows a slab: 43 slabs
+    assert torch.allclose(int8_linear_ref(x, q, scale), whole, rtol=1e-6, atol=1e-6)
+
+
+def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device):
+    fn, verdict = select_int8_linear(48, 256, device, dtype=torch.float32)
+    assert verdict.ok and fn is int8_linear_kernel
+
+    def off_by_one_row(x, q, scale):
+        return int8_linear_kernel(x, q.roll(1, dims=0), scale)
+    fn, verdict = select_int8_linear(48, 320, device, dtype=torch.float32, kernel=off_by_one_row)   # uncached shape
+    assert not verdict.ok and fn is None and "exceeds" in verdict.reason
