@@ -184,6 +184,44 @@ def _graph_time(call, n):
     return sorted(times)[len(times) // 2]
 
 
+def stage_kernels_dense(shapes=((2048, 2048), (1024, 2048), (50304, 2048), (4096, 4096), (151936, 2048))):
+    """The int8 dense linear at one token (decode) against the bf16 weight through torch (cuBLAS), both
+    inside a CUDA graph, per config: error against the reference and time (OLMoE, Qwen3 heads)."""
+    import torch
+    from kernels.cpu_linear import int8_linear_ref
+    from kernels.int8_linear import LinearConfig, int8_linear_kernel
+    from kernels.selfcheck import rel_error
+    configs = [LinearConfig(n, k, w) for n, k, w in ((8, 512, 4), (4, 512, 4), (16, 256, 4), (8, 1024, 4),
+                                                      (4, 1024, 2), (16, 512, 8), (2, 1024, 2))]
+    rows = []
+    for n, k in shapes:
+        gen = torch.Generator().manual_seed(0)
+        q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8).cuda()
+        scale = (torch.rand(n, generator=gen) / k ** 0.5 / 64).to("cuda", torch.bfloat16)
+        xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
+        w16 = (q.float() * scale.float()[:, None]).bfloat16()
+        t_bf16 = _graph_time(lambda i: torch.nn.functional.linear(xs[i], w16), 8)
+        del w16
+        best = None
+        for cfg in configs:
+            try:
+                err = rel_error(int8_linear_kernel(xs[0], q, scale, cfg), int8_linear_ref(xs[0], q, scale))
+                t = _graph_time(lambda i, cfg=cfg: int8_linear_kernel(xs[i], q, scale, cfg), 8)
+            except Exception as exc:      # noqa: BLE001 - a config that does not compile is skipped
+                print(f"  {n}x{k} {cfg}: failed {type(exc).__name__}")
+                continue
+            print(f"  {n}x{k} bn{cfg.block_n}/bk{cfg.block_k}/w{cfg.num_warps}: {t * 1e6:.1f} us "
+                  f"({n * k / t / 1e9:.0f} GB/s), err {err:.1e}")
+            if best is None or t < best[1]:
+                best = (cfg, t, err)
+        rows.append({"shape": [n, k], "bf16_us": t_bf16 * 1e6, "int8_us": best[1] * 1e6, "err": best[2],
+                     "config": str(best[0])})
+        SUMMARY.append(f"int8 linear {n}x{k}: {best[1] * 1e6:.1f} us ({n * k / best[1] / 1e9:.0f} GB/s, "
+                       f"{best[0]}) vs bf16 torch {t_bf16 * 1e6:.1f} us; err {best[2]:.1e}")
+    RESULTS["kernels_dense"] = rows
+    save()
+
+
 def stage_tests(paths=("tests/kernels", "tests/streaming"), extra=("-k", "not bench")):
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra],
@@ -375,6 +413,19 @@ STAGES = {
     # mxfp4 at gpt-oss-120b's expert shapes (its native format), beside nvfp4 / bf16 at the same shapes
     "kernels-mxfp4": lambda: stage_kernels(models=("gpt-oss-120b",), fmts=("mxfp4", "nvfp4", "bf16")),
     "tests": stage_tests,
+    "kernels-dense": stage_kernels_dense,
+    "tests-dense": lambda: stage_tests(("tests/kernels/test_int8_linear.py", "tests/streaming/test_dense_int8.py"), ()),
+    # dense weights as stored (bf16) against int8, alternated after a warm-up, then the other two regimes with int8
+    # (exceeds at the regime's own 2 GB: the bf16 dense weights did not fit it beside the CUDA context)
+    "dense-ab": lambda: [
+        bench(f"olmoe-int8-{regime}-dense-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                   "--prompt-tokens", "512", "--new-tokens", str(tokens)]
+              + (["--dense-quant", "int8"] if tag.startswith("int8") else []) + extra)
+        for regime, tag, tokens, extra in (
+            ("fits-ram", "warmup", 16, []), ("fits-ram", "bf16-1", 128, []), ("fits-ram", "int8-1", 128, []),
+            ("fits-ram", "bf16-2", 128, []), ("fits-ram", "int8-2", 128, []),
+            ("exceeds", "int8", 32, ["--vram-budget", "2.5GB"]), ("exceeds", "int8-2GB", 32, []),
+            ("fits-vram-ram", "int8", 64, []))],
     "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,

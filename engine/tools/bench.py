@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from engine.errors import SluiceError
+from engine.model import dense_quant
 from engine.runtime.memory import anonymous_by_mapping
 from engine.runtime.placement import LIVE_FACTOR
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
@@ -33,6 +34,7 @@ def extra_parser() -> argparse.ArgumentParser:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels (SLUICE_EAGER=1)")
     p.add_argument("--baseline-new-tokens", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dense-quant", choices=["int8"], help="dense weights as int8 (llama.cpp's Q8_0 quantises them too)")
     p.add_argument("--regime", choices=list(REGIMES), help="; ".join(f"{r.name}: {r.summary}" for r in REGIMES.values()))
     p.add_argument("--no-cgroup", action="store_true", help="a regime's cap as budgets only (no cgroup v2 memory.max)")
     p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before a regime's runs")
@@ -135,7 +137,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     if opts.eager:
         os.environ["SLUICE_EAGER"] = "1"
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=opts.dtype, max_context=max_tokens)
+                      dtype=opts.dtype, max_context=max_tokens, dense_quant=opts.dense_quant)
     rng = random.Random(0)
     prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
     # Sampled at temperature 1 (a random model's logits are nearly flat): varied tokens route to varied
@@ -148,7 +150,16 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     finally:
         eng.close()
     return {**_summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
-                       {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}), **warm}
+                       {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)),
+            **warm, "dense_quant": eng.dense_quant or "none"}
+
+
+def _embed_bytes(model) -> int:
+    """The embedding table's bytes in the VRAM plan that a decode step does not read (it reads one row):
+    none when the head reads the same table or the table stays in host RAM."""
+    if model.embed_in_ram or model.embed_tokens is model.lm_head:
+        return 0
+    return dense_quant.nbytes(model.embed_tokens)
 
 
 def _warm_prefill(eng, prompt: list[int], before: dict) -> dict:
@@ -171,7 +182,7 @@ def _tier_bytes(after: dict, before: dict, tokens: int) -> dict:
     return {"disk": d("disk", "bytes_read"), "h2d": d("h2d", "bytes"), "cpu": d("cpu", "bytes")}
 
 
-def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
+def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int) -> dict:
     """The bench's JSON: decode-phase figures are deltas between the snapshot after prefill and the end."""
     import torch
     spec, block_bytes = md.spec, md.layout.block_bytes
@@ -181,7 +192,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict) -> dict:
     d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
     tiers = _tier_bytes(end, before, decoded)
     disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
-    dense_bytes = plan.dense_bytes - spec.vocab_size * spec.hidden_size * 2   # embedding: one row is read
+    dense_bytes = plan.dense_bytes - embed_bytes                     # embedding: one row is read
     # the GPU reads the dense weights, the KV cache and the active experts the CPU did not compute
     gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"] + plan.kv_bytes // 2
     roofline_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps
@@ -309,7 +320,8 @@ def report(r: dict) -> str:
         f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
         f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
-        f"kernel {r['kernel']}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
+        f"dense weights {r.get('dense_quant', 'none').replace('none', 'as stored')} "
+        f"({format_size(r['dense_bytes'])}), kernel {r['kernel']}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
         f"decode: Engine.generate, tokens sampled at temperature 1 (varied routing, like real text)",
         f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
         f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",

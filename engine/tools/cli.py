@@ -99,6 +99,8 @@ def _add_engine_options(p) -> None:
     p.add_argument("--dtype", help="compute dtype: float32 (CPU default) or bfloat16 (CUDA default)")
     p.add_argument("--vram-budget", help="e.g. 8GB; covers dense weights, KV cache and expert slots")
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
+    p.add_argument("--dense-quant", choices=["int8"],
+                   help="keep the dense weights as int8 (half their VRAM goes to expert slots); default: as stored")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,7 +195,7 @@ def _generate(args) -> int:
                               top_k=args.top_k, seed=args.seed, stop=args.stop)
     params.validate()                 # before loading: the engine checks again, with the vocabulary
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=args.dtype)
+                      dtype=args.dtype, dense_quant=args.dense_quant)
     try:
         token_ids, pieces = [], []
         for event in eng.generate(prompt, params):
@@ -247,7 +249,7 @@ def _serve(args) -> int:
         print(f"sluice: warning: serving on {args.host} without --api-key: anyone who can reach this computer "
               f"can use the model.", file=sys.stderr)
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=args.dtype, max_context=args.ctx)
+                      dtype=args.dtype, max_context=args.ctx, dense_quant=args.dense_quant)
     try:
         def log_request(r: dict) -> None:
             print(f"{r['client']} {r['method']} {r['path']} {r['status']} {r['duration_s'] * 1000:.0f} ms",

@@ -42,3 +42,20 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     assert r["quant"] == quant
     assert 0 < r["decode_sync_wait_s_per_token"] < r["decode_s_per_token"]
     assert r["process_anonymous_by_mapping"] and "anonymous    " in report(r)     # where the memory sits
+
+
+def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_preset, tmp_path, capsys):
+    argv = ["bench", "--preset", tiny_preset, "--quant", "int8", "--device", "cpu", "--prompt-tokens", "16",
+            "--new-tokens", "4", "--json", "--work-dir", str(tmp_path), "--dtype", "float32", "--ram-cache", "1GB"]
+    assert main(argv + ["--vram-budget", "1GB"]) == 0
+    stored = json.loads(capsys.readouterr().out)
+    budget = str(stored["dense_bytes"] + stored["workspace_bytes"] + 20 * stored["device_slot_bytes"])
+    runs = {}
+    for dense in ([], ["--dense-quant", "int8"]):
+        assert main(argv + ["--vram-budget", budget] + dense) == 0
+        runs[bool(dense)] = json.loads(capsys.readouterr().out)
+    as_stored, int8 = runs[False], runs[True]
+    assert (as_stored["dense_quant"], int8["dense_quant"]) == ("none", "int8")
+    assert int8["dense_bytes"] < as_stored["dense_bytes"] / 2
+    assert int8["slots_per_bank"] > as_stored["slots_per_bank"]
+    assert "dense weights int8" in report(int8) and "dense weights as stored" in report(as_stored)
