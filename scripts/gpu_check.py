@@ -488,6 +488,10 @@ STAGES = {
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
         f"{sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-3000:]),
+    # which kernels' first run costs host memory, with CUDA's lazy module loading (torch's default) and eager
+    "probe-first-use": lambda: [print(subprocess.run(
+        f"CUDA_MODULE_LOADING={mode} {sys.executable} scripts/probe_first_use.py", shell=True, cwd=ROOT,
+        capture_output=True, text=True).stdout[-3000:]) for mode in ("LAZY", "EAGER")],
     # the same without CUDA graphs and Triton kernels: is the memory the graphs, or the kernels' first run?
     "probe-memory-eager": lambda: print(subprocess.run(
         f"SLUICE_EAGER=1 {sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True,

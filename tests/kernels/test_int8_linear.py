@@ -5,6 +5,7 @@ import torch
 from engine.format.quant import quantize
 from kernels.cpu_linear import dequantized, int8_linear_ref
 from kernels.int8_linear import MAX_KERNEL_TOKENS, LinearConfig, int8_linear_kernel
+from kernels import selfcheck
 from kernels.selfcheck import select_int8_linear
 
 
@@ -50,7 +51,8 @@ def test_reference_slabs_give_the_whole_weights_product(monkeypatch):
     assert torch.allclose(int8_linear_ref(x, q, scale), whole, rtol=1e-6, atol=1e-6)
 
 
-def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device):
+def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
+    monkeypatch.setattr(selfcheck, "_warnings", [])          # this test's warning stays out of the others'
     fn, verdict = select_int8_linear(48, 256, device, dtype=torch.float32)
     assert verdict.ok and fn is int8_linear_kernel
 
