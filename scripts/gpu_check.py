@@ -414,7 +414,8 @@ STAGES = {
     "kernels-mxfp4": lambda: stage_kernels(models=("gpt-oss-120b",), fmts=("mxfp4", "nvfp4", "bf16")),
     "tests": stage_tests,
     "kernels-dense": stage_kernels_dense,
-    "tests-dense": lambda: stage_tests(("tests/kernels/test_int8_linear.py", "tests/streaming/test_dense_int8.py"), ()),
+    "tests-dense": lambda: stage_tests(("tests/kernels/test_int8_linear.py", "tests/streaming/test_dense_int8.py",
+                                        "tests/streaming/test_pieces.py"), ()),
     # dense weights as stored (bf16) against int8, alternated after a warm-up, then the other two regimes with int8
     # (exceeds at the regime's own 2 GB: the bf16 dense weights did not fit it beside the CUDA context)
     "dense-ab": lambda: [

@@ -35,7 +35,10 @@ class RamCache:
         self.num_slots = capacity_bytes // block_bytes
         self.telemetry = telemetry
         self._allocate = allocate
-        self._views: list[torch.Tensor] = []      # one view a slot of the chunks allocated so far (keeps them)
+        # The chunks themselves, not only views of them: a pinned chunk stays page-locked only while its
+        # tensor lives (runtime.pinned unregisters it when collected; views keep the memory, not the pinning).
+        self._chunks: list[torch.Tensor] = []
+        self._views: list[torch.Tensor] = []      # one view a slot of the chunks allocated so far
         self._entries: OrderedDict[Key, int] = OrderedDict()   # LRU first
         self._locks: dict[Key, int] = {}
         self._demoted: set[Key] = set()           # also in a VRAM slot
@@ -125,6 +128,7 @@ class RamCache:
         if slot >= len(self._views):                   # the allocated chunks are full: one more
             count = min(CHUNK_SLOTS, self.num_slots - slot)
             chunk = self._allocate(count * self.block_bytes)
+            self._chunks.append(chunk)
             self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
         self._num_created += 1
         return slot

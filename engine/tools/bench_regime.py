@@ -31,7 +31,8 @@ def child_argv(args, opts, work: Path) -> list[str]:
             "--device", args.device, "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
             "--json", "--work-dir", str(work), "--regime", opts.regime, "--dtype", opts.dtype,
             "--baseline-new-tokens", str(opts.baseline_new_tokens)]
-    for flag, value in (("--vram-budget", args.vram_budget), ("--ram-cache", args.ram_cache), ("--baseline", args.baseline)):
+    for flag, value in (("--vram-budget", args.vram_budget), ("--ram-cache", args.ram_cache), ("--baseline", args.baseline),
+                        ("--dense-quant", opts.dense_quant)):
         if value is not None:
             argv += [flag, str(value)]
     return argv + [flag for flag, on in (("--via-repack", opts.via_repack), ("--eager", opts.eager),

@@ -66,7 +66,8 @@ def test_regime_budgets_map_to_the_issue_settings():
 
 def test_child_bench_gets_the_same_settings(tmp_path):
     argv = ["bench", "--preset", "olmoe-1b-7b", "--quant", "nvfp4", "--prompt-tokens", "512", "--new-tokens", "64",
-            "--vram-budget", "3GB", "--regime", "exceeds", "--eager", "--llama-bench", "/x/llama-bench"]
+            "--vram-budget", "3GB", "--regime", "exceeds", "--eager", "--llama-bench", "/x/llama-bench",
+            "--dense-quant", "int8", "--dtype", "float32", "--keep-page-cache", "--via-repack"]
     args, extra = build_parser().parse_known_args(argv)
     opts = _extra_args(extra)
     child = bench_regime.child_argv(args, opts, tmp_path)
@@ -75,7 +76,10 @@ def test_child_bench_gets_the_same_settings(tmp_path):
     c_opts = _extra_args(c_extra)
     for name in ("preset", "quant", "device", "prompt_tokens", "new_tokens", "vram_budget", "ram_cache", "baseline"):
         assert getattr(c_args, name) == getattr(args, name), name
-    assert c_args.json and c_opts.regime == "exceeds" and c_opts.eager and c_opts.work_dir == str(tmp_path)
+    assert c_args.json and c_opts.work_dir == str(tmp_path)
+    parent_only = {"work_dir"} | {name for name in vars(opts) if name.startswith("llama_")}
+    for name in set(vars(opts)) - parent_only:           # every bench option reaches the child
+        assert getattr(c_opts, name) == getattr(opts, name), name
     assert c_opts.llama_bench is None          # the parent runs the peer, outside the child's cap
 
 
