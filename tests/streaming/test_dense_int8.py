@@ -15,7 +15,8 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]
 NEW_TOKENS = 16
 
 
-@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "olmoe", "qwen2_moe"])
+@pytest.fixture(scope="module", params=["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "deepseek_v3", "deepseek_v2",
+                                        "glm4_moe", "minimax_m2"])
 def int8_model(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     build_hf_model(request.param, tmp / "hf", num_layers=3, with_tokenizer=False, seed=3)

@@ -26,6 +26,11 @@ from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 
 FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
+# by; MLA's kv_b_proj stays (one decode token folds it into the query and the output as a view).
+DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$"
+              r"|\.self_attn\.([qkvo]|q_a|q_b|kv_a)_proj(_with_mqa)?\.weight$"
+              r"|\.mlp\.(shared_experts\.)?(gate|up|down)_proj\.weight$")
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
 # Neighbours of these families whose extra machinery Sluice does not run: refused before any download.
 UNHANDLED_VARIANTS = {
