@@ -32,6 +32,10 @@ class ExpertStore:
                 self._direct_fd = None
         self._verified: set[tuple[int, int]] = set()
         self._verified_lock = threading.Lock()
+        # The disk's active time: the union of the reads' intervals (their summed time counts overlaps
+        # once per reader thread), so active time / wall time says how busy the reads kept the disk.
+        self._active_lock = threading.Lock()
+        self._in_flight, self._active_since = 0, 0.0
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="sluice-reader")
         self.block_bytes = model.layout.block_bytes
 
@@ -45,12 +49,15 @@ class ExpertStore:
     def read_into(self, layer: int, expert: int, buf: np.ndarray) -> None:
         """Read block (layer, expert) into buf (uint8, block_bytes long; 4096-aligned for O_DIRECT)."""
         offset = self.model.expert_offset(layer, expert)
-        start = time.perf_counter()
+        start = self._read_starts()
         view = memoryview(buf)
-        n = self._read(view, offset)
+        try:
+            n = self._read(view, offset)
+        finally:
+            end = self._read_ends()
         if n != self.block_bytes:
             raise SluiceError(f"experts.bin ended early at layer {layer}, expert {expert}; repack the model again.")
-        self.telemetry.add(disk_bytes_read=n, disk_reads=1, disk_busy_s=time.perf_counter() - start)
+        self.telemetry.add(disk_bytes_read=n, disk_reads=1, disk_busy_s=end - start)
         key = (layer, expert)
         if key not in self._verified:
             if zlib.crc32(view) != self.model.expert_crc32(layer, expert):
@@ -58,6 +65,22 @@ class ExpertStore:
                                   "repack the model again.")
             with self._verified_lock:
                 self._verified.add(key)
+
+    def _read_starts(self) -> float:
+        with self._active_lock:
+            now = time.perf_counter()
+            if not self._in_flight:
+                self._active_since = now
+            self._in_flight += 1
+            return now
+
+    def _read_ends(self) -> float:
+        with self._active_lock:
+            now = time.perf_counter()
+            self._in_flight -= 1
+            if not self._in_flight:
+                self.telemetry.add(disk_active_s=now - self._active_since)
+            return now
 
     def _read(self, view: memoryview, offset: int) -> int:
         if self._direct_fd is not None and _is_aligned(view):

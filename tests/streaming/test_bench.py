@@ -41,6 +41,8 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     assert 0 <= r["speculation_recall"] <= 1 and r["prefetch"]["issued"] > 0
     assert r["quant"] == quant
     assert 0 < r["decode_sync_wait_s_per_token"] < r["decode_s_per_token"]
+    # the disk's active time is the union of the reads' intervals: within the token, at most their sum
+    assert 0 < r["decode_disk_active_s_per_token"] < r["decode_s_per_token"]
     assert r["process_anonymous_by_mapping"] and "anonymous    " in report(r)     # where the memory sits
 
 

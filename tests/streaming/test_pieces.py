@@ -98,3 +98,26 @@ def test_copies_finish_in_stream_order_so_the_scan_stops_at_the_first_unfinished
     assert _finished_prefix([]) == 0 and _finished_prefix(events[:2]) == 2
     batch, later = Event(True), Event(False)           # one done event for a batch's three copies
     assert _finished_prefix([batch, batch, batch, later]) == 3 and batch.asked == 1
+
+
+def test_disk_active_time_counts_overlapping_reads_once(sluice_models):
+    """Four reads at once on four reader threads: their summed time counts the overlap four times, the
+    disk's active time (the union of their intervals) once, and never more than the wall time."""
+    import time
+    from engine.format.modeldir import open_model_dir
+    from engine.runtime.cache import anonymous_buffer
+    from engine.runtime.store import ExpertStore
+    model = open_model_dir(sluice_models("qwen3_moe"))
+    telemetry = Telemetry()
+    store = ExpertStore(model, telemetry, num_threads=4)
+    blocks = [anonymous_buffer(model.layout.block_bytes).numpy() for _ in range(8)]
+    start = time.perf_counter()
+    futures = [store.submit(0, e % model.spec.num_experts, blocks[e]) for e in range(8)]
+    for f in futures:
+        f.result()
+    wall = time.perf_counter() - start
+    store.close()
+    disk = telemetry.snapshot()["disk"]
+    assert disk["reads"] == 8
+    assert 0 < disk["active_s"] <= wall
+    assert disk["active_s"] <= disk["busy_s"] + 1e-9
