@@ -41,4 +41,18 @@ def load_options(settings: AppSettings, store: Store, path: str | Path) -> dict:
     context = model_context(store, path)
     if context:
         options["max_context"] = context
+    if settings.dense_weights == "int8" and int8_dense_available(path):
+        options["dense_quant"] = "int8"
     return options
+
+
+def int8_dense_available(path: str | Path) -> bool:
+    """Whether the model at `path` can keep its dense weights as int8 (its family names them); a model
+    that cannot loads with them as stored, and one that cannot be read says why when it loads."""
+    from engine.errors import SluiceError
+    from engine.format.modeldir import is_model_dir, open_model_dir
+    from engine.model.dense_quant import pattern
+    try:
+        return is_model_dir(path) and pattern(open_model_dir(path).spec.family) is not None
+    except (SluiceError, OSError, ValueError):
+        return False

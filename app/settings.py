@@ -12,6 +12,7 @@ from . import paths
 from .store import Store
 
 DEVICES = ("auto", "cpu", "cuda")
+DENSE_WEIGHTS = ("stored", "int8")    # engine.load's dense_quant: None (as the model stores them) or "int8"
 log = logging.getLogger("sluice.settings")
 
 
@@ -21,6 +22,7 @@ class AppSettings:
     device: str = "auto"              # auto | cpu | cuda
     vram_budget: str = ""             # "" -> engine default; else a size like "6GB"
     ram_cache: str = ""               # "" -> engine default; else a size like "16GB"
+    dense_weights: str = "stored"     # stored | int8 (half their VRAM to expert slots, where the family allows)
     last_model: str = ""              # path of the model loaded last time (reloaded at start)
     show_panels: bool = True
     window_geometry: str = ""         # QMainWindow.saveGeometry() as hex
@@ -88,6 +90,8 @@ def _problem(name: str, value, default) -> str | None:
         return f"'{name}' holds {value!r}, not a {type(default).__name__}"
     if name == "device" and value not in DEVICES:
         return f"'device' holds {value!r}, not one of {', '.join(DEVICES)}"
+    if name == "dense_weights" and value not in DENSE_WEIGHTS:
+        return f"'dense_weights' holds {value!r}, not one of {', '.join(DENSE_WEIGHTS)}"
     if name in ("vram_budget", "ram_cache") and value:
         try:
             parse_size(value)

@@ -330,8 +330,8 @@ class MainWindow(ModelActionsMixin, QMainWindow):
             self.show_error(str(exc))
             return
         path = self.model_info["path"] if self.model_info else self.failed_model_path
-        reload = (settings.device, settings.vram_budget, settings.ram_cache) != \
-                 (self.settings.device, self.settings.vram_budget, self.settings.ram_cache)
+        engine_settings = lambda s: (s.device, s.vram_budget, s.ram_cache, s.dense_weights)   # noqa: E731
+        reload = engine_settings(settings) != engine_settings(self.settings)
         if self.model_info and context != model_context(self.store, path):
             set_model_context(self.store, path, context)
             reload = True

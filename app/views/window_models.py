@@ -115,7 +115,8 @@ class ModelActionsMixin:
         self.settings.last_model = info.get("path", "")
         self.settings.save(self.store)
         self._hide_load_bar()
-        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')} · "
+        dense = " · int8 dense" if info.get("dense_quant") == "int8" else ""
+        self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')}{dense} · "
                                  f"context {info.get('max_context', 0):,} tokens")
         self.model_label.setToolTip(self.model_label.text())
         device = str(info.get("device", "cpu"))

@@ -94,3 +94,39 @@ def test_new_chats_start_with_the_default_settings_and_presets_are_named(qtbot, 
     assert dialog.preset.findData("French") == -1 and "French" not in window.controller.chat_presets()
     dialog.reject()
     assert window.shutdown()
+
+
+def test_int8_dense_weights_reload_the_model_with_them_and_back(qtbot, loaded_window):
+    window = loaded_window
+    assert window.model_info["dense_quant"] == "none" and "int8 dense" not in window.model_label.text()
+    window.edit_app_settings()
+    dialog = window.last_dialog
+    dialog.dense_weights.setCurrentIndex(dialog.dense_weights.findData("int8"))
+    with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS) as loaded:
+        dialog.accept()
+    assert loaded.args[0]["dense_quant"] == "int8" and "int8 dense" in window.model_label.text()
+    assert window.settings.dense_weights == "int8"
+    with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS) as reloaded:          # changed back: as stored
+        window.apply_app_settings(type(window.settings)(**{**window.settings.__dict__, "dense_weights": "stored"}))
+    assert reloaded.args[0]["dense_quant"] == "none"
+
+
+def test_a_saved_dense_weights_value_that_is_not_offered_falls_back_to_stored(data_dir):
+    from app.settings import AppSettings
+    from app.store import Store
+    store = Store(data_dir / "s.sqlite")
+    store.set_setting("app", {"dense_weights": "int4"})
+    settings, problems = AppSettings.load_checked(store)
+    assert settings.dense_weights == "stored" and "not one of stored, int8" in problems[0]
+
+
+def test_int8_dense_weights_are_asked_only_of_families_that_have_them(data_dir, sluice_models):
+    from app.model_options import load_options
+    from app.settings import AppSettings
+    from app.store import Store
+    store = Store(data_dir / "s.sqlite")
+    settings = AppSettings(dense_weights="int8")
+    assert load_options(settings, store, sluice_models("qwen3_moe"))["dense_quant"] == "int8"
+    assert "dense_quant" not in load_options(settings, store, sluice_models("gpt_oss"))
+    assert "dense_quant" not in load_options(settings, store, data_dir / "no-such-model")
+    assert "dense_quant" not in load_options(AppSettings(), store, sluice_models("qwen3_moe"))
