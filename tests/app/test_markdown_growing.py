@@ -1,0 +1,102 @@
+"""A streaming answer's Markdown is rendered from its finished prefix's cached HTML plus its re-parsed tail: the
+result must be exactly what rendering the whole text at once gives, at every point of the stream. Qt-free."""
+import pytest
+
+from app.markdown import FinishedPrefix, MarkdownRenderer
+
+# What models write: thoughts, headings (setext too), loose and tight and nested lists, fences with blank lines
+# inside (``` and ~~~, one holding a shorter fence), indented code, tables, quotes, a rule, a link defined late.
+ANSWER = """<think>The user wants squares.
+
+- list comprehension
+- or map</think>
+Here is the plan
+================
+
+1. Write the function.
+
+2. Test it:
+   - with `[1, 2]`
+   - with `[]`
+
+   and one more paragraph in the item.
+3. Ship it.
+
+```python
+def squares(numbers):
+
+    return [n * n for n in numbers]
+```
+
+~~~~text
+```
+a fence inside a fence
+```
+
+~~~~
+
+    indented code
+
+    after a blank line
+
+| approach | cost |
+|---|---|
+| comprehension | low |
+| map | low |
+
+> A quote that
+continues lazily.
+
+> Another quote.
+
+* * *
+
+- tight
+- list
+Setext two
+---
+<think>A second thought, still open at first</think>See [the docs][docs] and *that* is all.
+
+[docs]: https://example.com/docs
+
+- last item
+"""
+
+
+def grown(renderer: MarkdownRenderer, text: str, step: int, expanded=frozenset()):
+    """Renders `text` as it streams, `step` characters at a time, each render from the previous finished prefix;
+    yields (prefix, rendered)."""
+    finished = FinishedPrefix()
+    for end in list(range(1, len(text), step)) + [len(text)]:
+        rendered, finished = renderer.render_growing(text[:end], expanded, finished)
+        assert text[:end].startswith(finished.text)
+        yield text[:end], rendered
+
+
+@pytest.mark.parametrize("step", [1, 7])
+def test_a_growing_answer_renders_exactly_as_a_whole_at_every_prefix(step):
+    renderer, whole = MarkdownRenderer(), MarkdownRenderer()
+    for prefix, rendered in grown(renderer, ANSWER, step):
+        expected = whole.render(prefix)
+        assert (rendered.html, rendered.code_blocks, rendered.num_thinks) == \
+               (expected.html, expected.code_blocks, expected.num_thinks), f"differs after {prefix!r}"
+
+
+def test_expanded_thoughts_and_a_changed_text_start_again():
+    renderer, whole = MarkdownRenderer(), MarkdownRenderer()
+    *_, (_, rendered) = grown(renderer, ANSWER, 50, expanded=frozenset({0, 1}))
+    assert rendered.html == whole.render(ANSWER, {0, 1}).html and "still open at first" in rendered.html
+    finished = FinishedPrefix()
+    for text, expanded in [(ANSWER, {1}), (ANSWER, set()), ("Edited.\n\n" + ANSWER, set()), ("x\r\n\r\ny", set())]:
+        rendered, finished = renderer.render_growing(text, expanded, finished)
+        assert rendered.html == whole.render(text, expanded).html
+
+
+def test_only_the_last_block_is_left_to_parse_again():
+    without_definition = ANSWER.replace("[docs]: https://example.com/docs\n\n", "")
+    *_, (_, _) = grown(renderer := MarkdownRenderer(), without_definition, 1)
+    _, finished = renderer.render_growing(without_definition, frozenset(), FinishedPrefix())
+    assert without_definition[len(finished.text):] == "- last item\n"
+    # a link definition applies to the whole Markdown stretch around it (here: after the last <think>)
+    _, finished = renderer.render_growing(ANSWER, frozenset(), FinishedPrefix())
+    assert ANSWER[len(finished.text):].startswith("See [the docs]")
