@@ -12,6 +12,7 @@ from ..export import stats_line
 from ..markdown import FinishedPrefix, MarkdownRenderer
 from ..store import Message
 from . import theme
+from .incremental_html import IncrementalHtml
 
 MIN_RENDER_INTERVAL_S = 0.05     # streaming re-renders at most 20 times a second
 
@@ -76,6 +77,7 @@ class MessageWidget(QFrame):
         layout.addLayout(header)
 
         self.body = AutoHeightBrowser(self)
+        self._body_html = IncrementalHtml(self.body.document())
         self.body.anchorClicked.connect(self._on_anchor)
         layout.addWidget(self.body)
         self.stats_label = QLabel()
@@ -146,7 +148,7 @@ class MessageWidget(QFrame):
             text = "…"
         rendered, self._finished = self._renderer.render_growing(text, self._expanded_thinks, self._finished)
         self._code_blocks = rendered.code_blocks
-        self.body.setHtml(rendered.html)
+        self._body_html.show(rendered.html, self._finished.html)
 
     def rendered_text(self) -> str:
         return self.body.toPlainText()

@@ -1,8 +1,11 @@
-"""A streaming answer's Markdown is rendered from its finished prefix's cached HTML plus its re-parsed tail: the
-result must be exactly what rendering the whole text at once gives, at every point of the stream. Qt-free."""
+"""A streaming answer's Markdown is rendered from its finished prefix's cached HTML plus its re-parsed tail, and
+shown by replacing only the document's part after that prefix: both must be exactly what rendering and showing the
+whole text at once gives, at every point of the stream."""
 import pytest
+from PySide6.QtGui import QTextDocument
 
 from app.markdown import FinishedPrefix, MarkdownRenderer
+from app.views.incremental_html import IncrementalHtml
 
 # What models write: thoughts, headings (setext too), loose and tight and nested lists, fences with blank lines
 # inside (``` and ~~~, one holding a shorter fence), indented code, tables, quotes, a rule, a link defined late.
@@ -100,3 +103,17 @@ def test_only_the_last_block_is_left_to_parse_again():
     # a link definition applies to the whole Markdown stretch around it (here: after the last <think>)
     _, finished = renderer.render_growing(ANSWER, frozenset(), FinishedPrefix())
     assert ANSWER[len(finished.text):].startswith("See [the docs]")
+
+
+@pytest.mark.parametrize("step", [1, 7])
+def test_the_document_edited_at_its_end_is_the_document_of_the_whole_answer(qapp, step):
+    document, whole = QTextDocument(), QTextDocument()
+    shown = IncrementalHtml(document)
+    finished = FinishedPrefix()
+    renderer = MarkdownRenderer()
+    texts = [ANSWER[:end] for end in range(1, len(ANSWER), step)] + [ANSWER, "Edited.\n\n" + ANSWER[:300]]
+    for text in texts:
+        rendered, finished = renderer.render_growing(text, frozenset(), finished)
+        shown.show(rendered.html, finished.html)
+        whole.setHtml(rendered.html.rstrip())
+        assert document.toHtml() == whole.toHtml(), f"differs after {text!r}"     # blocks, formats, links
