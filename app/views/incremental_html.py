@@ -3,12 +3,31 @@ prefix: setHtml of a whole long answer, and the layout of all of it again, cost 
 milliseconds per refresh; an edit at the end lays out only the end."""
 from __future__ import annotations
 
+import re
+
 from PySide6.QtGui import QTextCursor, QTextDocument
 
 # QTextCursor.insertHtml merges the first inserted block into the block at the cursor (the finished part's last
 # one): an invisible first paragraph takes that merge and is then removed, so every inserted block keeps its own
 # format, as setHtml would have given it.
 _MERGED = "\u2063"          # INVISIBLE SEPARATOR, removed as soon as it has done its work
+# setHtml makes no block of an empty element ("- " or "#" alone in Markdown, an empty code block or table cell) that more HTML
+# follows, where a document edited at its end would keep one: a finished part that ends in one is no place to cut,
+# and HTML to append that holds one before more is shown whole (rare: "- " at the very end is harmless).
+_EMPTY_ELEMENT = re.compile(r"<(li|h[1-6]|blockquote|pre|td|th)\b[^>]*>\s*</\1>")
+_CLOSING_TAGS_TO_THE_END = re.compile(r"(\s*</[a-z0-9]+>)*\s*\Z")
+
+
+def _holds_an_empty_element_before_more(html: str, start: int) -> bool:
+    return any(not _CLOSING_TAGS_TO_THE_END.match(html, match.end()) for match in _EMPTY_ELEMENT.finditer(html, start))
+
+
+def _ends_in_an_empty_element(html: str) -> bool:
+    last_open = html.rfind("<")
+    while last_open > 0 and html.startswith("</", last_open):
+        last_open = html.rfind("<", 0, last_open)
+    match = _EMPTY_ELEMENT.match(html, max(last_open, 0))
+    return bool(match and _CLOSING_TAGS_TO_THE_END.match(html, match.end()))
 
 
 class IncrementalHtml:
@@ -21,37 +40,42 @@ class IncrementalHtml:
     def show(self, html: str, done_html: str = "") -> None:
         """Make the document what setHtml(html) would, where `done_html` starts `html` and starts every later
         `html` shown (the finished prefix: MarkdownRenderer.render_growing)."""
-        if done_html.strip() and self._shown_done is not None and done_html.startswith(self._shown_done):
-            self._replace_after_done(html, done_html)
-        elif not done_html.strip():                # nothing finished yet: a short HTML, shown whole
-            self.document.setHtml(html.rstrip())   # trailing whitespace would end the last block with a space
-            self._shown_done = None
-        else:
+        can_cut_at_done = bool(done_html.strip()) and not _ends_in_an_empty_element(done_html)
+        if (self._shown_done is not None and done_html.startswith(self._shown_done)
+                and not _holds_an_empty_element_before_more(html, len(self._shown_done))):
+            cursor = QTextCursor(self.document)
+            cursor.beginEditBlock()                # one relayout for the whole edit
+            self._remove_after_done(cursor)
+            if can_cut_at_done:
+                self._append(done_html[len(self._shown_done):], cursor)
+                self._shown_done, self._done_end = done_html, self._end()
+            self._append(html[len(self._shown_done):], cursor)
+            cursor.endEditBlock()
+        elif can_cut_at_done and not _holds_an_empty_element_before_more(html, len(done_html)):
+            # Trailing whitespace would end the last block with a space (and differ once more follows).
             self.document.setHtml(done_html.rstrip())
             self._shown_done, self._done_end = done_html, self._end()
             self._append(html[len(done_html):], QTextCursor(self.document))
+        else:                                      # nothing finished yet, or no place to cut: the whole, at once
+            self.document.setHtml(html.rstrip())
+            self._shown_done = None
 
-    def _replace_after_done(self, html: str, done_html: str) -> None:
-        cursor = QTextCursor(self.document)
-        cursor.beginEditBlock()                    # one relayout for the whole edit
+    def _remove_after_done(self, cursor: QTextCursor) -> None:
         cursor.setPosition(self._done_end)
         cursor.insertText(_MERGED)        # removing what follows an empty block (<hr />) gives it the next one's format
         cursor.movePosition(QTextCursor.MoveOperation.End, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
         cursor.deletePreviousChar()
-        self._append(done_html[len(self._shown_done):], cursor)
-        self._shown_done, self._done_end = done_html, self._end()
-        self._append(html[len(done_html):], cursor)
-        cursor.endEditBlock()
 
     def _append(self, html: str, cursor: QTextCursor) -> None:
         if not html.strip():
             return
         cursor.movePosition(QTextCursor.MoveOperation.End)
         start = cursor.position()
+        cursor.insertText(_MERGED)                 # an empty block (<hr />) would take the merged one's format
         cursor.insertHtml(f"<p>{_MERGED}</p>{html.rstrip()}")
         cursor.setPosition(start)
-        cursor.setPosition(start + 1, QTextCursor.MoveMode.KeepAnchor)
+        cursor.setPosition(start + 2, QTextCursor.MoveMode.KeepAnchor)
         cursor.removeSelectedText()
 
     def _end(self) -> int:
