@@ -150,30 +150,21 @@ class MarkdownRenderer:
         done_end, done_blocks, num_thinks = base, len(self._blocks), finished.num_thinks
         done_thinks = num_thinks
         for start, end, think in _pieces(tail):
-            if think is not None:
-                html = self._render_think(num_thinks, think, num_thinks in expanded)
-                num_thinks += 1
-                is_final = think.group(2) != ""                        # closed
-            elif end < len(tail):
-                html, is_final = self._md.render(tail[start:end]), True   # a <think> follows: a Markdown text of its own
-            elif pending:
-                html, is_final = self._md.render(tail[start:]), False
-            else:                                              # the growing end: blocks a later block closed are final
+            if think is None and end == len(tail) and not pending:      # the growing end
                 env: dict = {}
-                tokens = self._md.parse(tail[start:], env)
-                if env.get("references") and base:            # a link definition reaches back into cached blocks
+                finished_tokens, rest_tokens, rest_start = self._split_growing_end(tail[start:], env)
+                if env.get("references") and base:       # a link definition reaches back into cached blocks
                     return self.render_growing(text, expanded, FinishedPrefix(expanded_thinks=expanded))
-                stretch = tail[start:]
-                tops = [i for i, token in enumerate(tokens) if token.level == 0 and token.nesting != -1]
-                if tops and "\n" not in stretch[_line_start(stretch, tokens[tops[-1]].map[0]):]:
-                    tops.pop()     # the last block's first line is unfinished: "2" may become "2." of the list above
-                split = tops[-1] if len(tops) > 1 and not env.get("references") else 0
-                if split:
-                    done.append(self._md.renderer.render(tokens[:split], self._md.options, env))
-                    done_end = base + start + _line_start(stretch, tokens[split].map[0])
-                    done_blocks, done_thinks = len(self._blocks), num_thinks
-                pending.append(self._md.renderer.render(tokens[split:], self._md.options, env))
+                if finished_tokens:
+                    done.append(self._md.renderer.render(finished_tokens, self._md.options, env))
+                    done_end, done_blocks, done_thinks = base + start + rest_start, len(self._blocks), num_thinks
+                pending.append(self._md.renderer.render(rest_tokens, self._md.options, env))
                 continue
+            if think is None:                            # a <think> follows: a Markdown text of its own
+                html, is_final = self._md.render(tail[start:end]), True
+            else:
+                html, is_final = self._render_think(num_thinks, think, num_thinks in expanded), think.group(2) != ""
+                num_thinks += 1
             if is_final and not pending:
                 done.append(html)
                 done_end, done_blocks, done_thinks = base + end, len(self._blocks), num_thinks
@@ -182,6 +173,18 @@ class MarkdownRenderer:
         done_html = "".join(done)
         return (Rendered(done_html + "".join(pending), list(self._blocks), num_thinks),
                 FinishedPrefix(text[:done_end], done_html, self._blocks[:done_blocks], done_thinks, expanded))
+
+    def _split_growing_end(self, markdown: str, env: dict) -> tuple[list, list, int]:
+        """The tokens of `markdown` (the end of a growing text) split into those of the blocks no appended text
+        can change (each one closed by a later block whose first line is written), the rest, and where the
+        rest starts in `markdown`."""
+        tokens = self._md.parse(markdown, env)
+        tops = [i for i, token in enumerate(tokens) if token.level == 0 and token.nesting != -1]   # block starts
+        if tops and "\n" not in markdown[_line_start(markdown, tokens[tops[-1]].map[0]):]:
+            tops.pop()            # the last block's first line is unfinished: "2" may become "2." of the list above
+        if len(tops) < 2 or env.get("references"):       # a link definition applies to the whole Markdown text
+            return [], tokens, 0
+        return tokens[:tops[-1]], tokens[tops[-1]:], _line_start(markdown, tokens[tops[-1]].map[0])
 
     def _render_think(self, index: int, think: re.Match, is_expanded: bool) -> str:
         p = self.palette
