@@ -4,7 +4,10 @@ GUI-thread tick every 5 ms. Prints, per fifth of the answer, the longest stretch
 between two ticks (its CPU time, which is what the app costs), the longest wall-clock gap between ticks (that
 also holds the machine's scheduling) and the GUI thread's CPU time in that fifth.
 
-    .venv/bin/python scripts/profile_gui_stream.py [--words 5000] [--tok-s 400] [--no-panels]
+    .venv/bin/python scripts/profile_gui_stream.py [--words 5000] [--tok-s 400] [--no-panels] [--shots DIR]
+
+--shots DIR saves the window halfway through the answer and at its end, then scrolled to the answer's start
+(DIR/stream-{half,end,start}.png), to look at what the user saw.
 """
 from __future__ import annotations
 
@@ -102,6 +105,7 @@ def main() -> int:
     parser.add_argument("--words", type=int, default=5000)
     parser.add_argument("--tok-s", type=float, default=400)
     parser.add_argument("--no-panels", action="store_true", help="hide the live panels (the plots) while streaming")
+    parser.add_argument("--shots", type=Path, help="save screenshots of the window into this folder")
     args = parser.parse_args()
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["SLUICE_DATA_DIR"] = tempfile.mkdtemp(prefix="sluice-profile-")
@@ -132,6 +136,14 @@ def main() -> int:
         now = time.thread_time()
         ticks.append((clock.restart(), (now - last_cpu[0]) * 1e3, engine.generated))
         last_cpu[0] = now
+        if args.shots and len(shots_taken) == 0 and engine.generated >= len(tokens) // 2:
+            shots_taken.append(shoot("stream-half"))
+
+    def shoot(name: str) -> Path:
+        args.shots.mkdir(parents=True, exist_ok=True)
+        window.grab().save(str(args.shots / f"{name}.png"))
+        return args.shots / f"{name}.png"
+    shots_taken: list[Path] = []
     probe = QTimer(interval=5)
     probe.timeout.connect(tick)
     window.controller.message_finished.connect(lambda _message: loop.quit())
@@ -151,6 +163,14 @@ def main() -> int:
         if part:
             print(f"{fifth + 1:>5}  {max(t[1] for t in part):>22.1f}  {max(t[0] for t in part):>16.0f}  "
                   f"{sum(t[1] for t in part) / 1e3:>11.2f}")
+    if args.shots:
+        QTimer.singleShot(500, loop.quit)           # let the last layout and the scroll to the end finish
+        loop.exec()
+        shots_taken.append(shoot("stream-end"))
+        window.chat_view.verticalScrollBar().setValue(0)
+        window.chat_view.widget().layout().activate()
+        shots_taken.append(shoot("stream-start"))
+        print("wrote", *shots_taken)
     window.shutdown()
     return 0
 
