@@ -142,3 +142,18 @@ def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp,
         shown.show(rendered.html, finished.html)
         whole_document.setHtml(rendered.html.rstrip())
         assert document.toHtml() == whole_document.toHtml(), f"document differs after {text[:end]!r}"
+
+
+def test_once_a_block_is_finished_the_streaming_answer_never_rebuilds_its_document(qapp):
+    document = QTextDocument()
+    changes_from_the_start = []                          # setHtml: the whole document changes
+    document.contentsChange.connect(lambda position, *_: changes_from_the_start.append(position == 0))
+    shown, renderer, finished = IncrementalHtml(document), MarkdownRenderer(), FinishedPrefix()
+    rebuilt_after = []
+    for end in range(1, len(ANSWER) + 1):
+        rendered, finished = renderer.render_growing(ANSWER[:end], frozenset(), finished)
+        changes_from_the_start.clear()
+        shown.show(rendered.html, finished.html)
+        if finished.html and any(changes_from_the_start):
+            rebuilt_after.append(ANSWER[:end])
+    assert len(rebuilt_after) == 1 and rebuilt_after[0].endswith("</think>")    # the first finished part only
