@@ -12,11 +12,11 @@ from PySide6.QtGui import QTextCursor, QTextDocument
 # format, as setHtml would have given it.
 _MERGED = "\u2063"          # INVISIBLE SEPARATOR, removed as soon as it has done its work
 # setHtml makes no block of an empty element ("- " or "#" alone in Markdown, an empty code block) that more HTML
-# follows, where a document edited at its end would keep one. So a finished part that ends in one (or in an empty
-# table cell) is no place to cut, and HTML to append that holds one before more is shown whole: rare, as one at the
-# very end is harmless, and so are the empty cells of a table row still streaming.
-_EMPTY_ELEMENT = re.compile(r"<(li|h[1-6]|blockquote|pre)\b[^>]*>\s*</\1>")
-_EMPTY_ELEMENT_OR_CELL = re.compile(r"<(li|h[1-6]|blockquote|pre|td|th)\b[^>]*>\s*</\1>")
+# follows, and drops an <hr /> after a table that ends in an empty cell, where a document edited at its end would
+# not. So a finished part that ends in one is no place to cut, and HTML to append that holds one before more is
+# shown whole: rare, as one at the very end is harmless (the empty cells of a table row still streaming).
+_EMPTY_ELEMENT = re.compile(r"<(li|h[1-6]|blockquote|pre)\b[^>]*>\s*</\1>"
+                            r"|<(td|th)\b[^>]*>\s*</\2>(?=\s*</tr>\s*(</tbody>|</thead>)?\s*</table>)")
 _CLOSING_TAGS_TO_THE_END = re.compile(r"(\s*</[a-z0-9]+>)*\s*\Z")
 
 
@@ -28,7 +28,7 @@ def _ends_in_an_empty_element(html: str) -> bool:
     last_open = html.rfind("<")
     while last_open > 0 and html.startswith("</", last_open):
         last_open = html.rfind("<", 0, last_open)
-    match = _EMPTY_ELEMENT_OR_CELL.match(html, max(last_open, 0))
+    match = _EMPTY_ELEMENT.match(html, max(last_open, 0))
     return bool(match and _CLOSING_TAGS_TO_THE_END.match(html, match.end()))
 
 

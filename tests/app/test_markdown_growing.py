@@ -129,10 +129,8 @@ LINES = ["- a", "1. b", "2. c", "", "", "    code", "```", "~~~", "````", "> q",
          "  1. sub", "| x |", "~~~python", "    ```", "x\ty", "## h2 ##", "<think></think>"]
 
 
-@pytest.mark.parametrize("seed", [*range(20), 340, 549, 627, 1376, 2567])
-def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp, seed):
-    rng = random.Random(seed)
-    text = "\n".join(rng.choice(LINES) for _ in range(rng.randint(5, 30)))
+def assert_streams_as_a_whole(text: str) -> None:
+    """Streams `text` a character at a time: each render and the document shown equal those of the whole text."""
     renderer, whole = MarkdownRenderer(), MarkdownRenderer()
     document, whole_document = QTextDocument(), QTextDocument()
     shown, finished = IncrementalHtml(document), FinishedPrefix()
@@ -142,6 +140,22 @@ def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp,
         shown.show(rendered.html, finished.html)
         whole_document.setHtml(rendered.html.rstrip())
         assert document.toHtml() == whole_document.toHtml(), f"document differs after {text[:end]!r}"
+
+
+@pytest.mark.parametrize("seed", [*range(20), 340, 549, 627, 1376, 2567])
+def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp, seed):
+    rng = random.Random(seed)
+    assert_streams_as_a_whole("\n".join(rng.choice(LINES) for _ in range(rng.randint(5, 30))))
+
+
+@pytest.mark.parametrize("text", [
+    "# h\n\n- a\n-\n\npara\n",                      # an empty list item, then more
+    "Intro\n\n#\n***\n",                               # an empty heading before a rule
+    "```python\n```\n- deep\n",                          # an empty code block
+    "## h2\n| a | b |\n|---|---|\n| x |\n* * *\nafter\n",   # a table that ends in an empty cell, then a rule
+])
+def test_empty_elements_stream_as_a_whole(qapp, text):
+    assert_streams_as_a_whole(text)
 
 
 def test_once_a_block_is_finished_the_streaming_answer_never_rebuilds_its_document(qapp):
