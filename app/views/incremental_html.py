@@ -8,8 +8,8 @@ import re
 from PySide6.QtGui import QTextCursor, QTextDocument
 
 # QTextCursor.insertHtml merges the first inserted block into the block at the cursor (the finished part's last
-# one): an invisible first paragraph takes that merge and is then removed, so every inserted block keeps its own
-# format, as setHtml would have given it.
+# one): an invisible first paragraph takes that merge and is then removed, so every inserted block keeps the
+# format setHtml would have given it. tests/app/test_markdown_growing.py compares the two at every prefix.
 _MERGED = "\u2063"          # INVISIBLE SEPARATOR, removed as soon as it has done its work
 # setHtml makes no block of an empty element ("- " or "#" alone in Markdown, an empty code block) that more HTML
 # follows, and drops an <hr /> after a table that ends in an empty cell, where a document edited at its end would
@@ -74,7 +74,7 @@ class IncrementalHtml:
             return
         cursor.movePosition(QTextCursor.MoveOperation.End)
         start = cursor.position()
-        cursor.insertText(_MERGED)                 # an empty block (<hr />) would take the merged one's format
+        cursor.insertText(_MERGED)     # an empty block here (after a table, an <hr />) would take the merged format
         cursor.insertHtml(f"<p>{_MERGED}</p>{html.rstrip()}")
         cursor.setPosition(start)
         cursor.setPosition(start + 2, QTextCursor.MoveMode.KeepAnchor)
