@@ -27,6 +27,35 @@ class Rendered:
     num_thinks: int = 0
 
 
+@dataclass
+class FinishedPrefix:
+    """The start of a growing text whose HTML no appended text can change (Markdown blocks that a later block
+    has closed, closed <think> sections), with that HTML, so that only the rest is parsed again."""
+    text: str = ""
+    html: str = ""
+    code_blocks: list[str] = field(default_factory=list)
+    num_thinks: int = 0
+    expanded_thinks: frozenset[int] = frozenset()
+
+
+def _pieces(text: str):
+    """(start, end, None) for each Markdown stretch and (start, end, match) for each <think> section, in order."""
+    cursor = 0
+    for match in _THINK.finditer(text):
+        yield cursor, match.start(), None
+        yield match.start(), match.end(), match
+        cursor = match.end()
+    yield cursor, len(text), None
+
+
+def _line_start(text: str, line: int) -> int:
+    """The offset of line number `line` (0-based) in `text`."""
+    offset = 0
+    for _ in range(line):
+        offset = text.index("\n", offset) + 1
+    return offset
+
+
 @dataclass(frozen=True)
 class Palette:
     is_dark: bool
@@ -97,19 +126,69 @@ class MarkdownRenderer:
     def render(self, text: str, expanded_thinks: frozenset[int] | set[int] = frozenset()) -> Rendered:
         self._blocks = []
         parts: list[str] = []
-        cursor = 0
         num_thinks = 0
-        for index, match in enumerate(_THINK.finditer(text)):
-            parts.append(self._md.render(text[cursor:match.start()]))
-            is_open = match.group(2) == ""        # still streaming inside <think>
-            parts.append(self._render_think(index, match.group(1), is_open, index in expanded_thinks))
-            cursor = match.end()
-            num_thinks += 1
-        parts.append(self._md.render(text[cursor:]))
+        for start, end, think in _pieces(text):
+            if think is None:
+                parts.append(self._md.render(text[start:end]))
+            else:
+                parts.append(self._render_think(num_thinks, think, num_thinks in expanded_thinks))
+                num_thinks += 1
         return Rendered("".join(parts), list(self._blocks), num_thinks)
 
-    def _render_think(self, index: int, body: str, is_open: bool, is_expanded: bool) -> str:
+    def render_growing(self, text: str, expanded_thinks: frozenset[int] | set[int],
+                       finished: FinishedPrefix) -> tuple[Rendered, FinishedPrefix]:
+        """What render(text) returns, parsing only what follows `finished` (the previous call's, for a text this
+        one extends), and the finished prefix of `text` for the next call. A streaming answer thus costs the
+        Markdown of its last block per refresh, not of the whole answer."""
+        expanded = frozenset(expanded_thinks)
+        if expanded != finished.expanded_thinks or not text.startswith(finished.text) or "\r" in text:
+            finished = FinishedPrefix(expanded_thinks=expanded)    # "\r": markdown-it would count lines otherwise
+        base = len(finished.text)
+        tail = text[base:]
+        self._blocks = list(finished.code_blocks)
+        done, pending = [finished.html], []               # HTML that can no longer change, and the rest
+        done_end, done_blocks, num_thinks = base, len(self._blocks), finished.num_thinks
+        done_thinks = num_thinks
+        for start, end, think in _pieces(tail):
+            if think is None and end == len(tail) and not pending:      # the growing end
+                env: dict = {}
+                finished_tokens, rest_tokens, rest_start = self._split_growing_end(tail[start:], env)
+                if env.get("references") and base:       # a link definition reaches back into cached blocks
+                    return self.render_growing(text, expanded, FinishedPrefix(expanded_thinks=expanded))
+                if finished_tokens:
+                    done.append(self._md.renderer.render(finished_tokens, self._md.options, env))
+                    done_end, done_blocks, done_thinks = base + start + rest_start, len(self._blocks), num_thinks
+                pending.append(self._md.renderer.render(rest_tokens, self._md.options, env))
+                continue
+            if think is None:                            # a <think> follows: a Markdown text of its own
+                html, is_final = self._md.render(tail[start:end]), True
+            else:
+                html, is_final = self._render_think(num_thinks, think, num_thinks in expanded), think.group(2) != ""
+                num_thinks += 1
+            if is_final and not pending:
+                done.append(html)
+                done_end, done_blocks, done_thinks = base + end, len(self._blocks), num_thinks
+            else:
+                pending.append(html)
+        done_html = "".join(done)
+        return (Rendered(done_html + "".join(pending), list(self._blocks), num_thinks),
+                FinishedPrefix(text[:done_end], done_html, self._blocks[:done_blocks], done_thinks, expanded))
+
+    def _split_growing_end(self, markdown: str, env: dict) -> tuple[list, list, int]:
+        """The tokens of `markdown` (the end of a growing text) split into those of the blocks no appended text
+        can change (each one closed by a later block whose first line is written), the rest, and where the
+        rest starts in `markdown`."""
+        tokens = self._md.parse(markdown, env)
+        tops = [i for i, token in enumerate(tokens) if token.level == 0 and token.nesting != -1]   # block starts
+        if tops and "\n" not in markdown[_line_start(markdown, tokens[tops[-1]].map[0]):]:
+            tops.pop()            # the last block's first line is unfinished: "2" may become "2." of the list above
+        if len(tops) < 2 or env.get("references"):       # a link definition applies to the whole Markdown text
+            return [], tokens, 0
+        return tokens[:tops[-1]], tokens[tops[-1]:], _line_start(markdown, tokens[tops[-1]].map[0])
+
+    def _render_think(self, index: int, think: re.Match, is_expanded: bool) -> str:
         p = self.palette
+        body, is_open = think.group(1), think.group(2) == ""     # open: still streaming inside <think>
         num_words = len(body.split())
         label = "Thinking…" if is_open else f"Thought ({num_words} words)"
         arrow = "▾" if is_expanded else "▸"

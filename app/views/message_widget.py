@@ -9,9 +9,10 @@ from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBr
                                QVBoxLayout, QWidget)
 
 from ..export import stats_line
-from ..markdown import MarkdownRenderer
+from ..markdown import FinishedPrefix, MarkdownRenderer
 from ..store import Message
 from . import theme
+from .incremental_html import IncrementalHtml
 
 MIN_RENDER_INTERVAL_S = 0.05     # streaming re-renders at most 20 times a second
 
@@ -45,6 +46,7 @@ class MessageWidget(QFrame):
         self.message = message
         self._renderer = renderer
         self._code_blocks: list[str] = []
+        self._finished = FinishedPrefix()          # the answer's start whose HTML streaming no longer changes
         self._expanded_thinks: set[int] = set()
         self._last_render_s = 0.0
         self._render_timer = QTimer(self, singleShot=True, interval=int(MIN_RENDER_INTERVAL_S * 1000))
@@ -75,6 +77,7 @@ class MessageWidget(QFrame):
         layout.addLayout(header)
 
         self.body = AutoHeightBrowser(self)
+        self._body_html = IncrementalHtml(self.body.document())
         self.body.anchorClicked.connect(self._on_anchor)
         layout.addWidget(self.body)
         self.stats_label = QLabel()
@@ -116,6 +119,7 @@ class MessageWidget(QFrame):
 
     def set_dark(self, renderer: MarkdownRenderer) -> None:
         self._renderer = renderer
+        self._finished = FinishedPrefix()
         self._apply_colors()
         self._render()
 
@@ -142,9 +146,9 @@ class MessageWidget(QFrame):
         text = self.message.content
         if not text and self.message.state == "streaming":
             text = "…"
-        rendered = self._renderer.render(text, self._expanded_thinks)
+        rendered, self._finished = self._renderer.render_growing(text, self._expanded_thinks, self._finished)
         self._code_blocks = rendered.code_blocks
-        self.body.setHtml(rendered.html)
+        self._body_html.show(rendered.html, self._finished.html)
 
     def rendered_text(self) -> str:
         return self.body.toPlainText()

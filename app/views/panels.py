@@ -200,7 +200,7 @@ class LivePanels(QWidget):
         self._ticks += 1
         self._update_labels(snapshot)
         if self.isVisible():
-            self._update_plots()
+            self._update_plots(self._ticks if self.is_busy else None)
 
     def _update_labels(self, snapshot: dict) -> None:
         h = self.history
@@ -260,18 +260,23 @@ class LivePanels(QWidget):
         self.memory_label.setText(_memory_text(snapshot))
         self.slot_map.set_slots(h.slots())
 
-    def _update_plots(self) -> None:
+    def _update_plots(self, only_turn: int | None = None) -> None:
+        """Every plot, or only the one whose turn it is (`only_turn` counts refreshes): while the engine works
+        the plots take turns, each still moving 2.5 times a second, so that a refresh paints one plot (3-5 ms
+        with 60 s of history), not all four (11-20 ms in one go) while an answer streams."""
         h = self.history
         times = h.values("time_s")
         if not times:
             return
         x = [t - times[-1] for t in times]          # seconds before now
-        self.hit_curves["interval"].setData(x, [100 * v for v in h.values("hit_rate")])
-        self.disk_curves["engine"].setData(x, [GB * v for v in h.values("disk_gbps")])       # bytes/s: SI axis
-        self.disk_curves["system"].setData(x, [GB * v for v in h.values("system_disk_gbps")])
-        self.h2d_curves["h2d"].setData(x, [GB * v for v in h.values("h2d_gbps")])
-        self.tok_curves["decode"].setData(x, h.values("decode_tok_s"))
-        self.tok_curves["prefill"].setData(x, h.values("prefill_tok_s"))
+        plots = [[(self.hit_curves["interval"], "hit_rate", 100)],           # (curve, history name, scale)
+                 [(self.disk_curves["engine"], "disk_gbps", GB),               # bytes/s: SI axis
+                  (self.disk_curves["system"], "system_disk_gbps", GB)],
+                 [(self.h2d_curves["h2d"], "h2d_gbps", GB)],
+                 [(self.tok_curves["decode"], "decode_tok_s", 1), (self.tok_curves["prefill"], "prefill_tok_s", 1)]]
+        for curves in plots if only_turn is None else [plots[only_turn % len(plots)]]:
+            for curve, name, scale in curves:
+                curve.setData(x, [scale * v for v in h.values(name)])
 
     def last_value(self, name: str) -> float:
         values = [v for v in self.history.values(name) if not math.isnan(v)]

@@ -29,3 +29,29 @@ def test_chart_axes_use_human_units_and_legends_sit_in_the_titles(qtbot):
     title = panels.disk_plot.getPlotItem().titleLabel.text
     assert "engine" in title and "system (dashed)" in title
     assert "roofline" not in panels.speed_label.toolTip() and "fastest" in panels.speed_label.toolTip()
+
+
+def test_while_the_engine_works_the_plots_take_turns_and_each_moves_2_5_times_a_second(qtbot):
+    reads = iter(range(0, 10**9, 4_000_000))
+    panels = LivePanels(lambda: {"disk": {"bytes_read": next(reads)}, "speed": {"decode_tok_s": 5.0},
+                                 "ram_cache": {"hits": 3, "misses": 1}, "h2d": {"bytes": next(reads)}})
+    qtbot.addWidget(panels)
+    panels.show()
+    plots = {"hit": panels.hit_curves.values(), "disk": panels.disk_curves.values(),
+             "h2d": panels.h2d_curves.values(), "tok": panels.tok_curves.values()}
+    moved = []
+    for name, curves in plots.items():
+        for curve in curves:
+            curve.sigPlotChanged.connect(lambda *_a, name=name: moved.append(name))
+    panels.set_busy(True)
+    per_refresh = []
+    for _ in range(8):                                   # 0.8 s of refreshes at 10 Hz
+        moved.clear()
+        panels.refresh()
+        per_refresh.append(set(moved))
+    assert all(len(names) == 1 for names in per_refresh)             # one plot painted per refresh
+    assert all(sum(names == {name} for names in per_refresh) == 2 for name in plots)   # each plot twice in 0.8 s
+    assert panels.disk_curves["engine"].getData()[1][-1] > 0           # with the latest figures
+    moved.clear()
+    panels.set_busy(False)                                             # idle: one refresh moves them all
+    assert set(moved) == set(plots)
