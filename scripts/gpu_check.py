@@ -489,6 +489,22 @@ STAGES = {
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
         f"{sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-3000:]),
+    # the disk with few reads in flight, and blocks in pieces (the exceeds regime's reads), on the bench's model
+    "probe-disk": lambda: print(subprocess.run(
+        f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
+        f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
+        f"{sys.executable} scripts/probe_disk_reads.py {WORK}/olmoe-1b-7b-int8", shell=True,
+        cwd=ROOT, capture_output=True, text=True).stdout[-3000:]),
+    # exceeds (int8 dense) with blocks read whole (the default) and in 4 pieces, alternated after a warm-up
+    "pieces-ab": lambda: [
+        bench(f"olmoe-int8-exceeds-pieces-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                   "--prompt-tokens", "512", "--new-tokens", str(tokens),
+                                                   "--dense-quant", "int8"] + (["--vram-budget", "2.5GB"]
+                                                                              if regime == "exceeds" else []),
+              env={"SLUICE_READ_PIECES": pieces})
+        for regime, tag, pieces, tokens in (("fits-ram", "warmup", "4", 16), ("exceeds", "whole-1", "1", 32),
+                                            ("exceeds", "4-1", "4", 32), ("exceeds", "whole-2", "1", 32),
+                                            ("exceeds", "4-2", "4", 32))],
     # which kernels' first run costs host memory, with CUDA's lazy module loading (torch's default) and eager
     "probe-first-use": lambda: [print(subprocess.run(
         f"CUDA_MODULE_LOADING={mode} {sys.executable} scripts/probe_first_use.py", shell=True, cwd=ROOT,

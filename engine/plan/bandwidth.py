@@ -10,24 +10,26 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from engine.runtime.pinned import pinned_buffer
+from engine.runtime.store import READ_PIECES, piece_ranges, reader_threads
 
 
-def disk_read_bps(path, block_bytes: int, num_reads: int = 128, num_threads: int = 4, seed: int = 0) -> float:
-    """Random whole-block O_DIRECT reads of `path` into pinned buffers, `num_threads` at a time
-    (what the expert store does on a miss)."""
+def disk_read_bps(path, block_bytes: int, num_reads: int = 128, pieces: int = READ_PIECES, seed: int = 0) -> float:
+    """Random O_DIRECT block reads of `path` into pinned buffers as the expert store reads its misses: each
+    block in `pieces` page-aligned pieces (1: whole), on as many threads as the store has."""
     size = os.path.getsize(path)
     num_blocks = size // block_bytes
     offsets = [random.Random(seed).randrange(num_blocks) * block_bytes for _ in range(num_reads)]
     flags = os.O_RDONLY | getattr(os, "O_DIRECT", 0)
     fd = os.open(path, flags)
-    buffers = [pinned_buffer(block_bytes) for _ in range(num_threads)]
+    threads = reader_threads(pieces)
+    in_flight = max(1, threads // pieces)
+    buffers = [memoryview(pinned_buffer(block_bytes).numpy()) for _ in range(in_flight)]
+    reads = [(buffers[i % in_flight][start:start + n], offsets[i] + start)
+             for i in range(num_reads) for start, n in piece_ranges(block_bytes, pieces)]
     try:
-        def read(i):
-            view = memoryview(buffers[i % num_threads].numpy())
-            return os.preadv(fd, [view], offsets[i])
-        with ThreadPoolExecutor(num_threads) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             start = time.perf_counter()
-            total = sum(pool.map(read, range(num_reads)))
+            total = sum(pool.map(lambda read: os.preadv(fd, [read[0]], read[1]), reads))
             return total / (time.perf_counter() - start)
     finally:
         os.close(fd)

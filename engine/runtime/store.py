@@ -3,6 +3,12 @@
 O_DIRECT where the file system allows it (page-cache bypass: what the user's NVMe really does),
 buffered reads with posix_fadvise(DONTNEED) otherwise. Each block's CRC32 is checked the first
 time it is read in a session.
+
+SLUICE_READ_PIECES=N reads each block as N page-aligned pieces in parallel (on 2N threads) instead of
+whole (on 4): a decode layer has a few misses, and at the end of its batch one or two reads are left in
+flight, where a whole-block read may get less than the disk gives. Off until measured on an NVMe
+(scripts/probe_disk_reads.py, gpu_check.py probe-disk pieces-ab): the dev machine's virtual disk gave
+1.1-1.7 GB/s either way, within its noise.
 """
 from __future__ import annotations
 
@@ -19,9 +25,29 @@ from engine.format.modeldir import EXPERTS_FILE, ModelDir
 from engine.runtime.telemetry import Telemetry
 
 
+READ_PIECES = 1        # whole blocks (see the docstring)
+PAGE = 4096
+
+
+def reader_threads(pieces: int) -> int:
+    """Four whole blocks in flight, or two blocks' pieces."""
+    return 4 if pieces == 1 else 2 * pieces
+
+
+def piece_ranges(block_bytes: int, pieces: int) -> list[tuple[int, int]]:
+    """(start, length) of each piece of a block: page-aligned (O_DIRECT), the last one shorter."""
+    size = -(-block_bytes // pieces // PAGE) * PAGE
+    return [(start, min(size, block_bytes - start)) for start in range(0, block_bytes, size)]
+
+
 class ExpertStore:
-    def __init__(self, model: ModelDir, telemetry: Telemetry, num_threads: int = 4, direct: bool = True):
+    def __init__(self, model: ModelDir, telemetry: Telemetry, num_threads: int | None = None, direct: bool = True,
+                 pieces: int | None = None):
+        """num_threads: reader threads (default: reader_threads(pieces))."""
         self.model, self.telemetry = model, telemetry
+        env = os.environ.get("SLUICE_READ_PIECES", "").strip()
+        self.pieces = max(1, pieces or (int(env) if env.isdigit() else READ_PIECES))
+        num_threads = num_threads or reader_threads(self.pieces)
         path = model.path / EXPERTS_FILE
         self._fd = os.open(path, os.O_RDONLY)
         self._direct_fd = None
@@ -44,20 +70,64 @@ class ExpertStore:
         return self._direct_fd is not None
 
     def submit(self, layer: int, expert: int, buf: np.ndarray) -> Future:
-        return self._pool.submit(self.read_into, layer, expert, buf)
+        """Start reading block (layer, expert) into buf (uint8, block_bytes long; 4096-aligned for O_DIRECT).
+        The future is done when every piece has landed (cancel() never stops a read midway)."""
+        if self.pieces == 1:
+            return self._pool.submit(self.read_into, layer, expert, buf)
+        block: Future = Future()
+        block.set_running_or_notify_cancel()
+        offset, view = self.model.expert_offset(layer, expert), memoryview(buf)
+        ranges = piece_ranges(self.block_bytes, self.pieces)
+        lock = threading.Lock()
+        state = {"left": len(ranges), "bytes": 0, "error": None, "start": float("inf"), "end": 0.0}
+
+        def landed(piece: Future) -> None:
+            try:
+                (n, start, end), error = piece.result(), None
+            except BaseException as exc:      # noqa: BLE001 - cancelled at close, or an OSError: the block's
+                (n, start, end), error = (0, float("inf"), 0.0), exc
+            with lock:
+                state["bytes"] += n
+                state["error"] = state["error"] or error
+                state["start"], state["end"] = min(state["start"], start), max(state["end"], end)
+                state["left"] -= 1
+                if state["left"]:
+                    return
+            try:
+                if state["error"] is not None:
+                    raise state["error"]
+                self._landed(layer, expert, view, state["bytes"], state["end"] - state["start"])
+            except BaseException as exc:      # noqa: BLE001 - the caller's result() raises it
+                block.set_exception(exc)
+            else:
+                block.set_result(None)
+        for start, length in ranges:
+            self._pool.submit(self._read_piece, view[start:start + length], offset + start).add_done_callback(landed)
+        return block
+
+    def _read_piece(self, view: memoryview, offset: int) -> tuple[int, float, float]:
+        start = time.perf_counter()
+        return self._timed_read(view, offset), start, time.perf_counter()
 
     def read_into(self, layer: int, expert: int, buf: np.ndarray) -> None:
-        """Read block (layer, expert) into buf (uint8, block_bytes long; 4096-aligned for O_DIRECT)."""
-        offset = self.model.expert_offset(layer, expert)
-        start = self._read_starts()
+        """Read block (layer, expert) into buf whole, on the calling thread."""
         view = memoryview(buf)
+        start = time.perf_counter()
+        n = self._timed_read(view, self.model.expert_offset(layer, expert))
+        self._landed(layer, expert, view, n, time.perf_counter() - start)
+
+    def _timed_read(self, view: memoryview, offset: int) -> int:
+        self._read_starts()
         try:
-            n = self._read(view, offset)
+            return self._read(view, offset)
         finally:
-            end = self._read_ends()
+            self._read_ends()
+
+    def _landed(self, layer: int, expert: int, view: memoryview, n: int, seconds: float) -> None:
+        """A block's bytes are in: its size, telemetry and (the first time) its CRC32."""
         if n != self.block_bytes:
             raise SluiceError(f"experts.bin ended early at layer {layer}, expert {expert}; repack the model again.")
-        self.telemetry.add(disk_bytes_read=n, disk_reads=1, disk_busy_s=end - start)
+        self.telemetry.add(disk_bytes_read=n, disk_reads=1, disk_busy_s=seconds)
         key = (layer, expert)
         if key not in self._verified:
             if zlib.crc32(view) != self.model.expert_crc32(layer, expert):
@@ -66,21 +136,17 @@ class ExpertStore:
             with self._verified_lock:
                 self._verified.add(key)
 
-    def _read_starts(self) -> float:
+    def _read_starts(self) -> None:
         with self._active_lock:
-            now = time.perf_counter()
             if not self._in_flight:
-                self._active_since = now
+                self._active_since = time.perf_counter()
             self._in_flight += 1
-            return now
 
-    def _read_ends(self) -> float:
+    def _read_ends(self) -> None:
         with self._active_lock:
-            now = time.perf_counter()
             self._in_flight -= 1
             if not self._in_flight:
-                self.telemetry.add(disk_active_s=now - self._active_since)
-            return now
+                self.telemetry.add(disk_active_s=time.perf_counter() - self._active_since)
 
     def _read(self, view: memoryview, offset: int) -> int:
         if self._direct_fd is not None and _is_aligned(view):

@@ -20,6 +20,7 @@ from engine.errors import SluiceError
 from engine.model import dense_quant
 from engine.runtime.memory import anonymous_by_mapping
 from engine.runtime.placement import LIVE_FACTOR
+from engine.runtime.store import READ_PIECES, reader_threads
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
 from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines, wants_cap
@@ -126,7 +127,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     is_cuda = args.device.startswith("cuda")
     h2d_bps = bandwidth.h2d_bps(args.device, num_bytes=(256 << 20) if is_cuda else (32 << 20))
     hbm_bps = bandwidth.hbm_copy_bps(args.device, num_bytes=(2 << 30) if is_cuda else (64 << 20))
-    log(f"bandwidths: disk {disk_bps / 1e9:.2f} GB/s (O_DIRECT, 4 threads), h2d {h2d_bps / 1e9:.1f} GB/s, "
+    log(f"bandwidths: disk {disk_bps / 1e9:.2f} GB/s (O_DIRECT, {reader_threads(READ_PIECES)} reads in flight), h2d {h2d_bps / 1e9:.1f} GB/s, "
         f"HBM copy {hbm_bps / 1e12:.2f} TB/s")
     max_tokens = args.prompt_tokens + args.new_tokens
     from engine import GenerationParams

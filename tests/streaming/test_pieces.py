@@ -121,3 +121,43 @@ def test_disk_active_time_counts_overlapping_reads_once(sluice_models):
     assert disk["reads"] == 8
     assert 0 < disk["active_s"] <= wall
     assert disk["active_s"] <= disk["busy_s"] + 1e-9
+
+
+@pytest.mark.parametrize("pieces", [1, 3, 4, 8])
+def test_blocks_read_in_pieces_are_the_blocks(sluice_models, pieces):
+    """Every block read as `pieces` parallel page-aligned reads lands whole (its CRC32 checked), byte for
+    byte what a whole-block read gives."""
+    from engine.format.modeldir import open_model_dir
+    from engine.runtime.cache import anonymous_buffer
+    from engine.runtime.store import ExpertStore, piece_ranges
+    model = open_model_dir(sluice_models("qwen3_moe"))
+    block = model.layout.block_bytes
+    assert sum(n for _, n in piece_ranges(block, pieces)) == block
+    assert all(start % 4096 == 0 for start, _ in piece_ranges(block, pieces))
+    whole = ExpertStore(model, Telemetry(), pieces=1)
+    split = ExpertStore(model, Telemetry(), pieces=pieces)
+    keys = [(layer, e) for layer in model.spec.moe_layers for e in range(model.spec.num_experts)]
+    expected, got = {}, {}
+    for store, out in ((whole, expected), (split, got)):
+        buffers = {key: anonymous_buffer(block).numpy() for key in keys}
+        futures = [store.submit(*key, buffers[key]) for key in keys]
+        for f in futures:
+            f.result()
+        out.update({key: bytes(buffers[key]) for key in keys})
+        assert store.telemetry.snapshot()["disk"]["reads"] == len(keys)
+        store.close()
+    assert got == expected
+
+
+def test_closing_the_store_with_reads_queued_leaves_no_read_waiting_forever(sluice_models):
+    from engine.format.modeldir import open_model_dir
+    from engine.runtime.cache import anonymous_buffer
+    from engine.runtime.store import ExpertStore
+    model = open_model_dir(sluice_models("qwen3_moe"))
+    store = ExpertStore(model, Telemetry(), num_threads=1, pieces=4)
+    futures = [store.submit(0, e % model.spec.num_experts, anonymous_buffer(model.layout.block_bytes).numpy())
+               for e in range(32)]
+    store.close()                       # cancels the pieces still queued: their blocks fail, none hangs
+    assert all(f.done() for f in futures)
+    failed = [f for f in futures if f.exception(timeout=0) is not None]
+    assert failed and all(f.exception(timeout=0) is not None for f in futures[-len(failed):])
