@@ -24,7 +24,6 @@ from engine.model.layers import Packed
 from kernels.cpu_linear import SLAB_BYTES
 
 DENSE_QUANTS = ("int8",)
-EMBED_TABLE = "model.embed_tokens.weight"
 
 
 def check(dense_quant: str | None, family: str) -> str | None:
