@@ -472,15 +472,16 @@ STAGES = {
         bench(f"olmoe-{quant}-ram-unconstrained", ["--preset", "olmoe-1b-7b", "--quant", quant, "--vram-budget", "4GB",
                                                    "--ram-cache", "16GB", "--prompt-tokens", "512", "--new-tokens", "128"])
         for quant in ("int8", "fp8")],
-    # the three memory regimes of the hybrid issue (sluice bench --regime: cgroup cap + budgets), int8 experts,
-    # the defaults, after a warm-up; exceeds with the VRAM budget Sluice needs on the H200 (CUDA context ~0.85 GB)
+    # the three memory regimes of the hybrid issue (sluice bench --regime: cgroup cap + budgets), int8 experts and
+    # int8 dense weights (as llama.cpp's Q8_0), after a warm-up; exceeds at its own 2 GB and at 2.5 GB
     "regimes": lambda: [
         bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
-                                             "--prompt-tokens", "512", "--new-tokens", str(tokens)] + extra)
+                                             "--prompt-tokens", "512", "--new-tokens", str(tokens),
+                                             "--dense-quant", "int8"] + extra)
         for regime, tokens, tag, extra in (
             ("fits-ram", 16, "warmup", []),      # the first bench on a fresh machine also writes the model: discard
-            ("fits-ram", 128, "default", []), ("fits-vram-ram", 64, "default", []),
-            ("exceeds", 32, "default", ["--vram-budget", "2.5GB"]))],
+            ("fits-ram", 128, "int8-dense", []), ("fits-vram-ram", 64, "int8-dense", []),
+            ("exceeds", 32, "int8-dense", []), ("exceeds", 32, "int8-dense-2.5GB", ["--vram-budget", "2.5GB"]))],
     "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
                                               capture_output=True, text=True).stdout[-3000:]),
     # where the memory besides the RAM cache comes from, phase by phase (the model is made in another process)
