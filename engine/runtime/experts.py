@@ -83,6 +83,7 @@ class Experts:
         self._inflight: list[tuple[torch.cuda.Event, Key]] = []             # (copy done, RAM block it reads/writes)
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
         self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
+        self._unused: set[Key] = set()            # of those, guesses their layer did not use (settled once landed)
         self._predicted: dict[int, set[int]] = {}
         self._prefetched: dict[int, set[int]] = {}
         self._pass_reads: Counter | None = None        # disk reads per (layer, expert) during a prefill
@@ -318,6 +319,8 @@ class Experts:
     def _start_read(self, key: Key) -> tuple[int, Future]:
         if not self.cache.can_insert():      # every RAM block is locked by a copy in flight: let them land
             self._wait_copies()
+        if not self.cache.can_insert():      # or by reads of wrong guesses still in flight
+            self._settle_unused(wait=True)
         ram_slot = self.cache.insert(key)
         self.cache.lock(key)
         if self._pass_reads is not None:
@@ -325,8 +328,10 @@ class Experts:
         return ram_slot, self.store.submit(*key, self.cache.block(ram_slot).numpy())
 
     def _finish_read(self, key: Key, future: Future) -> None:
+        start = time.perf_counter()
         try:
             future.result()
+            self.telemetry.add(read_wait_s=time.perf_counter() - start)
         except BaseException:
             self.cache.unlock(key)
             self.cache.discard(key)
@@ -502,9 +507,18 @@ class Experts:
         correct, needed = score(predicted, actual) if predicted is not None else (0, 0)
         prefetched = self._prefetched.pop(layer, set())
         self.telemetry.add(spec_correct=correct, spec_predicted=needed, prefetch_used=len(prefetched & actual))
-        # Reads started for experts this layer did not use: finish them so the RAM slot holds the block.
-        for key in [k for k in self._reads if k[0] == layer and k[1] not in actual]:
-            self._settle_read(key)
+        # Reads started for experts this layer did not use: once one lands its RAM slot holds the block (and is
+        # unlocked); the decode thread does not wait for one still in flight before its own layer's reads.
+        self._unused.update(k for k in self._reads if k[0] == layer and k[1] not in actual)
+        self._settle_unused(wait=False)
+
+    def _settle_unused(self, wait: bool) -> None:
+        for key in list(self._unused):
+            if key not in self._reads:                 # asked for after all: _bring_in took it
+                self._unused.discard(key)
+            elif wait or self._reads[key][1].done():
+                self._unused.discard(key)
+                self._settle_read(key)
 
     def _settle_read(self, key: Key) -> None:
         _, future = self._reads.pop(key)
@@ -521,6 +535,7 @@ class Experts:
         self._release_finished_copies()
         for key in list(self._reads):
             self._settle_read(key)
+        self._unused.clear()
         self._predicted.clear()
         self._prefetched.clear()
 

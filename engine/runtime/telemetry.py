@@ -20,7 +20,7 @@ COUNTERS = frozenset({
     "disk_bytes_read", "disk_reads", "disk_busy_s", "disk_active_s", "prefill_max_expert_reads",
     "h2d_bytes", "h2d_busy_s", "d2h_bytes",
     "spec_predicted", "spec_correct", "prefetch_issued", "prefetch_used",
-    "cpu_experts", "cpu_expert_bytes", "cpu_busy_s", "sync_wait_s",
+    "cpu_experts", "cpu_expert_bytes", "cpu_busy_s", "sync_wait_s", "read_wait_s",
 })
 
 
@@ -131,7 +131,7 @@ class Telemetry:
             "cpu": {"experts": i("cpu_experts"), "bytes": i("cpu_expert_bytes"), "busy_s": v["cpu_busy_s"],
                     "gbps": gbps("cpu_expert_bytes", "cpu_busy_s")},
             # the decode thread waiting at the layers' host syncs for the GPU (the rest of its time it works)
-            "host": {"sync_wait_s": v["sync_wait_s"]},
+            "host": {"sync_wait_s": v["sync_wait_s"], "read_wait_s": v["read_wait_s"]},
             # RSS counts the RAM cache's touched pages; the rest is what the process needs besides it
             "process": {"rss_bytes": rss, "anon_bytes": anon, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0),
                         "non_cache_anon_bytes": max(anon - i("ram_used_bytes"), 0)},

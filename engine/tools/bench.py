@@ -224,6 +224,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
                                  "busy_s": d("cpu", "busy_s") / decoded},
         "decode_sync_wait_s_per_token": d("host", "sync_wait_s") / decoded,
         "decode_disk_active_s_per_token": d("disk", "active_s") / decoded,
+        "decode_read_wait_s_per_token": d("host", "read_wait_s") / decoded,
         "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
         "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
         "decode_roofline_s_per_token": roofline_s, "decode_s_per_token": measured_s,
@@ -338,7 +339,8 @@ def report(r: dict) -> str:
         f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
         f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}; the decode thread waited "
         f"{r.get('decode_sync_wait_s_per_token', 0) * 1e3:.1f} ms of it at the layers' syncs (the GPU's side)"
-        + (f"; a read was in flight {r['decode_disk_active_s_per_token'] * 1e3:.1f} ms of it"
+        + (f"; a read was in flight {r['decode_disk_active_s_per_token'] * 1e3:.1f} ms of it, and the decode "
+           f"thread waited for reads {r.get('decode_read_wait_s_per_token', 0) * 1e3:.1f} ms"
            if r.get("decode_disk_active_s_per_token") else ""),
         *_placement_lines(r),
         *_full_model_lines(r),
