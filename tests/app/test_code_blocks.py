@@ -13,23 +13,22 @@ CODE = f"{LONG_LINE}\n    {NO_SPACES}\nprint(result)\n"
 ANSWER = f"Here it is:\n\n```python\n{CODE}```\n\nThat is all."
 
 
-def _copy_link_rect(widget):
-    """The Copy link of the first code block, in the chat view's viewport coordinates (what the user sees)."""
-    document = widget.body.document()
+def _copy_link_rect(body):
+    """The Copy link of the first code block, in the coordinates of the message body's viewport."""
+    document = body.document()
     found = document.find("Copy")
     assert found.charFormat().anchorHref() == "copy-code:0"
     start, end = QTextCursor(document), QTextCursor(document)
     start.setPosition(found.selectionStart())
     end.setPosition(found.selectionEnd())
-    rect = widget.body.cursorRect(start).united(widget.body.cursorRect(end))
-    return rect.translated(widget.body.viewport().mapTo(widget.window().chat_view.viewport(), QPoint(0, 0)))
+    return body.cursorRect(start).united(body.cursorRect(end))
 
 
 def _assert_fits_with_copy_in_view(widget):
     body, chat_view = widget.body, widget.window().chat_view
     assert body.document().size().width() <= body.viewport().width()      # nothing runs off to the right
     assert body.document().idealWidth() <= body.viewport().width()
-    rect = _copy_link_rect(widget)
+    rect = _copy_link_rect(body).translated(body.viewport().mapTo(chat_view.viewport(), QPoint(0, 0)))
     assert rect.width() > 0 and chat_view.viewport().rect().contains(rect), (rect, chat_view.viewport().rect())
 
 
@@ -45,6 +44,7 @@ def _open_stored_answer(qtbot, data_dir):
     window.controller.open_conversation(conversation.id)
     widget = window.chat_view.widgets[answer.id]
     qtbot.waitUntil(lambda: widget.body.viewport().width() > 600)
+    qtbot.wait(100)                                        # posted layout requests re-centre the column
     return window, widget
 
 
@@ -52,14 +52,13 @@ def test_a_long_code_line_wraps_inside_the_column_and_copy_stays_visible_and_exa
     window, widget = _open_stored_answer(qtbot, data_dir)
     for is_dark in (False, True):
         window.chat_view.set_dark(is_dark)
-        qtbot.wait(50)
+        assert ("#0d1117" in widget.body.toHtml()) == is_dark              # the dark code background, or not
         _assert_fits_with_copy_in_view(widget)
         QGuiApplication.clipboard().clear()
-        center = _copy_link_rect(widget).center()              # a user's click on the link, where it is drawn
-        assert widget.body.anchorAt(widget.body.viewport().mapFrom(window.chat_view.viewport(), center)) == "copy-code:0"
+        center = _copy_link_rect(widget.body).center()          # a user's click on the link, where it is drawn
+        assert widget.body.anchorAt(center) == "copy-code:0"
         with qtbot.waitSignal(widget.copy_requested):
-            qtbot.mouseClick(widget.body.viewport(), Qt.MouseButton.LeftButton,
-                             pos=widget.body.viewport().mapFrom(window.chat_view.viewport(), center))
+            qtbot.mouseClick(widget.body.viewport(), Qt.MouseButton.LeftButton, pos=center)
         assert QGuiApplication.clipboard().text() == CODE      # the code as written, not as wrapped
     assert LONG_LINE in widget.rendered_text()                 # wrapping adds no line breaks to the text
     assert window.shutdown()
