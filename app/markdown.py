@@ -214,4 +214,4 @@ class MarkdownRenderer:
             f'<tr><td bgcolor="{p.code_header}"><span style="color:{p.muted}">{label}</span></td>'
             f'<td bgcolor="{p.code_header}" align="right"><a href="copy-code:{index}" '
             f'style="text-decoration:none">Copy</a></td></tr>'
-            f'<tr><td colspan="2"><pre style="margin:0">{code}</pre></td></tr></table>')
+            f'<tr><td colspan="2"><pre style="margin:0; white-space:pre-wrap">{code}</pre></td></tr></table>')
