@@ -39,17 +39,26 @@ def test_a_wrong_guess_read_in_flight_is_not_waited_for(sluice_models):
 
 def test_a_full_ram_cache_waits_for_wrong_guess_reads_instead_of_failing(sluice_models):
     eng = engine_with_slots(sluice_models("qwen3_moe"), slots_per_bank=3, ram_blocks=4)
+    experts, layer = eng.runner.experts, eng.spec.moe_layers[-1]
+    wanted = (layer, eng.spec.num_experts - 1)
+    futures = []
     try:
         token_ids(eng, [5, 17, 42], 2)
-        experts, layer = eng.runner.experts, eng.spec.moe_layers[-1]
-        futures = [_pending_read(experts, (layer, e)) for e in range(4)]    # every RAM block: a read in flight
-        experts._score_speculation(layer, actual={eng.spec.num_experts - 1})
-        assert not experts.cache.can_insert()
+        for expert in range(eng.spec.num_experts - 1):          # reads in flight until no RAM block is free
+            key = (layer, expert)
+            if not experts.cache.can_insert():
+                break
+            if key not in experts.cache:
+                futures.append(_pending_read(experts, key))
+        experts._score_speculation(layer, actual={wanted[1]})    # none of them was used
+        assert not experts.cache.can_insert() and len(experts._unused) == len(futures)
         threading.Timer(0.1, lambda: [f.set_result(None) for f in futures]).start()
-        ram_slot, read = experts._start_read((layer, eng.spec.num_experts - 1))   # waits for them to land
-        read.result()
-        assert not experts._unused and ram_slot is not None
-        experts._finish_read((layer, eng.spec.num_experts - 1), read)
-        experts.cache.unlock((layer, eng.spec.num_experts - 1))
+        ram_slot, read = experts._start_read(wanted)            # waits for them to land, does not fail
+        experts._finish_read(wanted, read)
+        experts.cache.unlock(wanted)
+        assert not experts._unused and wanted in experts.cache
     finally:
+        for f in futures:
+            if not f.done():
+                f.set_result(None)
         eng.close()
