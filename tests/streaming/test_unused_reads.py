@@ -44,14 +44,16 @@ def test_a_full_ram_cache_waits_for_wrong_guess_reads_instead_of_failing(sluice_
     futures = []
     try:
         token_ids(eng, [5, 17, 42], 2)
+        ours = set()
         for expert in range(eng.spec.num_experts - 1):          # reads in flight until no RAM block is free
             key = (layer, expert)
             if not experts.cache.can_insert():
                 break
             if key not in experts.cache:
                 futures.append(_pending_read(experts, key))
+                ours.add(key)
         experts._score_speculation(layer, actual={wanted[1]})    # none of them was used
-        assert not experts.cache.can_insert() and len(experts._unused) == len(futures)
+        assert not experts.cache.can_insert() and ours <= experts._unused
         threading.Timer(0.1, lambda: [f.set_result(None) for f in futures]).start()
         ram_slot, read = experts._start_read(wanted)            # waits for them to land, does not fail
         experts._finish_read(wanted, read)
