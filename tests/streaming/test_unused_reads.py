@@ -20,8 +20,9 @@ def _pending_read(experts, key) -> Future:
 def test_a_wrong_guess_read_in_flight_is_not_waited_for(sluice_models):
     eng = engine_with_slots(sluice_models("qwen3_moe"), slots_per_bank=3, ram_blocks=6)
     try:
-        token_ids(eng, [5, 17, 42], 2)                      # a generation's end settles every read
+        token_ids(eng, [5, 17, 42], 2)
         experts = eng.runner.experts
+        experts.synchronize()                               # the generation's own reads have landed
         layer = eng.spec.moe_layers[0]
         unused = (layer, eng.spec.num_experts - 1)
         future = _pending_read(experts, unused)
@@ -44,6 +45,7 @@ def test_a_full_ram_cache_waits_for_wrong_guess_reads_instead_of_failing(sluice_
     futures = []
     try:
         token_ids(eng, [5, 17, 42], 2)
+        experts.synchronize()                                   # the generation's own reads have landed
         ours = set()
         for expert in range(eng.spec.num_experts - 1):          # reads in flight until no RAM block is free
             key = (layer, expert)
@@ -53,7 +55,7 @@ def test_a_full_ram_cache_waits_for_wrong_guess_reads_instead_of_failing(sluice_
                 futures.append(_pending_read(experts, key))
                 ours.add(key)
         experts._score_speculation(layer, actual={wanted[1]})    # none of them was used
-        assert not experts.cache.can_insert() and ours <= experts._unused
+        assert not experts.cache.can_insert() and experts._unused == ours
         threading.Timer(0.1, lambda: [f.set_result(None) for f in futures]).start()
         ram_slot, read = experts._start_read(wanted)            # waits for them to land, does not fail
         experts._finish_read(wanted, read)
