@@ -53,12 +53,17 @@ def _int8pack_applies(flat: torch.Tensor, w: torch.Tensor) -> bool:
 
 def dequantized(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The reference weight: each element q * scale rounded once to `dtype` (engine.format.quant)."""
-    return (q.float() * scale.float()[:, None]).to(dtype)
+    return dequantize_parts({"w": q, "scale": scale}, "int8").to(dtype)
+
+
+def slab_rows(in_features: int) -> int:
+    """Rows of an [out, in_features] weight whose float32 copy fits SLAB_BYTES (at least one)."""
+    return max(1, SLAB_BYTES // (in_features * 4))
 
 
 def int8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x @ W.T with W the int8 weight dequantised as the reference does it, a slab of rows at a time."""
-    rows = max(1, SLAB_BYTES // (q.shape[1] * 4))          # the float32 intermediate is the largest
+    rows = slab_rows(q.shape[1])                           # the float32 intermediate is the largest
     if q.shape[0] <= rows:
         return F.linear(x, dequantized(q, scale, x.dtype))
     return torch.cat([F.linear(x, dequantized(q[r:r + rows], scale[r:r + rows], x.dtype))

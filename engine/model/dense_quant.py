@@ -21,7 +21,7 @@ import torch
 from engine.errors import SluiceError
 from engine.format.quant import quantize
 from engine.model.layers import Packed
-from kernels.cpu_linear import SLAB_BYTES
+from kernels.cpu_linear import slab_rows
 
 DENSE_QUANTS = ("int8",)
 
@@ -54,7 +54,7 @@ def quantized_names(family: str, names, keep: set[str] = frozenset()) -> set[str
 def to_int8(weight: torch.Tensor) -> Packed:
     """[out, in] in the compute dtype -> its int8 codes and bf16 row scales, on the weight's device, a
     slab of rows at a time (rows are independent): the float32 scratch stays small beside a VRAM budget."""
-    rows = max(1, SLAB_BYTES // (weight.shape[1] * 4))
+    rows = slab_rows(weight.shape[1])
     codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
     scale = torch.empty(weight.shape[0], dtype=torch.bfloat16, device=weight.device)
     for r in range(0, weight.shape[0], rows):

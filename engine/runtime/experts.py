@@ -37,6 +37,7 @@ from engine.runtime.cpu_experts import MAX_TOKENS as CPU_MAX_TOKENS
 from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.slots import SlotBanks
 from engine.runtime.speculation import score
+from engine.runtime.switches import env_int
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
 from engine.runtime.token_groups import token_groups
@@ -70,10 +71,10 @@ class Experts:
         self.prefetch_first = os.environ.get("SLUICE_PREFETCH_FIRST", "0") == "1"
         # Disk reads started ahead for the better half of the next layer's guesses on a GPU, all of them
         # on the CPU device (see `_prefetch`); SLUICE_PREFETCH_READS=N: the best N (an A/B switch).
-        self.prefetch_reads = _env_int("SLUICE_PREFETCH_READS")
+        self.prefetch_reads = env_int("SLUICE_PREFETCH_READS")
         # RAM hits copied ahead for the better half of the guesses (see `_prefetch`); SLUICE_PREFETCH_COPIES=N:
         # for the best N (an A/B switch)
-        self.prefetch_copies = _env_int("SLUICE_PREFETCH_COPIES")
+        self.prefetch_copies = env_int("SLUICE_PREFETCH_COPIES")
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -538,11 +539,6 @@ class Experts:
         self._unused.clear()
         self._predicted.clear()
         self._prefetched.clear()
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    return int(value) if value else None
 
 
 def _finished_prefix(events: list) -> int:

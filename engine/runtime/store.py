@@ -22,6 +22,7 @@ import numpy as np
 
 from engine.errors import SluiceError
 from engine.format.modeldir import EXPERTS_FILE, ModelDir
+from engine.runtime.switches import env_int
 from engine.runtime.telemetry import Telemetry
 
 
@@ -45,8 +46,7 @@ class ExpertStore:
                  pieces: int | None = None):
         """num_threads: reader threads (default: reader_threads(pieces))."""
         self.model, self.telemetry = model, telemetry
-        env = os.environ.get("SLUICE_READ_PIECES", "").strip()
-        self.pieces = max(1, pieces or (int(env) if env.isdigit() else READ_PIECES))
+        self.pieces = max(1, pieces or env_int("SLUICE_READ_PIECES") or READ_PIECES)
         num_threads = num_threads or reader_threads(self.pieces)
         path = model.path / EXPERTS_FILE
         self._fd = os.open(path, os.O_RDONLY)
@@ -107,21 +107,28 @@ class ExpertStore:
 
     def _read_piece(self, view: memoryview, offset: int) -> tuple[int, float, float]:
         start = time.perf_counter()
-        return self._timed_read(view, offset), start, time.perf_counter()
+        return self._read_in_flight(view, offset), start, time.perf_counter()
 
     def read_into(self, layer: int, expert: int, buf: np.ndarray) -> None:
         """Read block (layer, expert) into buf whole, on the calling thread."""
         view = memoryview(buf)
         start = time.perf_counter()
-        n = self._timed_read(view, self.model.expert_offset(layer, expert))
+        n = self._read_in_flight(view, self.model.expert_offset(layer, expert))
         self._landed(layer, expert, view, n, time.perf_counter() - start)
 
-    def _timed_read(self, view: memoryview, offset: int) -> int:
-        self._read_starts()
+    def _read_in_flight(self, view: memoryview, offset: int) -> int:
+        """`_read`, counted in the disk's active time (the union of the reads' intervals)."""
+        with self._active_lock:
+            if not self._in_flight:
+                self._active_since = time.perf_counter()
+            self._in_flight += 1
         try:
             return self._read(view, offset)
         finally:
-            self._read_ends()
+            with self._active_lock:
+                self._in_flight -= 1
+                if not self._in_flight:
+                    self.telemetry.add(disk_active_s=time.perf_counter() - self._active_since)
 
     def _landed(self, layer: int, expert: int, view: memoryview, n: int, seconds: float) -> None:
         """A block's bytes are in: its size, telemetry and (the first time) its CRC32."""
@@ -135,18 +142,6 @@ class ExpertStore:
                                   "repack the model again.")
             with self._verified_lock:
                 self._verified.add(key)
-
-    def _read_starts(self) -> None:
-        with self._active_lock:
-            if not self._in_flight:
-                self._active_since = time.perf_counter()
-            self._in_flight += 1
-
-    def _read_ends(self) -> None:
-        with self._active_lock:
-            self._in_flight -= 1
-            if not self._in_flight:
-                self.telemetry.add(disk_active_s=time.perf_counter() - self._active_since)
 
     def _read(self, view: memoryview, offset: int) -> int:
         if self._direct_fd is not None and _is_aligned(view):
