@@ -196,7 +196,8 @@ class EngineWorker:
             device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"
             machine, _hardware = machine_for(Path(info["path"]).parent, device)
             prediction = estimate_model_dir(info["path"], machine, vram_budget=info.get("vram_budget_bytes"),
-                                            ram_cache=info.get("ram_cache_bytes"), hit_rates=tuple(hit_rates))
+                                            ram_cache=info.get("ram_cache_bytes"), hit_rates=tuple(hit_rates),
+                                            dense_quant=None if info.get("dense_quant", "none") == "none" else info["dense_quant"])
         except Exception:      # a prediction is a nicety: never an error dialog for it
             log.exception("speed estimate failed")
             return None

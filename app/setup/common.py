@@ -61,14 +61,15 @@ def machine_for(models_dir: Path, device: str | None = None):
 
 
 def engine_options(parent) -> dict:
-    """device / vram_budget / ram_cache as the app will load the model: from the main window's settings
-    when the wizard has one as parent (the estimate then matches what the engine will do)."""
+    """device / vram_budget / ram_cache / dense_quant as the app will load the model: from the main window's
+    settings when the wizard has one as parent (the estimate then matches what the engine will do)."""
     from engine import SluiceError
     from engine.sizes import parse_size
     settings = getattr(parent, "settings", None)
-    options = {"device": None, "vram_budget": None, "ram_cache": None}
+    options = {"device": None, "vram_budget": None, "ram_cache": None, "dense_quant": None}
     if settings is None:
         return options
+    options["dense_quant"] = "int8" if getattr(settings, "dense_weights", "stored") == "int8" else None
     device = getattr(settings, "device", "auto")
     options["device"] = device if device in ("cpu", "cuda") else None
     for key in ("vram_budget", "ram_cache"):

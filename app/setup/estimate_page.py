@@ -13,7 +13,8 @@ from ..work import Work, stop_and_wait
 def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine, options: dict) -> dict:
     from engine.plan.estimate import QUANTS, estimate
     return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes,
-                        vram_budget=options["vram_budget"], ram_cache=options["ram_cache"]) for q in QUANTS}
+                        vram_budget=options["vram_budget"], ram_cache=options["ram_cache"],
+                        dense_quant=options.get("dense_quant")) for q in QUANTS}
 
 
 def verdict_html(est) -> str:
@@ -29,7 +30,7 @@ def verdict_html(est) -> str:
             f"Each token needs {format_size(est.expert_bytes_per_token)} of experts; moved per token "
             f"(not already cached): <b>{format_size(est.bytes_per_token)}</b> "
             f"({format_size(est.disk_bytes_per_token)} from disk). Predicted decode speed: "
-            f"<b>{format_speed(est.tok_s)}</b>.</p>")
+            f"<b>{format_speed(est.tok_s)}</b>{' with int8 dense weights (Settings)' if est.dense_quant else ''}.</p>")
 
 
 class QuantChoice:

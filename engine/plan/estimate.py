@@ -9,6 +9,7 @@ per token, with N = moe_layers * top_k expert blocks needed and B = one block's 
     disk_bytes = N * B * (1 - slot_hit) * (1 - ram_hit) of those, blocks not in the RAM cache
     compute_s  = (active dense params + N * expert params) * compute dtype bytes / device_mem_bw
                  + layers * LAYER_OVERHEAD_S
+                 (int8 dense weights: one byte for each dense parameter they quantise)
 The budgets are split exactly as the engine splits them (engine.runtime.budget.plan_budgets, with the
 engine's defaults). Hit rates default to the cached fraction of all expert blocks: what an LRU
 cache gets when routing is uniform (slots first, then the RAM cache holding a superset). Real
@@ -55,6 +56,7 @@ class ModelShape:
     active_params: int
     dense_params: int              # everything but routed experts (embeddings included)
     embedding_params: int          # read one row per token, so not counted as moved bytes
+    exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, MLA kv_b_proj)
 
     @property
     def expert_params(self) -> int:
@@ -97,8 +99,11 @@ def model_shape(config: dict) -> ModelShape:
     shared = 0
     if config.get("shared_expert_intermediate_size"):
         shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
+    exact = len(moe_layer_ids) * router + L * 2 * H + H          # routers, norms
     if family in DEEPSEEK_STYLE:
         attn, shared, I_expert = _deepseek_style_sizes(config, attn, E)
+        if family in MLA_FAMILIES:              # kv_b_proj stays exact (engine.model.families.deepseek_style)
+            exact += L * config["kv_lora_rank"] * config["num_attention_heads"] * (config["qk_nope_head_dim"] + config["v_head_dim"])
     mixers = L * attn
     if family in HYBRID_FAMILIES:
         mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
@@ -108,7 +113,7 @@ def model_shape(config: dict) -> ModelShape:
     dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
     total = dense_params + len(moe_layer_ids) * E * expert
     active = dense_params + len(moe_layer_ids) * k * expert
-    return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding)
+    return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding, exact)
 
 
 # ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
@@ -244,6 +249,7 @@ class Estimate:
     tok_s: float
     verdict: str                   # "fits fast" | "fits but slow" | "will not run" | "unavailable"
     reason: str                    # one sentence for the user
+    dense_quant: str | None = None  # "int8": the dense weights as int8 (engine.model.dense_quant)
 
     @property
     def is_usable(self) -> bool:
@@ -263,11 +269,14 @@ class Estimate:
 
 def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "bf16",
              vram_budget: int | None = None, ram_cache: int | None = None,
-             hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None) -> Estimate:
-    """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults."""
+             hit_rates: tuple[float, float] | None = None, missing_download_bytes: int | None = None,
+             dense_quant: str | None = None) -> Estimate:
+    """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults.
+    dense_quant "int8": the dense weights loaded as int8, where the family has them (else as stored)."""
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
+    dense_quant = dense_quant if dense_quant and _int8_dense_available(shape.family) else None
     try:
         block = expert_block_bytes(shape, quant)
     except SluiceError as exc:          # e.g. nvfp4 on widths not divisible by 16: the other quants still apply
@@ -279,18 +288,32 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     missing = download_bytes if missing_download_bytes is None else missing_download_bytes
     disk_needed = missing + repacked
 
-    plan, problem = _plan_budgets(config, shape, quant, block, machine, vram_budget, ram_cache)
+    plan, problem = _plan_budgets(config, shape, quant, block, machine, vram_budget, ram_cache, dense_quant)
     slot_hit, ram_hit = hit_rates if hit_rates is not None else _uniform_hit_rates(plan, num_blocks, block)
-    disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit, quant)
+    disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit, quant, dense_quant)
 
     verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
     return Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
                     plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
-                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason)
+                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason, dense_quant)
+
+
+def _int8_dense_available(family: str) -> bool:
+    from engine.model.dense_quant import pattern
+    return pattern(family) is not None
+
+
+def dense_bytes(shape: ModelShape, elem: int, dense_quant: str | None) -> int:
+    """What the dense weights take once loaded: `elem` bytes a parameter, or for those int8 dense weights
+    quantise (engine.model.dense_quant) one byte, plus a 2-byte scale per row of about `hidden` of them."""
+    if not dense_quant:
+        return shape.dense_params * elem
+    quantised = shape.dense_params - shape.exact_params
+    return quantised + 2 * quantised // shape.hidden + shape.exact_params * elem
 
 
 def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machine: Machine,
-                  vram_budget: int | None, ram_cache: int | None):
+                  vram_budget: int | None, ram_cache: int | None, dense_quant: str | None = None):
     """The engine's own budget split (engine.runtime.budget) at its own default context; (plan, None), or
     (None, the sentence saying why the budgets cannot hold the model)."""
     import torch
@@ -299,7 +322,7 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     from engine.runtime.experts import decoded_expert_bytes
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
-    dense_bytes = shape.dense_params * elem                          # loaded in the compute dtype
+    dense = dense_bytes(shape, elem, dense_quant)
     available = machine.ram_available_bytes
     # the CPU device keeps each resident expert decoded to float32 beside its block (engine.runtime.experts)
     decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
@@ -308,13 +331,13 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     default_vram = machine.vram_bytes * 9 // 10 if on_gpu else available // 4
     compute_dtype = getattr(torch, COMPUTE_DTYPE[machine.device])
     context = default_context(spec, compute_dtype, machine.device, vram_budget or default_vram,
-                              dense_bytes, block + decoded)             # the engine's own choice
+                              dense, block + decoded)             # the engine's own choice
     kv_bytes = _state_bytes(config, compute_dtype, context)
     workspace = prefill_workspace_bytes(spec, context, elem) + CUDA_CONTEXT_BYTES if on_gpu else 0
 
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
-                            num_moe_layers=shape.num_moe_layers, dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                            num_moe_layers=shape.num_moe_layers, dense_bytes=dense, kv_bytes=kv_bytes,
                             workspace_bytes=workspace, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
                             default_vram=default_vram,
                             default_ram=available // 2, device_slot_bytes=block + decoded)
@@ -330,7 +353,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     return plan, None
 
 
-def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, ram_hit: float, quant: str = "fp8"):
+def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, ram_hit: float, quant: str = "fp8",
+              dense_quant: str | None = None):
     """Bytes per token from disk and over PCIe at these hit rates, the compute seconds per token, and the
     decode speed they bound: (disk_bytes, h2d_bytes, compute_s, tok_s). With a format the CPU computes in
     place, hybrid execution splits the RAM-resident misses between PCIe and the CPU, both at once, where
@@ -345,9 +369,10 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
     if on_gpu and quant in CPU_FAST_FORMATS and cpu_bps > pcie_bps:     # as "auto" decides: the CPU beats a copy
         pcie_bps += cpu_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
-    active_params = shape.active_params - shape.embedding_params          # one embedding row per token
-    compute_s = active_params * COMPUTE_DTYPE_BYTES[machine.device] / compute_bw \
-        + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
+    elem = COMPUTE_DTYPE_BYTES[machine.device]
+    dense_read = dense_bytes(shape, elem, dense_quant) - shape.embedding_params * (1 if dense_quant else elem)
+    expert_read = (shape.active_params - shape.dense_params) * elem      # one embedding row per token: not counted
+    compute_s = (dense_read + expert_read) / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
     return disk, h2d, compute_s, roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
 
 
@@ -401,11 +426,11 @@ def _verdict(machine: Machine, plan, problem: str | None, disk_needed: int, tok_
 
 
 def estimate_model_dir(model_dir, machine: Machine, vram_budget: int | None = None, ram_cache: int | None = None,
-                       hit_rates: tuple[float, float] | None = None) -> Estimate:
+                       hit_rates: tuple[float, float] | None = None, dense_quant: str | None = None) -> Estimate:
     """The prediction for an installed Sluice model dir (its config and quant from sluice.json): what the
     app shows beside the measured speed after a chat, with hit_rates from the engine's telemetry."""
     import json
     from pathlib import Path
     manifest = json.loads((Path(model_dir) / "sluice.json").read_text())
     return estimate(manifest["config"], 0, machine, manifest["quant"], vram_budget=vram_budget,
-                    ram_cache=ram_cache, hit_rates=hit_rates)
+                    ram_cache=ram_cache, hit_rates=hit_rates, dense_quant=dense_quant)
