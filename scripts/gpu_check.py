@@ -402,6 +402,8 @@ def bench(name, argv, cgroup_bytes=None, env=None):
 
 DISK_AB = [(0, "fits-ram", None)] + [(i, regime, reads) for i in (1, 2) for regime in ("exceeds", "fits-vram-ram")
                                      for reads in (None, "8")]
+READS_AB = [("whole", {}), ("early", {"SLUICE_EARLY_READS": "1"}), ("pieces4", {"SLUICE_READ_PIECES": "4"}),
+            ("early-pieces4", {"SLUICE_EARLY_READS": "1", "SLUICE_READ_PIECES": "4"})]
 HYBRID_QUANTS = os.environ.get("HYBRID_QUANTS", "bf16").split(",")
 
 STAGES = {
@@ -496,16 +498,17 @@ STAGES = {
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
         f"{sys.executable} scripts/probe_disk_reads.py {WORK}/olmoe-1b-7b-int8", shell=True,
         cwd=ROOT, capture_output=True, text=True).stdout[-3000:]),
-    # exceeds (int8 dense) with blocks read whole (the default) and in 4 pieces, alternated after a warm-up
-    "pieces-ab": lambda: [
-        bench(f"olmoe-int8-exceeds-pieces-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+    # exceeds (int8 dense, 2.5 GB): how the reads keep the disk busy. Blocks whole (the default) or in 4 pieces,
+    # the next layer's read-ahead after this layer's reads landed (the default) or right behind them (early),
+    # each combination twice, alternated after a warm-up
+    "reads-ab": lambda: [
+        bench(f"olmoe-int8-{regime}-reads-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
                                                    "--prompt-tokens", "512", "--new-tokens", str(tokens),
                                                    "--dense-quant", "int8"] + (["--vram-budget", "2.5GB"]
                                                                               if regime == "exceeds" else []),
-              env={"SLUICE_READ_PIECES": pieces})
-        for regime, tag, pieces, tokens in (("fits-ram", "warmup", "4", 16), ("exceeds", "whole-1", "1", 32),
-                                            ("exceeds", "4-1", "4", 32), ("exceeds", "whole-2", "1", 32),
-                                            ("exceeds", "4-2", "4", 32))],
+              env=env)
+        for regime, tag, env, tokens in [("fits-ram", "warmup", {}, 16)] + [
+            ("exceeds", f"{tag}-{i}", env, 32) for i in (1, 2) for tag, env in READS_AB]],
     # which kernels' first run costs host memory, with CUDA's lazy module loading (torch's default) and eager
     "probe-first-use": lambda: [print(subprocess.run(
         f"CUDA_MODULE_LOADING={mode} {sys.executable} scripts/probe_first_use.py", shell=True, cwd=ROOT,

@@ -75,6 +75,12 @@ class Experts:
         # RAM hits copied ahead for the better half of the guesses (see `_prefetch`); SLUICE_PREFETCH_COPIES=N:
         # for the best N (an A/B switch)
         self.prefetch_copies = env_int("SLUICE_PREFETCH_COPIES")
+        # SLUICE_EARLY_READS=1: the next layer's read-ahead starts as soon as this layer's own reads are
+        # queued, not after they landed, so the disk is not left idle at each layer's end (an A/B switch:
+        # off until measured on an NVMe; see `_bring_in`).
+        self.early_reads = env_int("SLUICE_EARLY_READS") == 1
+        self._ahead: tuple[int, list[int]] | None = None   # (next layer, its guesses) for an early read-ahead
+        self._read_ahead: dict[int, set[int]] = {}           # layer -> experts whose reads started early
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
@@ -141,6 +147,8 @@ class Experts:
             else:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
+        if self.early_reads and next_layer is not None and predicted:
+            self._ahead = (next_layer, list(dict.fromkeys(predicted)))
         on_cpu = self._cpu_share(layer, late, num_tokens) if hybrid and late else []
         if on_cpu:
             late = [e for e in late if e not in on_cpu]
@@ -307,6 +315,9 @@ class Experts:
         with self._copy_batch(layer, each):
             for expert, ram_slot in in_ram:
                 placed[expert] = self._copy(layer, expert, ram_slot, protected)
+        if from_disk and self._ahead is not None:     # queued behind this layer's reads: they go first
+            (ahead, guesses), self._ahead = self._ahead, None
+            self._read_ahead[ahead] = self._prefetch_reads(ahead, guesses)
         for i, (expert, ram_slot, future) in enumerate(from_disk):
             try:
                 self._finish_read((layer, expert), future)
@@ -461,29 +472,21 @@ class Experts:
         is the bottleneck and the disk waits anyway, so every guess is read ahead there.
         With a CPU share, the coldest RAM hits stay where they are, for the CPU (placement.prefetch_count)."""
         self._predicted[layer] = set(experts)
-        half = max(1, len(experts) // 2)
-        read_ahead = self.prefetch_reads
-        if read_ahead is None:
-            read_ahead = half if self.is_cuda else len(experts)
-        copy_ahead = half if self.prefetch_copies is None else self.prefetch_copies
-        issued = set()
+        self._ahead = None
+        copy_ahead = max(1, len(experts) // 2) if self.prefetch_copies is None else self.prefetch_copies
         keys = {(layer, e) for e in experts}
         in_ram = []
-        for rank, expert in enumerate(experts):                  # best guess first
+        for expert in experts[:copy_ahead]:                      # best guess first
             key = (layer, expert)
             if self.banks.find(key) is not None or key in self._reads:
-                continue
-            if rank >= copy_ahead and key in self.cache:
                 continue
             ram_slot = self.cache.lookup(key)
             if ram_slot is not None:                 # locked at once: a read started below must not evict it
                 self.cache.lock(key)
                 in_ram.append((expert, ram_slot))
-                continue
-            if rank >= read_ahead or not self.cache.can_insert():   # a prefetch never waits
-                continue
-            self._reads[key] = self._start_read(key)
-            issued.add(expert)
+        issued = self._read_ahead.pop(layer, None)
+        if issued is None:
+            issued = self._prefetch_reads(layer, experts)
         to_copy = self._prefetch_copies(layer, in_ram)
         for expert in {e for e, _ in in_ram} - {e for e, _ in to_copy}:   # left to the CPU: unlocked again
             self.cache.unlock((layer, expert))
@@ -494,6 +497,23 @@ class Experts:
                     issued.add(expert)
         self._prefetched[layer] = issued
         self.telemetry.add(prefetch_issued=len(issued))
+
+    def _prefetch_reads(self, layer: int, experts: list[int]) -> set[int]:
+        """Start disk reads for the best guesses (all on the CPU device, the better half on a GPU: see
+        `_prefetch`) that neither tier holds; a prefetch never waits for a RAM block. Returns their experts."""
+        read_ahead = self.prefetch_reads
+        if read_ahead is None:
+            read_ahead = max(1, len(experts) // 2) if self.is_cuda else len(experts)
+        issued = set()
+        for expert in experts[:read_ahead]:
+            key = (layer, expert)
+            if self.banks.find(key) is not None or key in self._reads or key in self.cache:
+                continue
+            if not self.cache.can_insert():
+                break
+            self._reads[key] = self._start_read(key)
+            issued.add(expert)
+        return issued
 
     def _prefetch_copies(self, layer: int, in_ram: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """The predicted RAM hits worth copying ahead: all of them, or with a CPU share the hottest
@@ -539,6 +559,8 @@ class Experts:
         self._unused.clear()
         self._predicted.clear()
         self._prefetched.clear()
+        self._read_ahead.clear()
+        self._ahead = None
 
 
 def _finished_prefix(events: list) -> int:

@@ -7,7 +7,7 @@ time it is read in a session.
 SLUICE_READ_PIECES=N reads each block as N page-aligned pieces in parallel (on 2N threads) instead of
 whole (on 4): a decode layer has a few misses, and at the end of its batch one or two reads are left in
 flight, where a whole-block read may get less than the disk gives. Off until measured on an NVMe
-(scripts/probe_disk_reads.py, gpu_check.py probe-disk pieces-ab): the dev machine's virtual disk gave
+(scripts/probe_disk_reads.py, gpu_check.py probe-disk reads-ab): the dev machine's virtual disk gave
 1.1-1.7 GB/s either way, within its noise.
 """
 from __future__ import annotations

@@ -156,3 +156,57 @@ def test_engine_on_cuda_uses_the_gpu_path_and_matches_transformers(family_model)
         assert eng.telemetry()["vram"]["peak_bytes"] - before <= eng.plan.vram_budget_bytes
     finally:
         eng.close()
+
+
+class _TrackedRead:
+    """A store read whose result() the decode thread has (or has not yet) waited for."""
+
+    def __init__(self, future):
+        self.future, self.waited = future, False
+
+    def result(self, timeout=None):
+        self.waited = True
+        return self.future.result(timeout)
+
+    def __getattr__(self, name):          # done, cancel, exception: as the future's
+        return getattr(self.future, name)
+
+
+def _reads_ahead_before_the_layer_waited(eng) -> int:
+    """Wrap the engine's store: count the next layer's reads that started while a read of the running
+    layer was still not waited for."""
+    experts, running, own, early = eng.runner.experts, [None], [], [0]
+    submit, run = experts.store.submit, experts.run
+
+    def tracked_submit(layer, expert, buf):
+        read = _TrackedRead(submit(layer, expert, buf))
+        if layer == running[0]:
+            own.append(read)
+        elif any(not r.waited for r in own):
+            early[0] += 1
+        return read
+
+    def tracked_run(layer, *args, **kwargs):
+        running[0] = layer
+        own.clear()
+        return run(layer, *args, **kwargs)
+    experts.store.submit, experts.run = tracked_submit, tracked_run
+    return early
+
+
+def test_early_read_ahead_starts_before_the_layer_waits_and_gives_the_same_tokens(family_model, monkeypatch):
+    """SLUICE_EARLY_READS=1: the next layer's read-ahead is queued right behind the running layer's own
+    reads, before the decode thread waits for them (the disk is not left idle at the layer's end);
+    without it, only after. The tokens stay transformers'."""
+    path, expected = family_model
+    counts = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("SLUICE_EARLY_READS", switch)
+        eng = _streaming_model(path, ram_blocks=6)
+        early = _reads_ahead_before_the_layer_waited(eng)
+        try:
+            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+            counts[switch] = early[0]
+        finally:
+            eng.close()
+    assert counts["0"] == 0 and counts["1"] > 0
