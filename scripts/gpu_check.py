@@ -339,22 +339,24 @@ def _profile_stream(quant: str, budget: str, profile: bool):
     save()
 
 
-def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256):
+def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256, phase="decode"):
     """The decode thread sampled by py-spy (no tracing overhead) while decoding through Engine.generate,
-    OLMoE int8 with RAM free: at a 4 GB VRAM budget (streaming) and at 40 GB (every expert resident)."""
+    OLMoE int8 with RAM free: at a 4 GB VRAM budget (streaming) and at 40 GB (every expert resident).
+    phase "prefill": warm prefills of `tokens` tokens instead (scripts/profile_decode.py)."""
     import shutil
 
     from engine.tools.presets import write_sluice_dir
     path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-int8", "int8")
     spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
     for budget in budgets:
-        raw = WORK / f"decode-{budget}.raw"
+        raw = WORK / f"{phase}-{budget}.raw"
+        env = {**os.environ, "PROFILE_PHASE": phase}
         proc = subprocess.run([spy, "record", "--nonblocking", "-r", "1000", "-f", "raw", "-o", str(raw), "--",
                                sys.executable, "scripts/profile_decode.py", "run", str(path), budget, str(tokens)],
-                              cwd=ROOT, capture_output=True, text=True)
-        print(f"--- decode profile, VRAM budget {budget}:\n{proc.stdout[-800:]}{proc.stderr[-1500:] if proc.returncode else ''}")
+                              cwd=ROOT, capture_output=True, text=True, env=env)
+        print(f"--- {phase} profile, VRAM budget {budget}:\n{proc.stdout[-800:]}{proc.stderr[-1500:] if proc.returncode else ''}")
         text = subprocess.run([sys.executable, "scripts/profile_decode.py", "summary", str(raw)], cwd=ROOT,
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, env=env)
         print(text.stdout[-6000:] + text.stderr[-2000:])
         with open(OUT / "profile.txt", "a") as log:
             log.write(f"===== {budget}\n{proc.stdout}\n{text.stdout}\n")
@@ -433,6 +435,8 @@ STAGES = {
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
     "profile-decode": stage_profile_decode,
+    # warm prefills of 512 tokens sampled the same way (host-busy share against wall time: where prefill goes)
+    "profile-prefill": lambda: stage_profile_decode(budgets=("3.7GB",), tokens=512, phase="prefill"),
     # int8 streaming at 4 GB against every expert resident (40 GB): the decode's floor without streaming
     "profile-int8": lambda: stage_profile_stream("int8", ("4GB", "40GB")),
     # gpt-oss-120b's dims (12 of 36 layers), its native mxfp4: 20 GB of experts, VRAM budget below them

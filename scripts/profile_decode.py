@@ -4,6 +4,11 @@ slow the Python it measures. Two modes:
     py-spy record -r 1000 -f raw -o decode.raw -- python scripts/profile_decode.py run MODEL_DIR [VRAM] [TOKENS]
     python scripts/profile_decode.py summary decode.raw
 
+PROFILE_PHASE=prefill (both modes) profiles warm prefills instead: after the warm-up, 4 new prompts of
+TOKENS tokens, one token generated each; the samples kept are those under Runner.prefill. py-spy leaves
+out a thread's idle samples (waiting for the GPU), so samples / 1000 beside the printed wall time says how
+much of a prefill the host thread was busy.
+
 `run` decodes through Engine.generate (temperature 1, like the bench): a warm-up generation first, then
 the profiled one. `summary` keeps the profiled generation's samples under Runner.decode (its decode
 steps: not the load, the warm-up or the prefill) and prints, per function, the share of the decode thread's samples spent in it (inclusive) and in its
@@ -15,7 +20,8 @@ import os
 import sys
 from collections import Counter
 
-DECODE_FRAME = "Runner.decode ("
+PHASE = os.environ.get("PROFILE_PHASE", "decode")
+DECODE_FRAME = "Runner.prefill (" if PHASE == "prefill" else "Runner.decode ("
 PROFILED_FRAME = "_profiled (profile_decode.py"
 
 
@@ -28,13 +34,19 @@ def run(model_dir: str, vram_budget: str = "4GB", tokens: int = 256) -> None:
     rng = random.Random(0)
     prompt = [rng.randrange(eng.spec.vocab_size) for _ in range(64)]
     _generate(eng, prompt, 96)                     # fills the RAM cache and the slot banks
-    _profiled(eng, prompt, tokens)
+    if PHASE == "prefill":
+        prompts = [[rng.randrange(eng.spec.vocab_size) for _ in range(tokens)] for _ in range(5)]
+        _generate(eng, prompts[0], 1)
+        _profiled(eng, prompts[1:], 1)
+    else:
+        _profiled(eng, [prompt], tokens)
     eng.close()
 
 
-def _profiled(eng, prompt: list[int], tokens: int) -> None:
-    """The generation `summary` keeps (its frame marks the samples)."""
-    _generate(eng, prompt, tokens)
+def _profiled(eng, prompts: list[list[int]], tokens: int) -> None:
+    """The generations `summary` keeps (its frame marks the samples)."""
+    for prompt in prompts:
+        _generate(eng, prompt, tokens)
 
 
 def _generate(eng, prompt: list[int], new_tokens: int) -> None:
@@ -42,7 +54,10 @@ def _generate(eng, prompt: list[int], new_tokens: int) -> None:
     from engine.tools.bench import _timed_generate
     t = _timed_generate(eng, prompt, GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0,
                                                       ignore_eos=True))
-    print(f"decode {new_tokens} tokens: {t.decode_s / (t.new_tokens - 1) * 1e3:.2f} ms/token", flush=True)
+    if new_tokens > 1:
+        print(f"decode {new_tokens} tokens: {t.decode_s / (t.new_tokens - 1) * 1e3:.2f} ms/token", flush=True)
+    else:
+        print(f"prefill {len(prompt)} tokens: {t.prefill_s * 1e3:.1f} ms ({len(prompt) / t.prefill_s:.0f} tok/s)", flush=True)
 
 
 def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:
@@ -61,9 +76,9 @@ def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:
         for frame in set(frames):
             inclusive[frame] += n
     if not total:
-        print("no decode samples")
+        print(f"no {PHASE} samples")
         return
-    print(f"{total} samples in Runner.decode; share of them (inclusive | self)")
+    print(f"{total} samples in {DECODE_FRAME.strip(' (')}; share of them (inclusive | self)")
     for frame, n in inclusive.most_common(top):
         print(f"  {n / total:6.1%} | {own[frame] / total:6.1%}  {frame}")
     print("self time, largest:")
