@@ -13,6 +13,14 @@ if ! "$PY" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
     echo "Sluice needs Python 3.10 or newer; $("$PY" --version 2>&1) was found. Set PYTHON=/path/to/python3.11 or newer." >&2
     exit 1
 fi
+# About 2.5 GB installed (3.5 GB with the test tools; more with PyTorch's CUDA build): say so before pip
+# fills the disk halfway and stops with an OSError.
+need_mb=$([ "${1:-}" = "--dev" ] && echo 3500 || echo 2500)
+free_mb=$(df -Pm . 2>/dev/null | awk 'NR == 2 {print $4}')
+if [ ! -x .venv/bin/sluice ] && [ -n "$free_mb" ] && [ "$free_mb" -lt "$need_mb" ]; then
+    echo "Sluice needs about $((need_mb / 1000)).$((need_mb % 1000 / 100)) GB free in $(pwd) to install (more with PyTorch's CUDA build), but only ${free_mb} MB is free: free some space, or put Sluice on a larger disk, and run this again." >&2
+    exit 1
+fi
 if [ ! -x .venv/bin/python ] && ! "$PY" -m venv .venv >/dev/null 2>&1; then
     rm -rf .venv
     echo "Could not create a virtual environment: install Python's venv module (Debian/Ubuntu: sudo apt install python3-venv) and run this again." >&2

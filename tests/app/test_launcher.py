@@ -109,3 +109,23 @@ def test_the_app_identifies_itself_as_the_launcher(qapp):
     assert app.desktopFileName() == APP_ID and f"Icon={APP_ID}" in entry
     assert f"StartupWMClass={app.applicationName()}" in entry           # X11 WM_CLASS is the application name
     assert (ROOT / "resources" / f"{APP_ID}.svg").is_file()
+
+
+def test_install_says_when_the_disk_is_too_full_before_installing_anything(tmp_path):
+    """With too little free disk the installer stops with one sentence, before it creates .venv (pip would
+    fill the disk halfway and stop with an OSError)."""
+    root = tmp_path / "Sluice"
+    (root / "packaging").mkdir(parents=True)
+    shutil.copy(ROOT / "packaging" / "install.sh", root / "packaging" / "install.sh")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake_df = bin_dir / "df"                       # df -Pm: 287 MB available
+    fake_df.write_text("#!/bin/sh\necho 'Filesystem 1048576-blocks Used Available Capacity Mounted on'\n"
+                       "echo '/dev/vda 258048 257761 287 100% /'\n")
+    fake_df.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHON": sys.executable}
+    result = subprocess.run(["bash", str(root / "packaging" / "install.sh"), "--dev"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1 and not (root / ".venv").exists()
+    assert result.stderr.strip().count("\n") == 0                      # one sentence, no traceback
+    assert "needs about 3.5 GB free" in result.stderr and "only 287 MB is free" in result.stderr
