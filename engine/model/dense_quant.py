@@ -63,6 +63,15 @@ def to_int8(weight: torch.Tensor) -> Packed:
     return Packed({"w": codes, "scale": scale}, "int8", weight.dtype)
 
 
+def take_rows(weight: torch.Tensor | Packed, rows: torch.Tensor) -> torch.Tensor | Packed:
+    """Rows `rows` [n] of a dense weight [out, in] (a checkpoint's fused projection split at build time).
+    An int8 weight's codes and row scales move together: each row is quantised on its own, so the rows
+    taken are exactly what quantising them apart would give."""
+    if isinstance(weight, Packed):
+        return Packed({k: t.index_select(0, rows.to(t.device)) for k, t in weight.parts.items()}, weight.fmt, weight.dtype)
+    return weight.index_select(0, rows.to(weight.device))
+
+
 def nbytes(weight: torch.Tensor | Packed) -> int:
     if isinstance(weight, Packed):
         return sum(t.numel() * t.element_size() for t in weight.parts.values())

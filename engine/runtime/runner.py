@@ -61,9 +61,9 @@ class Runner:
         base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
         in_ram = os.environ.get("SLUICE_EMBED_IN_RAM", "0") == "1"
         weights = _load_dense(model_dir, self.device, dtype, progress, embed_in_ram=in_ram, dense_quant=dense_quant)
-        if use_kernels and self.is_cuda:
-            self._choose_linear_kernels(weights)
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
+        if use_kernels and self.is_cuda:       # after build: a family may split a fused int8 weight (Qwen3-Next)
+            self._choose_linear_kernels(weights)
         self._place_embedding(in_ram)
         dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values())
         if self.model.embed_in_ram and self.is_cuda:                    # not in the VRAM budget

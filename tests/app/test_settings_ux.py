@@ -120,13 +120,16 @@ def test_a_saved_dense_weights_value_that_is_not_offered_falls_back_to_stored(da
     assert settings.dense_weights == "stored" and "not one of stored, int8" in problems[0]
 
 
-def test_int8_dense_weights_are_asked_only_of_families_that_have_them(data_dir, sluice_models):
+def test_int8_dense_weights_are_asked_only_of_families_that_have_them(data_dir, sluice_models, monkeypatch):
     from app.model_options import load_options
     from app.settings import AppSettings
     from app.store import Store
+    from engine.model.families import family_module
     store = Store(data_dir / "s.sqlite")
     settings = AppSettings(dense_weights="int8")
     assert load_options(settings, store, sluice_models("qwen3_moe"))["dense_quant"] == "int8"
+    assert load_options(settings, store, sluice_models("gpt_oss"))["dense_quant"] == "int8"
+    monkeypatch.delattr(family_module("gpt_oss"), "DENSE_INT8")       # a family that does not name them
     assert "dense_quant" not in load_options(settings, store, sluice_models("gpt_oss"))
     assert "dense_quant" not in load_options(settings, store, data_dir / "no-such-model")
     assert "dense_quant" not in load_options(AppSettings(), store, sluice_models("qwen3_moe"))

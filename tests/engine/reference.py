@@ -16,11 +16,14 @@ def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
                                                  attn_implementation="eager").eval()
+    spec = read_spec(hf_dir)
     if dense_quant:
-        _quantize_dense(model, dense_quant)
+        _quantize_dense(model, spec.family, dense_quant)
     if quant == "bf16":
         return model
-    spec = read_spec(hf_dir)
+    if spec.family == "gpt_oss":
+        _quantize_gpt_oss_experts(model, quant)
+        return model
     stored = {}
     for f in glob.glob(f"{hf_dir}/*.safetensors"):
         with safe_open(f, "pt") as s:
@@ -36,11 +39,25 @@ def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
     return model
 
 
-def _quantize_dense(model, dense_quant: str) -> None:
+def _quantize_gpt_oss_experts(model, quant: str) -> None:
+    """gpt-oss holds its experts fused ([H, 2I], gate/up interleaved; [I, H]): each of gate, up and down
+    quantised on its own, as repack does."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            experts = layer.mlp.experts
+            for e in range(experts.num_experts):
+                gate_up = experts.gate_up_proj[e]                                   # [H, 2I], gate/up interleaved
+                round_trip = lambda w: dequantize(quantize(w.T, quant), quant).T    # noqa: E731  [in, out] -> same
+                gate_up[:, 0::2], gate_up[:, 1::2] = round_trip(gate_up[:, 0::2]), round_trip(gate_up[:, 1::2])
+                experts.down_proj[e] = round_trip(experts.down_proj[e])
+
+
+def _quantize_dense(model, family: str, dense_quant: str) -> None:
+    """family: the checkpoint's (Qwen3.5's text model says `qwen3_5_moe_text`; its names are the Sluice dir's)."""
     from engine.model import dense_quant as dq
     params = dict(model.named_parameters())
     with torch.no_grad():
-        for name in dq.quantized_names(model.config.model_type, params):
+        for name in dq.quantized_names(family, params):
             params[name].copy_(dequantize(quantize(params[name], dense_quant), dense_quant))
 
 

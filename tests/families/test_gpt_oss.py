@@ -9,11 +9,10 @@ import torch
 import engine
 from engine import GenerationParams
 from engine.format.layout import block_layout
-from engine.format.quant import dequantize, quantize
 from engine.format.repack import repack
 from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert, sink_attention
 from engine.tools.demo import build_hf_model, write_mxfp4_checkpoint
-from tests.engine.reference import reference_greedy
+from tests.engine.reference import load_reference, reference_greedy
 from tests.streaming.sized import streaming_engine
 
 PROMPT = [(i * 37) % 300 + 3 for i in range(20)]       # 20 tokens: longer than the window (8)
@@ -81,25 +80,6 @@ def mxfp4_dir(hf_dir):
     return write_mxfp4_checkpoint(hf_dir, hf_dir.parent / "hf-mxfp4")
 
 
-def _reference(hf_dir, quant="bf16"):
-    """transformers in float32; with quant != bf16 its experts hold the dequantized weights (each of
-    gate, up and down quantized on its own, as repack does)."""
-    from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
-                                                 attn_implementation="eager").eval()
-    if quant == "bf16":
-        return model
-    with torch.no_grad():
-        for layer in model.model.layers:
-            experts = layer.mlp.experts
-            for e in range(experts.num_experts):
-                gate_up = experts.gate_up_proj[e]                                   # [H, 2I], gate/up interleaved
-                round_trip = lambda w: dequantize(quantize(w.T, quant), quant).T    # noqa: E731  [in, out] -> same
-                gate_up[:, 0::2], gate_up[:, 1::2] = round_trip(gate_up[:, 0::2]), round_trip(gate_up[:, 1::2])
-                experts.down_proj[e] = round_trip(experts.down_proj[e])
-    return model
-
-
 def _generate_streaming(model_dir) -> list[int]:
     eng = streaming_engine(model_dir)
     ids = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
@@ -113,7 +93,7 @@ def _generate_streaming(model_dir) -> list[int]:
 @pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4", "mxfp4"])
 def test_greedy_tokens_match_transformers_while_streaming(quant, hf_dir, tmp_path):
     model_dir = repack(hf_dir, tmp_path / quant, quant=quant)
-    assert _generate_streaming(model_dir) == reference_greedy(_reference(hf_dir, quant), PROMPT, NEW_TOKENS)
+    assert _generate_streaming(model_dir) == reference_greedy(load_reference(hf_dir, quant), PROMPT, NEW_TOKENS)
 
 
 def test_native_mxfp4_checkpoint_repacks_byte_identical_and_matches_transformers(hf_dir, mxfp4_dir, tmp_path,
@@ -138,7 +118,7 @@ def test_native_mxfp4_checkpoint_repacks_byte_identical_and_matches_transformers
     assert torch.equal(views["down.scale"], down_scales)
 
     # transformers dequantizes MXFP4 itself on the CPU (no Triton kernels here): its tokens are the target
-    theirs = reference_greedy(_reference(mxfp4_dir), PROMPT, NEW_TOKENS)
+    theirs = reference_greedy(load_reference(mxfp4_dir), PROMPT, NEW_TOKENS)
     assert _generate_streaming(model_dir) == theirs
     # the same checkpoint repacked to bf16 (dequantized by Sluice) gives them too
     assert _generate_streaming(repack(mxfp4_dir, tmp_path / "bf", quant="bf16")) == theirs
@@ -160,4 +140,4 @@ def test_greedy_tokens_match_transformers_on_the_gpu(quant, hf_dir, mxfp4_dir, t
     eng = engine.load(model_dir, device="cuda", dtype="float32")
     ours = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     eng.close()
-    assert ours == reference_greedy(_reference(src), PROMPT, NEW_TOKENS)
+    assert ours == reference_greedy(load_reference(src), PROMPT, NEW_TOKENS)

@@ -9,12 +9,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from engine.model.dsv4.compressor import (CompressorState, CompressorWeights, IndexerWeights, causal_entries,
                                           compress, indexer_visible)
 from engine.model.dsv4.norms import rms_norm, unweighted_rms_norm
 from engine.model.dsv4.rope import apply_tail_rope
+from engine.model.layers import linear
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 
@@ -40,14 +40,14 @@ class AttentionWeights:
 
 def project_query(h: torch.Tensor, w: AttentionWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor):
     """h [T, H] -> q [T, h, D] (per-head unweighted norm, rope) and q_residual [T, q_lora] (the indexer's input)."""
-    q_residual = rms_norm(F.linear(h, w.q_a), w.q_a_norm, eps)
-    q = F.linear(q_residual, w.q_b).view(h.shape[0], -1, w.head_dim)
+    q_residual = rms_norm(linear(h, w.q_a), w.q_a_norm, eps)
+    q = linear(q_residual, w.q_b).view(h.shape[0], -1, w.head_dim)
     return apply_tail_rope(unweighted_rms_norm(q, eps), cos, sin), q_residual
 
 
 def project_kv(h: torch.Tensor, w: AttentionWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """h [T, H] -> the shared key/value [T, D]."""
-    return apply_tail_rope(rms_norm(F.linear(h, w.kv), w.kv_norm, eps), cos, sin)
+    return apply_tail_rope(rms_norm(linear(h, w.kv), w.kv_norm, eps), cos, sin)
 
 
 def sink_attention(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
@@ -69,7 +69,7 @@ def project_output(o: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin:
     grouped = o.reshape(num_tokens, groups, -1).transpose(0, 1)                                # [g, T, hD/g]
     per_group = w.o_a.view(groups, -1, grouped.shape[-1]).transpose(1, 2)                     # [g, hD/g, o_lora]
     mixed = torch.bmm(grouped, per_group).transpose(0, 1).reshape(num_tokens, -1)             # [T, g * o_lora]
-    return F.linear(mixed, w.o_b)
+    return linear(mixed, w.o_b)
 
 
 def sliding_visible(q_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:

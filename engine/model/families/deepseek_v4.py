@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 
 import torch
-import torch.nn.functional as F
 
 from engine.model.block import Step
 from engine.model.dsv4.attention import LayerCache
@@ -20,9 +19,16 @@ from engine.model.dsv4.hyper import hyper_head
 from engine.model.dsv4.layer import Dsv4Layer, Mixed, rope_for
 from engine.model.dsv4.moe import clamped_swiglu
 from engine.model.dsv4.norms import rms_norm
+from engine.model.layers import embedding, linear
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
+
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
+# by (attention's q_a, q_b, kv and o_b, the shared expert), the head and the embedding table. o_a stays
+# (its groups multiply a view of it), as do the compressors, the indexer, the mHC mixers and the router.
+DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.(q_a|q_b|kv|o_b)_proj\.weight$"
+              r"|\.mlp\.shared_experts\.(gate|up|down)_proj\.weight$")
 
 
 def read_spec(cfg) -> ModelSpec:
@@ -91,12 +97,12 @@ class Dsv4Model(Model):
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> the n residual streams [T, n, H], all the token's embedding."""
         self.token_ids.value = token_ids
-        x = F.embedding(token_ids, self.embed_tokens)
+        x = embedding(token_ids, self.embed_tokens)
         return x.unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         x = hyper_head(x[-1:], *self.hc_head, self.cfg.hc_eps, self.cfg.eps)
-        return F.linear(rms_norm(x, self.final_norm, self.cfg.eps), self.lm_head)[0].float()
+        return linear(rms_norm(x, self.final_norm, self.cfg.eps), self.lm_head)[0].float()
 
 
 def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], limit: float) -> torch.Tensor:

@@ -17,6 +17,10 @@ from engine.model.spec import ModelSpec, as_ids
 from engine.model.families import standard
 
 FAMILY_NAMES = ("gpt_oss",)
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): the attention projections (their biases
+# stay in the compute dtype; `linear` adds them), the head and the embedding table. The router and the
+# sinks stay exact.
+DENSE_INT8 = r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.[qkvo]_proj\.weight$"
 
 state_specs = standard.state_specs          # per-layer keys and values, as the standard families
 

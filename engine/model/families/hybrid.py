@@ -14,11 +14,20 @@ import torch
 
 from engine.model import deltanet
 from engine.model.block import Attention, Block, Mlp, Rope, Router, Step
+from engine.model.dense_quant import take_rows
 from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
-from engine.model.layers import apply_rope, attention, linear
+from engine.model.layers import Packed, apply_rope, attention, linear
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
 from engine.model.state import StateSpec
+
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
+# by (gated attention, the DeltaNet's qkv(z) and output, dense MLPs and shared experts), the head and the
+# embedding table. The small ones (in_proj_ba / _a / _b, conv, routers, shared_expert_gate) stay exact.
+# Names as the Sluice dir stores them (Qwen3.5's `model.language_model.` is `model.` there).
+DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.[qkvo]_proj\.weight$"
+              r"|\.linear_attn\.(in_proj_qkvz|in_proj_qkv|in_proj_z|out_proj)\.weight$"
+              r"|\.mlp\.(shared_expert\.)?(gate|up|down)_proj\.weight$")
 
 
 def read_spec(cfg) -> ModelSpec:
@@ -73,21 +82,23 @@ def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
 
 
-def split_qwen3_next_projections(weights: dict[str, torch.Tensor], d: HybridDims) -> None:
-    """Qwen3-Next's fused DeltaNet input projections -> Qwen3.5's separate ones (rows reordered, in place).
+def split_qwen3_next_projections(weights: dict[str, torch.Tensor | Packed], d: HybridDims) -> None:
+    """Qwen3-Next's fused DeltaNet input projections -> Qwen3.5's separate ones (rows reordered, in place;
+    int8 weights too: their codes and row scales move together).
 
     in_proj_qkvz rows are grouped per key head: [q_i, k_i, v of its value heads, z of its value heads];
     in_proj_ba rows likewise [b of its value heads, a of its value heads]."""
     nk, dk, per_group = d.num_k_heads, d.k_head_dim, d.num_v_heads // d.num_k_heads * d.v_head_dim
-    flat = lambda t: t.reshape(-1, t.shape[-1])          # noqa: E731  [nk, rows, H] -> [nk * rows, H]
     for name in [n for n in weights if n.endswith("linear_attn.in_proj_qkvz.weight")]:
         p = name.removesuffix("in_proj_qkvz.weight")
-        qkvz = weights.pop(name)
-        q, k, v, z = qkvz.view(nk, -1, qkvz.shape[-1]).split([dk, dk, per_group, per_group], dim=1)
-        weights[p + "in_proj_qkv.weight"] = torch.cat([flat(q), flat(k), flat(v)])
-        weights[p + "in_proj_z.weight"] = flat(z)
-        b, a = weights.pop(p + "in_proj_ba.weight").view(nk, -1, qkvz.shape[-1]).chunk(2, dim=1)
-        weights[p + "in_proj_b.weight"], weights[p + "in_proj_a.weight"] = flat(b), flat(a)
+        qkvz, ba = weights.pop(name), weights.pop(p + "in_proj_ba.weight")
+        rows = torch.arange(qkvz.shape[0]).view(nk, -1)                 # [nk, rows per key head]: row ids
+        q, k, v, z = rows.split([dk, dk, per_group, per_group], dim=1)
+        weights[p + "in_proj_qkv.weight"] = take_rows(qkvz, torch.cat([q.flatten(), k.flatten(), v.flatten()]))
+        weights[p + "in_proj_z.weight"] = take_rows(qkvz, z.flatten())
+        b, a = torch.arange(ba.shape[0]).view(nk, -1).chunk(2, dim=1)
+        weights[p + "in_proj_b.weight"] = take_rows(ba, b.flatten())
+        weights[p + "in_proj_a.weight"] = take_rows(ba, a.flatten())
 
 
 class GatedAttention:
