@@ -22,7 +22,7 @@ NEW_TOKENS = 16
 
 
 FAMILIES = ["qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "deepseek_v3", "deepseek_v2", "glm4_moe", "minimax_m2",
-            "qwen3_next", "qwen3_5_moe", "gpt_oss", "deepseek_v4"]
+            "glm4_moe_lite", "qwen3_next", "qwen3_5_moe", "gpt_oss", "deepseek_v4"]
 DSV4_LAYERS = [SLIDING, CSA, HCA]        # one of each attention kind, the first hash-routed
 
 
