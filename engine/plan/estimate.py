@@ -100,6 +100,10 @@ def model_shape(config: dict) -> ModelShape:
     if config.get("shared_expert_intermediate_size"):
         shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
     exact = len(moe_layer_ids) * router + L * 2 * H + H          # routers, norms
+    if shared:
+        exact += len(moe_layer_ids) * H                          # the shared expert's sigmoid gate
+    if family == "gpt_oss":
+        exact += L * (nh * hd + 2 * nkv * hd + H + nh)           # q/k/v/o biases, sinks
     if family in DEEPSEEK_STYLE:
         attn, shared, I_expert = _deepseek_style_sizes(config, attn, E)
         if family in MLA_FAMILIES:              # kv_b_proj stays exact (engine.model.families.deepseek_style)
@@ -107,6 +111,7 @@ def model_shape(config: dict) -> ModelShape:
     mixers = L * attn
     if family in HYBRID_FAMILIES:
         mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
+        exact += _hybrid_exact_params(config, 2 * hd)
     dense_params = mixers + L * 2 * H + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
     dense_params += len(moe_layer_ids) * (router + shared)               # routers, shared experts
     embedding = V * H
@@ -144,6 +149,15 @@ def _hybrid_mixer_params(config: dict, full_attention: int) -> int:
     return sum(full_attention if t == "full_attention" else deltanet for t in types)
 
 
+def _hybrid_exact_params(config: dict, full_attention: int) -> int:
+    """What int8 dense weights leave exact in the mixers (engine.model.families.hybrid.DENSE_INT8): the
+    DeltaNet's b/a projections, conv, A_log, dt_bias and gated norm; the attention's q/k norms."""
+    H, kernel = config["hidden_size"], config.get("linear_conv_kernel_dim", 4)
+    key, value, nv = _deltanet_dims(config)
+    deltanet = 2 * H * nv + (2 * key + value) * kernel + 2 * nv + value // nv
+    return sum(full_attention if t == "full_attention" else deltanet for t in _layer_types(config))
+
+
 # DeepSeek-style families (engine.model.families.deepseek_style): MLA, shared experts without a gate,
 # a correction bias per router, leading dense layers (first_k_dense_replace, mlp_layer_types)
 DEEPSEEK_STYLE = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
@@ -172,13 +186,13 @@ def _deepseek_style_sizes(config: dict, gqa_attn: int, num_experts: int) -> tupl
 
 
 def _deepseek_v4_shape(config: dict) -> ModelShape:
-    from engine.model.dsv4.params import model_dense_params
+    from engine.model.dsv4.params import int8_dense_params, model_dense_params
     from engine.model.spec import hf_config
     cfg = hf_config(config)
     H, L, E, k, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
     dense, expert = model_dense_params(cfg), 3 * H * I
     return ModelShape("deepseek_v4", L, L, E, k, H, I, cfg.vocab_size, dense + L * E * expert, dense + L * k * expert,
-                      dense, cfg.vocab_size * H)
+                      dense, cfg.vocab_size * H, dense - int8_dense_params(cfg))
 
 
 def format_params(n: int) -> str:

@@ -29,3 +29,11 @@ def model_dense_params(cfg) -> int:
     H, n = cfg.hidden_size, cfg.hc_mult
     top = cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + H + n * n * H + n + 1
     return top + sum(layer_dense_params(cfg, i) for i in range(cfg.num_hidden_layers))
+
+
+def int8_dense_params(cfg) -> int:
+    """The parameters int8 dense weights quantise (engine.model.families.deepseek_v4.DENSE_INT8): per layer
+    q_a, q_b, kv, o_b and the shared expert; the embedding table and the head."""
+    H, D, heads, q_lora = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.q_lora_rank
+    per_layer = H * q_lora + q_lora * heads * D + H * D + cfg.o_groups * cfg.o_lora_rank * H + 3 * H * cfg.moe_intermediate_size
+    return cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + cfg.num_hidden_layers * per_layer
