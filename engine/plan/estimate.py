@@ -56,7 +56,7 @@ class ModelShape:
     active_params: int
     dense_params: int              # everything but routed experts (embeddings included)
     embedding_params: int          # read one row per token, so not counted as moved bytes
-    exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, MLA kv_b_proj)
+    exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
 
     @property
     def expert_params(self) -> int:
