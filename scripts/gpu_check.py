@@ -420,6 +420,9 @@ STAGES = {
     "kernels-dense": stage_kernels_dense,
     "tests-dense": lambda: stage_tests(("tests/kernels/test_int8_linear.py", "tests/streaming/test_dense_int8.py",
                                         "tests/streaming/test_pieces.py"), ()),
+    # the read-ahead variants on the GPU's copy stream and kernels: tokens still transformers', reads early / unused
+    "tests-reads": lambda: stage_tests(("tests/streaming/test_runtime_equality.py", "tests/streaming/test_unused_reads.py",
+                                        "tests/streaming/test_pieces.py"), ("-k", "early or unused or wrong or full or piece")),
     # dense weights as stored (bf16) against int8, alternated after a warm-up, then the other two regimes with int8
     # (exceeds at the regime's own 2 GB: the bf16 dense weights did not fit it beside the CUDA context)
     "dense-ab": lambda: [
