@@ -32,6 +32,15 @@ from .first_run import FirstRunPage
 from .panels import LivePanels
 from .window_models import ModelActionsMixin, freeze_heap
 
+FIRST_SIZE = (1280, 800)
+
+
+def first_size(available) -> tuple[int, int]:
+    """The window's size on a first start: 1280 x 800, or less on a screen without room for it (a
+    1366 x 768 laptop), so that the composer and the status bar are not below the screen's edge."""
+    return min(FIRST_SIZE[0], available.width() * 95 // 100), min(FIRST_SIZE[1], available.height() * 92 // 100)
+
+
 class MainWindow(ModelActionsMixin, QMainWindow):
     model_loaded = Signal(dict)          # engine.info, after a model finished loading
 
@@ -54,7 +63,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
         self.setWindowTitle(paths.APP_NAME)
         self.setWindowIcon(QIcon(str(paths.icon_path())))
-        self.resize(1280, 800)
+        self.resize(*first_size(self.screen().availableGeometry().size()))
         self._build_toolbar()
         self._build_central()
         self._build_panels()

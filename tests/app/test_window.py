@@ -181,3 +181,12 @@ def test_loading_shows_progress_and_can_be_cancelled(qtbot, data_dir):
     assert failed.args == [""]                                       # cancelled: no error dialog
     assert window.last_dialog is None and window.model_info is None and not window.load_bar.isVisible()
     assert window.shutdown()
+
+
+def test_the_first_window_fits_a_small_screen():
+    """1280 x 800 on a first start, but never past a small laptop's screen (the composer stays on it)."""
+    from PySide6.QtCore import QSize
+    from app.views.main_window import first_size
+    assert first_size(QSize(1920, 1040)) == (1280, 800)
+    width, height = first_size(QSize(1366, 728))           # 1366 x 768 less a task bar
+    assert width <= 1280 and height < 728
