@@ -22,10 +22,19 @@ class Packed:
         self.parts, self.fmt = parts, fmt
         self.dtype = dtype          # the compute dtype it was quantised from (rows gathered come back in it)
         self.kernel = None
+        self.views: list[Packed] = []   # row blocks multiplied on their own (row_groups): kernels chosen for them too
 
     @property
     def shape(self) -> torch.Size:
         return self.parts["w"].shape
+
+    def row_groups(self, groups: int) -> list["Packed"]:
+        """`groups` equal blocks of rows, as views (each row keeps its scale): a grouped projection
+        multiplies each group's input by its block."""
+        rows = self.shape[0] // groups
+        self.views = [Packed({k: t[g * rows:(g + 1) * rows] for k, t in self.parts.items()}, self.fmt, self.dtype)
+                      for g in range(groups)]
+        return self.views
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor | Packed, bias: torch.Tensor | None = None) -> torch.Tensor:

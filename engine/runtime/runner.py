@@ -180,14 +180,13 @@ class Runner:
         the torch reference (and a warning says so)."""
         from kernels.selfcheck import select_int8_linear
         chosen: dict[tuple[int, int], object] = {}
-        for w in weights.values():
-            if isinstance(w, Packed):
-                if w.shape not in chosen:
-                    fn, verdict = select_int8_linear(*w.shape, self.device, dtype=self.dtype)
-                    chosen[w.shape] = fn
-                    if not verdict.ok:
-                        self.telemetry.warn(f"int8 dense kernel disabled for {tuple(w.shape)} on this GPU: {verdict.reason}")
-                w.kernel = chosen[w.shape]
+        for w in [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]:
+            if w.shape not in chosen:
+                fn, verdict = select_int8_linear(*w.shape, self.device, dtype=self.dtype)
+                chosen[w.shape] = fn
+                if not verdict.ok:
+                    self.telemetry.warn(f"int8 dense kernel disabled for {tuple(w.shape)} on this GPU: {verdict.reason}")
+            w.kernel = chosen[w.shape]
 
     def _choose_kernel(self, layout):
         from kernels.selfcheck import select_moe_decode

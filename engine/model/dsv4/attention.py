@@ -14,7 +14,7 @@ from engine.model.dsv4.compressor import (CompressorState, CompressorWeights, In
                                           compress, indexer_visible)
 from engine.model.dsv4.norms import rms_norm, unweighted_rms_norm
 from engine.model.dsv4.rope import apply_tail_rope
-from engine.model.layers import linear
+from engine.model.layers import Packed, linear
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 
@@ -32,6 +32,7 @@ class AttentionWeights:
     o_groups: int
     compressor: CompressorWeights | None = None   # CSA / HCA layers
     indexer: IndexerWeights | None = None         # CSA layers
+    o_a_groups: tuple[Packed, ...] | None = None   # int8 o_a: each group's rows (layers.Packed.row_groups)
 
     @property
     def head_dim(self) -> int:
@@ -67,6 +68,9 @@ def project_output(o: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin:
     o = apply_tail_rope(o, cos, -sin)
     num_tokens, groups = o.shape[0], w.o_groups
     grouped = o.reshape(num_tokens, groups, -1).transpose(0, 1)                                # [g, T, hD/g]
+    if w.o_a_groups is not None:           # int8: each group's input by its own rows
+        mixed = torch.cat([linear(grouped[g], rows) for g, rows in enumerate(w.o_a_groups)], dim=-1)
+        return linear(mixed, w.o_b)
     per_group = w.o_a.view(groups, -1, grouped.shape[-1]).transpose(1, 2)                     # [g, hD/g, o_lora]
     mixed = torch.bmm(grouped, per_group).transpose(0, 1).reshape(num_tokens, -1)             # [T, g * o_lora]
     return linear(mixed, w.o_b)

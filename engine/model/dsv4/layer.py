@@ -18,6 +18,7 @@ from engine.model.dsv4.hyper import HyperWeights, hyper_collapse, hyper_expand
 from engine.model.dsv4.moe import clamped_swiglu, route_hash, route_topk
 from engine.model.dsv4.norms import rms_norm
 from engine.model.dsv4.rope import rope_cos_sin
+from engine.model.layers import Packed
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,13 @@ def attention_weights(get: Callable, kind: str, cfg: Dsv4Config) -> AttentionWei
                                      q_b=get(f"{a}.compressor.indexer.q_b_proj.weight"),
                                      weights_proj=get(f"{a}.compressor.indexer.scorer.weights_proj.weight"),
                                      top_k=cfg.index_topk)
+    o_a = get(f"{a}.o_a_proj.weight")
     return AttentionWeights(
         q_a=get(f"{a}.q_a_proj.weight"), q_a_norm=get(f"{a}.q_a_norm.weight"), q_b=get(f"{a}.q_b_proj.weight"),
-        kv=get(f"{a}.kv_proj.weight"), kv_norm=get(f"{a}.kv_norm.weight"), o_a=get(f"{a}.o_a_proj.weight"),
+        kv=get(f"{a}.kv_proj.weight"), kv_norm=get(f"{a}.kv_norm.weight"), o_a=o_a,
         o_b=get(f"{a}.o_b_proj.weight"), sinks=get(f"{a}.sinks"), o_groups=cfg.o_groups,
-        compressor=compressor, indexer=indexer)
+        compressor=compressor, indexer=indexer,
+        o_a_groups=tuple(o_a.row_groups(cfg.o_groups)) if isinstance(o_a, Packed) else None)
 
 
 class Dsv4Layer:

@@ -33,7 +33,9 @@ def model_dense_params(cfg) -> int:
 
 def int8_dense_params(cfg) -> int:
     """The parameters int8 dense weights quantise (engine.model.families.deepseek_v4.DENSE_INT8): per layer
-    q_a, q_b, kv, o_b and the shared expert; the embedding table and the head."""
+    q_a, q_b, kv, o_a, o_b and the shared expert; the embedding table and the head."""
     H, D, heads, q_lora = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.q_lora_rank
-    per_layer = H * q_lora + q_lora * heads * D + H * D + cfg.o_groups * cfg.o_lora_rank * H + 3 * H * cfg.moe_intermediate_size
+    o_a = cfg.o_groups * cfg.o_lora_rank * heads * D // cfg.o_groups
+    per_layer = (H * q_lora + q_lora * heads * D + H * D + o_a + cfg.o_groups * cfg.o_lora_rank * H
+                 + 3 * H * cfg.moe_intermediate_size)
     return cfg.vocab_size * H * (1 if cfg.tie_word_embeddings else 2) + cfg.num_hidden_layers * per_layer

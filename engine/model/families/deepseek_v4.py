@@ -25,9 +25,9 @@ from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
-# by (attention's q_a, q_b, kv and o_b, the shared expert), the head and the embedding table. o_a stays
-# (its groups multiply a view of it), as do the compressors, the indexer, the mHC mixers and the router.
-DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.(q_a|q_b|kv|o_b)_proj\.weight$"
+# by (attention's q_a, q_b, kv, o_a (a group of rows at a time) and o_b, the shared expert), the head and the
+# embedding table. The compressors, the indexer, the mHC mixers and the router stay exact.
+DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.(q_a|q_b|kv|o_a|o_b)_proj\.weight$"
               r"|\.mlp\.shared_experts\.(gate|up|down)_proj\.weight$")
 
 
