@@ -14,7 +14,7 @@ def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine
     from engine.plan.estimate import QUANTS, estimate
     return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes,
                         vram_budget=options["vram_budget"], ram_cache=options["ram_cache"],
-                        dense_quant=options.get("dense_quant")) for q in QUANTS}
+                        dense_quant=options.get("dense_quant"), suggest_int8_dense=True) for q in QUANTS}
 
 
 def verdict_html(est) -> str:
@@ -22,6 +22,13 @@ def verdict_html(est) -> str:
     color = VERDICT_COLORS[est.verdict]
     if est.verdict == "unavailable":
         return f"<p><b style='color:{color}; font-size:large'>Unavailable</b> — {est.reason}</p>"
+    tip = est.int8_dense_tip
+    if tip is not None:
+        gain = "it would run" if not est.is_usable else "it would run faster"
+        tip_html = (f"<p>Tip: with int8 dense weights (Settings → Dense weights: half the VRAM for the attention "
+                    f"and head weights, the rest for experts) {gain}: about <b>{format_speed(tip.tok_s)}</b>.</p>")
+    else:
+        tip_html = ""
     to_fetch = est.disk_needed_bytes - est.repacked_bytes
     disk = (f"{format_size(to_fetch)} still to download + {format_size(est.repacked_bytes)} repacked model"
             if to_fetch else "the repacked model")
@@ -30,7 +37,8 @@ def verdict_html(est) -> str:
             f"Each token needs {format_size(est.expert_bytes_per_token)} of experts; moved per token "
             f"(not already cached): <b>{format_size(est.bytes_per_token)}</b> "
             f"({format_size(est.disk_bytes_per_token)} from disk). Predicted decode speed: "
-            f"<b>{format_speed(est.tok_s)}</b>{' with int8 dense weights (Settings)' if est.dense_quant else ''}.</p>")
+            f"<b>{format_speed(est.tok_s)}</b>{' with int8 dense weights (Settings)' if est.dense_quant else ''}.</p>"
+            + tip_html)
 
 
 class QuantChoice:
