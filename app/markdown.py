@@ -227,8 +227,9 @@ class MarkdownRenderer:
 
     def _render_table_open(self, token) -> str:
         self._table_widths.append(token.meta["width_chars"])
+        # solid: Qt's default style for table borders is outset, which draws their top and left sides near white
         return (f'<table border="1" cellspacing="0" cellpadding="4" style="border-collapse: collapse; '
-                f'border-color: {self.palette.table_border}; margin-bottom: 8px">')
+                f'border-style: solid; border-color: {self.palette.table_border}; margin-bottom: 8px">')
 
     def _render_records(self, token, render_inline) -> str:
         p = self.palette

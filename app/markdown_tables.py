@@ -1,12 +1,14 @@
 """Markdown tables in a text of limited width. Qt-free.
 
-A table whose cells do not all fit on one line is laid out by QTextDocument thus: every column starts at one
-character, then the columns grow in equal steps, each up to its one-line width, until the text width is taken; its
-words then wrap, and a word longer than its column breaks in pieces. Narrower than one character per column, the
-table runs off the view. So the width at which every column gets its longest word (up to MAX_WORD_CHARS: a URL or a
-path breaks where it must) is estimated in characters and compared with the text width the view gives
-(`text_width_chars`): a table that fits stays a grid, as it always was; one that does not shows each row as a
-record, its first cell as its title and every other cell beside its header, in a table of two columns.
+QTextDocument lays out a table whose cells do not all fit on one line thus: every column starts one character wide,
+then, from the first column to the last, each takes its share of the width left, up to its one-line width (so the
+last columns get what the first ones leave). Words then wrap, a word longer than its column breaks in pieces, and a
+table with more columns than characters runs off the view.
+
+So the narrowest text width at which that gives every column its longest word (up to MAX_WORD_CHARS: a URL or a
+path breaks where it must) is worked out, in characters. A table no wider than the text width the view gives
+(`text_width_chars`) stays a grid, as it always was; a wider one shows each row as a record: its first cell as its
+title, every other cell beside its header, in a table of two columns, which fits any width.
 """
 from __future__ import annotations
 
@@ -17,8 +19,10 @@ from markdown_it.token import Token
 
 MIN_WORD_CHARS, MAX_WORD_CHARS = 3, 12     # the longest word counts within these limits
 CELL_PADDING_CHARS = 2                     # 2 x 4 px of cell padding and a 1 px border
+MIN_COLUMN_CHARS = 1 + CELL_PADDING_CHARS  # where QTextDocument starts each column: its widest character
 BOLD_WIDTH = 1.15                          # a header's bold characters are this much wider
-# QTextDocument indents a list level 40 px and a quote 80 px (40 on each side): about 7 and 14 characters of 6 px
+# QTextDocument indents a list level 40 px and a quote 80 px (40 on each side): 6 and 12 characters of 6.75 px,
+# and one to spare
 _INDENT_CHARS = {"bullet_list_open": 7, "ordered_list_open": 7, "blockquote_open": 14}
 
 
@@ -39,11 +43,11 @@ def measure_tables(state: StateCore) -> None:
             rows = [[cell for cell in tokens[start:stop] if cell.type == "inline"]
                     for start, stop in _rows(tokens, index, end)]
             columns = list(zip(*rows))
-            longest_word = max(_longest_word_chars(column) for column in columns)
-            width = indents[-2] + sum(min(_line_chars(column), longest_word) for column in columns)
+            width = indents[-2] + _grid_chars([_line_chars(column) for column in columns],
+                                              [_longest_word_chars(column) for column in columns])
             token.meta["width_chars"] = width
             if text_width is not None and width > text_width:
-                indents.pop()
+                indents.pop()                            # the table's own: its closing token goes too
                 tokens[index:end + 1] = [Token("table_records", "table", 0, map=token.map, level=token.level,
                                                block=True, meta={"width_chars": width, "rows": rows})]
         index += 1
@@ -59,6 +63,36 @@ def _rows(tokens: list[Token], start: int, end: int):
             yield row_start, index
 
 
+def _grid_chars(lines: list[int], words: list[int]) -> int:
+    """The narrowest text width at which QTextDocument's layout gives each column its longest word (`words`) or
+    its one-line width (`lines`), whichever is less."""
+    needs = [min(line, word) for line, word in zip(lines, words)]
+    narrow, wide = sum(needs) - 1, sum(lines)           # too narrow, and wide enough (every cell on one line)
+    while wide - narrow > 1:                             # more width never gives a column less
+        middle = (narrow + wide) // 2
+        if all(width >= need for width, need in zip(_column_widths(lines, middle), needs)):
+            wide = middle
+        else:
+            narrow = middle
+    return wide
+
+
+def _column_widths(lines: list[int], text_width: int) -> list[float]:
+    """The widths QTextDocument gives columns of one-line widths `lines` in `text_width` characters, when they do
+    not all fit (qtextdocumentlayout.cpp, layoutTable: "for variable columns distribute the remaining space")."""
+    widths = [float(MIN_COLUMN_CHARS)] * len(lines)
+    left = text_width - sum(widths)
+    while left > 0:
+        left_before = left
+        for index, line in enumerate(lines):
+            grow = max(0.0, min(line - widths[index], left / (len(lines) - index)))
+            widths[index] += grow
+            left -= grow
+        if left >= left_before:
+            break
+    return widths
+
+
 def _longest_word_chars(column: tuple[Token, ...]) -> int:
     """The width of a column's longest word, within limits, with its cell padding. `column` holds the inline token
     of each of its cells, the header's first."""
@@ -71,7 +105,8 @@ def _longest_word_chars(column: tuple[Token, ...]) -> int:
 def _line_chars(column: tuple[Token, ...]) -> int:
     """The width of a column with each cell on one line, with its cell padding."""
     header, *cells = column
-    return max([math.ceil(len(_text(header)) * BOLD_WIDTH)] + [len(_text(cell)) for cell in cells]) + CELL_PADDING_CHARS
+    longest = max([math.ceil(len(_text(header)) * BOLD_WIDTH)] + [len(_text(cell)) for cell in cells])
+    return longest + CELL_PADDING_CHARS
 
 
 def _text(cell: Token) -> str:
