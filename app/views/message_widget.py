@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QTimer, QUrl, Signal, Qt
-from PySide6.QtGui import QDesktopServices, QGuiApplication
+from PySide6.QtGui import QDesktopServices, QFontMetricsF, QGuiApplication
 from PySide6.QtWidgets import (QFrame, QHBoxLayout, QLabel, QSizePolicy, QTextBrowser, QToolButton,
                                QVBoxLayout, QWidget)
 
@@ -15,10 +15,12 @@ from . import theme
 from .incremental_html import IncrementalHtml
 
 MIN_RENDER_INTERVAL_S = 0.05     # streaming re-renders at most 20 times a second
+_ALPHABET = "abcdefghijklmnopqrstuvwxyz"
 
 
 class AutoHeightBrowser(QTextBrowser):
     """A QTextBrowser as tall as its document, so the chat scrolls as one page."""
+    text_width_changed = Signal(int)              # the width the document's text can take, in average characters
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -35,6 +37,13 @@ class AutoHeightBrowser(QTextBrowser):
     def _fit(self, size) -> None:
         self.setFixedHeight(int(size.height()) + 4)
 
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():
+            text_width_px = self.viewport().width() - 2 * self.document().documentMargin()
+            char_px = QFontMetricsF(self.font()).horizontalAdvance(_ALPHABET) / len(_ALPHABET)   # of words, not "i"s
+            self.text_width_changed.emit(int(text_width_px / char_px))
+
 
 class MessageWidget(QFrame):
     copy_requested = Signal(str)                 # text put on the clipboard
@@ -47,6 +56,8 @@ class MessageWidget(QFrame):
         self._renderer = renderer
         self._code_blocks: list[str] = []
         self._finished = FinishedPrefix()          # the answer's start whose HTML streaming no longer changes
+        self._text_width_chars: int | None = None  # unlimited until the body knows its width
+        self._table_widths: list[int] = []         # of the tables shown, in characters
         self._expanded_thinks: set[int] = set()
         self._last_render_s = 0.0
         self._render_timer = QTimer(self, singleShot=True, interval=int(MIN_RENDER_INTERVAL_S * 1000))
@@ -79,6 +90,7 @@ class MessageWidget(QFrame):
         self.body = AutoHeightBrowser(self)
         self._body_html = IncrementalHtml(self.body.document())
         self.body.anchorClicked.connect(self._on_anchor)
+        self.body.text_width_changed.connect(self._on_text_width)
         layout.addWidget(self.body)
         self.stats_label = QLabel()
         self.stats_label.setWordWrap(True)           # an error is a whole sentence
@@ -146,9 +158,17 @@ class MessageWidget(QFrame):
         text = self.message.content
         if not text and self.message.state == "streaming":
             text = "…"
-        rendered, self._finished = self._renderer.render_growing(text, self._expanded_thinks, self._finished)
-        self._code_blocks = rendered.code_blocks
+        rendered, self._finished = self._renderer.render_growing(text, self._expanded_thinks, self._finished,
+                                                                 self._text_width_chars)
+        self._code_blocks, self._table_widths = rendered.code_blocks, rendered.table_widths
         self._body_html.show(rendered.html, self._finished.html)
+
+    def _on_text_width(self, text_width_chars: int) -> None:
+        """Renders again when a table shown turns from grid to records or back at this width (app.markdown_tables)."""
+        old, new = self._text_width_chars or 1 << 30, text_width_chars      # None: unlimited
+        self._text_width_chars = new
+        if any(min(old, new) < width <= max(old, new) for width in self._table_widths):
+            self._render()
 
     def rendered_text(self) -> str:
         return self.body.toPlainText()

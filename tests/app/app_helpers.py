@@ -22,3 +22,15 @@ def make_window(qtbot, data_dir, **settings):
     qtbot.addWidget(window)
     window.show()
     return window
+
+
+def copy_link_rect(body):
+    """The Copy link of the first code block, in the coordinates of the message body's viewport."""
+    from PySide6.QtGui import QTextCursor
+    document = body.document()
+    found = document.find("Copy")
+    assert found.charFormat().anchorHref() == "copy-code:0"
+    start, end = QTextCursor(document), QTextCursor(document)
+    start.setPosition(found.selectionStart())
+    end.setPosition(found.selectionEnd())
+    return body.cursorRect(start).united(body.cursorRect(end))

@@ -1,9 +1,9 @@
 """A code block with lines far longer than the chat column: it wraps inside the column (light and dark), its
 Copy link stays in view and, clicked, copies the code as written, unwrapped. Also while the answer streams."""
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtGui import QGuiApplication, QTextCursor
+from PySide6.QtGui import QGuiApplication
 
-from app_helpers import make_window
+from app_helpers import copy_link_rect, make_window
 from app import paths
 from app.store import Store
 
@@ -13,22 +13,11 @@ CODE = f"{LONG_LINE}\n    {NO_SPACES}\nprint(result)\n"
 ANSWER = f"Here it is:\n\n```python\n{CODE}```\n\nThat is all."
 
 
-def _copy_link_rect(body):
-    """The Copy link of the first code block, in the coordinates of the message body's viewport."""
-    document = body.document()
-    found = document.find("Copy")
-    assert found.charFormat().anchorHref() == "copy-code:0"
-    start, end = QTextCursor(document), QTextCursor(document)
-    start.setPosition(found.selectionStart())
-    end.setPosition(found.selectionEnd())
-    return body.cursorRect(start).united(body.cursorRect(end))
-
-
 def _assert_fits_with_copy_in_view(widget):
     body, chat_view = widget.body, widget.window().chat_view
     assert body.document().size().width() <= body.viewport().width()      # nothing runs off to the right
     assert body.document().idealWidth() <= body.viewport().width()
-    rect = _copy_link_rect(body).translated(body.viewport().mapTo(chat_view.viewport(), QPoint(0, 0)))
+    rect = copy_link_rect(body).translated(body.viewport().mapTo(chat_view.viewport(), QPoint(0, 0)))
     assert rect.width() > 0 and chat_view.viewport().rect().contains(rect), (rect, chat_view.viewport().rect())
 
 
@@ -55,7 +44,7 @@ def test_a_long_code_line_wraps_inside_the_column_and_copy_stays_visible_and_exa
         assert ("#0d1117" in widget.body.toHtml()) == is_dark              # the dark code background, or not
         _assert_fits_with_copy_in_view(widget)
         QGuiApplication.clipboard().clear()
-        center = _copy_link_rect(widget.body).center()          # a user's click on the link, where it is drawn
+        center = copy_link_rect(widget.body).center()          # a user's click on the link, where it is drawn
         assert widget.body.anchorAt(center) == "copy-code:0"
         with qtbot.waitSignal(widget.copy_requested):
             qtbot.mouseClick(widget.body.viewport(), Qt.MouseButton.LeftButton, pos=center)

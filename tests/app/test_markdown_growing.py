@@ -1,6 +1,6 @@
 """A streaming answer's Markdown is rendered from its finished prefix's cached HTML plus its re-parsed tail, and
 shown by replacing only the document's part after that prefix: both must be exactly what rendering and showing the
-whole text at once gives, at every point of the stream."""
+whole text at once gives, at every point of the stream, its tables as grids or, in a narrow text, as records."""
 import random
 
 import pytest
@@ -68,21 +68,25 @@ Setext two
 """
 
 
-def grown(renderer: MarkdownRenderer, text: str, step: int, expanded=frozenset()):
+NARROW_CHARS = 20         # the text width (characters) at which ANSWER's table shows as records
+
+
+def grown(renderer: MarkdownRenderer, text: str, step: int, expanded=frozenset(), text_width_chars=None):
     """Renders `text` as it streams, `step` characters at a time, each render from the previous finished prefix;
     yields (prefix, rendered, finished prefix)."""
     finished = FinishedPrefix()
     for end in list(range(1, len(text), step)) + [len(text)]:
-        rendered, finished = renderer.render_growing(text[:end], expanded, finished)
+        rendered, finished = renderer.render_growing(text[:end], expanded, finished, text_width_chars)
         assert text[:end].startswith(finished.text)
         yield text[:end], rendered, finished
 
 
-@pytest.mark.parametrize("step", [1, 7])
-def test_a_growing_answer_renders_exactly_as_a_whole_at_every_prefix(step):
+@pytest.mark.parametrize("step, text_width_chars", [(1, None), (7, None), (1, NARROW_CHARS)])
+def test_a_growing_answer_renders_exactly_as_a_whole_at_every_prefix(step, text_width_chars):
     renderer, whole = MarkdownRenderer(), MarkdownRenderer()
-    for prefix, rendered, _ in grown(renderer, ANSWER, step):
-        assert rendered == whole.render(prefix), f"differs after {prefix!r}"
+    for prefix, rendered, _ in grown(renderer, ANSWER, step, text_width_chars=text_width_chars):
+        assert rendered == whole.render(prefix, text_width_chars=text_width_chars), f"differs after {prefix!r}"
+    assert ("<th>" in rendered.html) == (text_width_chars is None)          # the table: a grid, or records
 
 
 def test_expanded_thoughts_and_a_changed_text_start_again():
@@ -90,9 +94,10 @@ def test_expanded_thoughts_and_a_changed_text_start_again():
     *_, (_, rendered, _) = grown(renderer, ANSWER, 50, expanded=frozenset({0, 1}))
     assert rendered.html == whole.render(ANSWER, {0, 1}).html and "still open at first" in rendered.html
     finished = FinishedPrefix()
-    for text, expanded in [(ANSWER, {1}), (ANSWER, set()), ("Edited.\n\n" + ANSWER, set()), ("x\r\n\r\ny", set())]:
-        rendered, finished = renderer.render_growing(text, expanded, finished)
-        assert rendered.html == whole.render(text, expanded).html
+    for text, expanded, width in [(ANSWER, {1}, None), (ANSWER, set(), None), (ANSWER, set(), NARROW_CHARS),
+                                  ("Edited.\n\n" + ANSWER, set(), NARROW_CHARS), ("x\r\n\r\ny", set(), None)]:
+        rendered, finished = renderer.render_growing(text, expanded, finished, width)
+        assert rendered.html == whole.render(text, expanded, width).html
 
 
 def test_only_the_last_block_is_left_to_parse_again():
@@ -104,15 +109,16 @@ def test_only_the_last_block_is_left_to_parse_again():
     assert ANSWER[len(finished.text):].startswith("See [the docs]")
 
 
-@pytest.mark.parametrize("step, expanded", [(1, frozenset()), (7, frozenset({0, 1}))])
-def test_the_document_edited_at_its_end_is_the_document_of_the_whole_answer(qapp, step, expanded):
+@pytest.mark.parametrize("step, expanded, text_width_chars",
+                         [(1, frozenset(), None), (7, frozenset({0, 1}), None), (1, frozenset(), NARROW_CHARS)])
+def test_the_document_edited_at_its_end_is_the_document_of_the_whole_answer(qapp, step, expanded, text_width_chars):
     document, whole = QTextDocument(), QTextDocument()
     shown = IncrementalHtml(document)
     finished = FinishedPrefix()
     renderer = MarkdownRenderer()
     texts = [ANSWER[:end] for end in range(1, len(ANSWER), step)] + [ANSWER, "Edited.\n\n" + ANSWER[:300]]
     for text in texts:
-        rendered, finished = renderer.render_growing(text, expanded, finished)
+        rendered, finished = renderer.render_growing(text, expanded, finished, text_width_chars)
         shown.show(rendered.html, finished.html)
         whole.setHtml(rendered.html.rstrip())
         assert document.toHtml() == whole.toHtml(), f"differs after {text!r}"     # blocks, formats, links
@@ -129,23 +135,24 @@ LINES = ["- a", "1. b", "2. c", "", "", "    code", "```", "~~~", "````", "> q",
          "  1. sub", "| x |", "~~~python", "    ```", "x\ty", "## h2 ##", "<think></think>"]
 
 
-def assert_streams_as_a_whole(text: str) -> None:
+def assert_streams_as_a_whole(text: str, text_width_chars: int | None = None) -> None:
     """Streams `text` a character at a time: each render and the document shown equal those of the whole text."""
     renderer, whole = MarkdownRenderer(), MarkdownRenderer()
     document, whole_document = QTextDocument(), QTextDocument()
     shown, finished = IncrementalHtml(document), FinishedPrefix()
     for end in range(1, len(text) + 1):
-        rendered, finished = renderer.render_growing(text[:end], frozenset(), finished)
-        assert rendered == whole.render(text[:end]), f"differs after {text[:end]!r}"
+        rendered, finished = renderer.render_growing(text[:end], frozenset(), finished, text_width_chars)
+        assert rendered == whole.render(text[:end], text_width_chars=text_width_chars), f"differs after {text[:end]!r}"
         shown.show(rendered.html, finished.html)
         whole_document.setHtml(rendered.html.rstrip())
         assert document.toHtml() == whole_document.toHtml(), f"document differs after {text[:end]!r}"
 
 
+@pytest.mark.parametrize("text_width_chars", [None, 3])       # 3: the tables of LINES show as records
 @pytest.mark.parametrize("seed", [*range(20), 340, 549, 627, 1376, 2567])
-def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp, seed):
+def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp, seed, text_width_chars):
     rng = random.Random(seed)
-    assert_streams_as_a_whole("\n".join(rng.choice(LINES) for _ in range(rng.randint(5, 30))))
+    assert_streams_as_a_whole("\n".join(rng.choice(LINES) for _ in range(rng.randint(5, 30))), text_width_chars)
 
 
 @pytest.mark.parametrize("text", [
@@ -156,6 +163,16 @@ def test_random_answers_render_and_show_exactly_as_a_whole_at_every_prefix(qapp,
 ])
 def test_empty_elements_stream_as_a_whole(qapp, text):
     assert_streams_as_a_whole(text)
+
+
+@pytest.mark.parametrize("text", [
+    "Intro\n\n| a | b | c |\n|---|---|---|\n| 1 | 2 | 3 |\n| x |\n\n* * *\nafter\n",   # rows, one of empty cells
+    "- item\n\n  | name | value |\n  |---|---|\n  | k | v |\n- next\n",                   # in a list item
+    "> | a | b |\n> |---|---|\n\n| c | d |\n|---|---|\n| 1 | 2 |\n",                  # header alone, in a quote
+])
+def test_tables_stream_as_records_as_a_whole(qapp, text):
+    assert "<th" not in MarkdownRenderer().render(text, text_width_chars=3).html
+    assert_streams_as_a_whole(text, text_width_chars=3)
 
 
 def test_once_a_block_is_finished_the_streaming_answer_never_rebuilds_its_document(qapp):
