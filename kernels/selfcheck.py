@@ -213,3 +213,41 @@ def select_int8_linear(out_features: int, in_features: int, device, dtype: torch
     shape_key = f"N={out_features} K={in_features} {dtype}"
     verdict = check("int8_linear", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
     return (kernel if verdict.ok else None), verdict
+
+
+def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int,
+                      top_k: int, device, dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None,
+                      config=None) -> Verdict:
+    """Whether the MoE prefill kernel (moe_prefill.py, in `config`) computes this model's expert shapes
+    right on this device, against its torch reference: a prompt whose experts span several blocks with
+    padded tails, and a short one. A failure is warned about; the caller keeps the torch path.
+    `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
+    from .formats import random_bank
+    from .moe_prefill import KERNEL_VERSION, PrefillConfig, moe_prefill_bank, moe_prefill_ref
+
+    config = config or PrefillConfig()
+    kernel = kernel or (lambda *args: moe_prefill_bank(*args, config=config))
+    device = torch.device(device)
+    num_slots = max(top_k + 2, 10)
+    gen = torch.Generator().manual_seed(2345)
+    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=gen)
+
+    def draw(num_tokens):
+        x = torch.randn(num_tokens, hidden, generator=gen).to(device, dtype)
+        slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)]).int().to(device)
+        weights = torch.rand(num_tokens, top_k, generator=gen).to(device)
+        return x, bank, slots, weights, fmt, offsets, intermediate
+
+    cases = iter([draw(128), draw(7)])     # 128 * K pairs over 10 slots: several blocks an expert at BM 64
+    current: list = []
+
+    def run_kernel():
+        current[:] = [next(cases)]
+        return kernel(*current[0])
+
+    def run_ref():
+        return moe_prefill_ref(*current[0])
+
+    rtol = 2e-2 if dtype != torch.float32 else 1e-4
+    shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype} {config}"
+    return check("moe_prefill", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=2)
