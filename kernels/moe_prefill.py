@@ -218,3 +218,17 @@ def moe_prefill_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, we
         h = (torch.nn.functional.silu(xs @ w["gate"].T) * (xs @ w["up"].T)).to(x.dtype)  # [n, I]
         acc.index_add_(0, token_ids, (h.float() @ w["down"].T) * weights[token_ids, choice][:, None])
     return acc
+
+
+class PrefillKernel:
+    """What the engine holds: moe_prefill in one config, and the routing it reads (route_pairs with the
+    config's block rows), so that the engine imports no Triton."""
+
+    def __init__(self, config: PrefillConfig | None = None):
+        self.config = config or PrefillConfig()
+
+    def route(self, routed: list[int], routed_dev: torch.Tensor, experts: list[int], top_k: int) -> Routing:
+        return route_pairs(routed, routed_dev, experts, top_k, self.config.block_m)
+
+    def __call__(self, *args, **kwargs) -> torch.Tensor:
+        return moe_prefill(*args, config=self.config, **kwargs)

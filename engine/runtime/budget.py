@@ -68,8 +68,15 @@ def prefill_workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int, device_t
     t = prompt_tokens
     scores = t * t if device_type == "cuda" else spec.num_heads * t * t * (4 + dtype_bytes + 4)
     acts = t * (spec.hidden_size * 12 + spec.num_heads * spec.head_dim * 4) * 4
-    expert = 3 * spec.expert_intermediate * spec.hidden_size * 4 + t * spec.expert_intermediate * 3 * 4
+    expert = prefill_expert_bytes(spec.expert_intermediate, spec.hidden_size, t)
     return scores + acts + expert + spec.vocab_size * 8 + (64 << 20)
+
+
+def prefill_expert_bytes(intermediate: int, hidden: int, prompt_tokens: int) -> int:
+    """The prefill workspace's share for the routed experts: the torch path's one dequantised expert
+    (float32 at most) and its [T, I] activations; the prefill kernel, which dequantises nothing, cuts its
+    launches so that its routing and intermediate fit in the same bytes."""
+    return 3 * intermediate * hidden * 4 + prompt_tokens * intermediate * 3 * 4
 
 
 KV_SHARE = 0.5     # the context may take at most this share of the VRAM left after dense weights and minimal slots

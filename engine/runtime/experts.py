@@ -32,6 +32,7 @@ import torch
 
 from engine.format.layout import Layout
 from engine.format.quant import dequantize
+from engine.runtime.budget import prefill_expert_bytes
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import MAX_TOKENS as CPU_MAX_TOKENS
 from engine.runtime.cpu_experts import CpuExperts
@@ -57,7 +58,7 @@ def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
 class Experts:
     def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry, layout: Layout,
                  expert_mlp: Callable, dtype: torch.dtype, device: torch.device, kernel: Callable | None = None,
-                 batch_size: int = DEFAULT_BATCH, cpu: CpuExperts | None = None):
+                 batch_size: int = DEFAULT_BATCH, cpu: CpuExperts | None = None, prefill_kernel=None):
         self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
         self.layout, self.expert_mlp, self.dtype, self.kernel = layout, expert_mlp, dtype, kernel
         self.offsets = {f.name: f.offset for f in layout.fields}
@@ -66,6 +67,7 @@ class Experts:
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.exclusive = True
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
+        self.prefill_kernel = prefill_kernel    # kernels.moe_prefill.PrefillKernel (SLUICE_PREFILL_KERNEL=1), or None
         # With a CPU share, the next layer's prefetch is issued after it (measured faster on the H200 box: 64.1
         # against 56.2 tok/s, BENCHMARKS runs 21-22); SLUICE_PREFETCH_FIRST=1 issues it before, for an A/B.
         self.prefetch_first = os.environ.get("SLUICE_PREFETCH_FIRST", "0") == "1"
@@ -164,7 +166,9 @@ class Experts:
             self._mark_bank_free(layer)
             self._set_ready(layer, slot_of)
         else:
-            self._torch_layer(layer, x, weights, routed, routed_dev, top_k, slot_of, late, out)
+            grouped = self.prefill_kernel is not None and num_tokens > KERNEL_MAX_TOKENS
+            (self._kernel_layer if grouped else self._torch_layer)(layer, x, weights, routed, routed_dev, top_k,
+                                                                   slot_of, late, out)
         if next_layer is not None and predicted and self.prefetch_first:
             self._prefetch(next_layer, list(dict.fromkeys(predicted)))
         if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
@@ -192,6 +196,26 @@ class Experts:
             batch = late[start:start + self.batch_size]
             placed = self._bring_in(layer, batch, protected={(layer, e) for e in batch}, each=True)
             self._torch_experts(layer, x, weights, groups, placed, out)
+
+    def _kernel_layer(self, layer, x, weights, routed, routed_dev, top_k, resident, late, out) -> None:
+        """The prefill kernel, one call for the resident experts, then one per batch brought in (after its
+        copies), the torch path's batches and bank protocol; the pairs are sorted once, in that order."""
+        routing = self.prefill_kernel.route(routed, routed_dev, list(resident) + late, top_k)
+        workspace = prefill_expert_bytes(self.layout.intermediate, self.layout.hidden, x.shape[0])
+        x, weights, bank = x.contiguous(), weights.float().contiguous(), self.banks.bank_of(layer)
+        out.zero_()
+        batches = [late[start:start + self.batch_size] for start in range(0, len(late), self.batch_size)]
+        for batch in [None, *batches]:                                          # None: the resident experts
+            slot_of = resident if batch is None else self._bring_in(layer, batch, protected={(layer, e) for e in batch})
+            if not slot_of:
+                continue
+            self._wait_slots(bank, list(slot_of.values()))
+            for expert, slot in slot_of.items():
+                self.banks.set_state((layer, expert), slot, "computing")
+            self.prefill_kernel(x, self.banks.banks[bank], routing, slot_of, weights, self.layout.fmt, self.offsets,
+                                self.layout.intermediate, out, workspace_bytes=workspace)
+            self._mark_bank_free(layer)
+            self._set_ready(layer, slot_of)
 
     def _torch_experts(self, layer, x, weights, groups, slot_of: dict[int, int], out) -> None:
         if not slot_of:

@@ -34,6 +34,7 @@ from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
+from engine.runtime.switches import env_int
 from engine.runtime.telemetry import Telemetry
 from kernels.formats import random_bank
 
@@ -79,6 +80,8 @@ class Runner:
         self.kernel_verdict = None
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
         kernel = self._choose_kernel(layout) if use_kernels and self.is_cuda and self.model.expert_kernel else None
+        # SLUICE_PREFILL_KERNEL=1: prefill's experts through the grouped-GEMM kernel (an A/B switch, off until measured)
+        prefill_kernel = self._choose_prefill_kernel(layout) if kernel and env_int("SLUICE_PREFILL_KERNEL") == 1 else None
         self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
         self.step = DecodeStep(self.model, self.state, self.device, use_graphs and self.model.graph_safe)
         graph_bytes, work = self._capture_decode(base_bytes, dense_bytes + kv_bytes, work)
@@ -99,7 +102,8 @@ class Runner:
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
         self.cache.uses = self.banks.uses                 # one routing frequency for both tiers' evictions
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
-                               dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts))
+                               dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts),
+                               prefill_kernel=prefill_kernel)
         if not self.is_cuda:
             device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
             telemetry.set(vram_used_bytes=device_bytes)
@@ -198,6 +202,20 @@ class Runner:
             self.telemetry.warn(f"Fused expert kernel disabled on this GPU: {verdict.reason}")
             return None
         return fn
+
+    def _choose_prefill_kernel(self, layout):
+        """The prefill kernel where the expert format has one and it passes its check on this GPU, else None."""
+        from kernels.moe_prefill import PREFILL_FORMATS, PrefillKernel
+        from kernels.selfcheck import check_moe_prefill
+        if layout.fmt not in PREFILL_FORMATS:
+            return None
+        offsets = {f.name: f.offset for f in layout.fields}
+        verdict = check_moe_prefill(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
+                                    self.spec.top_k, self.device, dtype=self.dtype)
+        if not verdict.ok:
+            self.telemetry.warn(f"Prefill expert kernel disabled on this GPU: {verdict.reason}")
+            return None
+        return PrefillKernel()
 
     # ------------------------------------------------------------------ forward passes
     def prefill(self, token_ids: list[int], cancel=None) -> torch.Tensor:
