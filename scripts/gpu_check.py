@@ -222,6 +222,71 @@ def stage_kernels_dense(shapes=((2048, 2048), (1024, 2048), (50304, 2048), (4096
     save()
 
 
+def stage_prefill_kernel():
+    """The prefill kernel's tests on the GPU (the token-exact streaming ones included), then its time for
+    one layer of a 512-token prefill at olmoe-1b-7b's shapes in a few configs, against the torch path."""
+    stage_tests(("tests/kernels/test_moe_prefill.py", "tests/streaming/test_prefill_kernel.py"), ())
+    for fmt in ("int8", "fp8", "bf16"):
+        _prefill_kernel_times(fmt)
+
+
+def _prefill_kernel_times(fmt: str, shape=(1024, 2048, 8), num_experts=64, num_tokens=512) -> None:
+    """Every expert resident (one bank), bf16 activations: the kernel pair alone (routing made before),
+    the routing alone, and the torch path's per-expert loop (dequantise, three matmuls, index_add_)."""
+    import torch
+    from triton.testing import do_bench
+
+    from engine.model.model import swiglu_expert
+    from engine.runtime.token_groups import token_groups
+    from kernels.formats import dequantize_block, make_offsets, random_bank
+    from kernels.moe_prefill import PrefillConfig as C, PrefillKernel, moe_prefill_ref
+    from kernels.selfcheck import rel_error
+    inter, hidden, top_k = shape
+    offsets, block_bytes = make_offsets(fmt, inter, hidden)
+    gen = torch.Generator().manual_seed(3)
+    bank = random_bank(num_experts, block_bytes, fmt, offsets, inter, hidden, device="cuda", generator=gen)
+    x = torch.randn(num_tokens, hidden, generator=gen).to("cuda", torch.bfloat16)
+    slots = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)]).cuda()
+    weights = torch.rand(num_tokens, top_k, generator=gen).cuda()
+    routed, routed_dev = slots.flatten().tolist(), slots.flatten()
+    experts = sorted(set(routed))
+    ref = moe_prefill_ref(x, bank, slots, weights, fmt, offsets, inter)
+    out = torch.zeros(num_tokens, hidden, device="cuda")
+    rows = []
+    for cfg in (C(), C(32, 64, 64), C(64, 128, 64, 8), C(128, 64, 64, 8), C(64, 64, 128), C(64, 128, 128, 8),
+                C(32, 128, 64, 4, 4), C(64, 64, 64, 4, 4), C(16, 64, 128, 4, 3)):
+        kernel = PrefillKernel(cfg)
+        routing = kernel.route(routed, routed_dev, experts, top_k)
+        call = lambda: kernel(x, bank, routing, {e: e for e in experts}, weights, fmt, offsets, inter,  # noqa: E731
+                              out.zero_())
+        try:
+            err = rel_error(call(), ref)
+            t_kernel = do_bench(call, return_mode="median") * 1e-3
+            t_route = do_bench(lambda: kernel.route(routed, routed_dev, experts, top_k), return_mode="median") * 1e-3
+        except Exception as exc:          # noqa: BLE001 - a config the GPU refuses: report it, try the next
+            print(f"prefill kernel {fmt} {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        rows.append({"config": cfg.__dict__, "rel_err": err, "kernel_us": t_kernel * 1e6, "route_us": t_route * 1e6})
+        print(f"prefill kernel {fmt} {cfg}: {t_kernel * 1e6:8.1f} us a layer (+ routing {t_route * 1e6:6.1f} us), "
+              f"err {err:.1e}", flush=True)
+
+    def torch_path():
+        groups = token_groups(routed, routed_dev, top_k)
+        out.zero_()
+        for expert in experts:
+            token_idx, k_idx = groups[expert]
+            w = dequantize_block(bank[expert], fmt, offsets, inter, hidden, torch.bfloat16)
+            y = swiglu_expert(x[token_idx], w)
+            out.index_add_(0, token_idx, (y * weights[token_idx, k_idx, None]).float())
+    t_torch = do_bench(torch_path, return_mode="median") * 1e-3
+    best = min(rows, key=lambda r: r["kernel_us"]) if rows else None
+    RESULTS.setdefault("prefill_kernel", {})[fmt] = {"configs": rows, "torch_path_us": t_torch * 1e6}
+    SUMMARY.append(f"prefill kernel {fmt}, olmoe layer of {num_tokens} tokens: torch path {t_torch * 1e6:.0f} us, "
+                   + (f"best kernel {best['kernel_us']:.0f} us + routing {best['route_us']:.0f} us ({best['config']})"
+                      if best else "no kernel config ran"))
+    save()
+
+
 def stage_tests(paths=("tests/kernels", "tests/streaming"), extra=("-k", "not bench")):
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra],
@@ -435,6 +500,14 @@ STAGES = {
             ("exceeds", "int8", 32, ["--vram-budget", "2.5GB"]), ("exceeds", "int8-2GB", 32, []),
             ("fits-vram-ram", "int8", 64, []))],
     "tests-families": lambda: stage_tests(("tests/families",), ("-m", "gpu")),
+    "prefill-kernel": stage_prefill_kernel,
+    # warm prefill (fits-ram, int8 experts and dense weights) through the torch path's per-expert loop against the
+    # grouped-GEMM kernel (SLUICE_PREFILL_KERNEL=1), alternated after a warm-up
+    "prefill-ab": lambda: [
+        bench(f"olmoe-int8-fits-ram-prefill-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                     "--prompt-tokens", "512", "--new-tokens", "16", "--dense-quant", "int8"],
+              env={"SLUICE_PREFILL_KERNEL": "1"} if tag.startswith("kernel") else {})
+        for tag in ("warmup", "torch-1", "kernel-1", "torch-2", "kernel-2")],
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
     "profile-decode": stage_profile_decode,
