@@ -223,9 +223,9 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
     padded tails, and a short one. A failure is warned about; the caller keeps the torch path.
     `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
     from .formats import random_bank
-    from .moe_prefill import KERNEL_VERSION, PrefillConfig, moe_prefill_bank, moe_prefill_ref
+    from .moe_prefill import KERNEL_VERSION, default_config, moe_prefill_bank, moe_prefill_ref
 
-    config = config or PrefillConfig()
+    config = config or default_config(dtype)
     kernel = kernel or (lambda *args: moe_prefill_bank(*args, config=config))
     device = torch.device(device)
     num_slots = max(top_k + 2, 10)

@@ -253,8 +253,8 @@ def _prefill_kernel_times(fmt: str, shape=(1024, 2048, 8), num_experts=64, num_t
     ref = moe_prefill_ref(x, bank, slots, weights, fmt, offsets, inter)
     out = torch.zeros(num_tokens, hidden, device="cuda")
     rows = []
-    for cfg in (C(), C(32, 64, 64), C(64, 128, 64, 8), C(128, 64, 64, 8), C(64, 64, 128), C(64, 128, 128, 8),
-                C(32, 128, 64, 4, 4), C(64, 64, 64, 4, 4), C(16, 64, 128, 4, 3)):
+    for cfg in (C(), C(64, 64, 64, 4), C(32, 64, 64, 4), C(32, 64, 64, 8), C(64, 128, 64, 8), C(128, 64, 64, 8),
+                C(64, 64, 128, 8), C(64, 64, 64, 8, 2), C(64, 64, 64, 8, 4), C(16, 64, 128, 4)):
         kernel = PrefillKernel(cfg)
         routing = kernel.route(routed, routed_dev, experts, top_k)
         call = lambda: kernel(x, bank, routing, {e: e for e in experts}, weights, fmt, offsets, inter,  # noqa: E731

@@ -205,7 +205,7 @@ class Runner:
 
     def _choose_prefill_kernel(self, layout):
         """The prefill kernel where the expert format has one and it passes its check on this GPU, else None."""
-        from kernels.moe_prefill import PREFILL_FORMATS, PrefillKernel
+        from kernels.moe_prefill import PREFILL_FORMATS, PrefillKernel, default_config
         from kernels.selfcheck import check_moe_prefill
         if layout.fmt not in PREFILL_FORMATS:
             return None
@@ -215,7 +215,7 @@ class Runner:
         if not verdict.ok:
             self.telemetry.warn(f"Prefill expert kernel disabled on this GPU: {verdict.reason}")
             return None
-        return PrefillKernel()
+        return PrefillKernel(default_config(self.dtype))
 
     # ------------------------------------------------------------------ forward passes
     def prefill(self, token_ids: list[int], cancel=None) -> torch.Tensor:
