@@ -22,7 +22,7 @@ import triton.language as tl
 
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .moe_decode_fused import checked_counters, launch_fused
-from .tiles import gate_up_rows, interpreting, partial_dot, row_scale
+from .tiles import check_bank_inputs, gate_up_rows, partial_dot, row_scale
 
 KERNEL_VERSION = 6     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
@@ -112,15 +112,7 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
                          f"weights {tuple(weights.shape)}: want x [T,H], bank [S,B], slots/weights [T,K]")
     if bank.dtype != torch.uint8 or slots.dtype != torch.int32 or weights.dtype != torch.float32:
         raise TypeError(f"dtypes: bank {bank.dtype} (uint8), slots {slots.dtype} (int32), weights {weights.dtype} (float32)")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"x must be float32, bfloat16 or float16, not {x.dtype}")
-    for name, t in (("x", x), ("bank", bank), ("slots", slots), ("weights", weights)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        if t.device != x.device or (t.device.type != "cuda" and not interpreting()):
-            raise ValueError(f"{name} must be on the GPU with the others (or set TRITON_INTERPRET=1 for CPU)")
-    if bank.shape[1] % 4096 or any(off % 256 for off in offsets.values()):
-        raise ValueError("blocks must be 4096-byte multiples with 256-byte aligned fields")
+    check_bank_inputs(x, bank, {"slots": slots, "weights": weights}, offsets)
     if fmt == "nvfp4" and (x.shape[1] % 16 or intermediate % 16):
         raise ValueError("nvfp4 needs hidden and intermediate sizes divisible by 16")
     if fmt == "mxfp4" and (x.shape[1] % 32 or intermediate % 32):

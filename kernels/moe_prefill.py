@@ -23,7 +23,7 @@ import triton.language as tl
 
 from .formats import FORMAT_IDS, dequantize_block
 from .pair_routing import Routing, int32_on, route_pairs
-from .tiles import byte_weights, interpreting, row_scale
+from .tiles import byte_weights, check_bank_inputs, interpreting, row_scale
 
 KERNEL_VERSION = 1     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 PREFILL_FORMATS = ("bf16", "fp8", "int8")
@@ -138,15 +138,7 @@ def _check_inputs(x, bank, weights, out, fmt, offsets):
                          f"out {tuple(out.shape)}: want x [T,H], bank [S,B], weights [T,K], out [T,H]")
     if bank.dtype != torch.uint8 or weights.dtype != torch.float32 or out.dtype != torch.float32:
         raise TypeError(f"dtypes: bank {bank.dtype} (uint8), weights {weights.dtype} (float32), out {out.dtype} (float32)")
-    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-        raise TypeError(f"x must be float32, bfloat16 or float16, not {x.dtype}")
-    for name, t in (("x", x), ("bank", bank), ("weights", weights), ("out", out)):
-        if not t.is_contiguous():
-            raise ValueError(f"{name} must be contiguous")
-        if t.device != x.device or (t.device.type != "cuda" and not interpreting()):
-            raise ValueError(f"{name} must be on the GPU with the others (or set TRITON_INTERPRET=1 for CPU)")
-    if bank.shape[1] % 4096 or any(off % 256 for off in offsets.values()):
-        raise ValueError("blocks must be 4096-byte multiples with 256-byte aligned fields")
+    check_bank_inputs(x, bank, {"weights": weights, "out": out}, offsets)
 
 
 def max_blocks(workspace_bytes: int | None, routing: Routing, intermediate: int, dtype: torch.dtype) -> int | None:

@@ -150,27 +150,31 @@ def _save(path: Path, verdicts: Mapping) -> None:
 
 # ---------------------------------------------------------------- per-kernel selection
 
+def _moe_cases(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int, top_k: int,
+               device: torch.device, dtype: torch.dtype, num_slots: int, seed: int, token_counts):
+    """The MoE kernels' check inputs: a bank of random blocks, then for each count of tokens x, the slots of
+    its top_k experts and their routing weights (the kernels' argument order)."""
+    from .formats import random_bank
+    gen = torch.Generator().manual_seed(seed)
+    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=gen)
+    for num_tokens in token_counts:
+        x = torch.randn(num_tokens, hidden, generator=gen).to(device, dtype)
+        slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)]).int().to(device)
+        weights = torch.rand(num_tokens, top_k, generator=gen).to(device)
+        yield x, bank, slots, weights, fmt, offsets, intermediate
+
+
 def select_moe_decode(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int,
                       top_k: int, device, kernel: Callable | None = None, dtype: torch.dtype = torch.bfloat16):
     """The MoE decode function to use for this model on this device: the Triton kernel if it passes
     its check (or a cached pass), else the torch reference. `kernel` injects a variant (tests).
     Returns (fn, verdict); fn has moe_decode's signature."""
-    from .formats import random_bank
     from .moe_decode import KERNEL_VERSION, moe_decode, moe_decode_ref
 
     kernel = kernel or moe_decode
     device = torch.device(device)
-    num_slots = max(top_k + 1, 4)
-    gen = torch.Generator().manual_seed(1234)
-    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=gen)
-
-    def draw(num_tokens):
-        x = torch.randn(num_tokens, hidden, generator=gen).to(device, dtype)
-        slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)]).int().to(device)
-        weights = torch.rand(num_tokens, top_k, generator=gen).to(device)
-        return x, bank, slots, weights, fmt, offsets, intermediate
-
-    cases = iter([draw(1), draw(1), draw(3), draw(3)])
+    cases = _moe_cases(fmt, offsets, block_bytes, intermediate, hidden, top_k, device, dtype, num_slots=max(top_k + 1, 4),
+                       seed=1234, token_counts=(1, 1, 3, 3))
     current: list = []
 
     def run_kernel():
@@ -222,23 +226,14 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
     right on this device, against its torch reference: a prompt whose experts span several blocks with
     padded tails, and a short one. A failure is warned about; the caller keeps the torch path.
     `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
-    from .formats import random_bank
     from .moe_prefill import KERNEL_VERSION, default_config, moe_prefill_bank, moe_prefill_ref
 
     config = config or default_config(dtype)
     kernel = kernel or (lambda *args: moe_prefill_bank(*args, config=config))
     device = torch.device(device)
-    num_slots = max(top_k + 2, 10)
-    gen = torch.Generator().manual_seed(2345)
-    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=gen)
-
-    def draw(num_tokens):
-        x = torch.randn(num_tokens, hidden, generator=gen).to(device, dtype)
-        slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)]).int().to(device)
-        weights = torch.rand(num_tokens, top_k, generator=gen).to(device)
-        return x, bank, slots, weights, fmt, offsets, intermediate
-
-    cases = iter([draw(128), draw(7)])     # 128 * K pairs over 10 slots: several blocks an expert at BM 64
+    # 128 * K pairs over 10 slots: several blocks an expert at BM 64
+    cases = _moe_cases(fmt, offsets, block_bytes, intermediate, hidden, top_k, device, dtype,
+                       num_slots=max(top_k + 2, 10), seed=2345, token_counts=(128, 7))
     current: list = []
 
     def run_kernel():

@@ -205,3 +205,18 @@ def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.
         else:
             w = byte_weights(words, FMT)
         return tl.sum(w * vec[None, :], axis=1)
+
+
+def check_bank_inputs(x, bank, tensors: dict, offsets) -> None:
+    """What both MoE kernels ask of their inputs: activations in a float dtype, every tensor contiguous and
+    on the GPU with x (or the interpreter), blocks 4096-byte multiples with 256-byte aligned fields."""
+    import torch
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise TypeError(f"x must be float32, bfloat16 or float16, not {x.dtype}")
+    for name, t in {"x": x, "bank": bank, **tensors}.items():
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if t.device != x.device or (t.device.type != "cuda" and not interpreting()):
+            raise ValueError(f"{name} must be on the GPU with the others (or set TRITON_INTERPRET=1 for CPU)")
+    if bank.shape[1] % 4096 or any(off % 256 for off in offsets.values()):
+        raise ValueError("blocks must be 4096-byte multiples with 256-byte aligned fields")

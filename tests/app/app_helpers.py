@@ -24,6 +24,21 @@ def make_window(qtbot, data_dir, **settings):
     return window
 
 
+def open_stored_answer(qtbot, data_dir, title: str, question: str, answer: str):
+    """A window with the chat alone (no panels) showing a stored conversation: (window, the answer's widget)."""
+    from app import paths
+    from app.store import Store
+    store = Store(paths.database_path())
+    conversation = store.create_conversation(title)
+    store.add_message(conversation.id, "user", question)
+    message = store.add_message(conversation.id, "assistant", answer)
+    store.close()
+    window = make_window(qtbot, data_dir)                  # a chat in the history: the chat page shows
+    window.panels_action.setChecked(False)
+    window.controller.open_conversation(conversation.id)
+    return window, window.chat_view.widgets[message.id]
+
+
 def copy_link_rect(body):
     """The Copy link of the first code block, in the coordinates of the message body's viewport."""
     from PySide6.QtGui import QTextCursor

@@ -3,9 +3,7 @@ Copy link stays in view and, clicked, copies the code as written, unwrapped. Als
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtGui import QGuiApplication
 
-from app_helpers import copy_link_rect, make_window
-from app import paths
-from app.store import Store
+from app_helpers import copy_link_rect, open_stored_answer
 
 LONG_LINE = "result = compute(" + ", ".join(f"argument_{i}" for i in range(22)) + ")  # " + "why " * 10
 NO_SPACES = "QUJD" * 75                                            # base64-like: no place to break a word
@@ -22,16 +20,8 @@ def _assert_fits_with_copy_in_view(widget):
 
 
 def _open_stored_answer(qtbot, data_dir):
-    store = Store(paths.database_path())
-    conversation = store.create_conversation("Long code")
-    store.add_message(conversation.id, "user", "One long line, please.")
-    answer = store.add_message(conversation.id, "assistant", ANSWER)
-    store.close()
-    window = make_window(qtbot, data_dir)                  # a chat in the history: the chat page shows
-    window.panels_action.setChecked(False)                 # the chat alone: a 700 px column
-    window.resize(1000, 700)
-    window.controller.open_conversation(conversation.id)
-    widget = window.chat_view.widgets[answer.id]
+    window, widget = open_stored_answer(qtbot, data_dir, "Long code", "One long line, please.", ANSWER)
+    window.resize(1000, 700)                               # the chat alone: a 700 px column
     qtbot.waitUntil(lambda: widget.body.viewport().width() > 600)
     qtbot.wait(100)                                        # posted layout requests re-centre the column
     return window, widget

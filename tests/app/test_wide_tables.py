@@ -7,11 +7,9 @@ import numpy as np
 from PySide6.QtCore import QPoint
 from PySide6.QtGui import QColor, QFontMetricsF, QImage, QPainter, QTextCursor, QTextFrameFormat, QTextTable
 
-from app_helpers import copy_link_rect, make_window
-from app import paths
+from app_helpers import copy_link_rect, open_stored_answer
 from app.markdown import MarkdownRenderer
 from app.markdown_tables import MAX_WORD_CHARS
-from app.store import Store
 
 HEADERS = ["Model", "Total parameters", "Active parameters", "Experts", "Top-k", "Context", "License"]
 COMPARISON = ("| " + " | ".join(HEADERS) + " |\n|" + "---|" * len(HEADERS) + "\n"
@@ -88,15 +86,7 @@ def _assert_fits(widget):
 
 
 def _open_stored_answer(qtbot, data_dir):
-    store = Store(paths.database_path())
-    conversation = store.create_conversation("Wide tables")
-    store.add_message(conversation.id, "user", "Compare them, please.")
-    answer = store.add_message(conversation.id, "assistant", ANSWER)
-    store.close()
-    window = make_window(qtbot, data_dir)
-    window.panels_action.setChecked(False)
-    window.controller.open_conversation(conversation.id)
-    return window, window.chat_view.widgets[answer.id]
+    return open_stored_answer(qtbot, data_dir, "Wide tables", "Compare them, please.", ANSWER)
 
 
 def _resize(qtbot, window, widget, width):
