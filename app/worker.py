@@ -86,6 +86,7 @@ class EngineWorker:
         self.engine = None
         self.native_thread_id: int | None = None
         self.pinned_cores: list[int] | None = None
+        self.compute_threads: int | None = None    # torch's threads for the engine thread's ops (set when pinned)
         self.queue = None                          # the Local server's GenerationQueue while it serves this engine
         self._running_stop: threading.Event | None = None   # the running generation's stop_event
         self._stop_running = None                  # stops it: engine.cancel or its queue job's cancel
@@ -97,6 +98,8 @@ class EngineWorker:
         try:
             from engine.plan import hardware
             self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
+            import torch
+            self.compute_threads = torch.get_num_threads()       # as this thread sees it (its parallel ops)
         except Exception:   # pinning is an optimisation: never fail the app for it
             log.exception("pinning the engine thread failed")
 

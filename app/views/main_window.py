@@ -141,7 +141,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
     def _build_panels(self) -> None:
         self.panels = LivePanels(self.host.telemetry, lambda: self.host.native_thread_id,
-                                 lambda: self.host.worker.pinned_cores)
+                                 lambda: self.host.worker.pinned_cores, lambda: self.host.worker.compute_threads)
         scroll = QScrollArea()
         scroll.setWidget(self.panels)
         scroll.setWidgetResizable(True)

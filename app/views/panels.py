@@ -41,13 +41,15 @@ def _percent(value: float | None) -> str:
 
 class LivePanels(QWidget):
     def __init__(self, telemetry_source, thread_id_source=lambda: None, pinned_cores_source=lambda: None,
-                 parent: QWidget | None = None):
+                 compute_threads_source=lambda: None, parent: QWidget | None = None):
         """telemetry_source() -> snapshot dict or None (no model); thread_id_source() -> the engine thread's
-        native id; pinned_cores_source() -> the cores it is pinned to, or None."""
+        native id; pinned_cores_source() -> the cores it is pinned to, or None; compute_threads_source() ->
+        torch's threads for its ops, or None."""
         super().__init__(parent)
         self._telemetry_source = telemetry_source
         self._thread_id_source = thread_id_source
         self._pinned_cores_source = pinned_cores_source
+        self._compute_threads_source = compute_threads_source
         self.history = TelemetryHistory()
         self.gpu = GpuInfo()
         self.engine_device: str | None = None
@@ -227,9 +229,11 @@ class LivePanels(QWidget):
         running_on = thread_last_core(self._thread_id_source())
         if running_on is None and (snapshot.get("decode_thread_core") or -1) >= 0:
             running_on = int(snapshot["decode_thread_core"])
+        threads = self._compute_threads_source()
         if pinned:
             self.core_label.setText(f"pinned to cores {format_cpu_list(pinned)}"
-                                    + (f", running on core {running_on}" if running_on is not None else ""))
+                                    + (f", running on core {running_on}" if running_on is not None else "")
+                                    + (f"; {threads} compute thread{'s' if threads != 1 else ''}" if threads else ""))
         elif running_on is not None:
             self.core_label.setText(f"core {running_on} (not pinned)")
         else:

@@ -133,6 +133,11 @@ def test_panels_show_cache_hits_misses_and_disk_bytes_after_a_generation(qtbot, 
     assert any(s["state"] != "empty" for s in panels.slot_map.slots)
     assert "layer" in panels.slot_map.describe(next(s for s in panels.slot_map.slots if s["state"] != "empty"))
     assert panels.core_label.text() != "—"
+    if window.host.worker.pinned_cores:                     # torch's threads for the engine thread's ops
+        from engine.plan.hardware import compute_threads
+        count = window.host.worker.compute_threads
+        assert 1 <= count <= compute_threads(window.host.worker.pinned_cores)     # as hardware.compute_threads allows
+        assert f"; {count} compute thread" in panels.core_label.text()
     assert window.model_label.text().startswith("Sluice demo")
     # the fastest this machine could go at these hit rates (the estimate), beside the measured speed
     assert re.search(r"tok/s of \d+\.\d possible", window.speed_label.text())
