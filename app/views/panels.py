@@ -82,6 +82,8 @@ class LivePanels(QWidget):
         self.speed_label = QLabel("—")
         self.speculation_label = QLabel("—")
         self.memory_label = QLabel("—")
+        for label in (self.gpu_label, self.core_label):    # long lines wrap: the panel keeps its width
+            label.setWordWrap(True)
         self.memory_label.setToolTip("What this process holds besides the RAM cache (anonymous memory: torch, CUDA, Qt, "
                                      "Python), and the GPU memory the driver shows for it against the VRAM budget.")
         self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
