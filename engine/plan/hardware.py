@@ -308,11 +308,14 @@ def pin_current_thread_to_performance_cores(sysfs_root: str | Path = "/sys") -> 
 
 def compute_threads(cores: list[int], sysfs_root: str | Path = "/sys") -> int:
     """torch's intra-op threads for the decode thread's cores: one per physical core where the cores have
-    SMT siblings (the siblings are left to the GUI, the disk readers and other programs), else all but one.
+    SMT siblings (the siblings are left to the GUI, the disk readers and other programs, as llama.cpp does);
+    without SMT, all of them, but one where there are 8 or more.
 
     Every parallel op waits for its slowest thread: a compute thread that other work pushes off its core
-    stalls each op for a scheduler time slice. Measured on the 2-core dev machine with one core busy
-    elsewhere, a 16-layer tiny OLMoE decoded at 0.4-15 tok/s on 2 threads and 32-40 on 1."""
+    stalls each op for a scheduler time slice. On the 2-core dev machine (`scripts/probe_threads.py`, a
+    16-layer OLMoE at hidden 1024) one core spinning elsewhere took decoding from 5.3-6.1 tok/s on 1 thread
+    to 2.7-2.9 on 2, but on an idle machine 2 threads gave 10.5-10.7 against 6.5-6.6: with few cores every
+    one counts; with 8 or more, one fewer costs little of a memory-bound decode and keeps a core free."""
     root, wanted = Path(sysfs_root), set(cores)
     physical = set()
     for core in cores:
@@ -321,4 +324,6 @@ def compute_threads(cores: list[int], sysfs_root: str | Path = "/sys") -> int:
         except (OSError, ValueError):
             siblings = {core}
         physical.add(frozenset(siblings & wanted or {core}))
-    return len(physical) if len(physical) < len(cores) else max(1, len(cores) - 1)
+    if len(physical) < len(cores):
+        return len(physical)
+    return len(cores) - 1 if len(cores) >= 8 else len(cores)

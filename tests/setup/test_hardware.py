@@ -136,14 +136,15 @@ def test_available_memory_honours_the_tightest_cgroup_limit(tmp_path):
     assert hardware.available_memory(root, tmp_path / "missing") > 0      # no cgroup file: the system's figure
 
 
-def test_compute_threads_leave_smt_siblings_or_one_core_to_the_rest(tmp_path):
-    """torch's compute threads: one per physical core where cores have SMT siblings, else all cores but
-    one (a compute thread pushed off its core stalls every parallel op); never fewer than one."""
+def test_compute_threads_leave_smt_siblings_or_one_of_many_cores_to_the_rest(tmp_path):
+    """torch's compute threads: one per physical core where cores have SMT siblings; without, every core
+    of a few, all but one of 8 or more (a compute thread pushed off its core stalls every parallel op)."""
     from engine.plan.hardware import compute_threads
     for cpu in range(8):                                 # 4 physical cores, siblings n and n + 4
         _write(tmp_path, f"devices/system/cpu/cpu{cpu}/topology/thread_siblings_list", f"{cpu % 4},{cpu % 4 + 4}\n")
     assert compute_threads(list(range(8)), tmp_path) == 4
     assert compute_threads([0, 1, 4], tmp_path) == 2     # cores 0 and 4 are one physical core
-    assert compute_threads([0, 1, 2], tmp_path) == 2     # no sibling among them: all but one
+    assert compute_threads([0, 1, 2], tmp_path) == 3     # no sibling among them: a few cores, all of them
     missing = tmp_path / "none"
-    assert compute_threads(list(range(6)), missing) == 5 and compute_threads([3], missing) == 1
+    assert compute_threads(list(range(6)), missing) == 6 and compute_threads([3], missing) == 1
+    assert compute_threads(list(range(16)), missing) == 15
