@@ -393,7 +393,12 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
         pcie_bps += cpu_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
     elem = COMPUTE_DTYPE_BYTES[machine.device]
-    dense_read = dense_bytes(shape, elem, dense_quant) - shape.embedding_params * (1 if dense_quant else elem)
+    # int8 dense weights: a GPU kernel reads the codes; the CPU's slabbed reference also writes and reads a
+    # float copy of each weight, every token (decode measured at half the speed: scripts/probe_dense_cpu.py)
+    per_code = 1 if on_gpu else 1 + 2 * elem
+    quantised = shape.dense_params - shape.exact_params if dense_quant else 0
+    dense_read = (shape.dense_params - quantised) * elem + quantised * per_code \
+        - shape.embedding_params * (per_code if dense_quant else elem)
     expert_read = (shape.active_params - shape.dense_params) * elem      # one embedding row per token: not counted
     compute_s = (dense_read + expert_read) / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
     return disk, h2d, compute_s, roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
