@@ -33,10 +33,13 @@ def _start(fork, src, dst):
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 def test_kill_9_anywhere_in_repack_then_rerun_is_byte_identical(tiny_snapshot, tiny_model, tmp_path):
     fork = multiprocessing.get_context("fork")
-    child, _ = _start(fork, tiny_snapshot, tmp_path / "timing")
-    writing_start = time.perf_counter()
-    child.join()
-    writing_s = time.perf_counter() - writing_start         # from the first write to the rename
+    timings = []
+    for attempt in range(3):           # the fastest of three: a first, cold run is slower than the kills' runs
+        child, _ = _start(fork, tiny_snapshot, tmp_path / f"timing{attempt}")
+        writing_start = time.perf_counter()
+        child.join()
+        timings.append(time.perf_counter() - writing_start)   # from the first write to the rename
+    writing_s = min(timings)
     rng = random.Random(15)
     outcomes = []
     for run in range(NUM_KILLS):
