@@ -51,8 +51,8 @@ def int8_dense_available(path: str | Path) -> bool:
     that cannot loads with them as stored, and one that cannot be read says why when it loads."""
     from engine.errors import SluiceError
     from engine.format.modeldir import is_model_dir, open_model_dir
-    from engine.model.dense_quant import pattern
+    from engine.model.dense_quant import available
     try:
-        return is_model_dir(path) and pattern(open_model_dir(path).spec.family) is not None
+        return is_model_dir(path) and available(open_model_dir(path).spec.family)
     except (SluiceError, OSError, ValueError):
         return False

@@ -33,10 +33,15 @@ def check(dense_quant: str | None, family: str) -> str | None:
     if dense_quant not in DENSE_QUANTS:
         raise SluiceError(f"Unknown dense weight format '{dense_quant}': choose int8, or leave it out to keep "
                           f"the dense weights in the compute dtype.")
-    if pattern(family) is None:
+    if not available(family):
         raise SluiceError(f"int8 dense weights are not available for {family} models yet: leave the dense "
                           f"format out (they stay in the compute dtype).")
     return dense_quant
+
+
+def available(family: str) -> bool:
+    """Whether the family names weights int8 dense weights may quantise (its DENSE_INT8 pattern)."""
+    return pattern(family) is not None
 
 
 def pattern(family: str) -> re.Pattern | None:

@@ -293,7 +293,8 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
     shape = model_shape(config)
-    dense_quant = dense_quant if dense_quant and _int8_dense_available(shape.family) else None
+    from engine.model import dense_quant as dense_quant_
+    dense_quant = dense_quant if dense_quant and dense_quant_.available(shape.family) else None
     try:
         block = expert_block_bytes(shape, quant)
     except SluiceError as exc:          # e.g. nvfp4 on widths not divisible by 16: the other quants still apply
@@ -313,17 +314,12 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     est = Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason, dense_quant)
-    if suggest_int8_dense and machine.device == "cuda" and not dense_quant and _int8_dense_available(shape.family):
+    if suggest_int8_dense and machine.device == "cuda" and not dense_quant and dense_quant_.available(shape.family):
         tip = estimate(config, download_bytes, machine, quant, vram_budget, ram_cache, hit_rates,
                        missing_download_bytes, dense_quant="int8")
         if tip.is_usable and (not est.is_usable or tip.tok_s >= 1.1 * est.tok_s):
             est.int8_dense_tip = tip
     return est
-
-
-def _int8_dense_available(family: str) -> bool:
-    from engine.model.dense_quant import pattern
-    return pattern(family) is not None
 
 
 def dense_bytes(shape: ModelShape, elem: int, dense_quant: str | None) -> int:

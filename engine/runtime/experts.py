@@ -136,7 +136,7 @@ class Experts:
         waited = time.perf_counter()
         ids = ids.tolist()                                                   # the one host sync of the layer
         waited = time.perf_counter() - waited
-        routed, predicted = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
+        routed, predicted = ids[:num_tokens * top_k], list(dict.fromkeys(ids[num_tokens * top_k:]))   # guesses, best first
         self._release_finished_copies()
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
         self._score_speculation(layer, set(wanted))
@@ -150,7 +150,7 @@ class Experts:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
         if self.early_reads and next_layer is not None and predicted:
-            self._ahead = (next_layer, list(dict.fromkeys(predicted)))
+            self._ahead = (next_layer, predicted)
         on_cpu = self._cpu_share(layer, late, num_tokens) if hybrid and late else []
         if on_cpu:
             late = [e for e in late if e not in on_cpu]
@@ -170,7 +170,7 @@ class Experts:
             (self._kernel_layer if grouped else self._torch_layer)(layer, x, weights, routed, routed_dev, top_k,
                                                                    slot_of, late, out)
         if next_layer is not None and predicted and self.prefetch_first:
-            self._prefetch(next_layer, list(dict.fromkeys(predicted)))
+            self._prefetch(next_layer, predicted)
         if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
             try:
                 self.cpu.add_into(self.cpu.compute(cpu_blocks, routed, top_k, x, weights), out)
@@ -178,7 +178,7 @@ class Experts:
                 for e in on_cpu:
                     self.cache.unlock((layer, e))
         if next_layer is not None and predicted and not self.prefetch_first:
-            self._prefetch(next_layer, list(dict.fromkeys(predicted)))
+            self._prefetch(next_layer, predicted)
         return out
 
     def _cpu_share(self, layer: int, late: list[int], num_tokens: int) -> list[int]:
