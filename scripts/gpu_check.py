@@ -564,6 +564,11 @@ STAGES = {
             ("fits-ram", 16, "warmup", []),      # the first bench on a fresh machine also writes the model: discard
             ("fits-ram", 128, "int8-dense", []), ("fits-vram-ram", 64, "int8-dense", []),
             ("exceeds", 32, "int8-dense", []), ("exceeds", 32, "int8-dense-2.5GB", ["--vram-budget", "2.5GB"]))],
+    # fits-ram alone (after llama.cpp's fits-ram run in the same call): a warm-up, then the measured run
+    "regimes-fits-ram": lambda: [
+        bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                             "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant", "int8"])
+        for tag, tokens in (("warmup", 16), ("int8-dense", 128), ("int8-dense-2", 128))],
     "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
                                               capture_output=True, text=True).stdout[-3000:]),
     # where the memory besides the RAM cache comes from, phase by phase (the model is made in another process)

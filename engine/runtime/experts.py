@@ -67,7 +67,7 @@ class Experts:
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.exclusive = True
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
-        self.prefill_kernel = prefill_kernel    # kernels.moe_prefill.PrefillKernel (SLUICE_PREFILL_KERNEL=1), or None
+        self.prefill_kernel = prefill_kernel    # kernels.moe_prefill.PrefillKernel, or None (torch loop)
         # With a CPU share, the next layer's prefetch is issued after it (measured faster on the H200 box: 64.1
         # against 56.2 tok/s, BENCHMARKS runs 21-22); SLUICE_PREFETCH_FIRST=1 issues it before, for an A/B.
         self.prefetch_first = os.environ.get("SLUICE_PREFETCH_FIRST", "0") == "1"
@@ -77,10 +77,10 @@ class Experts:
         # RAM hits copied ahead for the better half of the guesses (see `_prefetch`); SLUICE_PREFETCH_COPIES=N:
         # for the best N (an A/B switch)
         self.prefetch_copies = env_int("SLUICE_PREFETCH_COPIES")
-        # SLUICE_EARLY_READS=1: the next layer's read-ahead starts as soon as this layer's own reads are
-        # queued, not after they landed, so the disk is not left idle at each layer's end (an A/B switch:
-        # off until measured on an NVMe; see `_bring_in`).
-        self.early_reads = env_int("SLUICE_EARLY_READS") == 1
+        # The next layer's read-ahead starts as soon as this layer's own reads are queued, not after they
+        # landed, so the disk is not left idle at each layer's end (see `_bring_in`; exceeds regime on the
+        # H200 box: 4.26 / 4.09 tok/s against 4.00 / 3.68, alternated). SLUICE_EARLY_READS=0: after they landed.
+        self.early_reads = env_int("SLUICE_EARLY_READS") != 0
         self._ahead: tuple[int, list[int]] | None = None   # (next layer, its guesses) for an early read-ahead
         self._read_ahead: dict[int, set[int]] = {}           # layer -> experts whose reads started early
         # Decoded weights per device slot on the CPU device (counted in its slot budget): an expert that
