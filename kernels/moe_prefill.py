@@ -35,14 +35,15 @@ class PrefillConfig:
     block_m: int = 64       # rows (pairs) per program: one expert's tokens, padded
     block_n: int = 64       # output columns per program (I in gate_up, H in down)
     block_k: int = 64       # reduction tile
-    num_warps: int = 8      # at these tiles 4 warps spill registers in gate_up, 8 do not (ptxas, sm_90a)
+    num_warps: int = 4      # 4 beat 8 on the H200 for bf16 activations: int8 305 vs 353 us a layer, fp8 289 vs 344
     num_stages: int = 3
 
 
 def default_config(dtype: torch.dtype) -> PrefillConfig:
-    """Chosen from ptxas's register counts for sm_90a (no spills), not yet measured on the H200: float32
-    activations (the token-exact tests) take smaller tiles, as their IEEE dot holds twice the registers."""
-    return PrefillConfig(block_m=32, block_k=32) if dtype == torch.float32 else PrefillConfig()
+    """bf16 / fp16 activations: the best of 10 configs on the H200 (`gpu_check.py prefill-kernel`, BENCHMARKS
+    run 43). float32 activations (the token-exact tests) take smaller tiles and 8 warps, chosen from
+    ptxas's register counts for sm_90a (no spills), as their IEEE dot holds twice the registers."""
+    return PrefillConfig(block_m=32, block_k=32, num_warps=8) if dtype == torch.float32 else PrefillConfig()
 
 
 @triton.jit
