@@ -12,7 +12,9 @@ of the RAM-resident misses to the CPU, which computes them where they sit (engin
 while the GPU computes the rest; their partial sums meet in `out`.
 Residency is one policy, exclusive tiers: a block copied into VRAM is demoted in RAM, and a block
 evicted from VRAM is written back to RAM, so RAM holds what VRAM does not and the two caches add up
-(measured on the H200: RAM hit rate 5% when inclusive; see BENCHMARKS.md).
+(measured on the H200: RAM hit rate 5% when inclusive; see BENCHMARKS.md). A prefill is a sweep over
+nearly every expert: its copies pass through a rotating pool of slots (slots.py), a RAM hit keeps its
+place in RAM and a block read for it is the first RAM may drop, so both tiers keep what they held.
 Compute: on CUDA, a few tokens run the self-checked Triton kernel straight on the bank (replayed from
 CUDA graphs at decode); otherwise each expert runs the family's expert MLP in torch on the tokens
 routed to it. On the CPU device every copy is synchronous and a resident expert is decoded once.
@@ -66,6 +68,7 @@ class Experts:
         self.is_cuda = self.device.type == "cuda"
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.exclusive = True
+        self.sweeps = env_int("SLUICE_SWEEP") != 0      # a prefill's misses rotate through a pool (slots.py)
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
         self.prefill_kernel = prefill_kernel    # kernels.moe_prefill.PrefillKernel, or None (torch loop)
         # With a CPU share, the next layer's prefetch is issued after it (measured faster on the H200 box: 64.1
@@ -111,10 +114,17 @@ class Experts:
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
-        """A prefill starts: count disk reads per expert (each should be read at most once a layer)."""
+        """A prefill starts: count disk reads per expert (each should be read at most once a layer); its
+        misses rotate through a pool of slots and keep the blocks resident before it (a sweep, slots.py;
+        SLUICE_SWEEP=0: by recency, as in decode)."""
         self._pass_reads = Counter()
+        if self.sweeps:
+            self.banks.begin_sweep()
 
     def end_pass(self) -> None:
+        for key in self.banks.end_sweep():       # still in VRAM after the sweep: RAM may drop them first again
+            if self.exclusive:
+                self.cache.demote(key)
         if self._pass_reads:
             self.telemetry.set_max(prefill_max_expert_reads=max(self._pass_reads.values()))
         self._pass_reads = None
@@ -338,7 +348,7 @@ class Experts:
         placed = {}
         with self._copy_batch(layer, each):
             for expert, ram_slot in in_ram:
-                placed[expert] = self._copy(layer, expert, ram_slot, protected)
+                placed[expert] = self._copy(layer, expert, ram_slot, protected, ram_hit=True)
         if from_disk and self._ahead is not None:     # queued behind this layer's reads: they go first
             (ahead, guesses), self._ahead = self._ahead, None
             self._read_ahead[ahead] = self._prefetch_reads(ahead, guesses)
@@ -415,17 +425,20 @@ class Experts:
         if self.cpu is not None:          # the decode thread's time to issue a copy, for the placement
             self.cpu.placement.observe_copies(time.perf_counter() - issued, self._batch_copies)
 
-    def _copy(self, layer: int, expert: int, ram_slot: int, protected: set[Key]) -> int:
+    def _copy(self, layer: int, expert: int, ram_slot: int, protected: set[Key], ram_hit: bool = False) -> int:
         """Copy a locked RAM block into a slot of layer's bank (inside `_copy_batch`); the RAM lock is
-        released when the copy is done."""
+        released when the copy is done. In a sweep (a prefill, see slots.py) the copy is a passing one: a
+        RAM hit keeps its place in RAM, and a block the sweep evicts again is not written back."""
         key = (layer, expert)
         bank = self.banks.bank_of(layer)
         slot = self.banks.acquire(key, protected)
         evicted = self.banks.last_evicted
-        write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive else None
+        passing = self.banks.sweeping
+        write_back = self._victim_slot(evicted[0]) if evicted and self.exclusive and not (
+            passing and self.banks.last_evicted_swept) else None
         dst, src = self.banks.block(key, slot), self.cache.block(ram_slot)
         self._batch_copies += 1
-        if self.exclusive:
+        if self.exclusive and not (passing and ram_hit):
             self.cache.demote(key)
         if not self.is_cuda:
             if write_back is not None:

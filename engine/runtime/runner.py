@@ -228,19 +228,20 @@ class Runner:
         ids = torch.tensor(token_ids, device=self.device)
         step = Step(torch.arange(len(token_ids), device=self.device), 0, self.state)
         self.experts.begin_pass()
-        x = self.model.embed(ids)                                                     # [T, H]
-        for layer, block in enumerate(self.model.blocks):
-            if cancel is not None and cancel.is_set():
-                self.experts.end_pass()
-                raise PrefillCancelled()
-            x, h = block.mix(x, step)
-            moe_out = None
-            if block.is_moe:
-                weights, expert_ids = block.route(h)                                  # [T, K], [T, K]
-                moe_out = torch.empty(h.shape, dtype=torch.float32, device=self.device)
-                self.experts.run(layer, h, weights, expert_ids.flatten(), moe_out)
-            x = block.combine(x, h, moe_out)
-        self.experts.end_pass()
+        try:                                  # a pass changes the eviction policy (slots.py): end it always
+            x = self.model.embed(ids)                                                 # [T, H]
+            for layer, block in enumerate(self.model.blocks):
+                if cancel is not None and cancel.is_set():
+                    raise PrefillCancelled()
+                x, h = block.mix(x, step)
+                moe_out = None
+                if block.is_moe:
+                    weights, expert_ids = block.route(h)                              # [T, K], [T, K]
+                    moe_out = torch.empty(h.shape, dtype=torch.float32, device=self.device)
+                    self.experts.run(layer, h, weights, expert_ids.flatten(), moe_out)
+                x = block.combine(x, h, moe_out)
+        finally:
+            self.experts.end_pass()
         return self.model.head(x)
 
     def decode(self, token: int, position: int) -> torch.Tensor:

@@ -7,6 +7,11 @@ the victim is the least used of the `window` least recently used blocks (use cou
 then, so yesterday's favourite can leave). Real routing is skewed (a few experts per layer are
 hot): on a Zipf trace this keeps more hits than plain LRU, and on uniform routing it is no worse
 (tests/streaming/test_residency.py).
+
+A prompt's prefill is a sweep: it asks for nearly every expert of every layer once, in layer order, so
+recency would let each layer's misses evict the very blocks the later layers (and the next prompt) hit,
+and a cyclic sweep larger than the bank hits nothing. During a sweep the victim is therefore the oldest
+block the sweep itself brought in (a pool that rotates), and the blocks resident before it stay.
 """
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ class SlotBanks:
         self._key = [[None] * slots_per_bank for _ in range(2)]
         self._free = [list(range(slots_per_bank - 1, -1, -1)) for _ in range(2)]   # pop() gives slot 0 first
         self.last_evicted: tuple[Key, int] | None = None
+        self.last_evicted_swept = False                      # ... and whether the current sweep brought it in
+        self._swept: list[OrderedDict[Key, None]] | None = None   # during a sweep: per bank, its blocks, oldest first
         self.window = 32                                     # 1 = plain LRU
         self._uses: dict[Key, float] = {}
         self._uses_until_aging = self._aging_period = 16 * slots_per_bank
@@ -70,6 +77,23 @@ class SlotBanks:
         """How often the key's expert was routed to lately (its aged use count)."""
         return self._uses.get(key, 0.0)
 
+    def begin_sweep(self) -> None:
+        """A prefill starts (see the module's docstring)."""
+        self._swept = [OrderedDict(), OrderedDict()]
+
+    def end_sweep(self) -> list[Key]:
+        """The sweep ends: the blocks it brought in that are still resident (they stay, as any other)."""
+        swept, self._swept = self._swept, None
+        return [key for keys in swept for key in keys] if swept else []
+
+    @property
+    def sweeping(self) -> bool:
+        return self._swept is not None
+
+    def _sweep_victim(self, bank: int, protected: set[Key]) -> Key | None:
+        """The oldest unprotected block the current sweep brought into the bank, or None."""
+        return next((key for key in self._swept[bank] if key not in protected), None) if self._swept else None
+
     def _victim(self, bank: int, protected: set[Key]) -> Key:
         """The least used of the `window` least recently used unprotected blocks (oldest on ties)."""
         uses = self._uses
@@ -81,12 +105,20 @@ class SlotBanks:
         bank = self.bank_of(key[0])
         resident = self._resident[bank]
         self.last_evicted = None                             # (key, slot) whose bytes are about to be replaced
+        self.last_evicted_swept = False
         if self._free[bank]:
             slot = self._free[bank].pop()
         else:
-            victim = self._victim(bank, protected)
+            victim = self._sweep_victim(bank, protected)
+            self.last_evicted_swept = victim is not None
+            if victim is None:
+                victim = self._victim(bank, protected)
             slot = resident.pop(victim)
             self.last_evicted = (victim, slot)
+            if self._swept is not None:
+                self._swept[bank].pop(victim, None)
+        if self._swept is not None:
+            self._swept[bank][key] = None
         resident[key] = slot
         self._key[bank][slot] = key
         self._state[bank][slot] = "loading"

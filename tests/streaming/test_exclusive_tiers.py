@@ -48,3 +48,34 @@ def test_exclusive_tiers_read_less_from_disk_and_compute_the_same(model_dir):
     # Measured: 0.87 of the inclusive reads on the CPU, 0.91 on an H200 (its copies ahead also move
     # blocks between the tiers); the two caches adding up shows as at least 5% fewer reads.
     assert exclusive_reads < 0.95 * inclusive_reads, (exclusive_reads, inclusive_reads)
+
+
+
+@pytest.fixture(scope="module")
+def deep_model_dir(tmp_path_factory):
+    """8 layers: a bank serves 4, so a prompt's sweep over a bank is longer than the bank."""
+    presets.PRESETS["tiny-olmoe-deep"] = {**TINY, "num_hidden_layers": 8}
+    try:
+        return presets.write_sluice_dir("tiny-olmoe-deep", tmp_path_factory.mktemp("deep") / "m", "fp8",
+                                        device="cpu", progress=lambda msg: None)
+    finally:
+        del presets.PRESETS["tiny-olmoe-deep"]
+
+
+def _warm_prefill(path, monkeypatch, sweep: str, slots: int, ram: int) -> tuple[dict, list[int]]:
+    """Disk reads and copies into VRAM of a second prompt's prefill (after a first conversation filled
+    both tiers), with the prefill's misses rotating through a pool (sweep "1") or evicting by recency."""
+    monkeypatch.setenv("SLUICE_SWEEP", sweep)
+    eng = engine_with_slots(path, slots, ram, max_context=96)
+    rng = random.Random(1)
+    first, second = ([rng.randrange(300) for _ in range(48)] for _ in range(2))
+    try:
+        token_ids(eng, first, 24, temperature=1.0, seed=0)
+        before = eng.telemetry()
+        tokens = token_ids(eng, second, 1)
+        after = eng.telemetry()
+    finally:
+        eng.close()
+    return {"disk": after["disk"]["reads"] - before["disk"]["reads"],
+            "copies": after["vram"]["misses"] - before["vram"]["misses"],
+            "vram_hits": after["vram"]["hits"] - before["vram"]["hits"]}, tokens
