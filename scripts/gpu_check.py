@@ -569,6 +569,16 @@ STAGES = {
         bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
                                              "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant", "int8"])
         for tag, tokens in (("warmup", 16), ("int8-dense", 128), ("int8-dense-2", 128))],
+    # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
+    # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it
+    "sweep-ab": lambda: [
+        bench(f"olmoe-int8-{regime}-sweep-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                   "--prompt-tokens", "512", "--new-tokens", "64", "--dense-quant", "int8"],
+              env={"SLUICE_SWEEP": "0"} if tag.startswith("recency") else {})
+        for regime, tag in (("fits-ram", "warmup"), ("fits-ram", "pool-1"), ("fits-ram", "recency-1"),
+                            ("fits-vram-ram", "pool-1"), ("fits-vram-ram", "recency-1"),
+                            ("fits-ram", "pool-2"), ("fits-ram", "recency-2"),
+                            ("fits-vram-ram", "pool-2"), ("fits-vram-ram", "recency-2"))],
     "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
                                               capture_output=True, text=True).stdout[-3000:]),
     # where the memory besides the RAM cache comes from, phase by phase (the model is made in another process)
