@@ -91,8 +91,8 @@ def _mma(a, b, acc, FP32_DOT: tl.constexpr):
 @triton.jit(do_not_specialize=["num_groups", "b0"])
 def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                     num_groups, b0, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr, UW: tl.constexpr,
-                    US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr):
+                    US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr, GROUPS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr):
     block = b0 + tl.program_id(0)                                   # in the routing's rows
     base = _slot_of_block(table_ptr, block, num_groups, GROUPS).to(tl.int64) * block_bytes
     m = tl.arange(0, BLOCK_M)

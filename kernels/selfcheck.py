@@ -231,8 +231,8 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
                       config=None) -> Verdict:
     """Whether the MoE prefill kernel (moe_prefill.py, in `config`) computes this model's expert shapes
     right on this device, against its torch reference: a prompt whose experts span several blocks with
-    padded tails, a short one, and a skewed one (one expert in every token's choices). A failure is warned about; the caller keeps the torch path.
-    `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
+    padded tails, a short one, and a skewed one (one expert in every token's choices). A failure is
+    warned about; the caller keeps the torch path. `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
     from .moe_prefill import KERNEL_VERSION, default_config, moe_prefill_bank, moe_prefill_ref
 
     config = config or default_config(dtype)
