@@ -8,9 +8,11 @@ expert (pair_routing.py), each expert's weights read straight from the VRAM slot
 A program finds its expert's slot from the block index (the launch's groups' block ends); a launch
 covers a contiguous run of groups, so the engine computes the resident experts, then each batch
 brought in, one call each. Weight tiles are dequantised in registers as engine.format.quant does it
-(codes times the row scale in fp32, rounded to the compute dtype), so the products use the very
-weights the torch path multiplies; accumulation is fp32 (tl.dot; float32 inputs in IEEE precision,
-never TF32). Formats: bf16, fp8, int8; the others and families with expert biases keep the torch path.
+(in fp32: fp8 / int8 codes times the row scale; nvfp4 e2m1 times its group's e4m3 scale, times the
+global scale; mxfp4 e2m1 times its group's power of two; then rounded to the compute dtype), so the
+products use the very weights the torch path multiplies; accumulation is fp32 (tl.dot; float32 inputs
+in IEEE precision, never TF32). Formats: all of kernels.formats; families with expert biases or
+another activation (gpt_oss, deepseek_v4) keep the torch path, as they do at decode.
 """
 from __future__ import annotations
 
@@ -23,10 +25,11 @@ import triton.language as tl
 
 from .formats import FORMAT_IDS, dequantize_block
 from .pair_routing import Routing, int32_on, route_pairs
-from .tiles import byte_weights, check_bank_inputs, interpreting, row_scale
+from .tiles import byte_weights, check_bank_inputs, fp4_tile, interpreting, raw_tile, row_scale
 
-KERNEL_VERSION = 1     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
-PREFILL_FORMATS = ("bf16", "fp8", "int8")
+KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+PREFILL_FORMATS = ("bf16", "fp8", "int8", "nvfp4", "mxfp4")
+FP4_GROUPS = {"nvfp4": 16, "mxfp4": 32}     # a reduction tile holds whole scale groups
 ROUTING_BYTES_PER_PAIR = 48    # route_pairs' transient int64 / int32 tensors, per pair (budgeted with h)
 
 
@@ -57,9 +60,16 @@ def _slot_of_block(table_ptr, block, num_groups, GROUPS: tl.constexpr):
 
 
 @triton.jit
-def _weight_tile(bank_u8, bank_bf16, w_off, out_rows, cols, num_rows, row_len, scale, FMT: tl.constexpr):
-    """W[out_rows, cols] transposed ([BK, BN] float32, zero outside the matrix) as engine.format.quant
-    dequantizes it: bf16 as stored, fp8 / int8 codes times their row's scale (`scale`, [BN])."""
+def _weight_tile(bank_u8, bank_bf16, w_off, s_off, out_rows, k0, num_rows, row_len, scale, FMT: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """W[out_rows, k0:k0+BK] transposed ([BK, BN] float32, zero outside the matrix) as engine.format.quant
+    dequantizes it: bf16 as stored, fp8 / int8 codes times their row's scale, nvfp4 / mxfp4 e2m1 times
+    their group scale (fp4_tile), times the row's (`scale`, [BN]: nvfp4's global scale, mxfp4's 1)."""
+    if FMT == 2 or FMT == 3:
+        words, scales = raw_tile(bank_u8, bank_bf16, w_off, s_off, out_rows, k0, num_rows, row_len, FMT,
+                                 BLOCK_N, BLOCK_K)
+        return tl.trans(fp4_tile(words, scales, FMT, BLOCK_N, BLOCK_K) * scale[:, None])
+    cols = k0 + tl.arange(0, BLOCK_K)
     mask = (cols[:, None] < row_len) & (out_rows[None, :] < num_rows)
     offs = out_rows[None, :] * row_len + cols[:, None]
     if FMT == 0:
@@ -80,9 +90,9 @@ def _mma(a, b, acc, FP32_DOT: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_groups", "b0"])
 def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
-                    num_groups, b0, GW: tl.constexpr, GS: tl.constexpr, UW: tl.constexpr, US: tl.constexpr,
-                    FMT: tl.constexpr, GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                    BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr):
+                    num_groups, b0, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr, UW: tl.constexpr,
+                    US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr, GROUPS: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr):
     block = b0 + tl.program_id(0)                                   # in the routing's rows
     base = _slot_of_block(table_ptr, block, num_groups, GROUPS).to(tl.int64) * block_bytes
     m = tl.arange(0, BLOCK_M)
@@ -90,16 +100,18 @@ def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_
     valid = pair >= 0
     x_rows = x_ptr + (tl.maximum(pair, 0) // K).to(tl.int64)[:, None] * H
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)          # [BN] rows of gate / up (I)
-    gate_scale = row_scale(bank_bf16, bank_f32, base + GS, base, n, I, FMT)
-    up_scale = row_scale(bank_bf16, bank_f32, base + US, base, n, I, FMT)
+    gate_scale = row_scale(bank_bf16, bank_f32, base + GS, base + GG, n, I, FMT)
+    up_scale = row_scale(bank_bf16, bank_f32, base + US, base + UG, n, I, FMT)
     acc_gate = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_up = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, H, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         xs = tl.load(x_rows + k[None, :], mask=valid[:, None] & (k[None, :] < H), other=0.0)      # [BM, BK]
-        w_gate = _weight_tile(bank_u8, bank_bf16, base + GW, n, k, I, H, gate_scale, FMT).to(xs.dtype)
+        w_gate = _weight_tile(bank_u8, bank_bf16, base + GW, base + GS, n, k0, I, H, gate_scale, FMT,
+                              BLOCK_N, BLOCK_K).to(xs.dtype)
         acc_gate = _mma(xs, w_gate, acc_gate, FP32_DOT)
-        w_up = _weight_tile(bank_u8, bank_bf16, base + UW, n, k, I, H, up_scale, FMT).to(xs.dtype)
+        w_up = _weight_tile(bank_u8, bank_bf16, base + UW, base + US, n, k0, I, H, up_scale, FMT,
+                            BLOCK_N, BLOCK_K).to(xs.dtype)
         acc_up = _mma(xs, w_up, acc_up, FP32_DOT)
     hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up                                       # silu(gate) * up
     local = (tl.program_id(0) * BLOCK_M + m).to(tl.int64)           # this launch's h rows
@@ -108,7 +120,7 @@ def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_
 
 @triton.jit(do_not_specialize=["num_groups", "b0"])
 def _down_kernel(h_ptr, out_ptr, rows_ptr, table_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes,
-                 H, I, K, num_groups, b0, DW: tl.constexpr, DS: tl.constexpr, FMT: tl.constexpr,
+                 H, I, K, num_groups, b0, DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
                  GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  FP32_DOT: tl.constexpr):
     block = b0 + tl.program_id(0)
@@ -117,20 +129,21 @@ def _down_kernel(h_ptr, out_ptr, rows_ptr, table_ptr, weight_ptr, bank_u8, bank_
     pair = tl.load(rows_ptr + block * BLOCK_M + m)
     valid = pair >= 0
     n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)          # [BN] rows of down (H)
-    down_scale = row_scale(bank_bf16, bank_f32, base + DS, base, n, H, FMT)
+    down_scale = row_scale(bank_bf16, bank_f32, base + DS, base + DG, n, H, FMT)
     h_rows = h_ptr + (tl.program_id(0) * BLOCK_M + m).to(tl.int64)[:, None] * I
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for k0 in range(0, I, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         hs = tl.load(h_rows + k[None, :], mask=k[None, :] < I, other=0.0)                        # [BM, BK]
-        w_down = _weight_tile(bank_u8, bank_bf16, base + DW, n, k, H, I, down_scale, FMT).to(hs.dtype)
+        w_down = _weight_tile(bank_u8, bank_bf16, base + DW, base + DS, n, k0, H, I, down_scale, FMT,
+                              BLOCK_N, BLOCK_K).to(hs.dtype)
         acc = _mma(hs, w_down, acc, FP32_DOT)
     acc *= tl.load(weight_ptr + pair, mask=valid, other=0.0)[:, None]                            # routing weight
     out_rows = out_ptr + (tl.maximum(pair, 0) // K).to(tl.int64)[:, None] * H
     tl.atomic_add(out_rows + n[None, :], acc, mask=valid[:, None] & (n[None, :] < H), sem="relaxed")
 
 
-def _check_inputs(x, bank, weights, out, fmt, offsets):
+def _check_inputs(x, bank, weights, out, fmt, offsets, block_k):
     if fmt not in PREFILL_FORMATS:
         raise ValueError(f"the prefill kernel takes {', '.join(PREFILL_FORMATS)} experts, not {fmt!r}")
     if x.dim() != 2 or bank.dim() != 2 or weights.dim() != 2 or weights.shape[0] != x.shape[0] \
@@ -140,6 +153,8 @@ def _check_inputs(x, bank, weights, out, fmt, offsets):
     if bank.dtype != torch.uint8 or weights.dtype != torch.float32 or out.dtype != torch.float32:
         raise TypeError(f"dtypes: bank {bank.dtype} (uint8), weights {weights.dtype} (float32), out {out.dtype} (float32)")
     check_bank_inputs(x, bank, {"weights": weights, "out": out}, offsets)
+    if fmt in FP4_GROUPS and block_k % FP4_GROUPS[fmt]:
+        raise ValueError(f"{fmt} needs block_k a multiple of its {FP4_GROUPS[fmt]}-value scale groups, not {block_k}")
 
 
 def max_blocks(workspace_bytes: int | None, routing: Routing, intermediate: int, dtype: torch.dtype) -> int | None:
@@ -159,7 +174,7 @@ def moe_prefill(x: torch.Tensor, bank: torch.Tensor, routing: Routing, slot_of: 
     dtype, weights [T, K] float32. workspace_bytes: the device memory the routing and the intermediate
     may take (the launches are cut into chunks of blocks to fit)."""
     cfg = config or default_config(x.dtype)
-    _check_inputs(x, bank, weights, out, fmt, offsets)
+    _check_inputs(x, bank, weights, out, fmt, offsets, cfg.block_k)
     if cfg.block_m != routing.block_m or weights.shape[1] != routing.top_k or x.shape[0] != routing.num_tokens:
         raise ValueError(f"the routing (T={routing.num_tokens}, K={routing.top_k}, block_m={routing.block_m}) "
                          f"does not match x {tuple(x.shape)}, weights {tuple(weights.shape)}, block_m {cfg.block_m}")
@@ -172,7 +187,8 @@ def moe_prefill(x: torch.Tensor, bank: torch.Tensor, routing: Routing, slot_of: 
     chunk = min(b1 - b0, max_blocks(workspace_bytes, routing, intermediate, x.dtype) or b1 - b0)
     h_buf = torch.empty(chunk * cfg.block_m, intermediate, device=x.device, dtype=x.dtype)
     views = (bank, bank.view(torch.bfloat16), bank.view(torch.float32))
-    off = {name: offsets.get(name, 0) for name in ("gate.w", "gate.scale", "up.w", "up.scale", "down.w", "down.scale")}
+    off = {f"{proj}.{part}": offsets.get(f"{proj}.{part}", 0) for proj in ("gate", "up", "down")
+           for part in ("w", "scale", "gscale")}
     common = dict(GROUPS=max(64, triton.next_power_of_2(g1 - g0)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, FP32_DOT=x.dtype == torch.float32 or interpreting(), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
@@ -180,10 +196,11 @@ def moe_prefill(x: torch.Tensor, bank: torch.Tensor, routing: Routing, slot_of: 
         blocks = min(chunk, b1 - start)
         _gate_up_kernel[(blocks, triton.cdiv(intermediate, cfg.block_n))](
             x, h_buf, routing.rows, table, *views, bank.shape[1], hidden, intermediate, routing.top_k, g1 - g0, start,
-            off["gate.w"], off["gate.scale"], off["up.w"], off["up.scale"], FORMAT_IDS[fmt], **common)
+            off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
+            FORMAT_IDS[fmt], **common)
         _down_kernel[(blocks, triton.cdiv(hidden, cfg.block_n))](
             h_buf, out, routing.rows, table, weights, *views, bank.shape[1], hidden, intermediate, routing.top_k,
-            g1 - g0, start, off["down.w"], off["down.scale"], FORMAT_IDS[fmt], **common)
+            g1 - g0, start, off["down.w"], off["down.scale"], off["down.gscale"], FORMAT_IDS[fmt], **common)
     return out
 
 

@@ -151,15 +151,22 @@ def _save(path: Path, verdicts: Mapping) -> None:
 # ---------------------------------------------------------------- per-kernel selection
 
 def _moe_cases(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int, top_k: int,
-               device: torch.device, dtype: torch.dtype, num_slots: int, seed: int, token_counts):
+               device: torch.device, dtype: torch.dtype, num_slots: int, seed: int, token_counts, hot_counts=()):
     """The MoE kernels' check inputs: a bank of random blocks, then for each count of tokens x, the slots of
-    its top_k experts and their routing weights (the kernels' argument order)."""
+    its top_k experts and their routing weights (the kernels' argument order). The cases of `hot_counts`
+    follow, skewed as real prompts are: every token's first choice is slot 0 (in prefill, one expert's
+    rows span several kernel blocks while the others get a few)."""
     from .formats import random_bank
     gen = torch.Generator().manual_seed(seed)
     bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=gen)
-    for num_tokens in token_counts:
+    for num_tokens, hot in [(n, False) for n in token_counts] + [(n, True) for n in hot_counts]:
         x = torch.randn(num_tokens, hidden, generator=gen).to(device, dtype)
-        slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)]).int().to(device)
+        if hot:
+            others = torch.stack([1 + torch.randperm(num_slots - 1, generator=gen)[:top_k - 1] for _ in range(num_tokens)])
+            slots = torch.cat([torch.zeros(num_tokens, 1, dtype=others.dtype), others], dim=1)
+        else:
+            slots = torch.stack([torch.randperm(num_slots, generator=gen)[:top_k] for _ in range(num_tokens)])
+        slots = slots.int().to(device)
         weights = torch.rand(num_tokens, top_k, generator=gen).to(device)
         yield x, bank, slots, weights, fmt, offsets, intermediate
 
@@ -224,16 +231,16 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
                       config=None) -> Verdict:
     """Whether the MoE prefill kernel (moe_prefill.py, in `config`) computes this model's expert shapes
     right on this device, against its torch reference: a prompt whose experts span several blocks with
-    padded tails, and a short one. A failure is warned about; the caller keeps the torch path.
-    `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
+    padded tails, a short one, and a skewed one (one expert in every token's choices). A failure is
+    warned about; the caller keeps the torch path. `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
     from .moe_prefill import KERNEL_VERSION, default_config, moe_prefill_bank, moe_prefill_ref
 
     config = config or default_config(dtype)
     kernel = kernel or (lambda *args: moe_prefill_bank(*args, config=config))
     device = torch.device(device)
-    # 128 * K pairs over 10 slots: several blocks an expert at BM 64
+    # 128 * K pairs over 10 slots: several blocks an expert at BM 64; then 100 tokens all choosing slot 0
     cases = _moe_cases(fmt, offsets, block_bytes, intermediate, hidden, top_k, device, dtype,
-                       num_slots=max(top_k + 2, 10), seed=2345, token_counts=(128, 7))
+                       num_slots=max(top_k + 2, 10), seed=2345, token_counts=(128, 7), hot_counts=(100,))
     current: list = []
 
     def run_kernel():
@@ -245,4 +252,4 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
 
     rtol = 2e-2 if dtype != torch.float32 else 1e-4
     shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype} {config}"
-    return check("moe_prefill", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=2)
+    return check("moe_prefill", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)

@@ -6,7 +6,8 @@ and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nv
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
 Also the pieces both decode kernels share: gate_up_rows (h = silu(gate x) * up x for a block of
-rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later).
+rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later); the prefill kernel reads
+fp4 tiles with raw_tile and decodes them whole with fp4_tile.
 """
 import os
 
@@ -62,6 +63,20 @@ def fp4_scales(bank_u8, s_off, rows, c0, n_rows, row_len, FMT: tl.constexpr, BLO
         jg = c0 // 16 + tl.arange(0, NCOLS // 16)
     return tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
                    mask=(rows[:, None] < n_rows) & (jg[None, :] < groups), other=0)
+
+
+@triton.jit
+def fp4_tile(words, scales, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
+    """float32 [BLOCK_R, NCOLS] weights of a `raw_tile` of nvfp4 / mxfp4 words, in element order (a byte's
+    low nibble first): e2m1 values times their group scale, the product kernels.formats.dequantize_parts
+    forms first (exact: a 2-bit by 4-bit significand); nvfp4's global scale is left to `row_scale`."""
+    code = words.to(tl.int32)
+    values = tl.reshape(tl.join(_e2m1(code & 15), _e2m1(code >> 4)), [BLOCK_R, NCOLS])     # [R, NCOLS/2, 2]
+    if FMT == 3:
+        grouped = tl.reshape(values, [BLOCK_R, NCOLS // 32, 32]) * group_scale(scales, FMT)[:, :, None]
+    else:
+        grouped = tl.reshape(values, [BLOCK_R, NCOLS // 16, 16]) * group_scale(scales, FMT)[:, :, None]
+    return tl.reshape(grouped, [BLOCK_R, NCOLS])
 
 
 @triton.jit

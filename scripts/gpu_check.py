@@ -222,17 +222,23 @@ def stage_kernels_dense(shapes=((2048, 2048), (1024, 2048), (50304, 2048), (4096
     save()
 
 
+PREFILL_SHAPES = {"olmoe-1b-7b": ((1024, 2048, 8), 64), "gpt-oss-120b": ((2880, 2880, 4), 128)}   # (I, H, K), experts
+
+
 def stage_prefill_kernel():
     """The prefill kernel's tests on the GPU (the token-exact streaming ones included), then its time for
-    one layer of a 512-token prefill at olmoe-1b-7b's shapes in a few configs, against the torch path."""
+    one layer of a 512-token prefill in a few configs, against the torch path: every format at olmoe-1b-7b's
+    shapes, the fp4 formats (what huge checkpoints ship in) at gpt-oss-120b's too."""
     stage_tests(("tests/kernels/test_moe_prefill.py", "tests/streaming/test_prefill_kernel.py"), ())
-    for fmt in ("int8", "fp8", "bf16"):
-        _prefill_kernel_times(fmt)
+    for fmt in ("int8", "fp8", "bf16", "nvfp4", "mxfp4"):
+        _prefill_kernel_times(fmt, "olmoe-1b-7b")
+    for fmt in ("mxfp4", "nvfp4"):
+        _prefill_kernel_times(fmt, "gpt-oss-120b")
 
 
-def _prefill_kernel_times(fmt: str, shape=(1024, 2048, 8), num_experts=64, num_tokens=512) -> None:
-    """Every expert resident (one bank), bf16 activations: the kernel pair alone (routing made before),
-    the routing alone, and the torch path's per-expert loop (dequantise, three matmuls, index_add_)."""
+def _prefill_kernel_times(fmt: str, model: str, num_tokens=512) -> None:
+    """Every expert of one `model` layer resident (one bank), bf16 activations: the kernel pair alone (routing
+    made before), the routing alone, and the torch path's per-expert loop (dequantise, three matmuls, index_add_)."""
     import torch
     from triton.testing import do_bench
 
@@ -241,7 +247,7 @@ def _prefill_kernel_times(fmt: str, shape=(1024, 2048, 8), num_experts=64, num_t
     from kernels.formats import dequantize_block, make_offsets, random_bank
     from kernels.moe_prefill import PrefillConfig as C, PrefillKernel, moe_prefill_ref
     from kernels.selfcheck import rel_error
-    inter, hidden, top_k = shape
+    (inter, hidden, top_k), num_experts = PREFILL_SHAPES[model]
     offsets, block_bytes = make_offsets(fmt, inter, hidden)
     gen = torch.Generator().manual_seed(3)
     bank = random_bank(num_experts, block_bytes, fmt, offsets, inter, hidden, device="cuda", generator=gen)
@@ -264,10 +270,10 @@ def _prefill_kernel_times(fmt: str, shape=(1024, 2048, 8), num_experts=64, num_t
             t_kernel = do_bench(call, return_mode="median") * 1e-3
             t_route = do_bench(lambda: kernel.route(routed, routed_dev, experts, top_k), return_mode="median") * 1e-3
         except Exception as exc:          # noqa: BLE001 - a config the GPU refuses: report it, try the next
-            print(f"prefill kernel {fmt} {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
+            print(f"prefill kernel {fmt} {model} {cfg}: FAILED {type(exc).__name__}: {str(exc)[:200]}")
             continue
         rows.append({"config": cfg.__dict__, "rel_err": err, "kernel_us": t_kernel * 1e6, "route_us": t_route * 1e6})
-        print(f"prefill kernel {fmt} {cfg}: {t_kernel * 1e6:8.1f} us a layer (+ routing {t_route * 1e6:6.1f} us), "
+        print(f"prefill kernel {fmt} {model} {cfg}: {t_kernel * 1e6:8.1f} us a layer (+ routing {t_route * 1e6:6.1f} us), "
               f"err {err:.1e}", flush=True)
 
     def torch_path():
@@ -280,8 +286,8 @@ def _prefill_kernel_times(fmt: str, shape=(1024, 2048, 8), num_experts=64, num_t
             out.index_add_(0, token_idx, (y * weights[token_idx, k_idx, None]).float())
     t_torch = do_bench(torch_path, return_mode="median") * 1e-3
     best = min(rows, key=lambda r: r["kernel_us"]) if rows else None
-    RESULTS.setdefault("prefill_kernel", {})[fmt] = {"configs": rows, "torch_path_us": t_torch * 1e6}
-    SUMMARY.append(f"prefill kernel {fmt}, olmoe layer of {num_tokens} tokens: torch path {t_torch * 1e6:.0f} us, "
+    RESULTS.setdefault("prefill_kernel", {}).setdefault(model, {})[fmt] = {"configs": rows, "torch_path_us": t_torch * 1e6}
+    SUMMARY.append(f"prefill kernel {fmt}, {model} layer of {num_tokens} tokens: torch path {t_torch * 1e6:.0f} us, "
                    + (f"best kernel {best['kernel_us']:.0f} us + routing {best['route_us']:.0f} us ({best['config']})"
                       if best else "no kernel config ran"))
     save()

@@ -11,7 +11,7 @@ from kernels.moe_prefill import PrefillConfig, max_blocks, moe_prefill, moe_pref
 from kernels.pair_routing import route_pairs
 
 SMALL = PrefillConfig(block_m=16, block_n=16, block_k=16)    # the smallest tl.dot tiles: many blocks, masked tails
-FMTS = ["int8", "fp8", "bf16"]
+FMTS = ["int8", "fp8", "bf16", "nvfp4", "mxfp4"]
 BF16_TOL = 1e-2 if torch.cuda.is_available() else 3e-2
 
 
@@ -40,25 +40,32 @@ def _rel(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-# (T, K, slots, I, H): T * K pairs over the slots, uneven counts; I and H not multiples of the tiles
+# fmt -> (T, K, slots, I, H), config: T * K pairs over the slots, uneven counts; I and H not multiples of the
+# tiles (the fp4 formats: a tail of one scale group, 16 values nvfp4, 32 mxfp4, in every tiled dimension)
 SHAPE = (20, 3, 6, 40, 56)
+CASES = {fmt: (SHAPE, SMALL) for fmt in ("int8", "fp8", "bf16")} | {
+    "nvfp4": ((20, 3, 6, 48, 80), PrefillConfig(block_m=16, block_n=32, block_k=32)),
+    "mxfp4": ((20, 3, 6, 96, 160), PrefillConfig(block_m=16, block_n=64, block_k=64)),
+}
 
 
 @pytest.mark.parametrize("fmt", FMTS)
 def test_matches_reference(fmt, device):
     """Uneven experts, one with more rows than a block (the hot slot: 20 > 16), padded tails."""
-    x, bank, slots, weights, *rest = _case(fmt, device, *SHAPE, seed=1)
+    shape, config = CASES[fmt]
+    x, bank, slots, weights, *rest = _case(fmt, device, *shape, seed=1)
     slots = _skewed(slots)
-    out = moe_prefill_bank(x, bank, slots, weights, *rest, config=SMALL)
+    out = moe_prefill_bank(x, bank, slots, weights, *rest, config=config)
     ref = moe_prefill_ref(x, bank, slots, weights, *rest)
     assert out.shape == ref.shape and out.dtype == torch.float32 and torch.isfinite(out).all()
     assert _rel(out, ref) < 1e-5
 
 
-def test_bf16_activations(device):
+@pytest.mark.parametrize("fmt", ["int8", "nvfp4"])
+def test_bf16_activations(fmt, device):
     """bf16 x (the engine's compute dtype): bf16 weight tiles and h, fp32 accumulation and out."""
-    x, bank, slots, weights, *rest = _case("int8", device, 12, 2, 5, 40, 56, seed=2, x_dtype=torch.bfloat16)
-    out = moe_prefill_bank(x, bank, slots, weights, *rest, config=SMALL)
+    x, bank, slots, weights, *rest = _case(fmt, device, 12, 2, 5, 48, 64, seed=2, x_dtype=torch.bfloat16)
+    out = moe_prefill_bank(x, bank, slots, weights, *rest, config=PrefillConfig(block_m=16, block_n=16, block_k=32))
     assert out.dtype == torch.float32
     assert _rel(out, moe_prefill_ref(x, bank, slots, weights, *rest)) < BF16_TOL
 
@@ -69,11 +76,11 @@ def test_reference_is_the_decode_specification_in_float32(device):
     torch.testing.assert_close(moe_prefill_ref(*args), moe_decode_ref(*args), rtol=1e-6, atol=1e-6)
 
 
-def _expert_case(device):
+def _expert_case(device, fmt="int8"):
     """Experts 10..15 in bank slots 4, 0, 5, 2, 1, 3 (an expert id is not its slot): expert 11 is every
     token's first choice (20 rows: more than a block), expert 15 gets no pair. Returns the case, the
     routed ids and the group order (two resident experts, then two batches)."""
-    x, bank, _, weights, *rest = _case("int8", device, 20, 3, 6, 40, 56, seed=4)
+    x, bank, _, weights, *rest = _case(fmt, device, 20, 3, 6, *CASES[fmt][0][3:], seed=4)
     g = torch.Generator().manual_seed(4)
     others = torch.stack([torch.tensor([1, 2, 4, 5])[torch.randperm(4, generator=g)[:2]] for _ in range(20)])
     slots = torch.cat([torch.zeros(20, 1, dtype=torch.int64), others], dim=1).int().to(device)
@@ -104,24 +111,27 @@ def test_routing_groups_pairs_by_expert_in_the_given_order(device):
         route_pairs(routed, torch.tensor(routed, device=device), order[1:], top_k=3, block_m=16)
 
 
-def test_batches_add_up_to_the_whole_layer(device):
+@pytest.mark.parametrize("fmt", ["int8", "mxfp4"])
+def test_batches_add_up_to_the_whole_layer(fmt, device):
     """The engine's calls: the resident experts, then each batch (one of them an expert with no pair),
     each `slot_of` in its own order, all adding into one `out`."""
-    args, routed, order, slot_of = _expert_case(device)
+    args, routed, order, slot_of = _expert_case(device, fmt)
     x, bank, slots, weights, *rest = args
+    config = CASES[fmt][1]
     routing = route_pairs(routed, torch.tensor(routed, device=device), order, top_k=3, block_m=16)
     out = torch.zeros(x.shape, device=device)
     resident = {11: 0, 13: 2}
-    moe_prefill(x, bank, routing, resident, weights, *rest, out=out, config=SMALL)
+    moe_prefill(x, bank, routing, resident, weights, *rest, out=out, config=config)
     only_resident = weights * torch.isin(slots, torch.tensor([0, 2], dtype=torch.int32, device=device))
     assert _rel(out, moe_prefill_ref(x, bank, slots, only_resident, *rest)) < 1e-5
     for batch in ({10: 4, 15: 3}, {12: 5, 14: 1}):
-        moe_prefill(x, bank, routing, batch, weights, *rest, out=out, config=SMALL)
+        moe_prefill(x, bank, routing, batch, weights, *rest, out=out, config=config)
     assert _rel(out, moe_prefill_ref(*args)) < 1e-5
 
 
-def test_a_small_workspace_cuts_the_launches_into_chunks(device):
-    x, bank, slots, weights, *rest = _case("fp8", device, 16, 2, 4, 32, 48, seed=5)
+@pytest.mark.parametrize("fmt", ["fp8", "nvfp4"])
+def test_a_small_workspace_cuts_the_launches_into_chunks(fmt, device):
+    x, bank, slots, weights, *rest = _case(fmt, device, 16, 2, 4, 32, 48, seed=5)
     routed = slots.flatten().tolist()
     routing = route_pairs(routed, slots.flatten(), sorted(set(routed)), top_k=2, block_m=16)
     workspace = 2 * 16 * 32 * 4 + 32 * 48 + routing.rows.numel() * 4       # two blocks of h beside the routing
@@ -133,7 +143,8 @@ def test_a_small_workspace_cuts_the_launches_into_chunks(device):
 
 
 @pytest.mark.parametrize("change,error,match", [
-    (lambda a: {**a, "fmt": "nvfp4"}, ValueError, "prefill kernel takes"),
+    (lambda a: {**a, "fmt": "fp4"}, ValueError, "prefill kernel takes"),
+    (lambda a: {**a, "fmt": "mxfp4", "config": PrefillConfig(block_m=16, block_k=16)}, ValueError, "32-value scale groups"),
     (lambda a: {**a, "weights": a["weights"].bfloat16()}, TypeError, "weights"),
     (lambda a: {**a, "out": a["out"].bfloat16()}, TypeError, "out"),
     (lambda a: {**a, "x": a["x"].T.contiguous().T}, ValueError, "contiguous"),
@@ -150,18 +161,23 @@ def test_launcher_refuses_bad_inputs(device, change, error, match):
         moe_prefill(**change(args))
 
 
-def _check(device, kernel):
-    offsets, block_bytes = make_offsets("int8", 32, 48)
-    return selfcheck.check_moe_prefill("int8", offsets, block_bytes, 32, 48, 2, device, dtype=torch.float32,
+def _check(device, kernel, fmt="int8"):
+    offsets, block_bytes = make_offsets(fmt, 32, 64)
+    return selfcheck.check_moe_prefill(fmt, offsets, block_bytes, 32, 64, 2, device, dtype=torch.float32,
                                        kernel=kernel)
+
+
+def _fp4_tiles(*args):
+    return moe_prefill_bank(*args, config=PrefillConfig(block_m=16, block_n=32, block_k=64))
 
 
 def _small(*args):
     return moe_prefill_bank(*args, config=SMALL)
 
 
-def test_selfcheck_passes_the_kernel(device):
-    assert _check(device, _small).ok
+@pytest.mark.parametrize("fmt", ["int8", "mxfp4"])
+def test_selfcheck_passes_the_kernel(fmt, device):
+    assert _check(device, _fp4_tiles, fmt).ok
 
 
 def test_selfcheck_refuses_a_wrong_kernel(device, monkeypatch):
@@ -173,7 +189,7 @@ def test_selfcheck_refuses_a_wrong_kernel(device, monkeypatch):
 
 # ---------------------------------------------------------------- real shapes, on a GPU
 
-REAL = [(1024, 2048, 8), (768, 2048, 8)]      # olmoe-1b-7b, qwen3-30b-a3b experts: I, H, K
+REAL = [(1024, 2048, 8), (768, 2048, 8), (2880, 2880, 4)]      # olmoe-1b-7b, qwen3-30b-a3b, gpt-oss-120b experts: I, H, K
 
 
 @pytest.mark.gpu
@@ -198,8 +214,9 @@ def test_real_shapes_on_gpu(fmt, intermediate, hidden, top_k, x_dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_selfcheck_on_gpu_real_shapes():
-    offsets, block_bytes = make_offsets("int8", 1024, 2048)
+@pytest.mark.parametrize("fmt", ["int8", "nvfp4", "mxfp4"])
+def test_selfcheck_on_gpu_real_shapes(fmt):
+    offsets, block_bytes = make_offsets(fmt, 1024, 2048)
     for dtype in (torch.bfloat16, torch.float32):
-        verdict = selfcheck.check_moe_prefill("int8", offsets, block_bytes, 1024, 2048, 8, "cuda", dtype=dtype)
+        verdict = selfcheck.check_moe_prefill(fmt, offsets, block_bytes, 1024, 2048, 8, "cuda", dtype=dtype)
         assert verdict.ok, verdict.reason

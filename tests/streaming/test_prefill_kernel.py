@@ -8,6 +8,7 @@ import torch
 
 from engine.format.repack import repack
 from engine.tools.demo import build_hf_model
+from tests.engine.reference import load_reference, reference_greedy
 from tests.streaming.sized import engine_with_slots, token_ids
 
 pytest.importorskip("triton")
@@ -15,6 +16,7 @@ from kernels.moe_prefill import PrefillConfig, PrefillKernel  # noqa: E402
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]     # 10 tokens: more than the decode kernel's 4
 NEW_TOKENS = 8
+CPU_CONFIG = PrefillConfig(16, 32, 64)    # tiles every format takes (mxfp4: 32-value groups), few interpreted programs
 
 
 class Counting:
@@ -49,7 +51,7 @@ def _tokens(path, monkeypatch, kernel: bool) -> tuple[list[int], Counting | None
         experts = eng.runner.experts
         counting = None
         if kernel:
-            chosen = experts.prefill_kernel if experts.is_cuda else PrefillKernel(PrefillConfig(16, 16, 16))
+            chosen = experts.prefill_kernel if experts.is_cuda else PrefillKernel(CPU_CONFIG)
             assert chosen is not None, "the runner did not pick the prefill kernel on this GPU"
             experts.prefill_kernel = counting = Counting(chosen)
         else:
@@ -73,3 +75,14 @@ def test_prefill_kernel_on_int8_experts_gives_the_torch_paths_tokens(olmoe, monk
     path = repack(tmp / "hf", tmp / "sluice-int8", quant="int8")
     with_kernel, counting = _tokens(path, monkeypatch, kernel=True)
     assert with_kernel == _tokens(path, monkeypatch, kernel=False)[0] and counting.calls
+
+
+@pytest.mark.parametrize("quant", ["nvfp4", "mxfp4"])
+def test_prefill_kernel_on_fp4_experts_gives_transformers_tokens(olmoe, monkeypatch, quant):
+    """nvfp4 / mxfp4 experts (the formats huge checkpoints ship in): the kernel dequantises in registers to
+    the very weights transformers holds after the same quantisation round trip."""
+    tmp, _ = olmoe
+    path = repack(tmp / "hf", tmp / f"sluice-{quant}", quant=quant)
+    tokens, counting = _tokens(path, monkeypatch, kernel=True)
+    assert tokens == reference_greedy(load_reference(tmp / "hf", quant), PROMPT, NEW_TOKENS)
+    assert len(counting.calls) > 3
