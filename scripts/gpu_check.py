@@ -585,6 +585,15 @@ STAGES = {
                             ("fits-vram-ram", "pool-1"), ("fits-vram-ram", "recency-1"),
                             ("fits-ram", "pool-2"), ("fits-ram", "recency-2"),
                             ("fits-vram-ram", "pool-2"), ("fits-vram-ram", "recency-2"))],
+    # a prefill's reads queued at each layer's start and the next layer's behind them (SLUICE_PASS_READS=1) against
+    # batch by batch, alternated after a warm-up: cold TTFT (every expert read once) and warm prefill, disk-bound regimes
+    "pass-reads-ab": lambda: [
+        bench(f"olmoe-int8-{regime}-pass-reads-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                        "--prompt-tokens", "512", "--new-tokens", "16", "--dense-quant",
+                                                        "int8"] + (["--vram-budget", "2.5GB"] if regime == "exceeds" else []),
+              env={"SLUICE_PASS_READS": "1"} if tag.startswith("on") else {})
+        for regime, tag in (("fits-ram", "warmup"), ("exceeds", "off-1"), ("exceeds", "on-1"), ("fits-vram-ram", "off-1"),
+                            ("fits-vram-ram", "on-1"), ("exceeds", "off-2"), ("exceeds", "on-2"))],
     "probe-cpu": lambda: print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "6"], cwd=ROOT,
                                               capture_output=True, text=True).stdout[-3000:]),
     # where the memory besides the RAM cache comes from, phase by phase (the model is made in another process)

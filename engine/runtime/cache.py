@@ -79,6 +79,13 @@ class RamCache:
         return bool(self._free) or self._num_created < self.num_slots or \
             any(not self._locks.get(k) for k in self._entries)
 
+    def has_spare(self) -> bool:
+        """Whether `insert` would evict nothing but a demoted block (or none): room for a read ahead."""
+        if self._free or self._num_created < self.num_slots:
+            return True
+        first = next((key for key in self._entries if not self._locks.get(key)), None)
+        return first is not None and first in self._demoted
+
     def insert(self, key: Key) -> int:
         """A slot for a new block (evicting the least recently used unlocked one). Fill it, then use it."""
         if self._free:

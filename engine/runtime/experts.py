@@ -69,6 +69,8 @@ class Experts:
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.exclusive = True
         self.sweeps = env_int("SLUICE_SWEEP") != 0      # a prefill's misses rotate through a pool (slots.py)
+        # a prefill's reads all queued at the layer's start, the next layer's behind them (`_start_pass_reads`)
+        self.pass_reads = env_int("SLUICE_PASS_READS") == 1
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
         self.prefill_kernel = prefill_kernel    # kernels.moe_prefill.PrefillKernel, or None (torch loop)
         # With a CPU share, the next layer's prefetch is issued after it (measured faster on the H200 box: 64.1
@@ -146,7 +148,9 @@ class Experts:
         waited = time.perf_counter()
         ids = ids.tolist()                                                   # the one host sync of the layer
         waited = time.perf_counter() - waited
-        routed, predicted = ids[:num_tokens * top_k], list(dict.fromkeys(ids[num_tokens * top_k:]))   # guesses, best first
+        routed, guesses = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
+        in_pass = self._pass_reads is not None                  # a prefill: its guesses only start reads
+        predicted = [] if in_pass else list(dict.fromkeys(guesses))                  # guesses, best first
         self._release_finished_copies()
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
         self._score_speculation(layer, set(wanted))
@@ -159,6 +163,8 @@ class Experts:
             else:
                 slot_of[expert] = slot
         self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
+        if in_pass and self.pass_reads:
+            self._start_pass_reads(layer, late, next_layer, guesses)
         if self.early_reads and next_layer is not None and predicted:
             self._ahead = (next_layer, predicted)
         on_cpu = self._cpu_share(layer, late, num_tokens) if hybrid and late else []
@@ -190,6 +196,23 @@ class Experts:
         if next_layer is not None and predicted and not self.prefetch_first:
             self._prefetch(next_layer, predicted)
         return out
+
+    def _start_pass_reads(self, layer: int, late: list[int], next_layer: int | None, guesses: list[int]) -> None:
+        """A prefill keeps the disk busy: every miss of this layer that neither tier holds is read now (not
+        batch by batch), then, behind them, the next MoE layer's experts its router picks on this layer's
+        input for some token (`guesses`, most picked first), as long as RAM has a block to spare for them
+        (free, or also in VRAM: a read ahead must not evict a block a later layer hits). Reads in flight
+        lock at most half the RAM cache's blocks."""
+        room = self.cache.num_slots // 2 - len(self._reads)
+        ahead = [e for e, _ in Counter(guesses).most_common()] if next_layer is not None else []
+        keys = [(layer, e) for e in late] + [(next_layer, e) for e in ahead]
+        for i, key in enumerate(keys):
+            if room <= 0 or not (self.cache.can_insert() if i < len(late) else self.cache.has_spare()):
+                break
+            if key in self._reads or key in self.cache or self.banks.holds(key):
+                continue
+            self._reads[key] = self._start_read(key)
+            room -= 1
 
     def _cpu_share(self, layer: int, late: list[int], num_tokens: int) -> list[int]:
         """The misses the CPU computes from the RAM cache (placement cost model); the rest are copied."""

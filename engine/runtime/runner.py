@@ -237,8 +237,11 @@ class Runner:
                 moe_out = None
                 if block.is_moe:
                     weights, expert_ids = block.route(h)                              # [T, K], [T, K]
+                    ids, nxt = expert_ids.flatten(), self.step.next_moe[layer]
+                    if nxt is not None and self.experts.pass_reads:   # the next layer's router here: reads ahead
+                        ids = torch.cat([ids, self.model.blocks[nxt].route(h)[1].flatten()])
                     moe_out = torch.empty(h.shape, dtype=torch.float32, device=self.device)
-                    self.experts.run(layer, h, weights, expert_ids.flatten(), moe_out)
+                    self.experts.run(layer, h, weights, ids, moe_out, nxt)
                 x = block.combine(x, h, moe_out)
         finally:
             self.experts.end_pass()

@@ -56,6 +56,10 @@ class SlotBanks:
     def bank_of(layer: int) -> int:
         return layer % 2
 
+    def holds(self, key: Key) -> bool:
+        """Whether the block is resident (without making it recent)."""
+        return key in self._resident[self.bank_of(key[0])]
+
     def find(self, key: Key) -> int | None:
         bank = self.bank_of(key[0])
         slot = self._resident[bank].get(key)

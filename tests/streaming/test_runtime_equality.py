@@ -210,3 +210,23 @@ def test_early_read_ahead_starts_before_the_layer_waits_and_gives_the_same_token
         finally:
             eng.close()
     assert counts["0"] == 0 and counts["1"] > 0
+
+
+def test_prefill_reads_ahead_for_the_next_layer_and_gives_the_same_tokens(family_model, monkeypatch):
+    """SLUICE_PASS_READS=1: a prefill queues every read of the running layer at its start and, behind
+    them, reads for the experts the next MoE layer's router picks on this layer's input, before the
+    running layer waits for its own. The prompt's tokens (and the ones after) stay transformers'."""
+    path, expected = family_model
+    monkeypatch.setenv("SLUICE_EARLY_READS", "0")             # decode's own read-ahead: not counted here
+    counts = {}
+    for switch in ("0", "1"):
+        monkeypatch.setenv("SLUICE_PASS_READS", switch)
+        eng = _streaming_model(path, ram_blocks=40)   # room for reads ahead
+        early = _reads_ahead_before_the_layer_waited(eng)
+        try:
+            assert token_ids(eng, PROMPT, 1) == expected[:1]
+            counts[switch] = early[0]
+            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+        finally:
+            eng.close()
+    assert counts["0"] == 0 and counts["1"] > 0, counts
