@@ -3,11 +3,13 @@ VRAM slot bank it sits in, in two launches or (config.fused) one.
 
   T = tokens, K = experts per token, H = hidden, I = expert intermediate, S = slots in the bank
   x [T, H]  slots [T, K] int32 (bank row of the expert of token t, choice k)  weights [T, K] fp32
-  gate_up launch, grid (T*K, I/BLOCK_I): h[t,k] = silu(gate_e x_t) * (up_e x_t)       [T*K, I] fp32
-  down launch,    grid (T, H/BLOCK_H):  out[t] = sum_k weights[t,k] * down_e h[t,k]  [T, H] fp32
+  gate_up launch, grid (T*K, I/BLOCK_I): h[t,k] = act(gate_e x_t + bg_e, up_e x_t + bu_e)  [T*K, I] fp32
+  down launch,    grid (T, H/BLOCK_H):  out[t] = sum_k weights[t,k] * (down_e h[t,k] + bd_e)  [T, H] fp32
                   or, split_down, grid (T*K, H/BLOCK_H) with atomic adds (more programs in flight)
 Gate and up keep separate accumulators; the routing weight and the top-k sum happen in the down
-launch, so nothing but h (T*K*I floats) goes through memory between the two.
+launch, so nothing but h (T*K*I floats) goes through memory between the two. act: the expert
+activation (kernels.activation: silu, or gpt-oss's clamped SwiGLU); the biases b*_e (fp32 fields of the
+block, gpt-oss) are added after the row scale, the down bias before the routing weight.
 
 The single-launch variant (config.fused) is in moe_decode_fused.py.
 """
@@ -20,11 +22,12 @@ import torch
 import triton
 import triton.language as tl
 
+from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .moe_decode_fused import checked_counters, launch_fused
-from .tiles import check_bank_inputs, gate_up_rows, partial_dot, row_scale
+from .tiles import bias_rows, check_bank_inputs, field_offsets, gate_up_rows, partial_dot, row_scale
 
-KERNEL_VERSION = 6     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 7     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -51,15 +54,16 @@ def default_config(fmt: str) -> DecodeConfig:
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
+def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, alpha, limit,
                     GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
-                    UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr,
-                    BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr, ZERO_OUT: tl.constexpr):
+                    UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
+                    FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
+                    ZERO_OUT: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
-    gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows,
-                  GW, GS, GG, UW, US, UG, FMT, BLOCK_I, BLOCK_K)
+    gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K)
     if ZERO_OUT:                                              # the split down pass adds into out
         if (pair % K == 0) & (tl.program_id(1) == 0):
             for h0 in range(0, H, BLOCK_K):
@@ -69,7 +73,7 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f3
 
 @triton.jit
 def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
-                 DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
+                 DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
     gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
@@ -84,7 +88,8 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
         for i0 in range(0, I, BLOCK_K):
             part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
                                 FMT, BLOCK_H, BLOCK_K)
-        part *= row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+        part = (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+                + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
     else:
         token = tl.program_id(0)
@@ -98,7 +103,8 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
             for i0 in range(0, I, BLOCK_K):
                 part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
                                     FMT, BLOCK_H, BLOCK_K)
-            acc += part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+            acc += (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+                    + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
             acc += tl.load(out_ptr + token * H + rows, mask=rows < H, other=0.0)
         tl.store(out_ptr + token * H + rows, acc, mask=rows < H)
@@ -122,14 +128,16 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
-               counters: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+               counters: torch.Tensor | None = None, accumulate: bool = False,
+               activation: Activation = SILU) -> torch.Tensor:
     """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] float32 (the caller adds it to its
     residual). A negative slot skips that (token, choice): no bytes are read for it (a launch over
     the experts that are resident while the others are still copying). `out` ([T, H] fp32) and
     `h_buf` ([T*K, I] fp32) may be given so that the call allocates nothing (CUDA graphs);
     accumulate=True adds into `out` instead of overwriting it. `counters` (fused only): a zeroed
     int32 buffer of >= T*K elements that the kernel leaves zeroed; default the shared per-device
-    one (moe_decode_fused.fused_counters)."""
+    one (moe_decode_fused.fused_counters). `activation`: the experts' (kernels.activation); biases are
+    added where `offsets` has their fields."""
     _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate)
     if accumulate and out is None:
         raise ValueError("moe_decode(accumulate=True) needs the out= tensor to add into")
@@ -146,21 +154,21 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
         out = torch.empty(num_tokens, hidden, device=x.device, dtype=torch.float32)
     block_bytes = bank.shape[1]
     views = (bank, bank.view(torch.bfloat16), bank.view(torch.float32))
-    off = {name: offsets.get(name, 0) for name in
-           ("gate.w", "gate.scale", "gate.gscale", "up.w", "up.scale", "up.gscale", "down.w", "down.scale", "down.gscale")}
+    off = field_offsets(offsets)
+    act = (activation.alpha, activation.limit, activation.kernel_id)
     launch = {"num_warps": cfg.num_warps}
     if cfg.num_stages is not None:
         launch["num_stages"] = cfg.num_stages
     if cfg.fused:
-        launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, intermediate, cfg, accumulate, launch)
+        launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, intermediate, cfg, accumulate, act, launch)
         return out
     _gate_up_kernel[(pairs, triton.cdiv(intermediate, cfg.block_i))](
-        x, h_buf, out, slots, *views, block_bytes, hidden, intermediate, top_k,
+        x, h_buf, out, slots, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
-        fmt_id, cfg.block_i, cfg.block_k, cfg.split_down and not accumulate, **launch)
+        off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate, **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
         h_buf, out, slots, weights, *views, block_bytes, hidden, intermediate, top_k,
-        off["down.w"], off["down.scale"], off["down.gscale"],
+        off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
         fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, **launch)
     return out
 
@@ -168,9 +176,10 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
 def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                    offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                    out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
-                   counters: torch.Tensor | None = None, accumulate: bool = False) -> torch.Tensor:
+                   counters: torch.Tensor | None = None, accumulate: bool = False,
+                   activation: Activation = SILU) -> torch.Tensor:
     """Plain-torch specification (and fallback, same signature): float32 math and result, each
-    distinct expert dequantized once; negative slots are skipped; accumulate adds into `out`.
+    distinct expert dequantized once (with its biases, if any); negative slots are skipped; accumulate adds into `out`.
     `config`, `h_buf` and `counters` are accepted and ignored."""
     if accumulate and out is None:
         raise ValueError("moe_decode_ref(accumulate=True) needs the out= tensor to add into")
@@ -183,8 +192,10 @@ def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, wei
         w = dequantize_block(bank[slot], fmt, offsets, intermediate, hidden)
         token_ids, choice = (slots == slot).nonzero(as_tuple=True)
         xs = xf[token_ids]                                                          # [n, H]
-        h = torch.nn.functional.silu(xs @ w["gate"].T) * (xs @ w["up"].T)            # [n, I]
-        acc.index_add_(0, token_ids, (h @ w["down"].T) * weights[token_ids, choice][:, None])
+        h = activation(biased(xs @ w["gate"].T, w, "gate_bias"), biased(xs @ w["up"].T, w, "up_bias"))   # [n, I]
+        down = biased(h @ w["down"].T, w, "down_bias")
+        acc.index_add_(0, token_ids, down * weights[token_ids, choice][:, None])
     if out is None:
         return acc
     return out.add_(acc) if accumulate else out.copy_(acc)
+

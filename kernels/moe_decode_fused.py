@@ -8,7 +8,7 @@ Fused (one launch, 1-D grid of T*K * (I/BLOCK_I + H/BLOCK_H) programs, pair = t*
                                down weight tile, which does not depend on h, so these reads overlap
                                the gate_up tail instead of starting cold after a launch gap; then
                                they spin (acquire) until the pair's counter reaches I/BLOCK_I, read
-                               h[pair] and atomically add weight * down_e h into out (zeroed by
+                               h[pair] and atomically add weight * (down_e h + bias) into out (zeroed by
                                the launcher just before).
   Preload: the words loaded before the wait are columns [0, PRE_A + PRE_B) of I as two
   power-of-two tiles (PRE_A = the largest power of two <= I, PRE_B = the rest rounded up and
@@ -36,21 +36,21 @@ import triton
 import triton.language as tl
 
 from .formats import FORMAT_IDS
-from .tiles import gate_up_rows, interpreting, raw_dot, raw_tile, row_scale
+from .tiles import bias_rows, gate_up_rows, interpreting, raw_dot, raw_tile, row_scale
 
 
 @triton.jit
 def _fused_gate_up(x_ptr, h_ptr, slot_ptr, counter_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
-                   q, gu_per_pair,
+                   q, gu_per_pair, alpha, limit,
                    GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
-                   UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr,
-                   BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+                   UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
+                   FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
     """Producer q in [0, T*K*gu_per_pair): rows block q % gu_per_pair of h[pair = q // gu_per_pair],
     then one release increment of the pair's counter."""
     pair = q // gu_per_pair
     rows = (q % gu_per_pair) * BLOCK_I + tl.arange(0, BLOCK_I)
-    gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows,
-                  GW, GS, GG, UW, US, UG, FMT, BLOCK_I, BLOCK_K)
+    gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K)
     # Every thread's h stores happen before the one thread that performs the scalar atomic
     # releases them (the CUTLASS semaphore pattern: __syncthreads, then st.release.gpu).
     tl.debug_barrier()
@@ -85,25 +85,27 @@ def _check_out(counter, final):
 @triton.jit
 def _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank_bf16, bank_f32, block_bytes,
                 H, I, K, q, gu_per_pair, down_per_pair,
-                DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
+                DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
                 PRE_A: tl.constexpr, PRE_B: tl.constexpr, TAIL: tl.constexpr, INTERPRET: tl.constexpr):
     """Consumer q in [0, T*K*down_per_pair): rows block q % down_per_pair of down_e h[pair] for
-    pair = q // down_per_pair, times the routing weight, atomically added into out[token]."""
+    pair = q // down_per_pair, plus the down bias, times the routing weight, atomically added into out[token]."""
     pair = q // down_per_pair
     rows = (q % down_per_pair) * BLOCK_H + tl.arange(0, BLOCK_H)
     slot = tl.load(slot_ptr + pair)
     n = tl.where(slot >= 0, H, 0)                             # skipped pair: no reads, nothing added
     base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
     # 1. Everything that does not depend on h: the down weight words of columns [0, PRE_A + PRE_B)
-    #    (all of I unless config.preload caps it), the row scale and the routing weight.
+    #    (all of I unless config.preload caps it), the row scale, the down bias and the routing weight.
     if PRE_A > 0:
         words_a, scales_a = raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, 0, n, I, FMT, BLOCK_H, PRE_A)
     if PRE_B > 0:
         words_b, scales_b = raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, PRE_A, n, I, FMT, BLOCK_H, PRE_B)
-    factor = row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT) * tl.load(weight_ptr + pair)
+    factor = row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+    bias = bias_rows(bank_f32, base + DB, rows, n, DB)
+    weight = tl.load(weight_ptr + pair)
     # 2. Wait for the pair's gate_up producers (gu_per_pair release increments).
-    factor = _wait_for(counter_ptr + pair, gu_per_pair, factor, INTERPRET)
+    weight = _wait_for(counter_ptr + pair, gu_per_pair, weight, INTERPRET)
     # 3. Decode, dot with h, then the columns that were not preloaded, BLOCK_K at a time.
     h_row = h_ptr + pair * I
     part = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -115,7 +117,7 @@ def _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank
         for i0 in range(PRE_A + PRE_B, I, BLOCK_K):
             words, scales = raw_tile(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, FMT, BLOCK_H, BLOCK_K)
             part += raw_dot(words, scales, h_row, i0, I, FMT, BLOCK_H, BLOCK_K)
-    tl.atomic_add(out_ptr + (pair // K) * H + rows, part * factor, mask=rows < n, sem="relaxed")
+    tl.atomic_add(out_ptr + (pair // K) * H + rows, (part * factor + bias) * weight, mask=rows < n, sem="relaxed")
     # 4. Self-cleaning counter, counted last: after its wait the count is off the critical path
     #    (on an H200 that saved 1.6 us of 19.7 against counting right after the wait).
     _check_out(counter_ptr + pair, gu_per_pair + down_per_pair)
@@ -123,10 +125,11 @@ def _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank
 
 @triton.jit
 def _fused_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank_bf16, bank_f32,
-                  block_bytes, H, I, K, n_gate_up, gu_per_pair, down_per_pair,
+                  block_bytes, H, I, K, n_gate_up, gu_per_pair, down_per_pair, alpha, limit,
                   GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
-                  UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr,
-                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
+                  UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
+                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr,
+                  FMT: tl.constexpr, ACT: tl.constexpr,
                   BLOCK_I: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
                   PRE_A: tl.constexpr, PRE_B: tl.constexpr, TAIL: tl.constexpr, INTERPRET: tl.constexpr):
     """Both passes in one launch, 1-D grid: programs [0, n_gate_up) are gate_up producers,
@@ -140,10 +143,11 @@ def _fused_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank
     pid = tl.program_id(0)
     if pid < n_gate_up:
         _fused_gate_up(x_ptr, h_ptr, slot_ptr, counter_ptr, bank_u8, bank_bf16, bank_f32, block_bytes,
-                       H, I, K, pid, gu_per_pair, GW, GS, GG, UW, US, UG, FMT, BLOCK_I, BLOCK_K)
+                       H, I, K, pid, gu_per_pair, alpha, limit, GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT,
+                       BLOCK_I, BLOCK_K)
     else:
         _fused_down(h_ptr, out_ptr, slot_ptr, weight_ptr, counter_ptr, bank_u8, bank_bf16, bank_f32, block_bytes,
-                    H, I, K, pid - n_gate_up, gu_per_pair, down_per_pair, DW, DS, DG, FMT,
+                    H, I, K, pid - n_gate_up, gu_per_pair, down_per_pair, DW, DS, DG, DB, FMT,
                     BLOCK_H, BLOCK_K, PRE_A, PRE_B, TAIL, INTERPRET)
 
 
@@ -208,8 +212,9 @@ def checked_counters(counters: torch.Tensor | None, device: torch.device, pairs:
     return counters
 
 
-def launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, intermediate, cfg, accumulate, launch):
-    """The one launch (moe_decode's arguments, already checked; `off` the field offsets by name)."""
+def launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, intermediate, cfg, accumulate, act, launch):
+    """The one launch (moe_decode's arguments, already checked; `off` the field offsets by name, `act`
+    the activation's (alpha, limit, kernel id))."""
     num_tokens, hidden = x.shape
     top_k = slots.shape[1]
     pairs = num_tokens * top_k
@@ -223,8 +228,9 @@ def launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, inter
         out.zero_()
     _fused_kernel[(pairs * (gu_per_pair + down_per_pair),)](
         x, h_buf, out, slots, weights, counters, *views, views[0].shape[1], hidden, intermediate, top_k,
-        pairs * gu_per_pair, gu_per_pair, down_per_pair,
+        pairs * gu_per_pair, gu_per_pair, down_per_pair, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
-        off["down.w"], off["down.scale"], off["down.gscale"], FORMAT_IDS[fmt],
+        off["gate_bias.b"], off["up_bias.b"], off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
+        FORMAT_IDS[fmt], act[2],
         cfg.block_i, cfg.block_h, cfg.block_k, pre_a, pre_b, pre_a + pre_b < intermediate, interpreting(),
         **launch)

@@ -3,16 +3,18 @@ expert (pair_routing.py), each expert's weights read straight from the VRAM slot
 
   T = tokens, K = choices a token, H = hidden, I = expert intermediate, BM/BN/BK = config.block_*
   rows [R] int32: the pair (t * K + k) of each row, grouped by expert, each group padded to BM (-1)
-  gate_up launch, grid (blocks, I/BN): h[r] = silu(gate_e x_t) * (up_e x_t)       [rows, I], x's dtype
-  down launch,    grid (blocks, H/BN): out[t] += w[t, k] * (down_e h[r])           fp32 atomic adds
+  gate_up launch, grid (blocks, I/BN): h[r] = act(gate_e x_t + bg_e, up_e x_t + bu_e)   [rows, I], x's dtype
+  down launch,    grid (blocks, H/BN): out[t] += w[t, k] * (down_e h[r] + bd_e)        fp32 atomic adds
 A program finds its expert's slot from the block index (the launch's groups' block ends); a launch
 covers a contiguous run of groups, so the engine computes the resident experts, then each batch
 brought in, one call each. Weight tiles are dequantised in registers as engine.format.quant does it
 (in fp32: fp8 / int8 codes times the row scale; nvfp4 e2m1 times its group's e4m3 scale, times the
 global scale; mxfp4 e2m1 times its group's power of two; then rounded to the compute dtype), so the
 products use the very weights the torch path multiplies; accumulation is fp32 (tl.dot; float32 inputs
-in IEEE precision, never TF32). Formats: all of kernels.formats; families with expert biases or
-another activation (gpt_oss, deepseek_v4) keep the torch path, as they do at decode.
+in IEEE precision, never TF32). Formats: all of kernels.formats. act: the experts' activation
+(kernels.activation: silu, or gpt-oss's clamped SwiGLU); the biases b*_e (gpt-oss's fp32 fields, rounded
+to the compute dtype as the torch path holds them) are added after the row scale, bd_e before the
+routing weight.
 """
 from __future__ import annotations
 
@@ -23,11 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, dequantize_block
 from .pair_routing import Routing, int32_on, route_pairs
-from .tiles import byte_weights, check_bank_inputs, fp4_tile, interpreting, raw_tile, row_scale
+from .tiles import (activate, bias_rows, byte_weights, check_bank_inputs, field_offsets, fp4_tile, interpreting,
+                    raw_tile, row_scale)
 
-KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 3     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 PREFILL_FORMATS = ("bf16", "fp8", "int8", "nvfp4", "mxfp4")
 FP4_GROUPS = {"nvfp4": 16, "mxfp4": 32}     # a reduction tile holds whole scale groups
 ROUTING_BYTES_PER_PAIR = 48    # route_pairs' transient int64 / int32 tensors, per pair (budgeted with h)
@@ -90,8 +94,9 @@ def _mma(a, b, acc, FP32_DOT: tl.constexpr):
 
 @triton.jit(do_not_specialize=["num_groups", "b0"])
 def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
-                    num_groups, b0, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr, UW: tl.constexpr,
-                    US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr, GROUPS: tl.constexpr,
+                    num_groups, b0, alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
+                    UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
+                    FMT: tl.constexpr, ACT: tl.constexpr, GROUPS: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, FP32_DOT: tl.constexpr):
     block = b0 + tl.program_id(0)                                   # in the routing's rows
     base = _slot_of_block(table_ptr, block, num_groups, GROUPS).to(tl.int64) * block_bytes
@@ -113,14 +118,17 @@ def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_
         w_up = _weight_tile(bank_u8, bank_bf16, base + UW, base + US, n, k0, I, H, up_scale, FMT,
                             BLOCK_N, BLOCK_K).to(xs.dtype)
         acc_up = _mma(xs, w_up, acc_up, FP32_DOT)
-    hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up                                       # silu(gate) * up
+    gate = acc_gate + bias_rows(bank_f32, base + GB, n, I, GB).to(x_ptr.dtype.element_ty).to(tl.float32)[None, :]
+    up = acc_up + bias_rows(bank_f32, base + UB, n, I, UB).to(x_ptr.dtype.element_ty).to(tl.float32)[None, :]
+    hidden = activate(gate, up, ACT, alpha, limit)
     local = (tl.program_id(0) * BLOCK_M + m).to(tl.int64)           # this launch's h rows
     tl.store(h_ptr + local[:, None] * I + n[None, :], hidden.to(h_ptr.dtype.element_ty), mask=n[None, :] < I)
 
 
 @triton.jit(do_not_specialize=["num_groups", "b0"])
 def _down_kernel(h_ptr, out_ptr, rows_ptr, table_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes,
-                 H, I, K, num_groups, b0, DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, FMT: tl.constexpr,
+                 H, I, K, num_groups, b0, DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr,
+                 FMT: tl.constexpr,
                  GROUPS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  FP32_DOT: tl.constexpr):
     block = b0 + tl.program_id(0)
@@ -138,6 +146,7 @@ def _down_kernel(h_ptr, out_ptr, rows_ptr, table_ptr, weight_ptr, bank_u8, bank_
         w_down = _weight_tile(bank_u8, bank_bf16, base + DW, base + DS, n, k0, H, I, down_scale, FMT,
                               BLOCK_N, BLOCK_K).to(hs.dtype)
         acc = _mma(hs, w_down, acc, FP32_DOT)
+    acc += bias_rows(bank_f32, base + DB, n, H, DB).to(h_ptr.dtype.element_ty).to(tl.float32)[None, :]
     acc *= tl.load(weight_ptr + pair, mask=valid, other=0.0)[:, None]                            # routing weight
     out_rows = out_ptr + (tl.maximum(pair, 0) // K).to(tl.int64)[:, None] * H
     tl.atomic_add(out_rows + n[None, :], acc, mask=valid[:, None] & (n[None, :] < H), sem="relaxed")
@@ -168,11 +177,13 @@ def max_blocks(workspace_bytes: int | None, routing: Routing, intermediate: int,
 
 def moe_prefill(x: torch.Tensor, bank: torch.Tensor, routing: Routing, slot_of: Mapping[int, int],
                 weights: torch.Tensor, fmt: str, offsets: Mapping[str, int], intermediate: int, out: torch.Tensor,
-                config: PrefillConfig | None = None, workspace_bytes: int | None = None) -> torch.Tensor:
+                config: PrefillConfig | None = None, workspace_bytes: int | None = None,
+                activation: Activation = SILU) -> torch.Tensor:
     """Add sum over the pairs routed to the experts of `slot_of` ({expert: bank slot}, a contiguous run
     of `routing`'s order) of w[t,k] * expert(x[t]) into out [T, H] float32. x [T, H] in the compute
     dtype, weights [T, K] float32. workspace_bytes: the device memory the routing and the intermediate
-    may take (the launches are cut into chunks of blocks to fit)."""
+    may take (the launches are cut into chunks of blocks to fit). activation: the experts' (kernels.activation);
+    biases are added where `offsets` has their fields."""
     cfg = config or default_config(x.dtype)
     _check_inputs(x, bank, weights, out, fmt, offsets, cfg.block_k)
     if cfg.block_m != routing.block_m or weights.shape[1] != routing.top_k or x.shape[0] != routing.num_tokens:
@@ -187,8 +198,7 @@ def moe_prefill(x: torch.Tensor, bank: torch.Tensor, routing: Routing, slot_of: 
     chunk = min(b1 - b0, max_blocks(workspace_bytes, routing, intermediate, x.dtype) or b1 - b0)
     h_buf = torch.empty(chunk * cfg.block_m, intermediate, device=x.device, dtype=x.dtype)
     views = (bank, bank.view(torch.bfloat16), bank.view(torch.float32))
-    off = {f"{proj}.{part}": offsets.get(f"{proj}.{part}", 0) for proj in ("gate", "up", "down")
-           for part in ("w", "scale", "gscale")}
+    off = field_offsets(offsets)
     common = dict(GROUPS=max(64, triton.next_power_of_2(g1 - g0)), BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
                   BLOCK_K=cfg.block_k, FP32_DOT=x.dtype == torch.float32 or interpreting(), num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages)
@@ -196,17 +206,19 @@ def moe_prefill(x: torch.Tensor, bank: torch.Tensor, routing: Routing, slot_of: 
         blocks = min(chunk, b1 - start)
         _gate_up_kernel[(blocks, triton.cdiv(intermediate, cfg.block_n))](
             x, h_buf, routing.rows, table, *views, bank.shape[1], hidden, intermediate, routing.top_k, g1 - g0, start,
+            activation.alpha, activation.limit,
             off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
-            FORMAT_IDS[fmt], **common)
+            off["gate_bias.b"], off["up_bias.b"], FORMAT_IDS[fmt], activation.kernel_id, **common)
         _down_kernel[(blocks, triton.cdiv(hidden, cfg.block_n))](
             h_buf, out, routing.rows, table, weights, *views, bank.shape[1], hidden, intermediate, routing.top_k,
-            g1 - g0, start, off["down.w"], off["down.scale"], off["down.gscale"], FORMAT_IDS[fmt], **common)
+            g1 - g0, start, off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"], FORMAT_IDS[fmt],
+            **common)
     return out
 
 
 def moe_prefill_bank(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
-                     offsets: Mapping[str, int], intermediate: int, config: PrefillConfig | None = None
-                     ) -> torch.Tensor:
+                     offsets: Mapping[str, int], intermediate: int, config: PrefillConfig | None = None,
+                     activation: Activation = SILU) -> torch.Tensor:
     """A whole layer whose experts are all in `bank`: slots [T, K] int32 (bank row of each token's
     choice k) -> [T, H] float32, in one launch pair (moe_prefill_ref's signature: the self-check and
     tests). Reads the slots on the host."""
@@ -216,14 +228,15 @@ def moe_prefill_bank(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, w
         raise ValueError("moe_prefill_bank needs every (token, choice) routed to a slot (no negative slots)")
     routing = route_pairs(routed, slots.flatten(), list(dict.fromkeys(routed)), slots.shape[1], cfg.block_m)
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
-    return moe_prefill(x, bank, routing, {s: s for s in routing.experts}, weights, fmt, offsets, intermediate, out, cfg)
+    return moe_prefill(x, bank, routing, {s: s for s in routing.experts}, weights, fmt, offsets, intermediate, out, cfg,
+                       activation=activation)
 
 
 def moe_prefill_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
-                    offsets: Mapping[str, int], intermediate: int, config: PrefillConfig | None = None
-                    ) -> torch.Tensor:
-    """Plain-torch specification (moe_prefill_bank's signature; config ignored): each expert's weights
-    dequantised to x's dtype as the torch path does, fp32 products and sums, h rounded to x's dtype
+                    offsets: Mapping[str, int], intermediate: int, config: PrefillConfig | None = None,
+                    activation: Activation = SILU) -> torch.Tensor:
+    """Plain-torch specification (moe_prefill_bank's signature; config ignored): each expert's weights and
+    biases dequantised to x's dtype as the torch path does, fp32 products and sums, h rounded to x's dtype
     between the two GEMMs as the kernel stores it; [T, H] float32."""
     hidden = x.shape[1]
     acc = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -231,8 +244,9 @@ def moe_prefill_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, we
         w = {p: t.float() for p, t in dequantize_block(bank[slot], fmt, offsets, intermediate, hidden, x.dtype).items()}
         token_ids, choice = (slots == slot).nonzero(as_tuple=True)
         xs = x[token_ids].float()                                                         # [n, H]
-        h = (torch.nn.functional.silu(xs @ w["gate"].T) * (xs @ w["up"].T)).to(x.dtype)  # [n, I]
-        acc.index_add_(0, token_ids, (h.float() @ w["down"].T) * weights[token_ids, choice][:, None])
+        h = activation(biased(xs @ w["gate"].T, w, "gate_bias"), biased(xs @ w["up"].T, w, "up_bias")).to(x.dtype)
+        down = biased(h.float() @ w["down"].T, w, "down_bias")                           # [n, H]
+        acc.index_add_(0, token_ids, down * weights[token_ids, choice][:, None])
     return acc
 
 
@@ -240,11 +254,11 @@ class PrefillKernel:
     """What the engine holds: moe_prefill in one config, and the routing it reads (route_pairs with the
     config's block rows), so that the engine imports no Triton."""
 
-    def __init__(self, config: PrefillConfig):
-        self.config = config
+    def __init__(self, config: PrefillConfig, activation: Activation = SILU):
+        self.config, self.activation = config, activation
 
     def route(self, routed: list[int], routed_dev: torch.Tensor, experts: list[int], top_k: int) -> Routing:
         return route_pairs(routed, routed_dev, experts, top_k, self.config.block_m)
 
     def __call__(self, *args, **kwargs) -> torch.Tensor:
-        return moe_prefill(*args, config=self.config, **kwargs)
+        return moe_prefill(*args, config=self.config, activation=self.activation, **kwargs)

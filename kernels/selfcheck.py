@@ -172,11 +172,16 @@ def _moe_cases(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermedi
 
 
 def select_moe_decode(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int,
-                      top_k: int, device, kernel: Callable | None = None, dtype: torch.dtype = torch.bfloat16):
+                      top_k: int, device, kernel: Callable | None = None, dtype: torch.dtype = torch.bfloat16,
+                      activation=None):
     """The MoE decode function to use for this model on this device: the Triton kernel if it passes
     its check (or a cached pass), else the torch reference. `kernel` injects a variant (tests).
-    Returns (fn, verdict); fn has moe_decode's signature."""
+    `activation`: the experts' (kernels.activation, default silu); biases where `offsets` has them.
+    Returns (fn, verdict); fn has moe_decode's signature (the caller passes it `activation`)."""
+    from .activation import SILU
     from .moe_decode import KERNEL_VERSION, moe_decode, moe_decode_ref
+
+    activation = activation or SILU
 
     kernel = kernel or moe_decode
     device = torch.device(device)
@@ -186,15 +191,22 @@ def select_moe_decode(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
 
     def run_kernel():
         current[:] = [next(cases)]
-        return kernel(*current[0])
+        return kernel(*current[0], activation=activation)
 
     def run_ref():
-        return moe_decode_ref(*current[0])
+        return moe_decode_ref(*current[0], activation=activation)
 
     rtol = 2e-2 if dtype == torch.bfloat16 else 1e-3
-    shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype}"
+    shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype}{_extras(offsets, activation)}"
     verdict = check("moe_decode", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=4)
     return (kernel if verdict.ok else moe_decode_ref), verdict
+
+
+def _extras(offsets: Mapping[str, int], activation) -> str:
+    """What a verdict's shape key adds for experts other than plain silu ones without biases."""
+    bias = " biases" if any(name.endswith("_bias.b") for name in offsets) else ""
+    act = "" if activation.name == "silu" else f" {activation.name}(alpha={activation.alpha}, limit={activation.limit})"
+    return bias + act
 
 
 def select_int8_linear(out_features: int, in_features: int, device, dtype: torch.dtype = torch.bfloat16,
@@ -228,15 +240,18 @@ def select_int8_linear(out_features: int, in_features: int, device, dtype: torch
 
 def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int,
                       top_k: int, device, dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None,
-                      config=None) -> Verdict:
+                      config=None, activation=None) -> Verdict:
     """Whether the MoE prefill kernel (moe_prefill.py, in `config`) computes this model's expert shapes
     right on this device, against its torch reference: a prompt whose experts span several blocks with
     padded tails, a short one, and a skewed one (one expert in every token's choices). A failure is
-    warned about; the caller keeps the torch path. `kernel` injects a variant with moe_prefill_bank's signature (tests)."""
+    warned about; the caller keeps the torch path. `kernel` injects a variant with moe_prefill_bank's signature (tests).
+    `activation`: the experts' (kernels.activation, default silu); biases where `offsets` has them."""
+    from .activation import SILU
     from .moe_prefill import KERNEL_VERSION, default_config, moe_prefill_bank, moe_prefill_ref
 
     config = config or default_config(dtype)
-    kernel = kernel or (lambda *args: moe_prefill_bank(*args, config=config))
+    activation = activation or SILU
+    kernel = kernel or (lambda *args, **kw: moe_prefill_bank(*args, config=config, **kw))
     device = torch.device(device)
     # 128 * K pairs over 10 slots: several blocks an expert at BM 64; then 100 tokens all choosing slot 0
     cases = _moe_cases(fmt, offsets, block_bytes, intermediate, hidden, top_k, device, dtype,
@@ -245,11 +260,11 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
 
     def run_kernel():
         current[:] = [next(cases)]
-        return kernel(*current[0])
+        return kernel(*current[0], activation=activation)
 
     def run_ref():
-        return moe_prefill_ref(*current[0])
+        return moe_prefill_ref(*current[0], activation=activation)
 
     rtol = 2e-2 if dtype != torch.float32 else 1e-4
-    shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype} {config}"
+    shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype} {config}{_extras(offsets, activation)}"
     return check("moe_prefill", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)

@@ -5,9 +5,11 @@ byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-
 and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4, 3 mxfp4 (e2m1
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
-Also the pieces both decode kernels share: gate_up_rows (h = silu(gate x) * up x for a block of
-rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later); the prefill kernel reads
-fp4 tiles with raw_tile and decodes them whole with fp4_tile.
+Also the pieces both decode kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias)
+for a block of rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later); the prefill
+kernel reads fp4 tiles with raw_tile and decodes them whole with fp4_tile. All three MoE kernels take
+the expert activation (kernels.activation: ACT, alpha, limit) through `activate` and the biases through
+`bias_rows` (bias field byte offsets as constexprs, -1 where a block has none).
 """
 import os
 
@@ -154,14 +156,37 @@ def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec
 
 
 @triton.jit
-def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows,
+def activate(gate, up, ACT: tl.constexpr, alpha, limit):
+    """h from float32 gate and up (biases included), as kernels.activation.Activation computes it:
+    ACT 0 silu(gate) * up; 1 gpt-oss's clamped SwiGLU (u + 1) * g * sigmoid(alpha g), g = min(gate, limit),
+    u = clamp(up, -limit, limit)."""
+    if ACT == 1:
+        g = tl.minimum(gate, limit)
+        u = tl.minimum(tl.maximum(up, -limit), limit)
+        return (u + 1.0) * (g / (1.0 + tl.exp(-(g * alpha))))
+    else:
+        return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
+def bias_rows(bank_f32, b_off, rows, n_rows, B: tl.constexpr):
+    """[BLOCK_R] float32 bias of `rows` (fp32 field at byte b_off, i.e. the block's base + B); zero outside
+    n_rows, and everywhere when the block has no such field (B < 0)."""
+    if B >= 0:
+        return tl.load(bank_f32 + b_off // 4 + rows, mask=rows < n_rows, other=0.0)
+    else:
+        return tl.zeros(rows.shape, tl.float32)
+
+
+@triton.jit
+def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
                   GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
-                  UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, FMT: tl.constexpr,
-                  BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
-    """h[pair, rows] = silu(gate_e x_t) * (up_e x_t) for pair = t * K + k (stored to h_ptr)."""
+                  UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
+                  FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
+    """h[pair, rows] = act(gate_e x_t + gate bias, up_e x_t + up bias) for pair = t * K + k (stored to h_ptr)."""
     token = pair // K
     slot = tl.load(slot_ptr + pair)
-    n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = 0
+    n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = act(0, 0) = 0
     base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
     acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
@@ -169,10 +194,9 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     for k0 in range(0, H, BLOCK_K):
         acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
         acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
-    acc_gate *= row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
-    acc_up *= row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)
-    hidden = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up   # silu(gate) * up
-    tl.store(h_ptr + pair * I + rows, hidden, mask=rows < I)
+    gate = acc_gate * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
+    up = acc_up * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
+    tl.store(h_ptr + pair * I + rows, activate(gate, up, ACT, alpha, limit), mask=rows < I)
 
 
 @triton.jit
@@ -220,6 +244,14 @@ def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.
         else:
             w = byte_weights(words, FMT)
         return tl.sum(w * vec[None, :], axis=1)
+
+
+def field_offsets(offsets) -> dict[str, int]:
+    """The kernels' constexpr field offsets by name: every projection part (0 where a format has none) and
+    the bias fields (-1 where the block has none: bias_rows adds nothing)."""
+    parts = {f"{proj}.{part}": offsets.get(f"{proj}.{part}", 0) for proj in ("gate", "up", "down")
+             for part in ("w", "scale", "gscale")}
+    return parts | {f"{proj}_bias.b": offsets.get(f"{proj}_bias.b", -1) for proj in ("gate", "up", "down")}
 
 
 def check_bank_inputs(x, bank, tensors: dict, offsets) -> None:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from engine.model.layers import embedding, linear, rms_norm, swiglu_mlp
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
+from kernels.activation import SILU, Activation
 
 
 def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -23,11 +24,11 @@ class Model:
 
     def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,
                  lm_head: torch.Tensor, eps: float, expert_mlp: Callable = swiglu_expert,
-                 expert_kernel: str | None = "swiglu"):
+                 expert_kernel: Activation | None = SILU):
         self.spec, self.blocks = spec, blocks
         self.embed_tokens, self.final_norm, self.lm_head, self.eps = embed_tokens, final_norm, lm_head, eps
         self.expert_mlp = expert_mlp
-        self.expert_kernel = expert_kernel      # the Triton decode kernels' activation, None: torch only
+        self.expert_kernel = expert_kernel      # the Triton MoE kernels' activation for expert_mlp, None: torch only
 
     def state_specs(self) -> list[dict[str, StateSpec]]:
         return [block.state_specs() for block in self.blocks]

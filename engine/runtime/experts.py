@@ -103,7 +103,7 @@ class Experts:
         self._pass_reads: Counter | None = None        # disk reads per (layer, expert) during a prefill
         # Index staging: pinned host rows -> device rows (stream-ordered, so reuse after the next
         # layer's host sync is safe: that sync waits for every copy enqueued before it).
-        self._stage = [torch.empty(512, dtype=torch.int32).pin_memory() if self.is_cuda else None for _ in range(8)]
+        self._stage = [torch.empty(512, dtype=torch.int32, pin_memory=self.is_cuda) for _ in range(8)]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
         self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], torch.Tensor]] = {}   # see capture

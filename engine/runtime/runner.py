@@ -10,6 +10,7 @@ layer); decode runs the one-token step (CUDA graphs where available) and the rou
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -196,13 +197,14 @@ class Runner:
     def _choose_kernel(self, layout):
         from kernels.selfcheck import select_moe_decode
         offsets = {f.name: f.offset for f in layout.fields}
+        activation = self.model.expert_kernel
         fn, verdict = select_moe_decode(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
-                                        self.spec.top_k, self.device, dtype=self.dtype)
+                                        self.spec.top_k, self.device, dtype=self.dtype, activation=activation)
         self.kernel_verdict = verdict
         if not verdict.ok:
             self.telemetry.warn(f"Fused expert kernel disabled on this GPU: {verdict.reason}")
             return None
-        return fn
+        return functools.partial(fn, activation=activation)
 
     def _choose_prefill_kernel(self, layout):
         """The prefill kernel where the expert format has one and it passes its check on this GPU, else None."""
@@ -212,11 +214,11 @@ class Runner:
             return None
         offsets = {f.name: f.offset for f in layout.fields}
         verdict = check_moe_prefill(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
-                                    self.spec.top_k, self.device, dtype=self.dtype)
+                                    self.spec.top_k, self.device, dtype=self.dtype, activation=self.model.expert_kernel)
         if not verdict.ok:
             self.telemetry.warn(f"Prefill expert kernel disabled on this GPU: {verdict.reason}")
             return None
-        return PrefillKernel(default_config(self.dtype))
+        return PrefillKernel(default_config(self.dtype), self.model.expert_kernel)
 
     # ------------------------------------------------------------------ forward passes
     def prefill(self, token_ids: list[int], cancel=None) -> torch.Tensor:

@@ -167,12 +167,12 @@ def _check(device, kernel, fmt="int8"):
                                        kernel=kernel)
 
 
-def _fp4_tiles(*args):
-    return moe_prefill_bank(*args, config=PrefillConfig(block_m=16, block_n=32, block_k=64))
+def _fp4_tiles(*args, **kw):
+    return moe_prefill_bank(*args, config=PrefillConfig(block_m=16, block_n=32, block_k=64), **kw)
 
 
-def _small(*args):
-    return moe_prefill_bank(*args, config=SMALL)
+def _small(*args, **kw):
+    return moe_prefill_bank(*args, config=SMALL, **kw)
 
 
 @pytest.mark.parametrize("fmt", ["int8", "mxfp4"])
@@ -183,7 +183,7 @@ def test_selfcheck_passes_the_kernel(fmt, device):
 def test_selfcheck_refuses_a_wrong_kernel(device, monkeypatch):
     monkeypatch.setattr(selfcheck, "_warnings", [])       # this process's warnings: other tests count theirs
     with pytest.warns(RuntimeWarning, match="moe_prefill"):
-        verdict = _check(device, lambda *args: _small(*args) * 1.05)
+        verdict = _check(device, lambda *args, **kw: _small(*args, **kw) * 1.05)
     assert not verdict.ok and "exceeds" in verdict.reason
 
 

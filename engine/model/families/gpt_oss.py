@@ -1,8 +1,8 @@
 """gpt_oss: pre-norm GQA attention with sinks, q/k/v/o biases and YaRN rope, sliding-window and full
 layers alternating (`layer_types`), and a MoE in every layer whose router takes the top-k of its
 biased logits before a softmax over those k, and whose experts are a clamped SwiGLU with biases
-(engine/model/gptoss.py). The Triton decode kernels compute plain SwiGLU only: this family's routed
-experts run through the torch expert math (expert_kernel=None), on the CPU and on the GPU.
+(engine/model/gptoss.py). On a GPU the Triton MoE kernels (decode and prefill) compute them with the
+same clamped SwiGLU and biases (expert_kernel=kernels.activation.clamped_swiglu(alpha, limit)).
 """
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.families import standard
+from kernels.activation import clamped_swiglu
 
 FAMILY_NAMES = ("gpt_oss",)
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the attention projections (their biases
@@ -52,5 +53,6 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         attn, norms = standard.attention(spec, w, layer, rope)
         router = TopKSoftmaxRouter(w[p + "mlp.router.weight"], w[p + "mlp.router.bias"], spec.top_k)
         blocks.append(Block(attn, *norms, router=router))
-    expert = partial(clamped_swiglu_expert, alpha=spec.cfg.swiglu_alpha, limit=spec.cfg.swiglu_limit)
-    return standard.assemble(spec, w, blocks, expert_mlp=expert, expert_kernel=None)
+    alpha, limit = spec.cfg.swiglu_alpha, spec.cfg.swiglu_limit
+    expert = partial(clamped_swiglu_expert, alpha=alpha, limit=limit)
+    return standard.assemble(spec, w, blocks, expert_mlp=expert, expert_kernel=clamped_swiglu(alpha, limit))

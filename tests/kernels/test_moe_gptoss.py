@@ -1,0 +1,136 @@
+"""gpt-oss experts in the MoE kernels: gate/up/down biases and the clamped SwiGLU, in both decode kernels
+(two launches, split down, fused) and the prefill kernel, against their torch references, and the references
+against the engine's own gpt-oss expert (engine.model.gptoss). The clamp limit is small so that many gate and
+up values pass it. On the CPU these run in Triton's interpreter, at small shapes."""
+import pytest
+import torch
+
+from engine.model.gptoss import clamped_swiglu_expert
+from kernels import selfcheck
+from kernels.activation import SILU, clamped_swiglu
+from kernels.formats import dequantize_block, make_offsets, random_bank
+from kernels.moe_decode import DecodeConfig, moe_decode, moe_decode_ref
+from kernels.moe_prefill import PrefillConfig, moe_prefill_bank, moe_prefill_ref
+
+ACT = clamped_swiglu(alpha=1.702, limit=0.4)       # gpt-oss's alpha; its limit is 7, too far for random weights
+I, H = 64, 64                                       # mxfp4: whole 32-value groups
+DECODE_CONFIGS = {"loop": DecodeConfig(block_i=16, block_h=16, block_k=32),
+                  "split": DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True),
+                  "fused": DecodeConfig(block_i=16, block_h=16, block_k=32, fused=True)}
+PREFILL = PrefillConfig(block_m=16, block_n=32, block_k=32)
+
+
+def _case(fmt, device, num_tokens, top_k=2, num_slots=4, seed=0, x_dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    offsets, block_bytes = make_offsets(fmt, I, H, bias=True)
+    bank = random_bank(num_slots, block_bytes, fmt, offsets, I, H, device=device, generator=g)
+    x = torch.randn(num_tokens, H, generator=g).to(device, x_dtype)
+    slots = torch.stack([torch.randperm(num_slots, generator=g)[:top_k] for _ in range(num_tokens)]).int().to(device)
+    weights = torch.rand(num_tokens, top_k, generator=g).to(device)
+    return x, bank, slots, weights, fmt, offsets, I
+
+
+def _rel(out, ref):
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _without(offsets, field):
+    return {name: off for name, off in offsets.items() if name != field}
+
+
+def test_reference_is_the_engines_gpt_oss_expert_and_hits_the_clamp(device):
+    """moe_decode_ref with biases and the clamped activation == the routed sum of engine.model.gptoss's expert
+    on the same dequantized weights; and the test data does pass the clamp on both sides."""
+    x, bank, slots, weights, fmt, offsets, _ = _case("mxfp4", device, 3)
+    expected = torch.zeros(x.shape, device=device)
+    clamped = 0
+    for t in range(x.shape[0]):
+        for k in range(slots.shape[1]):
+            w = dequantize_block(bank[slots[t, k]], fmt, offsets, I, H)
+            expected[t] += weights[t, k] * clamped_swiglu_expert(x[t:t + 1], w, ACT.alpha, ACT.limit)[0]
+            gate, up = x[t] @ w["gate"].T + w["gate_bias"], x[t] @ w["up"].T + w["up_bias"]
+            clamped += int((gate > ACT.limit).sum() + (up.abs() > ACT.limit).sum())
+    assert clamped > I                   # of 2 * I * T * K = 768 values
+    torch.testing.assert_close(moe_decode_ref(x, bank, slots, weights, fmt, offsets, I, activation=ACT), expected,
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("config", DECODE_CONFIGS.values(), ids=DECODE_CONFIGS.keys())
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8"])
+def test_decode_kernels_match_reference(fmt, config, device):
+    args = _case(fmt, device, 3, seed=1)
+    out = moe_decode(*args, config=config, activation=ACT)
+    assert _rel(out, moe_decode_ref(*args, activation=ACT)) < 1e-5
+
+
+def test_decode_skipped_pairs_and_accumulate(device):
+    """A skipped (token, choice) adds nothing, not even its down bias; two launches add up to one."""
+    x, bank, slots, weights, *rest = _case("bf16", device, 1, top_k=3, seed=2)
+    first, second = slots.clone(), slots.clone()
+    first[0, 2] = -1
+    second[0, :2] = -1
+    for config in DECODE_CONFIGS.values():
+        out = moe_decode(x, bank, first, weights, *rest, config=config, activation=ACT)
+        assert _rel(out, moe_decode_ref(x, bank, first, weights, *rest, activation=ACT)) < 1e-5
+        moe_decode(x, bank, second, weights, *rest, config=config, activation=ACT, out=out, accumulate=True)
+        assert _rel(out, moe_decode_ref(x, bank, slots, weights, *rest, activation=ACT)) < 1e-5
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_prefill_kernel_matches_reference(fmt, x_dtype, device):
+    """20 tokens x 2 choices over 4 experts: blocks of 16 rows with padded tails (whose h is act(biases))."""
+    args = _case(fmt, device, 20, seed=3, x_dtype=x_dtype)
+    out = moe_prefill_bank(*args, config=PREFILL, activation=ACT)
+    tol = 1e-5 if x_dtype == torch.float32 else (1e-2 if torch.cuda.is_available() else 3e-2)
+    assert _rel(out, moe_prefill_ref(*args, activation=ACT)) < tol
+
+
+@pytest.mark.parametrize("wrong", ["no down bias", "no gate bias", "silu"])
+def test_a_wrong_kernel_misses_the_tolerance(wrong, device):
+    """The kernels computing without one bias or with plain silu are far off: the comparisons above catch it."""
+    x, bank, slots, weights, fmt, offsets, _ = _case("mxfp4", device, 20, seed=4)
+    ref_decode = moe_decode_ref(x[:2], bank, slots[:2], weights[:2], fmt, offsets, I, activation=ACT)
+    ref_prefill = moe_prefill_ref(x, bank, slots, weights, fmt, offsets, I, activation=ACT)
+    act = SILU if wrong == "silu" else ACT
+    kernel_offsets = {"no down bias": _without(offsets, "down_bias.b"),
+                      "no gate bias": _without(offsets, "gate_bias.b")}.get(wrong, offsets)
+    decode = moe_decode(x[:2], bank, slots[:2], weights[:2], fmt, kernel_offsets, I,
+                        config=DECODE_CONFIGS["split"], activation=act)
+    prefill = moe_prefill_bank(x, bank, slots, weights, fmt, kernel_offsets, I, config=PREFILL, activation=act)
+    assert _rel(decode, ref_decode) > 1e-2 and _rel(prefill, ref_prefill) > 1e-2
+
+
+def test_selfchecks_pass_the_kernel_and_refuse_a_missing_down_bias(device, monkeypatch, tmp_path):
+    """The runner's checks with gpt-oss's activation and bias fields: the decode kernel passes, kernels that
+    drop the down bias are refused (decode: the reference is used instead). The prefill kernel's pass is
+    test_prefill_kernel_matches_reference's (its check's 128-token prompts are slow to interpret)."""
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    offsets, block_bytes = make_offsets("mxfp4", I, H, bias=True)
+
+    def decode(*args, **kw):
+        return moe_decode(*args, config=DECODE_CONFIGS["split"], **kw)
+
+    def prefill(*args, **kw):
+        return moe_prefill_bank(*args, config=PREFILL, **kw)
+
+    def dropping_down_bias(kernel):
+        return lambda x, bank, slots, weights, fmt, offs, inter, **kw: kernel(
+            x, bank, slots, weights, fmt, _without(offs, "down_bias.b"), inter, **kw)
+
+    def select(kernel):
+        return selfcheck.select_moe_decode("mxfp4", offsets, block_bytes, I, H, 2, device, kernel=kernel,
+                                           dtype=torch.float32, activation=ACT)
+
+    def check_prefill(kernel):
+        return selfcheck.check_moe_prefill("mxfp4", offsets, block_bytes, I, H, 2, device, dtype=torch.float32,
+                                           kernel=kernel, config=PREFILL, activation=ACT)
+
+    fn, verdict = select(decode)
+    assert verdict.ok and fn is decode
+    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "fresh.json"))      # not the pass cached above
+    with pytest.warns(RuntimeWarning, match="reference path"):
+        fn, verdict = select(dropping_down_bias(decode))
+    assert not verdict.ok and fn is moe_decode_ref
+    with pytest.warns(RuntimeWarning, match="moe_prefill"):
+        assert not check_prefill(dropping_down_bias(prefill)).ok
