@@ -3,6 +3,7 @@
   silu            h = silu(gate) * up                                   (most families)
   clamped_swiglu  g = min(gate, limit), u = clamp(up, -limit, limit)   (gpt-oss)
                   h = (u + 1) * g * sigmoid(alpha * g)
+  clamped_silu    h = silu(g) * u, g and u clamped as above             (DeepSeek-V4)
 gate and up here already include their biases (added after the row scale) where a block has them.
 No Triton here: the engine imports this to declare its families' activations (tiles.activate is the
 kernels' side).
@@ -13,14 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-ACTIVATION_IDS = {"silu": 0, "clamped_swiglu": 1}      # the kernels' ACT constexpr
+ACTIVATION_IDS = {"silu": 0, "clamped_swiglu": 1, "clamped_silu": 2}      # the kernels' ACT constexpr
 
 
 @dataclass(frozen=True)
 class Activation:
     name: str = "silu"
     alpha: float = 1.0        # clamped_swiglu: the sigmoid's slope
-    limit: float = 0.0        # clamped_swiglu: the clamp
+    limit: float = 0.0        # clamped_*: the clamp
 
     def __post_init__(self):
         if self.name not in ACTIVATION_IDS:
@@ -31,11 +32,14 @@ class Activation:
         return ACTIVATION_IDS[self.name]
 
     def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-        """The torch specification (as engine.model.gptoss.clamped_swiglu_expert computes it)."""
+        """The torch specification (as engine.model.gptoss.clamped_swiglu_expert and engine.model.dsv4.moe.clamped_swiglu
+        compute it)."""
         if self.name == "silu":
             return torch.nn.functional.silu(gate) * up
-        gate = gate.clamp(max=self.limit)
-        return (up.clamp(min=-self.limit, max=self.limit) + 1) * (gate * torch.sigmoid(gate * self.alpha))
+        gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
+        if self.name == "clamped_silu":
+            return torch.nn.functional.silu(gate) * up
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
 SILU = Activation()
@@ -43,6 +47,10 @@ SILU = Activation()
 
 def clamped_swiglu(alpha: float, limit: float) -> Activation:
     return Activation("clamped_swiglu", float(alpha), float(limit))
+
+
+def clamped_silu(limit: float) -> Activation:
+    return Activation("clamped_silu", limit=float(limit))
 
 
 def biased(y: torch.Tensor, w: dict[str, torch.Tensor], bias: str) -> torch.Tensor:

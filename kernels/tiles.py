@@ -159,11 +159,14 @@ def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec
 def activate(gate, up, ACT: tl.constexpr, alpha, limit):
     """h from float32 gate and up (biases included), as kernels.activation.Activation computes it:
     ACT 0 silu(gate) * up; 1 gpt-oss's clamped SwiGLU (u + 1) * g * sigmoid(alpha g), g = min(gate, limit),
-    u = clamp(up, -limit, limit)."""
+    u = clamp(up, -limit, limit); 2 DeepSeek-V4's silu(g) * u."""
     if ACT == 1:
         g = tl.minimum(gate, limit)
         u = tl.minimum(tl.maximum(up, -limit), limit)
         return (u + 1.0) * (g / (1.0 + tl.exp(-(g * alpha))))
+    elif ACT == 2:
+        g = tl.minimum(gate, limit)
+        return g / (1.0 + tl.exp(-g)) * tl.minimum(tl.maximum(up, -limit), limit)
     else:
         return gate / (1.0 + tl.exp(-gate)) * up
 

@@ -34,9 +34,11 @@ def test_greedy_tokens_equal_transformers_while_streaming(hf_dir, tmp_path, quan
 
 @pytest.mark.gpu
 def test_greedy_tokens_equal_transformers_on_the_gpu(hf_dir, tmp_path):
-    """float32 on CUDA, experts streaming through the slot banks (decode runs eagerly: no graphs)."""
+    """float32 on CUDA, experts streaming through the slot banks and the Triton MoE kernels (clamped silu)
+    (decode runs eagerly: no graphs)."""
     from engine.format.repack import repack
     eng = streaming_engine(repack(hf_dir, tmp_path / "bf16", quant="bf16"), device="cuda", dtype="float32")
+    assert eng.runner.experts.kernel is not None and eng.runner.experts.prefill_kernel is not None
     tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     assert tokens == reference_greedy(load_reference(hf_dir), PROMPT, NEW_TOKENS)
     assert eng.telemetry()["ram_cache"]["evictions"] > 0

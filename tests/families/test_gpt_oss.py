@@ -134,10 +134,12 @@ def test_native_mxfp4_checkpoint_repacks_byte_identical_and_matches_transformers
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("quant", ["bf16", "mxfp4"])
 def test_greedy_tokens_match_transformers_on_the_gpu(quant, hf_dir, mxfp4_dir, tmp_path):
-    """The H200 path (float32 compute, Triton kernels where the activation allows, CUDA graphs)."""
+    """The H200 path (float32 compute, the Triton decode and prefill kernels with gpt-oss's biases and clamped
+    SwiGLU, CUDA graphs)."""
     src = hf_dir if quant == "bf16" else mxfp4_dir
     model_dir = repack(src, tmp_path / quant, quant=quant)
     eng = engine.load(model_dir, device="cuda", dtype="float32")
+    assert eng.runner.experts.kernel is not None and eng.runner.experts.prefill_kernel is not None
     ours = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     eng.close()
     assert ours == reference_greedy(load_reference(src), PROMPT, NEW_TOKENS)

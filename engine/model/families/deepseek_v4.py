@@ -23,6 +23,7 @@ from engine.model.layers import embedding, linear
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
+from kernels.activation import clamped_silu
 
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
 # by (attention's q_a, q_b, kv, o_a (a group of rows at a time) and o_b, the shared expert), the head and the
@@ -90,7 +91,8 @@ class Dsv4Model(Model):
     def __init__(self, spec: ModelSpec, blocks: list, token_ids: TokenIds, w: dict[str, torch.Tensor]):
         cfg = blocks[0].layer.cfg
         super().__init__(spec, blocks, w["model.embed_tokens.weight"], w["model.norm.weight"], w["lm_head.weight"],
-                         cfg.eps, expert_mlp=functools.partial(_expert, limit=cfg.swiglu_limit), expert_kernel=None)
+                         cfg.eps, expert_mlp=functools.partial(_expert, limit=cfg.swiglu_limit),
+                         expert_kernel=clamped_silu(cfg.swiglu_limit))
         self.cfg, self.token_ids = cfg, token_ids
         self.hc_head = tuple(w[f"model.hc_head.hc_{n}"] for n in ("fn", "base", "scale"))
 

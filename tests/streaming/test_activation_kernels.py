@@ -1,6 +1,7 @@
-"""gpt-oss experts (biases, clamped SwiGLU) through the Triton MoE kernels while they stream through 3 slots a
-bank: the prompt through the prefill kernel, every new token through the decode kernel, tokens exactly
-transformers'. The clamp limit is lowered to 1 so that many gate and up values pass it. On a GPU the runner
+"""gpt-oss experts (biases, clamped SwiGLU) and DeepSeek-V4's (clamped silu) through the Triton MoE kernels
+while they stream through 3 slots a bank: the prompt through the prefill kernel, every new token through the
+decode kernel, tokens exactly transformers'. gpt-oss's clamp limit is lowered to 1 (DeepSeek-V4's test model
+has 1.5) so that many gate and up values pass it. On a GPU the runner
 picks the kernels (after their self-checks); on the CPU, where it picks kernels for CUDA only, they are put
 in place by hand and run in Triton's interpreter (float32 compute both ways)."""
 import functools
@@ -11,6 +12,7 @@ import torch
 from engine.format.repack import repack
 from engine.tools.demo import build_hf_model, write_mxfp4_checkpoint
 from tests.engine.reference import load_reference, reference_greedy
+from tests.families.dsv4_checkpoint import build_dsv4
 from tests.streaming.sized import engine_with_slots, token_ids
 
 pytest.importorskip("triton")
@@ -45,14 +47,14 @@ def checkpoints(tmp_path_factory):
     return hf, write_mxfp4_checkpoint(hf, tmp / "hf-mxfp4")
 
 
-def _kernel_tokens(path, monkeypatch, wrap=None) -> list[int]:
-    """Greedy tokens of the streaming engine with both MoE kernels; `wrap` replaces the decode kernel
-    by a variant of it (a deliberately wrong one)."""
+def _kernel_tokens(path, monkeypatch, activation_name="clamped_swiglu", wrap=None) -> list[int]:
+    """Greedy tokens of the streaming engine with both MoE kernels, whose model declares `activation_name`;
+    `wrap` replaces the decode kernel by a variant of it (a deliberately wrong one)."""
     monkeypatch.setenv("SLUICE_PREFILL_KERNEL", "1")
     eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=4)
     try:
         experts, activation = eng.runner.experts, eng.runner.model.expert_kernel
-        assert activation is not None and activation.name == "clamped_swiglu" and activation.limit == 1.0
+        assert activation is not None and activation.name == activation_name
         if experts.is_cuda:
             assert experts.kernel is not None and experts.prefill_kernel is not None, "the runner kept the torch path"
         else:
@@ -94,3 +96,9 @@ def test_a_decode_kernel_without_the_down_bias_gives_other_tokens(checkpoints, t
 
     path = repack(hf, tmp_path / "bf16", quant="bf16")
     assert _kernel_tokens(path, monkeypatch, wrap=without_down_bias) != expected
+
+
+def test_deepseek_v4_experts_through_the_kernels_give_transformers_tokens(tmp_path, monkeypatch):
+    hf = build_dsv4(tmp_path / "hf", seed=2, with_tokenizer=False)
+    expected = reference_greedy(load_reference(hf), PROMPT, NEW_TOKENS)
+    assert _kernel_tokens(repack(hf, tmp_path / "bf16", quant="bf16"), monkeypatch, "clamped_silu") == expected

@@ -1,18 +1,22 @@
-"""gpt-oss experts in the MoE kernels: gate/up/down biases and the clamped SwiGLU, in both decode kernels
-(two launches, split down, fused) and the prefill kernel, against their torch references, and the references
-against the engine's own gpt-oss expert (engine.model.gptoss). The clamp limit is small so that many gate and
-up values pass it. On the CPU these run in Triton's interpreter, at small shapes."""
+"""gpt-oss and DeepSeek-V4 experts in the MoE kernels: gpt-oss's gate/up/down biases and clamped SwiGLU,
+DeepSeek-V4's clamped silu, in both decode kernels (two launches, split down, fused) and the prefill kernel,
+against their torch references, and the references against the engine's own experts (engine.model.gptoss,
+engine.model.dsv4.moe). The clamp limits are small so that many gate and up values pass them. On the CPU
+these run in Triton's interpreter, at small shapes."""
 import pytest
 import torch
 
+from engine.model.dsv4.moe import clamped_swiglu as dsv4_expert
 from engine.model.gptoss import clamped_swiglu_expert
 from kernels import selfcheck
-from kernels.activation import SILU, clamped_swiglu
+from kernels.activation import SILU, clamped_silu, clamped_swiglu
 from kernels.formats import dequantize_block, make_offsets, random_bank
 from kernels.moe_decode import DecodeConfig, moe_decode, moe_decode_ref
 from kernels.moe_prefill import PrefillConfig, moe_prefill_bank, moe_prefill_ref
 
 ACT = clamped_swiglu(alpha=1.702, limit=0.4)       # gpt-oss's alpha; its limit is 7, too far for random weights
+DSV4_ACT = clamped_silu(limit=0.3)                  # DeepSeek-V4's experts: no biases
+CASES = {"gpt_oss": (ACT, True), "deepseek_v4": (DSV4_ACT, False)}     # activation, bias fields
 I, H = 64, 64                                       # mxfp4: whole 32-value groups
 DECODE_CONFIGS = {"loop": DecodeConfig(block_i=16, block_h=16, block_k=32),
                   "split": DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True),
@@ -20,9 +24,9 @@ DECODE_CONFIGS = {"loop": DecodeConfig(block_i=16, block_h=16, block_k=32),
 PREFILL = PrefillConfig(block_m=16, block_n=32, block_k=32)
 
 
-def _case(fmt, device, num_tokens, top_k=2, num_slots=4, seed=0, x_dtype=torch.float32):
+def _case(fmt, device, num_tokens, top_k=2, num_slots=4, seed=0, x_dtype=torch.float32, bias=True):
     g = torch.Generator().manual_seed(seed)
-    offsets, block_bytes = make_offsets(fmt, I, H, bias=True)
+    offsets, block_bytes = make_offsets(fmt, I, H, bias=bias)
     bank = random_bank(num_slots, block_bytes, fmt, offsets, I, H, device=device, generator=g)
     x = torch.randn(num_tokens, H, generator=g).to(device, x_dtype)
     slots = torch.stack([torch.randperm(num_slots, generator=g)[:top_k] for _ in range(num_tokens)]).int().to(device)
@@ -55,12 +59,25 @@ def test_reference_is_the_engines_gpt_oss_expert_and_hits_the_clamp(device):
                                rtol=1e-5, atol=1e-6)
 
 
+def test_reference_is_deepseek_v4s_expert(device):
+    x, bank, slots, weights, fmt, offsets, _ = _case("mxfp4", device, 2, seed=5, bias=False)
+    expected = torch.zeros(x.shape, device=device)
+    for t in range(x.shape[0]):
+        for k in range(slots.shape[1]):
+            w = dequantize_block(bank[slots[t, k]], fmt, offsets, I, H)
+            expected[t] += weights[t, k] * dsv4_expert(x[t:t + 1], w["gate"], w["up"], w["down"], DSV4_ACT.limit)[0]
+    torch.testing.assert_close(moe_decode_ref(x, bank, slots, weights, fmt, offsets, I, activation=DSV4_ACT),
+                               expected, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("config", DECODE_CONFIGS.values(), ids=DECODE_CONFIGS.keys())
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4", "fp8"])
-def test_decode_kernels_match_reference(fmt, config, device):
-    args = _case(fmt, device, 3, seed=1)
-    out = moe_decode(*args, config=config, activation=ACT)
-    assert _rel(out, moe_decode_ref(*args, activation=ACT)) < 1e-5
+@pytest.mark.parametrize("family,fmt", [("gpt_oss", "bf16"), ("gpt_oss", "mxfp4"), ("gpt_oss", "fp8"),
+                                        ("deepseek_v4", "mxfp4")])
+def test_decode_kernels_match_reference(family, fmt, config, device):
+    act, bias = CASES[family]
+    args = _case(fmt, device, 3, seed=1, bias=bias)
+    out = moe_decode(*args, config=config, activation=act)
+    assert _rel(out, moe_decode_ref(*args, activation=act)) < 1e-5
 
 
 def test_decode_skipped_pairs_and_accumulate(device):
@@ -76,14 +93,18 @@ def test_decode_skipped_pairs_and_accumulate(device):
         assert _rel(out, moe_decode_ref(x, bank, slots, weights, *rest, activation=ACT)) < 1e-5
 
 
-@pytest.mark.parametrize("fmt", ["bf16", "mxfp4"])
-@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-def test_prefill_kernel_matches_reference(fmt, x_dtype, device):
+@pytest.mark.parametrize("family,fmt,x_dtype", [("gpt_oss", "bf16", torch.float32), ("gpt_oss", "mxfp4", torch.float32),
+                                                ("gpt_oss", "bf16", torch.bfloat16), ("gpt_oss", "mxfp4", torch.bfloat16),
+                                                ("deepseek_v4", "mxfp4", torch.float32)],
+                         ids=["gpt_oss-bf16-fp32", "gpt_oss-mxfp4-fp32", "gpt_oss-bf16-bf16", "gpt_oss-mxfp4-bf16",
+                              "deepseek_v4-mxfp4-fp32"])
+def test_prefill_kernel_matches_reference(family, fmt, x_dtype, device):
     """20 tokens x 2 choices over 4 experts: blocks of 16 rows with padded tails (whose h is act(biases))."""
-    args = _case(fmt, device, 20, seed=3, x_dtype=x_dtype)
-    out = moe_prefill_bank(*args, config=PREFILL, activation=ACT)
+    act, bias = CASES[family]
+    args = _case(fmt, device, 20, seed=3, x_dtype=x_dtype, bias=bias)
+    out = moe_prefill_bank(*args, config=PREFILL, activation=act)
     tol = 1e-5 if x_dtype == torch.float32 else (1e-2 if torch.cuda.is_available() else 3e-2)
-    assert _rel(out, moe_prefill_ref(*args, activation=ACT)) < tol
+    assert _rel(out, moe_prefill_ref(*args, activation=act)) < tol
 
 
 @pytest.mark.parametrize("wrong", ["no down bias", "no gate bias", "silu"])
@@ -134,3 +155,41 @@ def test_selfchecks_pass_the_kernel_and_refuse_a_missing_down_bias(device, monke
     assert not verdict.ok and fn is moe_decode_ref
     with pytest.warns(RuntimeWarning, match="moe_prefill"):
         assert not check_prefill(dropping_down_bias(prefill)).ok
+
+
+# ---------------------------------------------------------------- gpt-oss-120b's expert shapes, on a GPU
+
+GPT_OSS_120B = (2880, 2880, 4)          # I, H, K
+GPT_OSS_ACT = clamped_swiglu(alpha=1.702, limit=7.0)
+
+
+def _real_case(fmt, num_tokens, x_dtype, seed):
+    intermediate, hidden, top_k = GPT_OSS_120B
+    g = torch.Generator().manual_seed(seed)
+    offsets, block_bytes = make_offsets(fmt, intermediate, hidden, bias=True)
+    bank = random_bank(16, block_bytes, fmt, offsets, intermediate, hidden, device="cuda", generator=g)
+    x = (4 * torch.randn(num_tokens, hidden, generator=g)).to("cuda", x_dtype)     # x4: some values pass the clamp
+    slots = torch.stack([torch.randperm(16, generator=g)[:top_k] for _ in range(num_tokens)]).int().cuda()
+    return x, bank, slots, torch.rand(num_tokens, top_k, generator=g).cuda(), fmt, offsets, intermediate
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
+def test_real_shapes_on_gpu(fmt, x_dtype):
+    """Decode (shipped config, split and fused) and prefill (shipped config, 512 tokens) at gpt-oss-120b's
+    expert shapes with biases and its clamped SwiGLU; the self-checks the runner runs pass."""
+    from kernels.moe_decode import default_config
+    tol = 1e-5 if x_dtype == torch.float32 else 1e-2
+    for num_tokens in (1, 4):
+        args = _real_case(fmt, num_tokens, x_dtype, seed=num_tokens)
+        ref = moe_decode_ref(*args, activation=GPT_OSS_ACT)
+        for config in (default_config(fmt), DecodeConfig(block_i=16, block_h=32, block_k=512, fused=True)):
+            assert _rel(moe_decode(*args, config=config, activation=GPT_OSS_ACT), ref) < tol, (num_tokens, config)
+    args = _real_case(fmt, 512, x_dtype, seed=7)
+    assert _rel(moe_prefill_bank(*args, activation=GPT_OSS_ACT), moe_prefill_ref(*args, activation=GPT_OSS_ACT)) < tol
+    offsets, block_bytes = make_offsets(fmt, GPT_OSS_120B[0], GPT_OSS_120B[1], bias=True)
+    shape = (fmt, offsets, block_bytes, *GPT_OSS_120B)
+    assert selfcheck.select_moe_decode(*shape, "cuda", dtype=x_dtype, activation=GPT_OSS_ACT)[1].ok
+    assert selfcheck.check_moe_prefill(*shape, "cuda", dtype=x_dtype, activation=GPT_OSS_ACT).ok
