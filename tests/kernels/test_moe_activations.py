@@ -10,9 +10,10 @@ from engine.model.dsv4.moe import clamped_swiglu as dsv4_expert
 from engine.model.gptoss import clamped_swiglu_expert
 from kernels import selfcheck
 from kernels.activation import SILU, clamped_silu, clamped_swiglu
-from kernels.formats import dequantize_block, make_offsets, random_bank
+from kernels.formats import dequantize_block, make_offsets
 from kernels.moe_decode import DecodeConfig, moe_decode, moe_decode_ref
 from kernels.moe_prefill import PrefillConfig, moe_prefill_bank, moe_prefill_ref
+from tests.kernels.cases import moe_case
 
 ACT = clamped_swiglu(alpha=1.702, limit=0.4)       # gpt-oss's alpha; its limit is 7, too far for random weights
 DSV4_ACT = clamped_silu(limit=0.3)                  # DeepSeek-V4's experts: no biases
@@ -25,13 +26,7 @@ PREFILL = PrefillConfig(block_m=16, block_n=32, block_k=32)
 
 
 def _case(fmt, device, num_tokens, top_k=2, num_slots=4, seed=0, x_dtype=torch.float32, bias=True):
-    g = torch.Generator().manual_seed(seed)
-    offsets, block_bytes = make_offsets(fmt, I, H, bias=bias)
-    bank = random_bank(num_slots, block_bytes, fmt, offsets, I, H, device=device, generator=g)
-    x = torch.randn(num_tokens, H, generator=g).to(device, x_dtype)
-    slots = torch.stack([torch.randperm(num_slots, generator=g)[:top_k] for _ in range(num_tokens)]).int().to(device)
-    weights = torch.rand(num_tokens, top_k, generator=g).to(device)
-    return x, bank, slots, weights, fmt, offsets, I
+    return moe_case(fmt, device, num_tokens, top_k, num_slots, I, H, seed, x_dtype, bias)
 
 
 def _rel(out, ref):
@@ -165,12 +160,8 @@ GPT_OSS_ACT = clamped_swiglu(alpha=1.702, limit=7.0)
 
 def _real_case(fmt, num_tokens, x_dtype, seed):
     intermediate, hidden, top_k = GPT_OSS_120B
-    g = torch.Generator().manual_seed(seed)
-    offsets, block_bytes = make_offsets(fmt, intermediate, hidden, bias=True)
-    bank = random_bank(16, block_bytes, fmt, offsets, intermediate, hidden, device="cuda", generator=g)
-    x = (4 * torch.randn(num_tokens, hidden, generator=g)).to("cuda", x_dtype)     # x4: some values pass the clamp
-    slots = torch.stack([torch.randperm(16, generator=g)[:top_k] for _ in range(num_tokens)]).int().cuda()
-    return x, bank, slots, torch.rand(num_tokens, top_k, generator=g).cuda(), fmt, offsets, intermediate
+    x, *rest = moe_case(fmt, "cuda", num_tokens, top_k, 16, intermediate, hidden, seed, x_dtype, bias=True)
+    return 4 * x, *rest                                  # x4: some values pass the clamp
 
 
 @pytest.mark.gpu

@@ -7,9 +7,9 @@ import torch
 
 from engine.format.layout import block_layout
 from engine.format.quant import dequantize, quantize
-from kernels.formats import make_offsets, random_bank
 from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
 from kernels.moe_decode_fused import fused_counters
+from tests.kernels.cases import moe_case as _case
 
 SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
 SMALL_SPLIT = DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)   # down pass with atomic adds
@@ -30,16 +30,6 @@ def _dims(fmt, intermediate, hidden):
     """nvfp4 / mxfp4 need multiples of their scale group (16 / 32): round the odd test sizes up."""
     group = {"nvfp4": 16, "mxfp4": 32}.get(fmt, 1)
     return -(-intermediate // group) * group, -(-hidden // group) * group
-
-
-def _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed, x_dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    offsets, block_bytes = make_offsets(fmt, intermediate, hidden)
-    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=g)
-    x = torch.randn(num_tokens, hidden, generator=g).to(device, x_dtype)
-    slots = torch.stack([torch.randperm(num_slots, generator=g)[:top_k] for _ in range(num_tokens)]).int().to(device)
-    weights = torch.rand(num_tokens, top_k, generator=g).to(device)
-    return x, bank, slots, weights, fmt, offsets, intermediate
 
 
 def _rel(out, ref):

@@ -5,24 +5,15 @@ import pytest
 import torch
 
 from kernels import selfcheck
-from kernels.formats import make_offsets, random_bank
+from kernels.formats import make_offsets
 from kernels.moe_decode import moe_decode_ref
 from kernels.moe_prefill import PrefillConfig, max_blocks, moe_prefill, moe_prefill_bank, moe_prefill_ref
 from kernels.pair_routing import route_pairs
+from tests.kernels.cases import moe_case as _case
 
 SMALL = PrefillConfig(block_m=16, block_n=16, block_k=16)    # the smallest tl.dot tiles: many blocks, masked tails
 FMTS = ["int8", "fp8", "bf16", "nvfp4", "mxfp4"]
 BF16_TOL = 1e-2 if torch.cuda.is_available() else 3e-2
-
-
-def _case(fmt, device, num_tokens, top_k, num_slots, intermediate, hidden, seed, x_dtype=torch.float32):
-    g = torch.Generator().manual_seed(seed)
-    offsets, block_bytes = make_offsets(fmt, intermediate, hidden)
-    bank = random_bank(num_slots, block_bytes, fmt, offsets, intermediate, hidden, device=device, generator=g)
-    x = torch.randn(num_tokens, hidden, generator=g).to(device, x_dtype)
-    slots = torch.stack([torch.randperm(num_slots, generator=g)[:top_k] for _ in range(num_tokens)]).int()
-    weights = torch.rand(num_tokens, top_k, generator=g)
-    return x, bank, slots.to(device), weights.to(device), fmt, offsets, intermediate
 
 
 def _skewed(slots, hot=1):

@@ -7,7 +7,6 @@ in place by hand and run in Triton's interpreter (float32 compute both ways)."""
 import functools
 
 import pytest
-import torch
 
 from engine.format.repack import repack
 from engine.tools.demo import build_hf_model, write_mxfp4_checkpoint
