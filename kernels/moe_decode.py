@@ -8,8 +8,9 @@ VRAM slot bank it sits in, in two launches or (config.fused) one.
                   or, split_down, grid (T*K, H/BLOCK_H) with atomic adds (more programs in flight)
 Gate and up keep separate accumulators; the routing weight and the top-k sum happen in the down
 launch, so nothing but h (T*K*I floats) goes through memory between the two. act: the expert
-activation (kernels.activation: silu, or gpt-oss's clamped SwiGLU); the biases b*_e (fp32 fields of the
-block, gpt-oss) are added after the row scale, the down bias before the routing weight.
+activation (kernels.activation: silu, gpt-oss's clamped SwiGLU, DeepSeek-V4's clamped silu); the
+biases b*_e (fp32 fields of the block, gpt-oss) are added after the row scale, the down bias before
+the routing weight.
 
 The single-launch variant (config.fused) is in moe_decode_fused.py.
 """

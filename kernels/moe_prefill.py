@@ -12,9 +12,9 @@ brought in, one call each. Weight tiles are dequantised in registers as engine.f
 global scale; mxfp4 e2m1 times its group's power of two; then rounded to the compute dtype), so the
 products use the very weights the torch path multiplies; accumulation is fp32 (tl.dot; float32 inputs
 in IEEE precision, never TF32). Formats: all of kernels.formats. act: the experts' activation
-(kernels.activation: silu, or gpt-oss's clamped SwiGLU); the biases b*_e (gpt-oss's fp32 fields, rounded
-to the compute dtype as the torch path holds them) are added after the row scale, bd_e before the
-routing weight.
+(kernels.activation: silu, gpt-oss's clamped SwiGLU, DeepSeek-V4's clamped silu); the biases b*_e
+(gpt-oss's fp32 fields, rounded to the compute dtype as the torch path holds them) are added after the
+row scale, bd_e before the routing weight.
 """
 from __future__ import annotations
 
