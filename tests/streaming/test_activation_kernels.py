@@ -54,8 +54,11 @@ def _kernel_tokens(path, monkeypatch, activation_name="clamped_swiglu", wrap=Non
     try:
         experts, activation = eng.runner.experts, eng.runner.model.expert_kernel
         assert activation is not None and activation.name == activation_name
+        graphs = eng.runner.step.use_graphs     # one-token decode replays the kernel captured at load, not experts.kernel
         if experts.is_cuda:
             assert experts.kernel is not None and experts.prefill_kernel is not None, "the runner kept the torch path"
+            if wrap and graphs:
+                pytest.skip("the decode kernel runs from CUDA graphs captured at load: a variant cannot be put in")
         else:
             experts.kernel = functools.partial(moe_decode, config=CPU_DECODE, activation=activation)
             experts.prefill_kernel = PrefillKernel(CPU_PREFILL, activation)
@@ -63,7 +66,7 @@ def _kernel_tokens(path, monkeypatch, activation_name="clamped_swiglu", wrap=Non
         experts.prefill_kernel = prefill = Counting(experts.prefill_kernel)
         tokens = token_ids(eng, PROMPT, NEW_TOKENS)
         assert eng.telemetry()["ram_cache"]["evictions"] > 0                      # the experts really streamed
-        assert prefill.calls >= 2 and decode.calls >= 2 * (NEW_TOKENS - 1)        # both layers, every step
+        assert prefill.calls >= 2 and (graphs or decode.calls >= 2 * (NEW_TOKENS - 1))   # both layers, every step
         return tokens
     finally:
         eng.close()
