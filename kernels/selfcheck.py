@@ -187,19 +187,25 @@ def select_moe_decode(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
     device = torch.device(device)
     cases = _moe_cases(fmt, offsets, block_bytes, intermediate, hidden, top_k, device, dtype, num_slots=max(top_k + 1, 4),
                        seed=1234, token_counts=(1, 1, 3, 3))
-    current: list = []
-
-    def run_kernel():
-        current[:] = [next(cases)]
-        return kernel(*current[0], activation=activation)
-
-    def run_ref():
-        return moe_decode_ref(*current[0], activation=activation)
-
+    run_kernel, run_ref = _runners(cases, kernel, moe_decode_ref, activation=activation)
     rtol = 2e-2 if dtype == torch.bfloat16 else 1e-3
     shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype}{_extras(offsets, activation)}"
     verdict = check("moe_decode", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=4)
     return (kernel if verdict.ok else moe_decode_ref), verdict
+
+
+def _runners(cases, kernel: Callable, ref: Callable, **kw) -> tuple[Callable, Callable]:
+    """`check`'s pair of calls: the kernel on the next case's arguments, then the reference on the same."""
+    current: list = []
+
+    def run_kernel():
+        current[:] = [next(cases)]
+        return kernel(*current[0], **kw)
+
+    def run_ref():
+        return ref(*current[0], **kw)
+
+    return run_kernel, run_ref
 
 
 def _extras(offsets: Mapping[str, int], activation) -> str:
@@ -222,15 +228,9 @@ def select_int8_linear(out_features: int, in_features: int, device, dtype: torch
     gen = torch.Generator().manual_seed(4321)
     codes = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8).to(device)
     scale = (torch.rand(out_features, generator=gen) * in_features ** -0.5 / 64).to(device, torch.bfloat16)
-    cases = iter([torch.randn(n, in_features, generator=gen).to(device, dtype) for n in (1, 1, MAX_KERNEL_TOKENS)])
-    current: list = []
-
-    def run_kernel():
-        current[:] = [next(cases)]
-        return kernel(current[0], codes, scale)
-
-    def run_ref():
-        return int8_linear_ref(current[0], codes, scale)
+    cases = iter([(torch.randn(n, in_features, generator=gen).to(device, dtype), codes, scale)
+                  for n in (1, 1, MAX_KERNEL_TOKENS)])
+    run_kernel, run_ref = _runners(cases, kernel, int8_linear_ref)
 
     rtol = 1e-2 if dtype == torch.bfloat16 else 1e-4        # the same weights: only the sums' order differs
     shape_key = f"N={out_features} K={in_features} {dtype}"
@@ -256,15 +256,7 @@ def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, in
     # 128 * K pairs over 10 slots: several blocks an expert at BM 64; then 100 tokens all choosing slot 0
     cases = _moe_cases(fmt, offsets, block_bytes, intermediate, hidden, top_k, device, dtype,
                        num_slots=max(top_k + 2, 10), seed=2345, token_counts=(128, 7), hot_counts=(100,))
-    current: list = []
-
-    def run_kernel():
-        current[:] = [next(cases)]
-        return kernel(*current[0], activation=activation)
-
-    def run_ref():
-        return moe_prefill_ref(*current[0], activation=activation)
-
+    run_kernel, run_ref = _runners(cases, kernel, moe_prefill_ref, activation=activation)
     rtol = 2e-2 if dtype != torch.float32 else 1e-4
     shape_key = f"{fmt} I={intermediate} H={hidden} K={top_k} block={block_bytes} {dtype} {config}{_extras(offsets, activation)}"
     return check("moe_prefill", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
