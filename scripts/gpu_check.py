@@ -629,6 +629,17 @@ STAGES = {
     "probe-first-use": lambda: [print(subprocess.run(
         f"CUDA_MODULE_LOADING={mode} {sys.executable} scripts/probe_first_use.py", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-3000:]) for mode in ("LAZY", "EAGER")],
+    # the memory besides the RAM cache under glibc's and the CUDA driver's switches: freed heap kept (a fixed mmap
+    # threshold returns large frees at once), module data loaded lazily; each in a fresh process, same model
+    "probe-memory-variants": lambda: [print(f"=== {env or '(defaults)'}\n" + subprocess.run(
+        f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
+        f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
+        f"{env} {sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
+        capture_output=True, text=True).stdout[-3500:]) for env in (
+            "", "MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072", "CUDA_MODULE_DATA_LOADING=LAZY",
+            "MALLOC_ARENA_MAX=1 MALLOC_MMAP_THRESHOLD_=131072 MALLOC_TRIM_THRESHOLD_=131072 CUDA_MODULE_DATA_LOADING=LAZY")]
+        + [print(subprocess.run(f"CUDA_MODULE_DATA_LOADING=LAZY {sys.executable} scripts/probe_first_use.py", shell=True,
+                                cwd=ROOT, capture_output=True, text=True).stdout[-3000:])],
     # the same without CUDA graphs and Triton kernels: is the memory the graphs, or the kernels' first run?
     "probe-memory-eager": lambda: print(subprocess.run(
         f"SLUICE_EAGER=1 {sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True,

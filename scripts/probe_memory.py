@@ -61,10 +61,36 @@ def main() -> None:
     for _ in eng.generate(list(range(1, 65)), GenerationParams(max_new_tokens=16, temperature=0.0)):
         pass
     note("64-token prompt + 16 tokens", eng.telemetry()["ram_cache"]["used_bytes"])
+    for _ in eng.generate([1 + i % 300 for i in range(500)], GenerationParams(max_new_tokens=4, temperature=0.0)):
+        pass
+    note("500-token prompt + 4 tokens", eng.telemetry()["ram_cache"]["used_bytes"])
+    from engine.runtime.memory import release_free_heap
+    release_free_heap()
+    note("malloc_trim after the prompts", eng.telemetry()["ram_cache"]["used_bytes"])
+    regions = _private_regions()
     eng.close()
     print("| phase | anonymous besides the RAM cache, MiB | RSS, MiB | largest anonymous mappings, MiB |")
     for phase, anon, rss, where in ROWS:
         print(f"| {phase} | {anon:.0f} | {rss:.0f} | {where} |")
+    print("largest private anonymous regions (size MiB: resident MiB, how many):",
+          ", ".join(f"{size}: {rss} x{n}" for (size, rss), n in regions))
+
+
+def _private_regions(top: int = 12) -> list:
+    """The private anonymous mappings by (size, resident) MiB, most resident first: thread stacks (8 MiB),
+    glibc arenas (64 MiB reserved), the CUDA driver's and torch's own maps."""
+    import collections
+    found, size = collections.Counter(), 0
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if not head[0].endswith(":"):
+                start, end = (int(a, 16) for a in head[0].split("-"))
+                private = len(head) < 6 and head[1].endswith("p")
+                size = (end - start) >> 20 if private else None
+            elif head[0] == "Rss:" and size is not None and int(head[1]) >= 1024:
+                found[(size, int(head[1]) >> 10)] += 1
+    return sorted(found.items(), key=lambda kv: -kv[0][1] * kv[1])[:top]
 
 
 if __name__ == "__main__":

@@ -237,6 +237,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         "process_non_cache_anon_bytes": max(end["process"]["non_cache_anon_bytes"],
                                             before["process"]["non_cache_anon_bytes"]),
         "process_anonymous_by_mapping": anonymous_by_mapping(),
+        "decode_major_faults_per_token": t.decode_major_faults / decoded,
         "warnings": end["warnings"],
         **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
@@ -278,7 +279,18 @@ def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float
 class _Timings:
     prefill_s = decode_s = 0.0
     new_tokens = 0
+    decode_major_faults = 0
     after_prefill: dict = {}
+
+
+def _major_faults() -> int:
+    """Pages this process had to read back from files so far (code or data evicted under a memory cap):
+    a decode that adds many is thrashing the libraries' pages, its RAM cache set too large."""
+    try:
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
+    except (ImportError, OSError):
+        return 0
 
 
 def _timed_generate(eng, prompt: list[int], params) -> _Timings:
@@ -290,9 +302,10 @@ def _timed_generate(eng, prompt: list[int], params) -> _Timings:
         if t.new_tokens == 0:
             t.prefill_s = time.perf_counter() - start
             t.after_prefill = eng.telemetry()
-            start = time.perf_counter()
+            faults, start = _major_faults(), time.perf_counter()
         t.new_tokens += 1
     t.decode_s = time.perf_counter() - start
+    t.decode_major_faults = _major_faults() - faults if t.new_tokens else 0
     return t
 
 
@@ -351,7 +364,8 @@ def report(r: dict) -> str:
         f"{format_size(r['vram_driver_bytes']) if r['vram_driver_bytes'] else 'n/a (no NVML)'} for the process",
         f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
         f"{format_size(r['process_non_cache_bytes'])} ({format_size(r.get('process_non_cache_anon_bytes', 0))} "
-        f"anonymous, the rest the libraries' file pages)",
+        f"anonymous, the rest the libraries' file pages); {r.get('decode_major_faults_per_token', 0):.1f} "
+        f"pages a token read back from files while decoding",
         *_mapping_lines(r),
     ]
     if "baseline" in r:

@@ -44,6 +44,8 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     # the disk's active time is the union of the reads' intervals: within the token, at most their sum
     assert 0 < r["decode_disk_active_s_per_token"] < r["decode_s_per_token"]
     assert r["process_anonymous_by_mapping"] and "anonymous    " in report(r)     # where the memory sits
+    # nothing caps this run: a decode reads (almost) no code pages back; a thrashing one would show here
+    assert 0 <= r["decode_major_faults_per_token"] < 5 and "read back from files" in report(r)
 
 
 def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_preset, tmp_path, capsys):
