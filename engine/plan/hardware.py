@@ -60,8 +60,9 @@ def probe(models_dir: str | Path | None = None, disk_test_bytes: int = 256 * MiB
 def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: str | Path = "/proc/self/cgroup") -> int:
     """Bytes of RAM this process can still take: the system's available memory, or less when the
     process runs inside a cgroup v2 with a `memory.max` (a container, a systemd slice): there the
-    limit minus what the group already uses, the tightest of its ancestors. The group's inactive file
-    pages (page cache nobody is using, e.g. a file read once) do not count: the kernel drops them first."""
+    limit minus what the group already uses, the tightest of its ancestors. The group's page cache
+    (files read, the libraries' pages) does not count: the kernel drops it under the cap. The part of it
+    in use (the code being run) is the caller's to reserve; shared memory (a pinned cache) counts."""
     import psutil
     available = psutil.virtual_memory().available
     try:
@@ -74,7 +75,7 @@ def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: st
         try:
             limit = (group / "memory.max").read_text().strip()
             if limit != "max":
-                used = int((group / "memory.current").read_text()) - _inactive_file(group)
+                used = int((group / "memory.current").read_text()) - _droppable_file(group)
                 available = min(available, max(int(limit) - used, 0))
         except (OSError, ValueError):
             pass
@@ -83,14 +84,19 @@ def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: st
         group = group.parent
 
 
-def _inactive_file(group: Path) -> int:
+def _droppable_file(group: Path) -> int:
+    """The group's file pages the kernel can drop: all of its page cache but shared memory (which is
+    counted in `file` too, and stays). Before Linux 5.x-era stats, the inactive part only."""
     try:
-        for line in (group / "memory.stat").read_text().splitlines():
-            if line.startswith("inactive_file "):
-                return int(line.split()[1])
+        stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
     except (OSError, ValueError):
-        pass
-    return 0
+        return 0
+    try:
+        if "file" in stat:
+            return max(int(stat["file"]) - int(stat.get("shmem", 0)), 0)
+        return int(stat.get("inactive_file", 0))
+    except ValueError:
+        return 0
 
 
 def memory_limit(cgroup_root: str | Path = "/sys/fs/cgroup",

@@ -41,7 +41,11 @@ from kernels.formats import random_bank
 
 
 _CONTEXT_BYTES: dict[int, int] = {}    # device index -> driver-view bytes outside torch's allocator
-RAM_RESERVE = 384 << 20     # what the process still grows by after loading (tokenizer, staging, Python)
+# Under a memory cap, what the cache leaves: the page cache of the code being run (the libraries' hot pages) and
+# what the process still grows by after loading (measured: +13 MiB over two prompts). Under a 4 GiB cgroup on the
+# H200 box a 3.0 GiB cache (100 MiB left beside the process) still read back no pages while decoding (0.02 a token):
+# BENCHMARKS.md "Session 10".
+RAM_RESERVE = 192 << 20
 EMBED_TABLE = "model.embed_tokens.weight"
 
 
