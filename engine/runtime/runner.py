@@ -126,8 +126,13 @@ class Runner:
         the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report."""
         if mode not in MODES:
             raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
-        if mode == "off" or (mode == "auto" and (not self.is_cuda or layout.fmt not in CPU_FAST_FORMATS)):
+        if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
             return None           # auto: only formats the CPU multiplies without dequantising first
+        if mode == "auto" and not self.is_cuda and layout.fmt == "int8":
+            # The CPU device: a slot costs a copy, a decoded float copy of the expert and a matmul over 4x the
+            # bytes; computed where it sits in RAM it costs the matmul alone (OLMoE-1B-7B dims, 2 cores: decode
+            # 1.03 -> 2.34 tok/s, BENCHMARKS.md "Session 10"). bf16 blocks would need a float copy each.
+            mode = "all"
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
