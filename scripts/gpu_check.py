@@ -575,6 +575,13 @@ STAGES = {
         bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
                                              "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant", "int8"])
         for tag, tokens in (("warmup", 16), ("int8-dense", 128), ("int8-dense-2", 128))],
+    # fits-vram-ram with the RAM cache the engine now sizes under the cap itself (session 10: ~2.85 GiB), at the
+    # regime's VRAM and at llama.cpp's -ncmoe 9 VRAM (after `scripts/peer/llamacpp.py bench --regime fits-vram-ram`)
+    "regimes-fits-vram-ram": lambda: [
+        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-vram-ram",
+                                                  "--prompt-tokens", "512", "--new-tokens", "64", "--dense-quant", "int8"]
+              + extra)
+        for tag, extra in (("warmup", ["--new-tokens", "8"]), ("3.73GiB", []), ("4.1GiB", ["--vram-budget", "4.1GiB"]))],
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it
     "sweep-ab": lambda: [

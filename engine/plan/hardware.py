@@ -86,7 +86,7 @@ def available_memory(cgroup_root: str | Path = "/sys/fs/cgroup", proc_cgroup: st
 
 def _droppable_file(group: Path) -> int:
     """The group's file pages the kernel can drop: all of its page cache but shared memory (which is
-    counted in `file` too, and stays). Before Linux 5.x-era stats, the inactive part only."""
+    counted in `file` too, and stays); where the stats have no `file`, the inactive part only."""
     try:
         stat = dict(line.split() for line in (group / "memory.stat").read_text().splitlines() if line.count(" ") == 1)
     except (OSError, ValueError):
