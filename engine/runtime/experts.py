@@ -154,7 +154,7 @@ class Experts:
         self._release_finished_copies()
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
         self._score_speculation(layer, set(wanted))
-        self.banks.note_used((layer, e) for e in routed)
+        self.banks.note_used(layer, routed)
         slot_of, late = {}, []
         for expert in wanted:
             slot = self.banks.find((layer, expert))

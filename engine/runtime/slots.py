@@ -15,7 +15,7 @@ block the sweep itself brought in (a pool that rotates), and the blocks resident
 """
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from itertools import islice
 from typing import Callable, Iterable
 
@@ -67,12 +67,14 @@ class SlotBanks:
             self._resident[bank].move_to_end(key)
         return slot
 
-    def note_used(self, keys) -> None:
-        """The experts a layer's tokens were routed to (resident or not): their use counts grow."""
-        keys = list(keys)
-        for key in keys:
-            self._uses[key] = self._uses.get(key, 0.0) + 1.0
-        self._uses_until_aging -= len(keys)
+    def note_used(self, layer: int, routed: list[int]) -> None:
+        """The experts a layer's tokens were routed to (resident or not; one id a routed pair): their use
+        counts grow. Counted per distinct expert: a 512-token prefill routes 4096 pairs a layer, which one
+        by one took ~5 ms of host time a layer."""
+        for expert, n in Counter(routed).items():
+            key = (layer, expert)
+            self._uses[key] = self._uses.get(key, 0.0) + n
+        self._uses_until_aging -= len(routed)
         if self._uses_until_aging <= 0:
             self._uses_until_aging = self._aging_period
             self._uses = {k: n / 2 for k, n in self._uses.items() if n >= 0.5}

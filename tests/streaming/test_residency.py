@@ -35,7 +35,7 @@ def hit_rate(trace, window: int) -> float:
     for token in trace:
         for layer, experts in enumerate(token):
             keys = [(layer, e) for e in experts]
-            banks.note_used(keys)
+            banks.note_used(layer, experts)
             for key in keys:
                 lookups += 1
                 if banks.find(key) is not None:
@@ -68,7 +68,7 @@ def disk_reads_per_token(trace, ram_window: int | None, slots_per_bank: int = 40
     for token in trace:
         for layer, experts in enumerate(token):
             keys = [(layer, e) for e in experts]
-            banks.note_used(keys)
+            banks.note_used(layer, experts)
             for key in keys:
                 if banks.find(key) is not None:
                     continue
@@ -93,3 +93,11 @@ def test_hot_experts_stay_in_ram_too():
     skewed, uniform = zipf_trace(1.0), zipf_trace(0.0)
     assert disk_reads_per_token(skewed, 32) < 0.95 * disk_reads_per_token(skewed, None)
     assert disk_reads_per_token(uniform, 32) <= disk_reads_per_token(uniform, None)
+
+
+def test_use_counts_count_every_routed_pair_and_age():
+    banks = SlotBanks(SLOTS_PER_BANK, 1, torch.device("cpu"), Telemetry())
+    banks.note_used(2, [7, 3, 7, 7])                       # a prefill routes an expert once per token
+    assert (banks.uses((2, 7)), banks.uses((2, 3)), banks.uses((1, 7))) == (3.0, 1.0, 0.0)
+    banks.note_used(2, [3] * banks._uses_until_aging)      # the aging period passes: every count halves
+    assert banks.uses((2, 7)) == 1.5
