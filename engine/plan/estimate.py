@@ -337,7 +337,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     (None, the sentence saying why the budgets cannot hold the model)."""
     import torch
     from engine.format.layout import block_layout
-    from engine.runtime.budget import CUDA_CONTEXT_BYTES, default_context, plan_budgets, prefill_workspace_bytes
+    from engine.runtime.budget import (CUDA_CONTEXT_BYTES, default_context, in_place_defaults, plan_budgets,
+                                       prefill_workspace_bytes)
     from engine.runtime.experts import decoded_expert_bytes
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
@@ -354,12 +355,16 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     kv_bytes = _state_bytes(config, compute_dtype, context)
     workspace = prefill_workspace_bytes(spec, context, elem) + CUDA_CONTEXT_BYTES if on_gpu else 0
 
+    default_ram = available // 2
+    if not on_gpu and quant == "int8":          # the engine computes int8 experts in RAM on the CPU device
+        default_vram, default_ram = in_place_defaults(default_vram, default_ram, dense + kv_bytes, block + decoded)
+
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,
                             num_moe_layers=shape.num_moe_layers, dense_bytes=dense, kv_bytes=kv_bytes,
                             workspace_bytes=workspace, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
                             default_vram=default_vram,
-                            default_ram=available // 2, device_slot_bytes=block + decoded)
+                            default_ram=default_ram, device_slot_bytes=block + decoded)
     try:
         plan = plan_for(ram_cache)
         in_ram = plan.ram_cache_bytes + (0 if on_gpu else plan.vram_budget_bytes)

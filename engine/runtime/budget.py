@@ -61,6 +61,19 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
     return Plan(vram_budget, dense_bytes, kv_bytes, workspace_bytes, slots_per_bank, ram_cache, block_bytes, slot)
 
 
+IN_PLACE_SLOTS = 32     # a bank's slots on the CPU device when experts are computed in RAM: one prefill batch
+
+
+def in_place_defaults(default_vram: int, default_ram: int, fixed_bytes: int, device_slot_bytes: int) -> tuple[int, int]:
+    """(default VRAM budget, default RAM cache) on the CPU device when the RAM-resident experts are computed
+    where they sit (int8): the slot tier (a float copy of each expert) only serves prefill's batches, and the
+    memory it would have taken goes to the RAM cache, which holds 4-5x the experts in the same bytes."""
+    small = fixed_bytes + 2 * IN_PLACE_SLOTS * device_slot_bytes
+    if small >= default_vram:
+        return default_vram, default_ram
+    return small, default_ram + default_vram - small
+
+
 def prefill_workspace_bytes(spec, prompt_tokens: int, dtype_bytes: int, device_type: str = "cuda") -> int:
     """Transient device memory of a whole-prompt prefill: attention (fused on CUDA: the [T, S] mask;
     else fp32 scores + probs), activations, one dequantised expert, logits. An upper estimate; the

@@ -39,3 +39,11 @@ def test_int8_experts_in_ram_are_computed_in_place_by_default(olmoe_dirs):
 def test_bf16_experts_still_take_slots(olmoe_dirs):
     _, snap = _run(olmoe_dirs["bf16"])
     assert snap["cpu"]["experts"] == 0
+
+
+def test_the_slot_tier_keeps_a_prefill_batch_and_gives_the_rest_to_the_ram_cache():
+    from engine.runtime.budget import IN_PLACE_SLOTS, in_place_defaults
+    gib, mib = 2**30, 2**20
+    vram, ram = in_place_defaults(4 * gib, 8 * gib, fixed_bytes=1 * gib, device_slot_bytes=30 * mib)
+    assert vram == 1 * gib + 2 * IN_PLACE_SLOTS * 30 * mib and vram + ram == 12 * gib     # nothing lost
+    assert in_place_defaults(2 * gib, 8 * gib, fixed_bytes=1 * gib, device_slot_bytes=30 * mib) == (2 * gib, 8 * gib)
