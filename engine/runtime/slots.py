@@ -10,8 +10,9 @@ hot): on a Zipf trace this keeps more hits than plain LRU, and on uniform routin
 
 A prompt's prefill is a sweep: it asks for nearly every expert of every layer once, in layer order, so
 recency would let each layer's misses evict the very blocks the later layers (and the next prompt) hit,
-and a cyclic sweep larger than the bank hits nothing. During a sweep the victim is therefore the oldest
-block the sweep itself brought in (a pool that rotates), and the blocks resident before it stay.
+and a cyclic sweep larger than the bank hits nothing. During a sweep the victim is therefore one of the
+blocks the sweep itself brought in (a pool that rotates), by the same rule as above (the least used of the
+oldest: the prompt's hot experts stay for its answer), and the blocks resident before it stay.
 """
 from __future__ import annotations
 
@@ -97,8 +98,13 @@ class SlotBanks:
         return self._swept is not None
 
     def _sweep_victim(self, bank: int, protected: set[Key]) -> Key | None:
-        """The oldest unprotected block the current sweep brought into the bank, or None."""
-        return next((key for key in self._swept[bank] if key not in protected), None) if self._swept else None
+        """Of the unprotected blocks the current sweep brought into the bank, the least used of the `window`
+        oldest (the prompt's hot experts stay for its answer), or None."""
+        if not self._swept:
+            return None
+        uses = self._uses
+        return least_used((key for key in self._swept[bank] if key not in protected),
+                          lambda key: uses.get(key, 0.0), self.window)
 
     def _victim(self, bank: int, protected: set[Key]) -> Key:
         """The least used of the `window` least recently used unprotected blocks (oldest on ties)."""

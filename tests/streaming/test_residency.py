@@ -101,3 +101,17 @@ def test_use_counts_count_every_routed_pair_and_age():
     assert (banks.uses((2, 7)), banks.uses((2, 3)), banks.uses((1, 7))) == (3.0, 1.0, 0.0)
     banks.note_used(2, [3] * banks._uses_until_aging)      # the aging period passes: every count halves
     assert banks.uses((2, 7)) == 1.5
+
+
+def test_a_prefill_rotates_its_own_blocks_but_keeps_the_prompts_hot_experts():
+    """During a sweep the victim is one of the blocks the sweep brought in (those resident before it stay),
+    and of those the least used: an expert many of the prompt's tokens chose stays for its answer."""
+    banks = SlotBanks(4, 1, torch.device("cpu"), Telemetry())
+    banks.acquire((0, 99), protected=set())                            # resident before the prompt
+    banks.begin_sweep()
+    banks.note_used(0, [1] * 50 + [2, 3, 4, 5, 6])                    # expert 1: the prompt's hot one
+    for expert in (1, 2, 3, 4, 5, 6):
+        banks.acquire((0, expert), protected={(0, expert)})
+    banks.end_sweep()
+    assert banks.find((0, 99)) is not None and banks.find((0, 1)) is not None
+    assert sum(banks.find((0, e)) is not None for e in (2, 3, 4, 5, 6)) == 2
