@@ -24,6 +24,7 @@ from engine.runtime.store import READ_PIECES, reader_threads
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
 from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines, wants_cap
+from engine.tools.cgroup import own_cap_stat
 from engine.tools.regimes import REGIMES, regime
 
 
@@ -146,6 +147,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     params = GenerationParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0, ignore_eos=True)
     try:
         t = _timed_generate(eng, prompt, params)
+        t.cap_stat = own_cap_stat()
         end = eng.telemetry()
         warm = _warm_prefill(eng, [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)], end)
     finally:
@@ -238,6 +240,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
                                             before["process"]["non_cache_anon_bytes"]),
         "process_anonymous_by_mapping": anonymous_by_mapping(),
         "decode_major_faults_per_token": t.decode_major_faults / decoded,
+        "cgroup_stat": t.cap_stat,
         "warnings": end["warnings"],
         **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
@@ -248,6 +251,15 @@ def _mapping_lines(r: dict) -> list[str]:
     if not where:
         return []
     return ["anonymous    " + ", ".join(f"{name} {format_size(n)}" for name, n in where)]
+
+
+def _cap_stat_lines(r: dict) -> list[str]:
+    c = r.get("cgroup_stat")
+    if not c:
+        return []
+    gib = lambda key: f"{c.get(key, 0) / 2**30:.2f} GiB"      # noqa: E731
+    return [f"cap holds   anonymous {gib('anon')}, page cache {gib('file')} (of which shared memory, the RAM cache: "
+            f"{gib('shmem')}; active {gib('active_file')}), kernel {gib('kernel')} (after the decode)"]
 
 
 def _placement_lines(r: dict) -> list[str]:
@@ -280,6 +292,7 @@ class _Timings:
     prefill_s = decode_s = 0.0
     new_tokens = 0
     decode_major_faults = 0
+    cap_stat: dict | None = None
     after_prefill: dict = {}
 
 
@@ -367,6 +380,7 @@ def report(r: dict) -> str:
         f"anonymous, the rest the libraries' file pages); {r.get('decode_major_faults_per_token', 0):.1f} "
         f"pages a token read back from files while decoding",
         *_mapping_lines(r),
+        *_cap_stat_lines(r),
     ]
     if "baseline" in r:
         b = r["baseline"]

@@ -88,3 +88,21 @@ def own_cap() -> dict | None:
         return None
     return {"cgroup": path, "memory_max_bytes": int(limit) if limit.isdigit() else None,
             "this_process_inside": str(os.getpid()) in inside}
+
+
+STAT_KEYS = ("anon", "file", "shmem", "active_file", "inactive_file", "kernel")
+
+
+def own_cap_stat() -> dict[str, int] | None:
+    """Where the cap's memory sits now (its memory.stat, bytes): anonymous, page cache (of which shared
+    memory: the pinned RAM cache), kernel; None outside a cap. Read at the end of a capped bench, it says how
+    much of the cap the libraries' page cache kept beside the process and the RAM cache."""
+    path = os.environ.get(CAP_ENV)
+    if not path:
+        return None
+    try:
+        pairs = (line.split() for line in (Path(path) / "memory.stat").read_text().splitlines())
+        stat = {key: int(value) for key, value in pairs if key in STAT_KEYS}
+    except (OSError, ValueError):
+        return None
+    return stat or None

@@ -109,6 +109,13 @@ def test_memory_cap_starts_the_command_inside_its_group(tmp_path):
     assert inside == {"cgroup": str(cap.path), "memory_max_bytes": 5 << 29, "this_process_inside": True}
     (cap.path / "memory.peak").write_text("123456\n")
     assert cap.peak_bytes() == 123456
+    # where the cap's memory sits, as the bench reads it inside the cap at the end of its decode
+    (cap.path / "memory.stat").write_text("anon 100\nfile 300\nkernel 7\nshmem 200\nactive_file 50\npgfault 9\n")
+    code = "import json; from engine.tools.cgroup import own_cap_stat; print(json.dumps(own_cap_stat()))"
+    proc = subprocess.run(cap.command([sys.executable, "-c", code]), capture_output=True, text=True, env=cap.env(),
+                          cwd=Path(__file__).parents[2], check=True)
+    assert json.loads(proc.stdout) == {"anon": 100, "file": 300, "kernel": 7, "shmem": 200, "active_file": 50}
+    assert cgroup.own_cap_stat() is None                           # this process runs under no cap
 
 
 def test_bench_regime_falls_back_to_budgets_and_says_so(tiny_olmoe, no_cgroup_here, tmp_path, capsys):
