@@ -258,7 +258,7 @@ def _cap_stat_lines(r: dict) -> list[str]:
     if not c:
         return []
     gib = lambda key: f"{c.get(key, 0) / 2**30:.2f} GiB"      # noqa: E731
-    return [f"cap holds   anonymous {gib('anon')}, page cache {gib('file')} (of which shared memory, the RAM cache: "
+    return [f"cap holds    anonymous {gib('anon')}, page cache {gib('file')} (of which shared memory, the RAM cache: "
             f"{gib('shmem')}; active {gib('active_file')}), kernel {gib('kernel')} (after the decode)"]
 
 
