@@ -254,12 +254,10 @@ def _mapping_lines(r: dict) -> list[str]:
 
 
 def _cap_stat_lines(r: dict) -> list[str]:
-    c = r.get("cgroup_stat")
-    if not c:
-        return []
-    gib = lambda key: f"{c.get(key, 0) / 2**30:.2f} GiB"      # noqa: E731
-    return [f"cap holds    anonymous {gib('anon')}, page cache {gib('file')} (of which shared memory, the RAM cache: "
-            f"{gib('shmem')}; active {gib('active_file')}), kernel {gib('kernel')} (after the decode)"]
+    size = {key: format_size(n) for key, n in (r.get("cgroup_stat") or {}).items()}
+    return [f"cap holds    anonymous {size.get('anon')}, page cache {size.get('file')} (of which shared memory, the "
+            f"RAM cache: {size.get('shmem')}; active {size.get('active_file')}), kernel {size.get('kernel')} "
+            f"(after the decode)"] if size else []
 
 
 def _placement_lines(r: dict) -> list[str]:
