@@ -12,7 +12,11 @@ A prompt's prefill is a sweep: it asks for nearly every expert of every layer on
 recency would let each layer's misses evict the very blocks the later layers (and the next prompt) hit,
 and a cyclic sweep larger than the bank hits nothing. During a sweep the victim is therefore one of the
 blocks the sweep itself brought in (a pool that rotates), by the same rule as above (the least used of the
-oldest: the prompt's hot experts stay for its answer), and the blocks resident before it stay.
+oldest: the prompt's hot experts stay for its answer), and the blocks resident before it stay. The use
+counts do not age within a sweep, only once at its end: a prompt's tokens are equally recent, and a
+512-token layer routes more pairs than an aging period, so aging layer by layer would leave the first
+layers' hot experts looking cold to the answer's evictions (they copied 14% more in
+scripts/probe_prefill_residency.py).
 """
 from __future__ import annotations
 
@@ -76,9 +80,13 @@ class SlotBanks:
             key = (layer, expert)
             self._uses[key] = self._uses.get(key, 0.0) + n
         self._uses_until_aging -= len(routed)
-        if self._uses_until_aging <= 0:
-            self._uses_until_aging = self._aging_period
-            self._uses = {k: n / 2 for k, n in self._uses.items() if n >= 0.5}
+        if self._uses_until_aging <= 0 and self._swept is None:
+            self._age()
+
+    def _age(self) -> None:
+        """Every use count halves (yesterday's favourite can leave); counts below one half are dropped."""
+        self._uses_until_aging = self._aging_period
+        self._uses = {k: n / 2 for k, n in self._uses.items() if n >= 0.5}
 
     def uses(self, key: Key) -> float:
         """How often the key's expert was routed to lately (its aged use count)."""
@@ -91,6 +99,8 @@ class SlotBanks:
     def end_sweep(self) -> list[Key]:
         """The sweep ends: the blocks it brought in that are still resident (they stay, as any other)."""
         swept, self._swept = self._swept, None
+        if self._uses_until_aging <= 0:
+            self._age()
         return [key for keys in swept for key in keys] if swept else []
 
     @property

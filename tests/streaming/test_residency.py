@@ -115,3 +115,16 @@ def test_a_prefill_rotates_its_own_blocks_but_keeps_the_prompts_hot_experts():
     banks.end_sweep()
     assert banks.find((0, 99)) is not None and banks.find((0, 1)) is not None
     assert sum(banks.find((0, e)) is not None for e in (2, 3, 4, 5, 6)) == 2
+
+
+def test_a_prompts_layers_count_alike_their_uses_age_once_at_its_end():
+    banks = SlotBanks(4, 1, torch.device("cpu"), Telemetry())
+    banks.note_used(0, [9])                                          # before the prompt
+    period = banks._uses_until_aging
+    banks.begin_sweep()
+    for layer in range(4):                                           # each layer routes more than a period's pairs
+        banks.note_used(layer, [1] * period + [2] * 3)
+    assert banks.uses((0, 1)) == banks.uses((3, 1)) == period        # no layer aged more than another
+    banks.end_sweep()
+    assert banks.uses((0, 1)) == banks.uses((3, 1)) == period / 2 and banks.uses((2, 2)) == 1.5
+    assert banks.uses((0, 9)) == 0.5                                 # older than the prompt: aged with it, once
