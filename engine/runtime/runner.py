@@ -153,8 +153,8 @@ class Runner:
     def _in_place_on_cpu(self, layout, mode: str) -> bool:
         """The CPU device computes an int8 model's RAM-resident experts where they sit: a slot costs a copy,
         a float copy of the expert and a matmul over 4x the bytes, in place the matmul alone (OLMoE-1B-7B
-        dims, 2 cores: decode 1.03 -> 2.34 tok/s, BENCHMARKS.md "Session 10"). bf16 blocks would need a
-        float copy each."""
+        dims, 2 cores: decode 1.04 -> 2.66 tok/s, 3.57 with the slot tier cut to a prefill batch,
+        BENCHMARKS.md "Session 10"). bf16 blocks would need a float copy each."""
         return not self.is_cuda and layout.fmt == "int8" and mode in ("auto", "all")
 
     def _place_embedding(self, wanted: bool) -> None:
