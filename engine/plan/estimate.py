@@ -337,8 +337,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     (None, the sentence saying why the budgets cannot hold the model)."""
     import torch
     from engine.format.layout import block_layout
-    from engine.runtime.budget import (CUDA_CONTEXT_BYTES, default_context, in_place_defaults, plan_budgets,
-                                       prefill_workspace_bytes)
+    from engine.runtime.budget import (CUDA_CONTEXT_BYTES, computes_in_place, default_context, in_place_defaults,
+                                       plan_budgets, prefill_workspace_bytes)
     from engine.runtime.experts import decoded_expert_bytes
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
@@ -356,7 +356,7 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     workspace = prefill_workspace_bytes(spec, context, elem) + CUDA_CONTEXT_BYTES if on_gpu else 0
 
     default_ram = available // 2
-    if not on_gpu and quant == "int8":          # the engine computes int8 experts in RAM on the CPU device
+    if computes_in_place(machine.device, quant):
         default_vram, default_ram = in_place_defaults(default_vram, default_ram, dense + kv_bytes, block + decoded)
 
     def plan_for(ram_cache_bytes):

@@ -64,6 +64,14 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
 IN_PLACE_SLOTS = 32     # a bank's slots on the CPU device when experts are computed in RAM: one prefill batch
 
 
+def computes_in_place(device_type: str, fmt: str, cpu_experts: str = "auto") -> bool:
+    """Whether the CPU device computes the model's RAM-resident experts where they sit: int8 blocks, unless
+    hybrid execution is off. A slot costs a copy, a float copy of the expert and a matmul over 4x the bytes,
+    in place the matmul alone (OLMoE-1B-7B dims, 2 cores: decode 1.04 -> 2.66 tok/s, 3.57 with the slot tier
+    cut to a prefill batch, BENCHMARKS.md "Session 10"). bf16 blocks would need a float copy each."""
+    return device_type != "cuda" and fmt == "int8" and cpu_experts in ("auto", "all")
+
+
 def in_place_defaults(default_vram: int, default_ram: int, fixed_bytes: int, device_slot_bytes: int) -> tuple[int, int]:
     """(default VRAM budget, default RAM cache) on the CPU device when the RAM-resident experts are computed
     where they sit (int8): the slot tier (a float copy of each expert) only serves prefill's batches, and the

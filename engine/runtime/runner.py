@@ -25,7 +25,7 @@ from engine.model.families import family_module
 from engine.model.model import Model
 from engine.model.state import ModelState, state_bytes
 from engine.plan.hardware import available_memory, cgroup_capped
-from engine.runtime.budget import in_place_defaults, plan_budgets, prefill_workspace_bytes
+from engine.runtime.budget import computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
 from engine.runtime.decode_step import DecodeStep
@@ -81,7 +81,7 @@ class Runner:
                        num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
                        vram_budget=vram_budget, ram_cache=ram_cache, default_vram=default_vram, default_ram=default_ram,
                        device_slot_bytes=layout.block_bytes + (0 if self.is_cuda else decoded_expert_bytes(layout, dtype)))
-        if vram_budget is None and self._in_place_on_cpu(layout, cpu_experts):
+        if vram_budget is None and computes_in_place(self.device.type, layout.fmt, cpu_experts):
             budgets["default_vram"], budgets["default_ram"] = in_place_defaults(
                 default_vram, default_ram, dense_bytes + kv_bytes, budgets["device_slot_bytes"])
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
@@ -131,7 +131,7 @@ class Runner:
             raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
         if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
             return None           # auto: only formats the CPU multiplies without dequantising first
-        if self._in_place_on_cpu(layout, mode):
+        if computes_in_place(self.device.type, layout.fmt, mode):
             mode = "all"
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
@@ -149,13 +149,6 @@ class Runner:
         self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
                                             "threads": torch.get_num_threads(), "mode": mode, "active": active}
         return cpu if active else None
-
-    def _in_place_on_cpu(self, layout, mode: str) -> bool:
-        """The CPU device computes an int8 model's RAM-resident experts where they sit: a slot costs a copy,
-        a float copy of the expert and a matmul over 4x the bytes, in place the matmul alone (OLMoE-1B-7B
-        dims, 2 cores: decode 1.04 -> 2.66 tok/s, 3.57 with the slot tier cut to a prefill batch,
-        BENCHMARKS.md "Session 10"). bf16 blocks would need a float copy each."""
-        return not self.is_cuda and layout.fmt == "int8" and mode in ("auto", "all")
 
     def _place_embedding(self, wanted: bool) -> None:
         """SLUICE_EMBED_IN_RAM=1: an embedding table loaded into host RAM (untied head) stays there when the

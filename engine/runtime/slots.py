@@ -110,17 +110,16 @@ class SlotBanks:
     def _sweep_victim(self, bank: int, protected: set[Key]) -> Key | None:
         """Of the unprotected blocks the current sweep brought into the bank, the least used of the `window`
         oldest (the prompt's hot experts stay for its answer), or None."""
-        if not self._swept:
-            return None
-        uses = self._uses
-        return least_used((key for key in self._swept[bank] if key not in protected),
-                          lambda key: uses.get(key, 0.0), self.window)
+        return self._least_used(self._swept[bank], protected) if self._swept else None
 
     def _victim(self, bank: int, protected: set[Key]) -> Key:
         """The least used of the `window` least recently used unprotected blocks (oldest on ties)."""
+        return self._least_used(self._resident[bank], protected)
+
+    def _least_used(self, oldest_first: Iterable[Key], protected: set[Key]) -> Key | None:
         uses = self._uses
-        return least_used((key for key in self._resident[bank] if key not in protected),
-                          lambda key: uses.get(key, 0.0), self.window)
+        return least_used((key for key in oldest_first if key not in protected), lambda key: uses.get(key, 0.0),
+                          self.window)
 
     def acquire(self, key: Key, protected: set[Key]) -> int:
         """A slot in key's bank for a new block, evicting an unprotected block (see `_victim`)."""
