@@ -617,6 +617,12 @@ STAGES = {
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
         f"{sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-3000:]),
+    # which torch operators' first call costs host memory on the real model (load, graphs, two prompts)
+    "probe-op-memory": lambda: print(subprocess.run(
+        f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
+        f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
+        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 2>&1", shell=True, cwd=ROOT,
+        capture_output=True, text=True).stdout[-6000:]),
     # the disk with few reads in flight, and blocks in pieces (the exceeds regime's reads), on the bench's model
     "probe-disk": lambda: print(subprocess.run(
         f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
