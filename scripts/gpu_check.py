@@ -621,7 +621,7 @@ STAGES = {
     "probe-op-memory": lambda: print(subprocess.run(
         f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
-        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 2>&1", shell=True, cwd=ROOT,
+        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 2>&1 | tee {OUT}/probe-op-memory.txt", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-6000:]),
     # the disk with few reads in flight, and blocks in pieces (the exceeds regime's reads), on the bench's model
     "probe-disk": lambda: print(subprocess.run(
