@@ -617,11 +617,15 @@ STAGES = {
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
         f"{sys.executable} scripts/probe_memory.py {WORK}/olmoe-1b-7b-int8 cuda", shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-3000:]),
-    # which torch operators' first call costs host memory on the real model (load, graphs, two prompts)
+    # which torch operators' first call costs host memory on the real model (load, graphs, two prompts), int8 dense
+    # weights: a first run fills the verdict and Triton caches (what every later start skips), then the table; bf16 dense
     "probe-op-memory": lambda: print(subprocess.run(
         f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
         f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
-        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 2>&1 | tee {OUT}/probe-op-memory.txt", shell=True, cwd=ROOT,
+        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 > {OUT}/probe-op-memory-cold.txt 2>&1; "
+        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 40 2>&1 | tee {OUT}/probe-op-memory.txt; "
+        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 40 none > {OUT}/probe-op-memory-bf16.txt 2>&1",
+        shell=True, cwd=ROOT,
         capture_output=True, text=True).stdout[-6000:]),
     # the disk with few reads in flight, and blocks in pieces (the exceeds regime's reads), on the bench's model
     "probe-disk": lambda: print(subprocess.run(

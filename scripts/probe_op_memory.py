@@ -6,7 +6,9 @@ Sluice model dir under a dispatch mode that notes the anonymous memory before an
 first call (by name and the dtypes and devices of its tensors), through `engine.load` (self-check, graph
 capture), a 64-token prompt with 16 tokens and a 500-token prompt. It prints the operators that cost the
 most, per operator name, and what grew outside any first call (Triton's kernels, the engine's own memory).
-Usage: python3 scripts/probe_op_memory.py MODEL_DIR [device=cuda] [rows=30]
+Kernel self-check verdicts and Triton's compiled kernels are cached per machine: run it twice, and read the
+second run for what a user's every start pays (the first also pays the self-checks' torch references).
+Usage: python3 scripts/probe_op_memory.py MODEL_DIR [device=cuda] [rows=30] [dense=int8|none]
 """
 from __future__ import annotations
 
@@ -59,13 +61,15 @@ def main() -> None:
     path = sys.argv[1]
     device = sys.argv[2] if len(sys.argv) > 2 else "cuda"
     top = int(sys.argv[3]) if len(sys.argv) > 3 else 30
+    dense = sys.argv[4] if len(sys.argv) > 4 else "int8"
     import torch  # noqa: F401
     import engine
     from engine.params import GenerationParams
     start = _anon()
     mode = make_mode()
     with mode:
-        eng = engine.load(path, device=device, vram_budget="4GB", ram_cache="256MB", max_context=1024)
+        eng = engine.load(path, device=device, vram_budget="4GB", ram_cache="256MB", max_context=1024,
+                          dense_quant=None if dense == "none" else dense)
         cache = eng.telemetry()["ram_cache"]["used_bytes"]
         after_load = _anon() - cache
         for phase, prompt, new in (("64-token prompt", list(range(1, 65)), 16),
@@ -84,6 +88,10 @@ def main() -> None:
     print(f"anonymous besides the RAM cache: {start / mib:.0f} MiB after import, {after_load / mib:.0f} after "
           f"engine.load, {end / mib:.0f} after the prompts; {len(mode.rows)} distinct first calls added "
           f"{firsts / mib:.0f} MiB, the rest {(end - start - firsts) / mib:.0f} MiB")
+    by_phase: dict[str, int] = defaultdict(int)
+    for *_, delta, phase in mode.rows:
+        by_phase[phase] += delta
+    print("first calls by phase, MiB: " + ", ".join(f"{phase} {delta / mib:.0f}" for phase, delta in by_phase.items()))
     print("| first call of | tensors | + anon MiB | during |")
     print("|---|---|---|---|")
     for name, kinds, delta, phase in sorted(mode.rows, key=lambda r: -r[2])[:top]:
