@@ -20,6 +20,7 @@ import torch
 
 from engine.errors import SluiceError
 from engine.format.quant import quantize
+from engine.model.file_table import EMBED_TABLE, table_in_file
 from engine.model.layers import Packed
 from kernels.cpu_linear import slab_rows
 
@@ -50,10 +51,10 @@ def pattern(family: str) -> re.Pattern | None:
     return re.compile(regex) if regex else None
 
 
-def quantized_names(family: str, names, keep: set[str] = frozenset()) -> set[str]:
-    """The dense tensors the family lets `dense_quant` turn into int8 (`keep`: names left as they are)."""
+def quantized_names(family: str, names) -> set[str]:
+    """The dense tensors the family lets `dense_quant` turn into int8."""
     regex = pattern(family)
-    return {n for n in names if regex is not None and regex.search(n) and n not in keep}
+    return {n for n in names if regex is not None and regex.search(n)}
 
 
 def to_int8(weight: torch.Tensor) -> Packed:
@@ -84,7 +85,10 @@ def nbytes(weight: torch.Tensor | Packed) -> int:
 
 
 def planned_bytes(shapes: dict[str, list[int]], dtype: torch.dtype, family: str, dense_quant: str | None) -> int:
-    """What the dense weights of these shapes take once loaded (the planner asks before loading)."""
+    """What the dense weights of these shapes take once loaded (the planner asks before loading); an
+    embedding table read from the file takes nothing."""
     elem = torch.empty((), dtype=dtype).element_size()
     int8 = quantized_names(family, shapes) if dense_quant else set()
-    return sum(math.prod(s) + 2 * s[0] if n in int8 else math.prod(s) * elem for n, s in shapes.items())
+    in_file = {EMBED_TABLE} if table_in_file(family, tied="lm_head.weight" not in shapes) else set()
+    return sum(math.prod(s) + 2 * s[0] if n in int8 else math.prod(s) * elem
+               for n, s in shapes.items() if n not in in_file)

@@ -8,8 +8,10 @@ from kernels.cpu_linear import dequantized, packed_linear
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # x * x, not pow(2): the same values (torch squares by a product on both devices), and one torch CUDA
+    # module fewer (each one's first launch holds host memory for the process's life: pow's is 47 MiB)
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    x32 = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
     return weight * x32.to(x.dtype)
 
 
@@ -27,6 +29,9 @@ class Packed:
     @property
     def shape(self) -> torch.Size:
         return self.parts["w"].shape
+
+    def to(self, device) -> "Packed":
+        return Packed({k: t.to(device) for k, t in self.parts.items()}, self.fmt, self.dtype)
 
     def row_groups(self, groups: int) -> list["Packed"]:
         """`groups` equal blocks of rows, as views (each row keeps its scale): a grouped projection
@@ -73,7 +78,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     if rotary < x.shape[-1]:
         return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
     half = rotary // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    rotated = torch.cat((x[..., half:] * -1, x[..., :half]), dim=-1)       # * -1 is neg's value without its module
     return x * cos + rotated * sin
 
 

@@ -20,7 +20,7 @@ def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
 
 class Model:
     graph_safe = True        # False: the family's blocks need host-known positions (decode runs eagerly)
-    embed_in_ram = False     # the embedding table stays in host RAM: rows are gathered there (set by the runner)
+    embed_in_ram = False     # the embedding table stays in the model's file (a FileTable, set by the runner)
 
     def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,
                  lm_head: torch.Tensor, eps: float, expert_mlp: Callable = swiglu_expert,
@@ -34,8 +34,8 @@ class Model:
         return [block.state_specs() for block in self.blocks]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
-        if self.embed_in_ram:                                              # rows gathered on the host
-            return embedding(token_ids.cpu(), self.embed_tokens).to(token_ids.device)
+        if self.embed_in_ram:                                              # rows read from the file
+            return self.embed_tokens.rows(token_ids.cpu()).to(token_ids.device)
         return embedding(token_ids, self.embed_tokens)                     # [T] -> [T, H]
 
     def head(self, x: torch.Tensor) -> torch.Tensor:

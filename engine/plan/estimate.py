@@ -57,6 +57,7 @@ class ModelShape:
     dense_params: int              # everything but routed experts (embeddings included)
     embedding_params: int          # read one row per token, so not counted as moved bytes
     exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
+    embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.model.file_table)
 
     @property
     def expert_params(self) -> int:
@@ -118,7 +119,9 @@ def model_shape(config: dict) -> ModelShape:
     dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
     total = dense_params + len(moe_layer_ids) * E * expert
     active = dense_params + len(moe_layer_ids) * k * expert
-    return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding, exact)
+    from engine.model.file_table import table_in_file
+    return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding, exact,
+                      table_in_file(family, tied=bool(config.get("tie_word_embeddings"))))
 
 
 # ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
@@ -324,10 +327,12 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
 
 def dense_bytes(shape: ModelShape, elem: int, dense_quant: str | None) -> int:
     """What the dense weights take once loaded: `elem` bytes a parameter, or for those int8 dense weights
-    quantise (engine.model.dense_quant) one byte, plus a 2-byte scale per row of about `hidden` of them."""
+    quantise (engine.model.dense_quant) one byte, plus a 2-byte scale per row of about `hidden` of them;
+    an embedding table read from the file takes nothing."""
+    loaded = shape.dense_params - (shape.embedding_params if shape.embedding_in_file else 0)
     if not dense_quant:
-        return shape.dense_params * elem
-    quantised = shape.dense_params - shape.exact_params
+        return loaded * elem
+    quantised = loaded - shape.exact_params
     return quantised + 2 * quantised // shape.hidden + shape.exact_params * elem
 
 

@@ -22,7 +22,7 @@ from engine.model import dense_quant as dense_quant_
 from engine.model.block import Step
 from engine.model.layers import Packed
 from engine.model.families import family_module
-from engine.model.model import Model
+from engine.model.file_table import EMBED_TABLE, FileTable, can_map, table_in_file
 from engine.model.state import ModelState, state_bytes
 from engine.plan.hardware import available_memory, cgroup_capped
 from engine.runtime.budget import computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
@@ -46,7 +46,6 @@ _CONTEXT_BYTES: dict[int, int] = {}    # device index -> driver-view bytes outsi
 # H200 box a 3.0 GiB cache (100 MiB left beside the process) still read back no pages while decoding (0.02 a token):
 # BENCHMARKS.md "Session 10".
 RAM_RESERVE = 192 << 20
-EMBED_TABLE = "model.embed_tokens.weight"
 
 
 class PrefillCancelled(Exception):
@@ -65,15 +64,13 @@ class Runner:
         if self.is_cuda:
             torch.cuda.empty_cache()       # blocks a previous model left cached would blur what this one measures
         base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
-        in_ram = os.environ.get("SLUICE_EMBED_IN_RAM", "0") == "1"
-        weights = _load_dense(model_dir, self.device, dtype, progress, embed_in_ram=in_ram, dense_quant=dense_quant)
+        weights = _load_dense(model_dir, self.device, dtype, progress, dense_quant=dense_quant)
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
         if use_kernels and self.is_cuda:       # after build: a family may split a fused int8 weight (Qwen3-Next)
             self._choose_linear_kernels(weights)
-        self._place_embedding(in_ram)
-        dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values())
-        if self.model.embed_in_ram and self.is_cuda:                    # not in the VRAM budget
-            dense_bytes -= dense_quant_.nbytes(self.model.embed_tokens)
+        self._place_embedding()
+        # the table left in the file takes neither the device's memory nor the process's
+        dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values() if not isinstance(t, FileTable))
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
@@ -150,16 +147,10 @@ class Runner:
                                             "threads": torch.get_num_threads(), "mode": mode, "active": active}
         return cpu if active else None
 
-    def _place_embedding(self, wanted: bool) -> None:
-        """SLUICE_EMBED_IN_RAM=1: an embedding table loaded into host RAM (untied head) stays there when the
-        family embeds through the plain table lookup; a family with its own `embed` gets it on the device."""
-        table = self.model.embed_tokens
-        if not wanted or table.device.type != "cpu" or table is self.model.lm_head:
-            return
-        if type(self.model).embed is Model.embed:
+    def _place_embedding(self) -> None:
+        """An embedding table left in the file (file_table.table_in_file) is read a row at a time there."""
+        if isinstance(self.model.embed_tokens, FileTable):
             self.model.embed_in_ram = True
-        else:
-            self.model.embed_tokens = table.to(self.device)
 
     def _capture_decode(self, base_bytes: int, resident_bytes: int, work: int) -> tuple[int, int]:
         """Capture the decode graphs (CUDA) before the slot banks exist -> (bytes they hold: pool and
@@ -280,23 +271,28 @@ class Runner:
 
 
 def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress,
-                embed_in_ram: bool = False, dense_quant: str | None = None) -> dict[str, torch.Tensor | Packed]:
-    """The dense weights on the device in the compute dtype; with `embed_in_ram` and an untied head, the
-    embedding table stays in host RAM (read one row a token: its VRAM goes to expert slots). With
-    `dense_quant` "int8" the weights the family allows become int8 on the device as they arrive."""
-    with safe_open(str(model_dir.path / DENSE_FILE), framework="pt") as f:
+                dense_quant: str | None = None) -> dict[str, torch.Tensor | Packed | FileTable]:
+    """The dense weights on the device in the compute dtype, but for an embedding table the model reads
+    from its file (file_table.table_in_file). With `dense_quant` "int8" the weights the family allows are
+    quantised on the host as they are read (the device gets half the bytes, and never runs the quantisation's
+    torch operators: their CUDA modules would hold ~55 MiB of host memory for the process's life)."""
+    path = model_dir.path / DENSE_FILE
+    with safe_open(str(path), framework="pt") as f:
         names = list(f.keys())
-        in_ram = {EMBED_TABLE} if embed_in_ram and "lm_head.weight" in names else set()
-        int8 = dense_quant_.quantized_names(model_dir.spec.family, names, keep=in_ram) if dense_quant else set()
+        in_file = {EMBED_TABLE} if table_in_file(model_dir.spec.family, tied="lm_head.weight" not in names) \
+            and EMBED_TABLE in names and can_map(path, EMBED_TABLE) else set()
+        int8 = dense_quant_.quantized_names(model_dir.spec.family, names) if dense_quant else set()
         weights = {}
         for i, name in enumerate(names):
+            if name in in_file:
+                weights[name] = FileTable(path, name, dtype, "int8" if name in int8 else None)
+                continue
             tensor = f.get_tensor(name)             # integer tables (DeepSeek-V4's tid2eid) keep their dtype
-            weights[name] = tensor.to(device="cpu" if name in in_ram else device,
-                                      dtype=dtype if tensor.is_floating_point() else None)
             if name in int8:
-                weights[name] = dense_quant_.to_int8(weights[name])
+                weights[name] = dense_quant_.to_int8(tensor.to(dtype=dtype)).to(device)
+            else:
+                weights[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
-    drop_file_cache(model_dir.path / DENSE_FILE)       # read once, now on the device
+    drop_file_cache(path)       # read once, now on the device (the table left there is read again as needed)
     return weights
-

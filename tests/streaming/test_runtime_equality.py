@@ -5,6 +5,8 @@ and the CUDA graphs (float32 compute)."""
 import pytest
 import torch
 
+from engine.model.file_table import FileTable
+from engine.model.model import Model
 from engine.tools.demo import build_hf_model
 from engine.format.repack import repack
 
@@ -109,17 +111,21 @@ def test_hybrid_prefill_of_a_few_tokens_gives_the_same_tokens(family_model):
     assert tokens["all"] == tokens["off"] and cpu > 0
 
 
-def test_embedding_table_in_ram_gives_the_same_tokens(family_model, monkeypatch):
-    """SLUICE_EMBED_IN_RAM=1: the table stays in host RAM (an untied head), the decode step starts from
-    the row gathered there, prefill gathers its rows there; tokens unchanged."""
+@pytest.mark.parametrize("setting", ["default", "0"])
+def test_embedding_table_read_from_the_file_gives_the_same_tokens(family_model, monkeypatch, setting):
+    """By default an untied table stays in the model's file: the decode step starts from the row read there
+    (int8 dense weights: quantised row by row), prefill reads its rows there. SLUICE_EMBED_IN_RAM=0 loads
+    it as before. Tokens unchanged either way."""
     path, expected = family_model
-    monkeypatch.setenv("SLUICE_EMBED_IN_RAM", "1")
+    if setting != "default":
+        monkeypatch.setenv("SLUICE_EMBED_IN_RAM", setting)
     eng = _streaming_model(path)
     try:
         model = eng.runner.model
         untied = model.lm_head is not model.embed_tokens
-        assert model.embed_in_ram == untied and (eng.runner.step.x_in is not None) == untied
-        assert model.embed_tokens.device.type == "cpu"
+        in_file = untied and setting == "default" and type(model).embed is Model.embed
+        assert isinstance(model.embed_tokens, FileTable) == in_file == model.embed_in_ram
+        assert (eng.runner.step.x_in is not None) == in_file
         assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
     finally:
         eng.close()

@@ -20,7 +20,7 @@ def apply_tail_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     sin = sin.repeat_interleave(2, dim=-1).reshape(shape)
     rope_dim = cos.shape[-1]
     nope, rope = x[..., :-rope_dim], x[..., -rope_dim:]
-    rotated_half = torch.stack((-rope[..., 1::2], rope[..., 0::2]), dim=-1).flatten(-2)
+    rotated_half = torch.stack((rope[..., 1::2] * -1, rope[..., 0::2]), dim=-1).flatten(-2)
     rotated = (rope.float() * cos + rotated_half.float() * sin).to(x.dtype)
     return torch.cat([nope, rotated], dim=-1)
 

@@ -30,6 +30,7 @@ from kernels.activation import clamped_silu
 # embedding table. The compressors, the indexer, the mHC mixers and the router stay exact.
 DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.(q_a|q_b|kv|o_a|o_b)_proj\.weight$"
               r"|\.mlp\.shared_experts\.(gate|up|down)_proj\.weight$")
+EMBEDS_ITSELF = True      # its embed is not a plain row lookup: the table is loaded to the device (file_table)
 
 
 def read_spec(cfg) -> ModelSpec:

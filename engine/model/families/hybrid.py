@@ -72,7 +72,7 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
 def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm scaled by (1 + w), computed in float32 and cast back (as the reference rounds)."""
     x32 = x.float()
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    x32 = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
     return (x32 * (1.0 + weight.float())).to(x.dtype)
 
 

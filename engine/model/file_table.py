@@ -1,0 +1,67 @@
+"""An embedding table left in the model's dense file: a token's row is read where the file is mapped.
+
+A decode step needs one row of the table and a prompt a few hundred, so on a GPU the table need not take
+VRAM (OLMoE-1B-7B: 206 MB in bf16, 103 MB as int8: 16-32 more expert slots) nor process memory: the rows
+read are the file's page cache, which the OS may drop and read again, not anonymous memory. Nor does the
+GPU run torch's gather for it (its CUDA module holds ~65 MiB of host memory once launched).
+
+`rows` gives what the loaded table would: the compute dtype and, with int8 dense weights, each row
+quantised and dequantised as the whole table's would be (rows are quantised independently, one scale each).
+"""
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+
+import torch
+
+from engine.format.checkpoint import read_header
+from engine.format.quant import quantize
+from kernels.cpu_linear import dequantized
+
+EMBED_TABLE = "model.embed_tokens.weight"
+_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+
+
+def table_in_file(family: str, tied: bool) -> bool:
+    """Whether the embedding table stays in the file (the default where the head has its own weight and the
+    family embeds by a plain row lookup; SLUICE_EMBED_IN_RAM=0 loads it). The runner and both planners ask."""
+    from engine.model.families import family_module
+    return (not tied and os.environ.get("SLUICE_EMBED_IN_RAM", "1") != "0"
+            and not getattr(family_module(family), "EMBEDS_ITSELF", False))
+
+
+def can_map(path: Path, name: str) -> bool:
+    """Whether the file's tensor is a float table this module reads rows of."""
+    entry = read_header(path).get(name)
+    return isinstance(entry, dict) and entry["dtype"] in _DTYPES and len(entry["shape"]) == 2
+
+
+class FileTable:
+    def __init__(self, path: Path, name: str, dtype: torch.dtype, quant: str | None = None):
+        entry = read_header(path)[name]
+        start, end = entry["data_offsets"]
+        with open(path, "rb") as f:
+            offset = 8 + int.from_bytes(f.read(8), "little") + start        # after the length and the header
+            aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
+            # private and writable only so torch takes the buffer without a warning: nothing writes to it
+            self._map = mmap.mmap(f.fileno(), offset + (end - start) - aligned, flags=mmap.MAP_PRIVATE,
+                                  prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned)
+        raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=offset - aligned)
+        self._table = raw.view(_DTYPES[entry["dtype"]]).view(*entry["shape"])
+        self.shape, self.dtype, self.quant = self._table.shape, dtype, quant
+        self.device = torch.device("cpu")
+
+    def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """token ids (any shape, on the host) -> their rows [..., H] in the compute dtype, on the host."""
+        flat = token_ids.reshape(-1)
+        rows = self._table.index_select(0, flat).to(self.dtype)
+        if self.quant == "int8":
+            parts = quantize(rows, "int8")
+            rows = dequantized(parts["w"], parts["scale"], self.dtype)
+        return rows.reshape(*token_ids.shape, -1)
+
+    def load(self) -> torch.Tensor:
+        """The whole table in the compute dtype, on the host (for a family that embeds in its own way)."""
+        return self._table.to(self.dtype)
