@@ -1,0 +1,50 @@
+"""The embedding table read from the model's file: the loaded table's rows, without the process holding it."""
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.model.dense_quant import to_int8
+from engine.model.file_table import EMBED_TABLE, FileTable, can_map
+from engine.model.layers import embedding
+from engine.runtime.memory import process_memory
+
+
+@pytest.fixture(scope="module")
+def dense_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("dense") / "dense.safetensors"
+    gen = torch.Generator().manual_seed(0)
+    table = torch.randn(24576, 1024, generator=gen).bfloat16()           # 48 MiB: after another tensor
+    save_file({"model.norm.weight": torch.ones(1024).bfloat16(), EMBED_TABLE: table}, str(path))
+    return path, table
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("quant", [None, "int8"])
+def test_rows_are_the_loaded_tables_rows(dense_file, dtype, quant):
+    path, table = dense_file
+    loaded = table.to(dtype)
+    if quant:
+        loaded = to_int8(loaded)                 # what dense_quant="int8" loads: the whole table quantised
+    rows = FileTable(path, EMBED_TABLE, dtype, quant)
+    for ids in (torch.tensor([0]), torch.tensor([24575, 3, 3, 1000]), torch.tensor([[5, 6], [7, 8]])):
+        got = rows.rows(ids)
+        assert got.dtype == dtype and got.shape == (*ids.shape, 1024)
+        assert torch.equal(got, embedding(ids, loaded))
+
+
+def test_reading_rows_takes_no_process_memory(dense_file):
+    path, _ = dense_file
+    before = process_memory()[1]
+    table = FileTable(path, EMBED_TABLE, torch.bfloat16)
+    for start in range(0, 24576, 97):
+        table.rows(torch.tensor([start]))
+    # anonymous memory: the 48 MiB table loaded would add it all; its rows read are the file's page cache
+    assert process_memory()[1] - before < 8 << 20
+
+
+def test_only_float_tables_are_mapped(tmp_path):
+    path = tmp_path / "dense.safetensors"
+    save_file({"ids": torch.arange(12, dtype=torch.int64).reshape(3, 4), "vec": torch.ones(4)}, str(path))
+    assert not can_map(path, "ids") and not can_map(path, "vec") and not can_map(path, "missing")
