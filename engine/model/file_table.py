@@ -45,9 +45,10 @@ class FileTable:
         with open(path, "rb") as f:
             offset = 8 + int.from_bytes(f.read(8), "little") + start        # after the length and the header
             aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
-            # private and writable only so torch takes the buffer without a warning: nothing writes to it
-            self._map = mmap.mmap(f.fileno(), offset + (end - start) - aligned, flags=mmap.MAP_PRIVATE,
-                                  prot=mmap.PROT_READ | mmap.PROT_WRITE, offset=aligned)
+            # copy-on-write (private, writable) only so torch takes the buffer without a warning: nothing
+            # writes to it; ACCESS_COPY is the portable spelling (POSIX and Windows)
+            self._map = mmap.mmap(f.fileno(), offset + (end - start) - aligned, access=mmap.ACCESS_COPY,
+                                  offset=aligned)
         raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=offset - aligned)
         self._table = raw.view(_DTYPES[entry["dtype"]]).view(*entry["shape"])
         self.shape, self.dtype, self.quant = self._table.shape, dtype, quant
