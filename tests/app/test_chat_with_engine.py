@@ -129,7 +129,9 @@ def test_panels_show_cache_hits_misses_and_disk_bytes_after_a_generation(qtbot, 
     assert re.search(r"engine read [1-9][\d.]* (KiB|MiB)", panels.disk_label.text())
     assert panels.device_label.text() == "CPU"
     assert re.search(r"^[1-9][\d.]* (MiB|GiB) besides the cache$", panels.memory_label.text())   # CPU: no driver figure
-    assert len(panels.slot_map.slots) == 12 and {s["bank"] for s in panels.slot_map.slots} == {0, 1}
+    per_bank = window.host.worker.engine.info["slots_per_bank"]            # every slot of both banks is drawn
+    assert per_bank >= 4 and len(panels.slot_map.slots) == 2 * per_bank
+    assert {s["bank"] for s in panels.slot_map.slots} == {0, 1}
     assert any(s["state"] != "empty" for s in panels.slot_map.slots)
     assert "layer" in panels.slot_map.describe(next(s for s in panels.slot_map.slots if s["state"] != "empty"))
     assert panels.core_label.text() != "—"
