@@ -51,8 +51,7 @@ class FileTable:
                                   offset=aligned)
         raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=offset - aligned)
         self._table = raw.view(_DTYPES[entry["dtype"]]).view(*entry["shape"])
-        self.shape, self.dtype, self.quant = self._table.shape, dtype, quant
-        self.device = torch.device("cpu")
+        self.dtype, self.quant = dtype, quant
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token ids (any shape, on the host) -> their rows [..., H] in the compute dtype, on the host."""
@@ -62,7 +61,3 @@ class FileTable:
             parts = quantize(rows, "int8")
             rows = dequantized(parts["w"], parts["scale"], self.dtype)
         return rows.reshape(*token_ids.shape, -1)
-
-    def load(self) -> torch.Tensor:
-        """The whole table in the compute dtype, on the host (for a family that embeds in its own way)."""
-        return self._table.to(self.dtype)

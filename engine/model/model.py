@@ -7,6 +7,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from engine.model.file_table import FileTable
 from engine.model.layers import embedding, linear, rms_norm, swiglu_mlp
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
@@ -20,7 +21,6 @@ def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
 
 class Model:
     graph_safe = True        # False: the family's blocks need host-known positions (decode runs eagerly)
-    embed_in_ram = False     # the embedding table stays in the model's file (a FileTable, set by the runner)
 
     def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,
                  lm_head: torch.Tensor, eps: float, expert_mlp: Callable = swiglu_expert,
@@ -29,6 +29,11 @@ class Model:
         self.embed_tokens, self.final_norm, self.lm_head, self.eps = embed_tokens, final_norm, lm_head, eps
         self.expert_mlp = expert_mlp
         self.expert_kernel = expert_kernel      # the Triton MoE kernels' activation for expert_mlp, None: torch only
+
+    @property
+    def embed_in_ram(self) -> bool:
+        """Whether the embedding table stays in the model's file (the runner left it a FileTable)."""
+        return isinstance(self.embed_tokens, FileTable)
 
     def state_specs(self) -> list[dict[str, StateSpec]]:
         return [block.state_specs() for block in self.blocks]

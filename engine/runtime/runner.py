@@ -68,7 +68,6 @@ class Runner:
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
         if use_kernels and self.is_cuda:       # after build: a family may split a fused int8 weight (Qwen3-Next)
             self._choose_linear_kernels(weights)
-        self._place_embedding()
         # the table left in the file takes neither the device's memory nor the process's
         dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values() if not isinstance(t, FileTable))
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
@@ -146,11 +145,6 @@ class Runner:
         self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
                                             "threads": torch.get_num_threads(), "mode": mode, "active": active}
         return cpu if active else None
-
-    def _place_embedding(self) -> None:
-        """An embedding table left in the file (file_table.table_in_file) is read a row at a time there."""
-        if isinstance(self.model.embed_tokens, FileTable):
-            self.model.embed_in_ram = True
 
     def _capture_decode(self, base_bytes: int, resident_bytes: int, work: int) -> tuple[int, int]:
         """Capture the decode graphs (CUDA) before the slot banks exist -> (bytes they hold: pool and
