@@ -582,6 +582,26 @@ STAGES = {
                                                   "--prompt-tokens", "512", "--new-tokens", "64", "--dense-quant", "int8"]
               + extra)
         for tag, extra in (("warmup", ["--new-tokens", "8"]), ("3.73GiB", []), ("4.1GiB", ["--vram-budget", "4.1GiB"]))],
+    # under the 4 GiB cap: what the RAM cache leaves beside the process (192 MiB, the default, against 384), and the
+    # embedding table loaded (SLUICE_EMBED_IN_RAM=0), alternated after a warm-up: warm prefill fell 2x in session 12
+    "reserve-ab": lambda: [
+        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-vram-ram",
+                                                  "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                                  "int8"], env=env)
+        for tag, env, tokens in (("warmup", {}, 8), ("reserve-192-1", {}, 64),
+                                 ("reserve-384-1", {"SLUICE_RAM_RESERVE_MIB": "384"}, 64),
+                                 ("table-loaded", {"SLUICE_EMBED_IN_RAM": "0"}, 64),
+                                 ("reserve-192-2", {}, 64), ("reserve-384-2", {"SLUICE_RAM_RESERVE_MIB": "384"}, 64),
+                                 ("reserve-576", {"SLUICE_RAM_RESERVE_MIB": "576"}, 64))],
+    # the table in the file, read at random with a prompt's pages asked for together (now), against the table loaded
+    # (SLUICE_EMBED_IN_RAM=0), under the 4 GiB cap, alternated after a warm-up
+    "table-ab": lambda: [
+        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-vram-ram",
+                                                  "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                                  "int8"], env=env)
+        for tag, env, tokens in (("warmup", {}, 8), ("table-file-1", {}, 64),
+                                 ("table-loaded-1", {"SLUICE_EMBED_IN_RAM": "0"}, 64),
+                                 ("table-file-2", {}, 64), ("table-loaded-2", {"SLUICE_EMBED_IN_RAM": "0"}, 64))],
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it
     "sweep-ab": lambda: [

@@ -7,6 +7,11 @@ GPU run torch's gather for it (its CUDA module holds ~65 MiB of host memory once
 
 `rows` gives what the loaded table would: the compute dtype and, with int8 dense weights, each row
 quantised and dequantised as the whole table's would be (rows are quantised independently, one scale each).
+
+Under a memory cap the table's pages are soon dropped, so a prompt's rows are read from disk: the map is
+marked random (a fault reads its page, not the 128 KB around it, which pushed the libraries' pages out of a
+4 GiB cap and halved warm prefill: BENCHMARKS.md run 51), and a prompt's pages are asked for all at once
+before they are touched, so their reads are in flight together rather than one fault at a time.
 """
 from __future__ import annotations
 
@@ -49,13 +54,32 @@ class FileTable:
             # writes to it; ACCESS_COPY is the portable spelling (POSIX and Windows)
             self._map = mmap.mmap(f.fileno(), offset + (end - start) - aligned, access=mmap.ACCESS_COPY,
                                   offset=aligned)
+        if hasattr(self._map, "madvise"):                                  # POSIX
+            self._map.madvise(mmap.MADV_RANDOM)
         raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=offset - aligned)
         self._table = raw.view(_DTYPES[entry["dtype"]]).view(*entry["shape"])
+        self._first, self._row_bytes = offset - aligned, (end - start) // entry["shape"][0]
         self.dtype, self.quant = dtype, quant
+
+    def _ask_for(self, ids: torch.Tensor) -> None:
+        """Start the reads of the rows' pages not in the page cache, together (the kernel's readahead)."""
+        page = mmap.PAGESIZE
+        spans = []
+        for i in ids.unique().tolist():
+            first = self._first + i * self._row_bytes
+            lo, hi = first - first % page, first + self._row_bytes
+            if spans and lo <= spans[-1][1]:
+                spans[-1][1] = hi
+            else:
+                spans.append([lo, hi])
+        for lo, hi in spans:
+            self._map.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token ids (any shape, on the host) -> their rows [..., H] in the compute dtype, on the host."""
         flat = token_ids.reshape(-1)
+        if flat.numel() > 1 and hasattr(self._map, "madvise"):
+            self._ask_for(flat)
         rows = self._table.index_select(0, flat).to(self.dtype)
         if self.quant == "int8":
             parts = quantize(rows, "int8")

@@ -94,7 +94,8 @@ class Runner:
         release_free_heap()       # what loading left free in the heap: room for the RAM cache under a cap
         if ram_cache is None and cgroup_capped():
             # Under a memory cap the cache takes what the cap leaves now that the rest is loaded.
-            budgets["default_ram"] = max(available_memory() - RAM_RESERVE, 0)
+            reserve = (env_int("SLUICE_RAM_RESERVE_MIB") or RAM_RESERVE >> 20) << 20     # A/B switch
+            budgets["default_ram"] = max(available_memory() - reserve, 0)
         self.plan = plan_budgets(workspace_bytes=work + graph_bytes + context_bytes, **budgets)
         telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes,
                       kv_tokens=max_tokens, vram_graph_bytes=graph_bytes, vram_context_bytes=context_bytes)

@@ -1,6 +1,9 @@
 """The embedding table read from the model's file: the loaded table's rows, without the process holding it."""
 from __future__ import annotations
 
+import mmap
+import os
+
 import pytest
 import torch
 from safetensors.torch import save_file
@@ -48,3 +51,24 @@ def test_only_float_tables_are_mapped(tmp_path):
     path = tmp_path / "dense.safetensors"
     save_file({"ids": torch.arange(12, dtype=torch.int64).reshape(3, 4), "vec": torch.ones(4)}, str(path))
     assert not can_map(path, "ids") and not can_map(path, "vec") and not can_map(path, "missing")
+
+
+def _vm_flags(path) -> list[str]:
+    """The VmFlags of this process's map of `path` (/proc/self/smaps)."""
+    lines = open("/proc/self/smaps").read().splitlines()
+    for i, line in enumerate(lines):
+        if line.endswith(str(path)):
+            return next(l for l in lines[i + 1:] if l.startswith("VmFlags:")).split()[1:]
+    raise AssertionError(f"{path} is not mapped")
+
+
+@pytest.mark.skipif(not hasattr(mmap.mmap, "madvise") or not os.path.exists("/proc/self/smaps"),
+                    reason="madvise and /proc/self/smaps are Linux's")
+def test_a_row_read_faults_in_its_page_only(dense_file):
+    """The map reads at random (no 128 KB read-around a fault: under a memory cap that pushed the libraries'
+    pages out), and a prompt's rows, asked for together, still come out right."""
+    path, table = dense_file
+    rows = FileTable(path, EMBED_TABLE, torch.bfloat16)
+    assert "rr" in _vm_flags(path)
+    ids = torch.tensor([24575, 0, 1, 2, 12000, 12000, 7])              # adjacent rows share pages
+    assert torch.equal(rows.rows(ids), table[ids])
