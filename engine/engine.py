@@ -23,6 +23,7 @@ from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
 from engine.runtime.budget import default_context
+from engine.runtime.kernel_warmup import ensure_warm
 from engine.runtime.runner import PrefillCancelled, Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
@@ -33,13 +34,16 @@ class Engine:
         self.model, self.spec, self.device, self.dtype = model, model.spec, device, dtype
         self.dense_quant = dense_quant_.check(dense_quant, self.spec.family)
         self.telemetry_source = Telemetry()
+        eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
+        # the first load on this machine and setting: kernels checked and compiled in a child (kernel_warmup.py)
+        self.kernel_warmup = (ensure_warm(model.path, device, dtype, self.dense_quant, progress)
+                              if device.type == "cuda" and not eager else None)
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
         available = available_memory()
         is_cuda = device.type == "cuda"
         default_vram = torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4
         self.max_context = self._choose_context(max_context, vram_budget or default_vram)
-        eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
         cpu_experts = os.environ.get("SLUICE_CPU_EXPERTS", cpu_experts)  # A/B of hybrid execution from any command
         self.runner = Runner(model, device, dtype, self.telemetry_source, vram_budget=vram_budget, ram_cache=ram_cache,
                              max_tokens=self.max_context, use_graphs=not eager, use_kernels=not eager,

@@ -5,6 +5,8 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# tests load hundreds of throwaway models: no kernel warm-up child for each (tests/engine/test_kernel_warmup.py)
+os.environ.setdefault("SLUICE_KERNEL_WARMUP", "0")
 
 import torch  # noqa: E402
 

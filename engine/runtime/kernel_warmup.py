@@ -1,0 +1,118 @@
+"""A machine's first load of a model checks and compiles its GPU kernels in a child process.
+
+Before a fast kernel runs, kernels.selfcheck compares it with its torch reference on random data of the
+model's shapes, and Triton compiles it. Both leave the process bigger for its whole life: the references'
+CUDA operator modules (float64 norms, `index_add_`, `sort`, `unique`...) stay loaded, and the compiler's
+heap stays fragmented. On the H200 box a first start held ~300 MiB more than later ones (1.07 against
+0.75 GiB anonymous under a 4 GiB cap), and the RAM cache sized after it was 0.34 GiB smaller, for the
+whole session (BENCHMARKS.md run 50). The verdicts and compiled kernels are cached on disk, so a child
+that loads the model, runs one prompt and exits leaves the parent only cache hits: its first start is as
+lean as every later one.
+
+One marker per machine, model and setting (kernel_warmups.json beside the verdicts) says it was done. A
+child that fails (no memory, a crash, a timeout) costs nothing but its time: the parent checks in-process
+as before, and the marker is written either way, so a failing child is not retried at every start.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from engine.runtime.switches import env_int
+
+PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
+TIMEOUT_S = 900
+
+
+def marker_path() -> Path:
+    from kernels.selfcheck import cache_path
+    return cache_path().with_name("kernel_warmups.json")
+
+
+def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense_quant: str | None) -> str:
+    """What the child's verdicts and compiled kernels depend on: this GPU, driver and Triton, the kernels'
+    versions, the model and the settings that choose kernels."""
+    from kernels.selfcheck import device_fingerprint
+    versions = []
+    for name in ("kernels.moe_decode", "kernels.moe_prefill", "kernels.int8_linear"):
+        try:
+            versions.append(str(__import__(name, fromlist=["KERNEL_VERSION"]).KERNEL_VERSION))
+        except ImportError:                       # no Triton: no kernels to warm
+            versions.append("none")
+    return "|".join([device_fingerprint(device), str(Path(model_path).resolve()), str(dtype).removeprefix("torch."),
+                     dense_quant or "none", ".".join(versions)])
+
+
+def _marked() -> dict:
+    try:
+        return json.loads(marker_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _mark(key: str, outcome: str) -> None:
+    marks = _marked()
+    marks[key] = outcome
+    path = marker_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(marks, indent=1))
+        tmp.replace(path)
+    except OSError:
+        pass                                      # a read-only cache: the child runs again next time
+
+
+def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dense_quant: str | None,
+                progress=None) -> str | None:
+    """Run the child once per key (SLUICE_KERNEL_WARMUP=0: never). Returns what happened: "warmed",
+    "failed: ..." or None when nothing was run."""
+    if env_int("SLUICE_KERNEL_WARMUP") == 0:
+        return None
+    key = warmup_key(model_path, device, dtype, dense_quant)
+    if key in _marked():
+        return None
+    if progress is not None:
+        progress(0, 1, "checking the GPU kernels on this machine (once)")
+    cmd = [sys.executable, "-m", "engine.runtime.kernel_warmup", str(model_path), "--device", str(device),
+           "--dtype", str(dtype).removeprefix("torch.")] + (["--dense-quant", dense_quant] if dense_quant else [])
+    env = {**os.environ, "SLUICE_KERNEL_WARMUP": "0"}
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
+        outcome = "warmed" if proc.returncode == 0 else f"failed: {(proc.stderr.strip().splitlines() or ['rc ' + str(proc.returncode)])[-1]}"
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        outcome = f"failed: {exc}"
+    _mark(key, outcome)
+    if progress is not None:
+        progress(1, 1, "checking the GPU kernels on this machine (once)")
+    return outcome
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child: load the model as the parent will, run one prompt, exit (its caches stay on disk)."""
+    import engine
+    parser = argparse.ArgumentParser(prog="python -m engine.runtime.kernel_warmup")
+    parser.add_argument("model_dir")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--dense-quant", default=None)
+    args = parser.parse_args(argv)
+    from engine.params import GenerationParams
+    from engine.format import modeldir
+    model = modeldir.open_model_dir(args.model_dir)
+    eng = engine.load(args.model_dir, device=args.device, dtype=args.dtype, dense_quant=args.dense_quant,
+                      max_context=PROMPT_TOKENS + 4, ram_cache=4 * model.spec.top_k * model.layout.block_bytes)
+    ids = [i % model.spec.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
+    for _ in eng.generate(ids, GenerationParams(max_new_tokens=2, temperature=0.0)):
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""A machine's first load checks its kernels in a child process, once per machine, model and setting."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import engine
+from engine.runtime import kernel_warmup
+from engine.runtime.kernel_warmup import ensure_warm, marker_path
+
+
+@pytest.fixture
+def warmup_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "cache" / "kernel_verdicts.json"))
+    monkeypatch.setenv("SLUICE_KERNEL_WARMUP", "1")
+    return tmp_path
+
+
+def test_the_child_runs_once_per_model_and_setting(warmup_on, sluice_models):
+    path = sluice_models("olmoe")
+    steps = []
+    assert ensure_warm(path, torch.device("cpu"), torch.float32, None, lambda *a: steps.append(a)) == "warmed"
+    assert steps[0][:2] == (0, 1) and steps[-1][:2] == (1, 1)            # the load's progress says what it waits for
+    assert list(json.loads(marker_path().read_text()).values()) == ["warmed"]
+    assert ensure_warm(path, torch.device("cpu"), torch.float32, None) is None               # done: no child
+    assert ensure_warm(path, torch.device("cpu"), torch.float32, "int8") == "warmed"        # another setting
+
+
+def test_a_failing_child_is_not_retried_and_the_load_goes_on(warmup_on, sluice_models, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{")
+    outcome = ensure_warm(broken, torch.device("cpu"), torch.float32, None)
+    assert outcome.startswith("failed: ") and "Traceback" not in outcome
+    assert ensure_warm(broken, torch.device("cpu"), torch.float32, None) is None
+
+
+def test_switched_off(warmup_on, sluice_models, monkeypatch):
+    monkeypatch.setenv("SLUICE_KERNEL_WARMUP", "0")
+    assert ensure_warm(sluice_models("olmoe"), torch.device("cpu"), torch.float32, None) is None
+    assert not marker_path().exists()
+
+
+@pytest.mark.gpu
+def test_after_the_child_the_parent_runs_no_check(warmup_on, sluice_models):
+    """On a GPU the child leaves every verdict cached: the parent's load compares no kernel with its reference."""
+    eng = engine.load(sluice_models("olmoe", "fp8"), device="cuda", dense_quant="int8")
+    assert eng.kernel_warmup == "warmed"
+    assert eng.runner.kernel_verdict is not None and eng.runner.kernel_verdict.cached
+    del eng
+    torch.cuda.empty_cache()
+    assert engine.load(sluice_models("olmoe", "fp8"), device="cuda", dense_quant="int8").kernel_warmup is None
+
+
+def test_the_key_names_what_the_verdicts_depend_on(tmp_path):
+    key = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
+    assert str(tmp_path.resolve()) in key and "bfloat16" in key and "int8" in key
+    assert key != kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, None)
