@@ -602,6 +602,16 @@ STAGES = {
         for tag, env, tokens in (("warmup", {}, 8), ("table-file-1", {}, 64),
                                  ("table-loaded-1", {"SLUICE_EMBED_IN_RAM": "0"}, 64),
                                  ("table-file-2", {}, 64), ("table-loaded-2", {"SLUICE_EMBED_IN_RAM": "0"}, 64))],
+    # a fresh machine's first start under the cap (Triton and verdict caches cold: the kernel warm-up child runs),
+    # then later starts: fits-vram-ram, fits-ram, exceeds at 2.5 GB (the model is written by the first bench)
+    "first-start": lambda: [
+        bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                             "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                             "int8"] + extra)
+        for regime, tag, tokens, extra in (("fits-vram-ram", "first-start", 64, []), ("fits-vram-ram", "later", 64, []),
+                                           ("fits-ram", "later", 128, []),
+                                           ("exceeds", "later-2.5GB", 32, ["--vram-budget", "2.5GB"]))],
+    "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it
     "sweep-ab": lambda: [

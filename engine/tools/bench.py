@@ -154,7 +154,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
         eng.close()
     return {**_summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
                        {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)),
-            **warm, "dense_quant": eng.dense_quant or "none"}
+            **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup}
 
 
 def _embed_bytes(model) -> int:
@@ -339,6 +339,11 @@ def _warm_prefill_lines(r: dict) -> list[str]:
             f"computed on the CPU {w['cpu'] / 1e9:.2f} GB"]
 
 
+def _warmup_note(outcome: str | None) -> str:
+    """This machine's first start: its kernels were checked in a child process before the load (kernel_warmup)."""
+    return f" (checked in a child first: {outcome})" if outcome else ""
+
+
 def report(r: dict) -> str:
     gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
     from engine.tools.presets import PRESET_NOTES
@@ -348,7 +353,7 @@ def report(r: dict) -> str:
         f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
         f"dense weights {r.get('dense_quant', 'none').replace('none', 'as stored')} "
-        f"({format_size(r['dense_bytes'])}), kernel {r['kernel']}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
+        f"({format_size(r['dense_bytes'])}), kernel {r['kernel']}{_warmup_note(r.get('kernel_warmup'))}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
         f"decode: Engine.generate, tokens sampled at temperature 1 (varied routing, like real text)",
         f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
         f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",
