@@ -295,8 +295,9 @@ class _Timings:
 
 
 def _major_faults() -> int:
-    """Pages this process had to read back from files so far (code or data evicted under a memory cap):
-    a decode that adds many is thrashing the libraries' pages, its RAM cache set too large."""
+    """Pages this process had to read from files so far (code or data evicted under a memory cap, and the rows
+    of an embedding table left in its file: 1-2 a token never seen before): a decode that adds many more is
+    thrashing the libraries' pages, its RAM cache set too large."""
     try:
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_majflt
@@ -381,7 +382,7 @@ def report(r: dict) -> str:
         f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
         f"{format_size(r['process_non_cache_bytes'])} ({format_size(r.get('process_non_cache_anon_bytes', 0))} "
         f"anonymous, the rest the libraries' file pages); {r.get('decode_major_faults_per_token', 0):.1f} "
-        f"pages a token read back from files while decoding",
+        f"pages a token read from files while decoding (evicted library pages; a new token's embedding row, 1-2)",
         *_mapping_lines(r),
         *_cap_stat_lines(r),
     ]
