@@ -479,6 +479,14 @@ READS_AB = [("whole", {}), ("early", {"SLUICE_EARLY_READS": "1"}), ("pieces4", {
             ("early-pieces4", {"SLUICE_EARLY_READS": "1", "SLUICE_READ_PIECES": "4"})]
 HYBRID_QUANTS = os.environ.get("HYBRID_QUANTS", "bf16").split(",")
 
+def cap_ab(runs):
+    """fits-vram-ram benches (OLMoE dims, int8 experts and dense weights, 4 GiB cap), one per (tag, env, tokens)."""
+    for tag, env, tokens in runs:
+        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-vram-ram",
+                                                  "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                                  "int8"], env=env)
+
+
 STAGES = {
     "kernels": stage_kernels,
     "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
@@ -584,24 +592,16 @@ STAGES = {
         for tag, extra in (("warmup", ["--new-tokens", "8"]), ("3.73GiB", []), ("4.1GiB", ["--vram-budget", "4.1GiB"]))],
     # under the 4 GiB cap: what the RAM cache leaves beside the process (192 MiB, the default, against 384), and the
     # embedding table loaded (SLUICE_EMBED_IN_RAM=0), alternated after a warm-up: warm prefill fell 2x in session 12
-    "reserve-ab": lambda: [
-        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-vram-ram",
-                                                  "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
-                                                  "int8"], env=env)
-        for tag, env, tokens in (("warmup", {}, 8), ("reserve-192-1", {}, 64),
-                                 ("reserve-384-1", {"SLUICE_RAM_RESERVE_MIB": "384"}, 64),
-                                 ("table-loaded", {"SLUICE_EMBED_IN_RAM": "0"}, 64),
-                                 ("reserve-192-2", {}, 64), ("reserve-384-2", {"SLUICE_RAM_RESERVE_MIB": "384"}, 64),
-                                 ("reserve-576", {"SLUICE_RAM_RESERVE_MIB": "576"}, 64))],
+    "reserve-ab": lambda: cap_ab((("warmup", {}, 8), ("reserve-192-1", {}, 64),
+                                  ("reserve-384-1", {"SLUICE_RAM_RESERVE_MIB": "384"}, 64),
+                                  ("table-loaded", {"SLUICE_EMBED_IN_RAM": "0"}, 64), ("reserve-192-2", {}, 64),
+                                  ("reserve-384-2", {"SLUICE_RAM_RESERVE_MIB": "384"}, 64),
+                                  ("reserve-576", {"SLUICE_RAM_RESERVE_MIB": "576"}, 64))),
     # the table in the file, read at random with a prompt's pages asked for together (now), against the table loaded
     # (SLUICE_EMBED_IN_RAM=0), under the 4 GiB cap, alternated after a warm-up
-    "table-ab": lambda: [
-        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-vram-ram",
-                                                  "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
-                                                  "int8"], env=env)
-        for tag, env, tokens in (("warmup", {}, 8), ("table-file-1", {}, 64),
-                                 ("table-loaded-1", {"SLUICE_EMBED_IN_RAM": "0"}, 64),
-                                 ("table-file-2", {}, 64), ("table-loaded-2", {"SLUICE_EMBED_IN_RAM": "0"}, 64))],
+    "table-ab": lambda: cap_ab((("warmup", {}, 8), ("table-file-1", {}, 64),
+                                ("table-loaded-1", {"SLUICE_EMBED_IN_RAM": "0"}, 64), ("table-file-2", {}, 64),
+                                ("table-loaded-2", {"SLUICE_EMBED_IN_RAM": "0"}, 64))),
     # a fresh machine's first start under the cap (Triton and verdict caches cold: the kernel warm-up child runs),
     # then later starts: fits-vram-ram, fits-ram, exceeds at 2.5 GB (the model is written by the first bench)
     "first-start": lambda: [
