@@ -78,8 +78,8 @@ def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dens
     key = warmup_key(model_path, device, dtype, dense_quant)
     if key in _marked():
         return None
-    if progress is not None:
-        progress(0, 1, "checking the GPU kernels on this machine (once)")
+    if progress is not None:                      # no total: the app shows a busy bar with the message
+        progress(0, 0, "checking the GPU kernels on this machine (once)")
     cmd = [sys.executable, "-m", "engine.runtime.kernel_warmup", str(model_path), "--device", str(device),
            "--dtype", str(dtype).removeprefix("torch.")] + (["--dense-quant", dense_quant] if dense_quant else [])
     env = {**os.environ, "SLUICE_KERNEL_WARMUP": "0"}
@@ -89,8 +89,6 @@ def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dens
     except (OSError, subprocess.TimeoutExpired) as exc:
         outcome = f"failed: {exc}"
     _mark(key, outcome)
-    if progress is not None:
-        progress(1, 1, "checking the GPU kernels on this machine (once)")
     return outcome
 
 

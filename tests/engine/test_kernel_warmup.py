@@ -22,7 +22,7 @@ def test_the_child_runs_once_per_model_and_setting(warmup_on, sluice_models):
     path = sluice_models("olmoe")
     steps = []
     assert ensure_warm(path, torch.device("cpu"), torch.float32, None, lambda *a: steps.append(a)) == "warmed"
-    assert steps[0][:2] == (0, 1) and steps[-1][:2] == (1, 1)            # the load's progress says what it waits for
+    assert steps == [(0, 0, "checking the GPU kernels on this machine (once)")]    # the app: a busy bar, this text
     assert list(json.loads(marker_path().read_text()).values()) == ["warmed"]
     assert ensure_warm(path, torch.device("cpu"), torch.float32, None) is None               # done: no child
     assert ensure_warm(path, torch.device("cpu"), torch.float32, "int8") == "warmed"        # another setting
