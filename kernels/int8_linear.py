@@ -66,3 +66,59 @@ def int8_linear_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     _int8_linear_kernel[grid](flat, q, scale, y, n, k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                               num_warps=config.num_warps)
     return y.reshape(*x.shape[:-1], n)
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """A prompt's tiles (untuned: SLUICE_CUBLAS_FREE is off until measured on a GPU)."""
+    block_t: int = 64       # tokens per program
+    block_n: int = 64       # output rows per program
+    block_k: int = 64       # reduction tile
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _int8_gemm_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, IEEE: tl.constexpr, BLOCK_T: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    tokens = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    t_ok, r_ok = tokens < T, rows < N
+    scale = tl.load(s_ptr + rows, mask=r_ok, other=0.0).to(tl.float32)
+    acc = tl.zeros([BLOCK_T, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        c_ok = cols < K
+        x = tl.load(x_ptr + tokens[:, None].to(tl.int64) * K + cols[None, :], mask=t_ok[:, None] & c_ok[None, :],
+                    other=0.0)
+        codes = tl.load(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :], mask=r_ok[:, None] & c_ok[None, :],
+                        other=0)
+        # the reference's weight element: q * scale rounded once to the compute dtype
+        w = (codes.to(tl.float32) * scale[:, None]).to(x_ptr.dtype.element_ty)
+        if IEEE:                                                   # float32 compute: no TF32 rounding
+            acc += tl.dot(x, tl.trans(w), input_precision="ieee")
+        else:
+            acc += tl.dot(x, tl.trans(w))
+    tl.store(y_ptr + tokens[:, None].to(tl.int64) * N + rows[None, :], acc.to(y_ptr.dtype.element_ty),
+             mask=t_ok[:, None] & r_ok[None, :])
+
+
+def int8_gemm_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, config: GemmConfig = GemmConfig()
+                     ) -> torch.Tensor:
+    """A prompt's tokens through int8 codes (one Triton launch, tensor cores): no dequantised copy and no
+    cuBLAS (whose CUDA module holds ~81 MiB of host memory once loaded: BENCHMARKS.md run 49)."""
+    flat = x.reshape(-1, x.shape[-1]).contiguous()                                   # [T, K]
+    num_tokens, (n, k) = flat.shape[0], q.shape
+    y = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(num_tokens, config.block_t))
+    _int8_gemm_kernel[grid](flat, q, scale, y, num_tokens, n, k, IEEE=x.dtype == torch.float32,
+                            BLOCK_T=config.block_t, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                            num_warps=config.num_warps, num_stages=config.num_stages)
+    return y.reshape(*x.shape[:-1], n)
+
+
+def int8_linear_any(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """int8_linear_kernel for a decode step's tokens, int8_gemm_kernel for a prompt's (SLUICE_CUBLAS_FREE=1)."""
+    if x.numel() > MAX_KERNEL_TOKENS * x.shape[-1]:
+        return int8_gemm_kernel(x, q, scale)
+    return int8_linear_kernel(x, q, scale)

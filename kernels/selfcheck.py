@@ -216,25 +216,62 @@ def _extras(offsets: Mapping[str, int], activation) -> str:
 
 
 def select_int8_linear(out_features: int, in_features: int, device, dtype: torch.dtype = torch.bfloat16,
-                       kernel: Callable | None = None):
+                       kernel: Callable | None = None, prompts: bool = False):
     """The int8 dense linear to use for an [out, in] weight on this device: the Triton kernel if it passes
     its check against the torch reference (one and a few tokens), else None (the caller keeps the
-    reference). `kernel` injects a variant (tests). Returns (fn or None, verdict)."""
+    reference). `prompts`: prompts too, through the GEMM kernel (int8_linear_any; checked on a prompt's
+    rows as well). `kernel` injects a variant (tests). Returns (fn or None, verdict)."""
     from .cpu_linear import int8_linear_ref
-    from .int8_linear import KERNEL_VERSION, MAX_KERNEL_TOKENS, int8_linear_kernel
+    from .int8_linear import KERNEL_VERSION, MAX_KERNEL_TOKENS, int8_linear_any, int8_linear_kernel
 
-    kernel = kernel or int8_linear_kernel
+    kernel = kernel or (int8_linear_any if prompts else int8_linear_kernel)
     device = torch.device(device)
     gen = torch.Generator().manual_seed(4321)
     codes = torch.randint(-127, 128, (out_features, in_features), generator=gen, dtype=torch.int8).to(device)
     scale = (torch.rand(out_features, generator=gen) * in_features ** -0.5 / 64).to(device, torch.bfloat16)
     cases = iter([(torch.randn(n, in_features, generator=gen).to(device, dtype), codes, scale)
-                  for n in (1, 1, MAX_KERNEL_TOKENS)])
+                  for n in (1, 1, MAX_KERNEL_TOKENS) + ((100,) if prompts else ())])
     run_kernel, run_ref = _runners(cases, kernel, int8_linear_ref)
 
     rtol = 1e-2 if dtype == torch.bfloat16 else 1e-4        # the same weights: only the sums' order differs
-    shape_key = f"N={out_features} K={in_features} {dtype}"
-    verdict = check("int8_linear", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    shape_key = f"N={out_features} K={in_features} {dtype}" + (" prompts" if prompts else "")
+    verdict = check("int8_linear", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol,
+                    num_trials=4 if prompts else 3)
+    return (kernel if verdict.ok else None), verdict
+
+
+def select_router(num_experts: int, hidden: int, top_k: int, renormalize: bool, device,
+                  dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None):
+    """The softmax top-k router kernel (router.py) for this shape, if it routes as its torch reference does
+    (one token, a prompt's 100), else None. Compared: the kernel's weights, and what the reference's
+    probabilities give the experts the kernel chose, against the reference's top k. An expert swapped at
+    a near-tie (the logits' last bit) costs ~nothing; a wrong choice costs its whole weight.
+    `kernel` injects a variant (tests). Returns (fn or None, verdict)."""
+    import torch.nn.functional as F
+    from .router import KERNEL_VERSION, router_kernel, router_ref
+
+    kernel = kernel or router_kernel
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(5432)
+    weight = (torch.randn(num_experts, hidden, generator=gen) * hidden ** -0.5).to(device, dtype)
+    cases = iter([torch.randn(n, hidden, generator=gen).to(device, dtype) for n in (1, 1, 100)])
+    current: list[torch.Tensor] = []
+
+    def run_kernel():
+        current[:] = [next(cases)]
+        weights, ids = kernel(current[0], weight, top_k, renormalize)
+        given = torch.softmax(F.linear(current[0], weight), dim=-1, dtype=torch.float32).gather(1, ids)
+        if renormalize:
+            given = given / given.sum(dim=-1, keepdim=True)
+        return torch.cat([weights, given], dim=1)
+
+    def run_ref():
+        weights, _ = router_ref(current[0], weight, top_k, renormalize)
+        return torch.cat([weights, weights], dim=1)
+
+    rtol = 1e-2 if dtype != torch.float32 else 1e-4
+    shape_key = f"E={num_experts} H={hidden} K={top_k} renorm={renormalize} {dtype}"
+    verdict = check("router", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
     return (kernel if verdict.ok else None), verdict
 
 

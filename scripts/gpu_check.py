@@ -611,6 +611,23 @@ STAGES = {
         for regime, tag, tokens, extra in (("fits-vram-ram", "first-start", 64, []), ("fits-vram-ram", "later", 64, []),
                                            ("fits-ram", "later", 128, []),
                                            ("exceeds", "later-2.5GB", 32, ["--vram-budget", "2.5GB"]))],
+    # SLUICE_CUBLAS_FREE=1 (softmax top-k routers and int8 prompt GEMMs in Triton, no cuBLAS module): its tests,
+    # the operator probe with it (cold, then the warm table), then fits-vram-ram off / on alternated after a warm-up
+    # (decode and warm prefill: the GEMM's tiles are untuned) and fits-ram with it
+    "cublas-free-ab": lambda: [
+        stage_tests(("tests/kernels/test_router.py", "tests/kernels/test_int8_linear.py",
+                     "tests/streaming/test_dense_int8.py"), ("-k", "router or gemm or prompts or cublas")),
+        print(subprocess.run(
+            f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
+            f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && export SLUICE_CUBLAS_FREE=1 && "
+            f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 > {OUT}/probe-op-memory-cold.txt 2>&1; "
+            f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 40 2>&1 | tee {OUT}/probe-op-memory.txt",
+            shell=True, cwd=ROOT, capture_output=True, text=True).stdout[-4000:]),
+        cap_ab((("warmup", {}, 8), ("cublas-1", {}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64),
+                ("cublas-2", {}, 64), ("cublas-free-2", {"SLUICE_CUBLAS_FREE": "1"}, 64))),
+        bench("olmoe-int8-fits-ram-cublas-free", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                  "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"],
+              env={"SLUICE_CUBLAS_FREE": "1"})],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it

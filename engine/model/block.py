@@ -93,9 +93,13 @@ class Router:
 
     def __init__(self, weight: torch.Tensor, top_k: int, renormalize: bool):
         self.weight, self.top_k, self.renormalize = weight, top_k, renormalize
+        self.kernel = None          # kernels.router, where the runner chose it (SLUICE_CUBLAS_FREE=1)
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # h [T, H] -> weights [T, K] (compute dtype), expert ids [T, K]
+        if self.kernel is not None:
+            weights, ids = self.kernel(h, self.weight, self.top_k, self.renormalize)
+            return weights.to(h.dtype), ids
         probs = torch.softmax(linear(h, self.weight), dim=-1, dtype=torch.float32)   # [T, E]
         weights, ids = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:

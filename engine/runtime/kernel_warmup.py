@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from engine.runtime.switches import env_int
+from engine.runtime.switches import cublas_free, env_int
 
 PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
 TIMEOUT_S = 900
@@ -40,13 +40,13 @@ def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense
     versions, the model and the settings that choose kernels."""
     from kernels.selfcheck import device_fingerprint
     versions = []
-    for name in ("kernels.moe_decode", "kernels.moe_prefill", "kernels.int8_linear"):
+    for name in ("kernels.moe_decode", "kernels.moe_prefill", "kernels.int8_linear", "kernels.router"):
         try:
             versions.append(str(__import__(name, fromlist=["KERNEL_VERSION"]).KERNEL_VERSION))
         except ImportError:                       # no Triton: no kernels to warm
             versions.append("none")
     return "|".join([device_fingerprint(device), str(Path(model_path).resolve()), str(dtype).removeprefix("torch."),
-                     dense_quant or "none", ".".join(versions)])
+                     dense_quant or "none", ".".join(versions)] + (["cublas-free"] if cublas_free() else []))
 
 
 def _marked() -> dict:

@@ -19,7 +19,7 @@ from safetensors import safe_open
 from engine.errors import SluiceError
 from engine.format.modeldir import DENSE_FILE, ModelDir
 from engine.model import dense_quant as dense_quant_
-from engine.model.block import Step
+from engine.model.block import Router, Step
 from engine.model.layers import Packed
 from engine.model.families import family_module
 from engine.model.file_table import EMBED_TABLE, FileTable, can_map, table_in_file
@@ -35,7 +35,7 @@ from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
-from engine.runtime.switches import env_int
+from engine.runtime.switches import cublas_free, env_int
 from engine.runtime.telemetry import Telemetry
 from kernels.formats import random_bank
 
@@ -68,6 +68,8 @@ class Runner:
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
         if use_kernels and self.is_cuda:       # after build: a family may split a fused int8 weight (Qwen3-Next)
             self._choose_linear_kernels(weights)
+            if cublas_free():
+                self._choose_router_kernels()
         # the table left in the file takes neither the device's memory nor the process's
         dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values() if not isinstance(t, FileTable))
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
@@ -183,11 +185,23 @@ class Runner:
         chosen: dict[tuple[int, int], object] = {}
         for w in [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]:
             if w.shape not in chosen:
-                fn, verdict = select_int8_linear(*w.shape, self.device, dtype=self.dtype)
+                fn, verdict = select_int8_linear(*w.shape, self.device, dtype=self.dtype, prompts=cublas_free())
                 chosen[w.shape] = fn
                 if not verdict.ok:
                     self.telemetry.warn(f"int8 dense kernel disabled for {tuple(w.shape)} on this GPU: {verdict.reason}")
             w.kernel = chosen[w.shape]
+
+    def _choose_router_kernels(self) -> None:
+        """The softmax top-k routers through kernels.router, checked once per shape (SLUICE_CUBLAS_FREE=1)."""
+        from kernels.selfcheck import select_router
+        chosen: dict[tuple, object] = {}
+        for router in [b.router for b in self.model.blocks if type(b.router) is Router]:
+            key = (*router.weight.shape, router.top_k, router.renormalize)
+            if key not in chosen:
+                chosen[key], verdict = select_router(*key, self.device, dtype=self.dtype)
+                if not verdict.ok:
+                    self.telemetry.warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
+            router.kernel = chosen[key]
 
     def _choose_kernel(self, layout):
         from kernels.selfcheck import select_moe_decode

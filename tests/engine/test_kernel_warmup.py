@@ -54,7 +54,9 @@ def test_after_the_child_the_parent_runs_no_check(warmup_on, sluice_models):
     assert engine.load(sluice_models("olmoe", "fp8"), device="cuda", dense_quant="int8").kernel_warmup is None
 
 
-def test_the_key_names_what_the_verdicts_depend_on(tmp_path):
+def test_the_key_names_what_the_verdicts_depend_on(tmp_path, monkeypatch):
     key = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
     assert str(tmp_path.resolve()) in key and "bfloat16" in key and "int8" in key
     assert key != kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, None)
+    monkeypatch.setenv("SLUICE_CUBLAS_FREE", "1")                     # other kernels to check
+    assert key != kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")

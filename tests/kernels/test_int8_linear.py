@@ -4,7 +4,8 @@ import torch
 
 from engine.format.quant import quantize
 from kernels.cpu_linear import dequantized, int8_linear_ref
-from kernels.int8_linear import MAX_KERNEL_TOKENS, LinearConfig, int8_linear_kernel
+from kernels.int8_linear import (MAX_KERNEL_TOKENS, GemmConfig, LinearConfig, int8_gemm_kernel, int8_linear_any,
+                                 int8_linear_kernel)
 from kernels import selfcheck
 from kernels.selfcheck import select_int8_linear
 
@@ -60,3 +61,35 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
         return int8_linear_kernel(x, q.roll(1, dims=0), scale)
     fn, verdict = select_int8_linear(48, 320, device, dtype=torch.float32, kernel=off_by_one_row)   # uncached shape
     assert not verdict.ok and fn is None and "exceeds" in verdict.reason
+
+
+@pytest.mark.parametrize("dtype,tol", [
+    pytest.param(torch.bfloat16, 1e-2, marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="Triton's interpreter multiplies bf16 tiles wrong (its numpy has no bf16)")),
+    (torch.float32, 1e-5)], ids=["bf16", "fp32"])
+@pytest.mark.parametrize("num_tokens,out_features,in_features,config", [
+    (70, 37, 100, GemmConfig()),                                   # ragged tokens, rows and reduction
+    (130, 96, 256, GemmConfig(block_t=32, block_n=32, block_k=32, num_warps=2, num_stages=2)),
+])
+def test_prompt_gemm_matches_the_dequantized_weights(device, dtype, tol, num_tokens, out_features, in_features, config):
+    q, scale = _weight(out_features, in_features, device)
+    x = torch.randn(num_tokens, in_features, generator=torch.Generator().manual_seed(1)).to(device, dtype)
+    out = int8_gemm_kernel(x, q, scale, config)
+    assert out.shape == (num_tokens, out_features) and out.dtype == dtype
+    exact = x.double() @ dequantized(q, scale, dtype).double().T
+    assert _rel(out, exact) < tol
+
+
+def test_with_prompts_the_selfcheck_checks_the_gemm(device, monkeypatch):
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    fn, verdict = select_int8_linear(48, 256, device, dtype=torch.float32, prompts=True)
+    assert verdict.ok and fn is int8_linear_any
+    x = torch.randn(2, 40, 256).to(device)                                # a prompt: the GEMM, batch dims kept
+    assert _rel(fn(x, *_weight(48, 256, device)), int8_linear_ref(x, *_weight(48, 256, device))) < 1e-5
+
+    def gemm_off_by_one_row(x, q, scale):                                 # decode right, prompts wrong
+        if x.numel() > MAX_KERNEL_TOKENS * x.shape[-1]:
+            return int8_gemm_kernel(x, q.roll(1, dims=0), scale)
+        return int8_linear_kernel(x, q, scale)
+    fn, verdict = select_int8_linear(48, 320, device, dtype=torch.float32, kernel=gemm_off_by_one_row, prompts=True)
+    assert not verdict.ok and fn is None

@@ -92,3 +92,27 @@ def test_unknown_or_unavailable_dense_format_is_one_clear_sentence(sluice_models
     monkeypatch.delattr(family_module("qwen3_moe"), "DENSE_INT8")
     with pytest.raises(SluiceError, match="int8 dense weights are not available for qwen3_moe models yet"):
         engine.load(model_dir, dense_quant="int8")
+
+
+@pytest.mark.gpu
+def test_cublas_free_routers_and_prompt_gemms_give_transformers_tokens(int8_model, monkeypatch):
+    """SLUICE_CUBLAS_FREE=1: the softmax top-k routers (kernels.router) and the int8 prompt GEMM run instead of
+    F.linear / softmax / topk and the reference's dequantised GEMM: transformers' tokens all the same."""
+    from engine.format.modeldir import open_model_dir
+    from engine.model.block import Router
+    if open_model_dir(int8_model / "sluice").spec.family not in ROUTER_FAMILIES:
+        pytest.skip("the family routes through its own router")
+    monkeypatch.setenv("SLUICE_CUBLAS_FREE", "1")
+    prompt = PROMPT * 2                                   # 20 tokens: past the decode kernel's 8, the GEMM's
+    eng = engine_with_slots(int8_model / "sluice", slots_per_bank=3, ram_blocks=4, dense_quant="int8")
+    try:
+        ours = token_ids(eng, prompt, NEW_TOKENS)
+        routers = [b.router for b in eng.runner.model.blocks if type(b.router) is Router]
+    finally:
+        eng.close()
+    assert routers and all(r.kernel is not None for r in routers)
+    reference = load_reference(int8_model / "hf", "int8", dense_quant="int8")
+    assert ours == reference_greedy(reference, prompt, NEW_TOKENS)
+
+
+ROUTER_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_next", "qwen3_5_moe")

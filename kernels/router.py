@@ -1,0 +1,78 @@
+"""The softmax top-k router (OLMoE, Qwen3-MoE, Mixtral, Qwen2-MoE) in one Triton launch.
+
+  T = tokens, E = experts, H = hidden, K = experts per token
+  h [T, H] (compute dtype), router weight [E, H] -> weights [T, K] float32, expert ids [T, K] int64
+
+router_kernel: one program a token computes the E logits (float32 sums, rounded to the compute dtype as
+F.linear's output is), their softmax in float32, the top K by repeated arg-max (best first, as torch.topk
+gives them) and, for norm_topk_prob, their renormalisation. Its reference, router_ref, is the torch path
+engine.model.block.Router takes. Why a kernel for so little work: the torch path's F.linear, softmax and
+topk each load a CUDA module holding host memory for the process's life (cuBLAS alone ~81 MiB, topk ~46:
+BENCHMARKS.md run 49); with the int8 prompt GEMM (int8_linear.py) no cuBLAS module loads at all.
+Off by default until measured on a GPU (SLUICE_CUBLAS_FREE=1).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+KERNEL_VERSION = 1     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
+
+
+def router_ref(h: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    probs = torch.softmax(F.linear(h, weight), dim=-1, dtype=torch.float32)              # [T, E]
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+@triton.jit
+def _router_kernel(h_ptr, w_ptr, weights_ptr, ids_ptr, E, H, TOP_K: tl.constexpr, RENORM: tl.constexpr,
+                   BLOCK_E: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    token = tl.program_id(0)
+    experts = tl.arange(0, BLOCK_E)
+    e_ok = experts < E
+    acc = tl.zeros([BLOCK_E, BLOCK_H], dtype=tl.float32)
+    for h0 in range(0, H, BLOCK_H):
+        cols = h0 + tl.arange(0, BLOCK_H)
+        c_ok = cols < H
+        w = tl.load(w_ptr + experts[:, None] * H + cols[None, :], mask=e_ok[:, None] & c_ok[None, :], other=0.0)
+        x = tl.load(h_ptr + token.to(tl.int64) * H + cols, mask=c_ok, other=0.0)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    logits = tl.sum(acc, axis=1).to(h_ptr.dtype.element_ty).to(tl.float32)     # F.linear's output, then float32
+    logits = tl.where(e_ok, logits, float("-inf"))
+    num = tl.exp(logits - tl.max(logits, axis=0))
+    probs = num / tl.sum(num, axis=0)
+    left = tl.where(e_ok, probs, -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    values = tl.zeros([BLOCK_K], dtype=tl.float32)
+    chosen = tl.zeros([BLOCK_K], dtype=tl.int64)
+    for k in tl.static_range(TOP_K):
+        best = tl.max(left, axis=0)
+        index = tl.argmax(left, axis=0)
+        values = tl.where(slots == k, best, values)
+        chosen = tl.where(slots == k, index.to(tl.int64), chosen)
+        left = tl.where(experts == index, -1.0, left)
+    if RENORM:
+        values = values / tl.sum(tl.where(slots < TOP_K, values, 0.0), axis=0)
+    out = token.to(tl.int64) * TOP_K + slots
+    tl.store(weights_ptr + out, values, mask=slots < TOP_K)
+    tl.store(ids_ptr + out, chosen, mask=slots < TOP_K)
+
+
+def router_kernel(h: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    flat = h.reshape(-1, h.shape[-1]).contiguous()
+    (num_tokens, hidden), num_experts = flat.shape, weight.shape[0]
+    weights = torch.empty(num_tokens, top_k, dtype=torch.float32, device=h.device)
+    ids = torch.empty(num_tokens, top_k, dtype=torch.int64, device=h.device)
+    block_e = triton.next_power_of_2(num_experts)
+    block_h = max(16, min(256, 8192 // block_e))           # the partial sums stay in registers
+    _router_kernel[(num_tokens,)](flat, weight.contiguous(), weights, ids, num_experts, hidden, TOP_K=top_k,
+                                  RENORM=renormalize, BLOCK_E=block_e, BLOCK_H=block_h,
+                                  BLOCK_K=triton.next_power_of_2(top_k), num_warps=4 if block_e <= 128 else 8)
+    return weights, ids

@@ -1,0 +1,49 @@
+"""The softmax top-k router kernel (kernels/router.py) against its torch reference, and its self-check."""
+import pytest
+import torch
+
+from kernels import selfcheck
+from kernels.router import router_kernel, router_ref
+from kernels.selfcheck import select_router
+
+
+def _case(num_experts, hidden, tokens, device, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    weight = (torch.randn(num_experts, hidden, generator=g) * hidden ** -0.5).to(device, dtype)
+    return torch.randn(tokens, hidden, generator=g).to(device, dtype), weight
+
+
+@pytest.mark.parametrize("num_experts,hidden,top_k,renormalize", [
+    (64, 96, 8, False),            # OLMoE's experts and k
+    (60, 80, 4, True),             # Qwen2-MoE's 60: not a power of two; hidden not a tile multiple
+    (128, 64, 8, True),            # Qwen3-MoE's
+    (8, 40, 2, True),              # Mixtral's
+])
+def test_routes_as_the_reference(device, num_experts, hidden, top_k, renormalize):
+    h, weight = _case(num_experts, hidden, 37, device, torch.float32)
+    weights, ids = router_kernel(h, weight, top_k, renormalize)
+    ref_weights, ref_ids = router_ref(h, weight, top_k, renormalize)
+    assert ids.dtype == torch.int64 and weights.dtype == torch.float32
+    assert torch.equal(ids, ref_ids)                                  # the same experts, best first
+    assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter rounds bf16 on its own terms")
+def test_routes_bf16_as_the_reference_on_a_gpu(device):
+    h, weight = _case(64, 2048, 512, device, torch.bfloat16)
+    weights, ids = router_kernel(h, weight, 8, False)
+    ref_weights, ref_ids = router_ref(h, weight, 8, False)
+    assert (ids == ref_ids).all(dim=1).float().mean() > 0.98          # a near-tie may swap (the logits' last bit)
+    assert torch.allclose(weights, ref_weights, rtol=2e-2, atol=1e-3)
+
+
+def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    fn, verdict = select_router(64, 96, 8, False, device, dtype=torch.float32)
+    assert verdict.ok and fn is router_kernel
+
+    def second_best(h, weight, top_k, renormalize):              # one rank off: the 2nd..(k+1)th experts
+        weights, ids = router_ref(h, weight, top_k + 1, renormalize)
+        return weights[:, 1:], ids[:, 1:]
+    fn, verdict = select_router(64, 96, 8, True, device, dtype=torch.float32, kernel=second_best)
+    assert not verdict.ok and fn is None and "exceeds" in verdict.reason
