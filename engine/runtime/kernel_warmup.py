@@ -85,7 +85,8 @@ def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dens
     env = {**os.environ, "SLUICE_KERNEL_WARMUP": "0"}
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
-        outcome = "warmed" if proc.returncode == 0 else f"failed: {(proc.stderr.strip().splitlines() or ['rc ' + str(proc.returncode)])[-1]}"
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]   # the error's sentence
+        outcome = "warmed" if proc.returncode == 0 else f"failed: {last}"
     except (OSError, subprocess.TimeoutExpired) as exc:
         outcome = f"failed: {exc}"
     _mark(key, outcome)
@@ -107,8 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     eng = engine.load(args.model_dir, device=args.device, dtype=args.dtype, dense_quant=args.dense_quant,
                       max_context=PROMPT_TOKENS + 4, ram_cache=4 * model.spec.top_k * model.layout.block_bytes)
     ids = [i % model.spec.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
-    for _ in eng.generate(ids, GenerationParams(max_new_tokens=2, temperature=0.0)):
-        pass
+    try:
+        for _ in eng.generate(ids, GenerationParams(max_new_tokens=2, temperature=0.0)):
+            pass
+    finally:
+        eng.close()
     return 0
 
 
