@@ -4,7 +4,8 @@ CUDA loads a kernel's module lazily, at its first launch, and the module's host-
 life of the process. `probe_first_use.py` measures operator kinds on stand-in shapes; this loads a real
 Sluice model dir under a dispatch mode that notes the anonymous memory before and after each operator's
 first call (by name and the dtypes and devices of its tensors), through `engine.load` (self-check, graph
-capture), a 64-token prompt with 16 tokens and a 500-token prompt. It prints the operators that cost the
+capture), a 64-token prompt with 16 tokens, a 500-token prompt and a reply sampled with the app's
+defaults (top-k, top-p, temperature: what sampling adds). It prints the operators that cost the
 most, per operator name, and what grew outside any first call (Triton's kernels, the engine's own memory).
 Kernel self-check verdicts and Triton's compiled kernels are cached per machine: run it twice, and read the
 second run for what a user's every start pays (the first also pays the self-checks' torch references).
@@ -68,14 +69,21 @@ def main() -> None:
     start = _anon()
     mode = make_mode()
     with mode:
-        eng = engine.load(path, device=device, vram_budget="4GB", ram_cache="256MB", max_context=1024,
+        from engine.format.modeldir import open_model_dir
+        limit = open_model_dir(path).spec.max_position_embeddings
+        eng = engine.load(path, device=device, vram_budget="4GB", ram_cache="256MB", max_context=min(1024, limit),
                           dense_quant=None if dense == "none" else dense)
         cache = eng.telemetry()["ram_cache"]["used_bytes"]
         after_load = _anon() - cache
-        for phase, prompt, new in (("64-token prompt", list(range(1, 65)), 16),
-                                   ("500-token prompt", [1 + i % 300 for i in range(500)], 4)):
+        # greedy prompts, then a reply sampled with the app's defaults (app/store.py: temperature 0.7, top-p
+        # 0.95, top-k 40): what sampling itself adds
+        greedy, app = GenerationParams(temperature=0.0), GenerationParams(temperature=0.7, top_p=0.95, top_k=40, seed=0)
+        for phase, prompt, new, params in (("64-token prompt", list(range(1, 65)), 16, greedy),
+                                           ("500-token prompt", [1 + i % 300 for i in range(500)], 4, greedy),
+                                           ("sampled reply", list(range(7, 39)), 16, app)):
             mode.phase = phase
-            for _ in eng.generate(prompt, GenerationParams(max_new_tokens=new, temperature=0.0)):
+            params.max_new_tokens = new
+            for _ in eng.generate(prompt, params):
                 pass
     cache = eng.telemetry()["ram_cache"]["used_bytes"]
     end = _anon() - cache
