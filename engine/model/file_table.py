@@ -26,6 +26,8 @@ from engine.format.quant import quantize
 from kernels.cpu_linear import dequantized
 
 EMBED_TABLE = "model.embed_tokens.weight"
+# POSIX maps take advice (Windows has none: there a fault reads what the OS chooses)
+_ADVICE = all(hasattr(m, a) for m, a in ((mmap.mmap, "madvise"), (mmap, "MADV_RANDOM"), (mmap, "MADV_WILLNEED")))
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
@@ -54,8 +56,7 @@ class FileTable:
             # writes to it; ACCESS_COPY is the portable spelling (POSIX and Windows)
             self._map = mmap.mmap(f.fileno(), offset + (end - start) - aligned, access=mmap.ACCESS_COPY,
                                   offset=aligned)
-        if hasattr(self._map, "madvise"):                                  # POSIX
-            self._map.madvise(mmap.MADV_RANDOM)
+        self._advise(mmap.MADV_RANDOM if _ADVICE else None)
         raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=offset - aligned)
         self._table = raw.view(_DTYPES[entry["dtype"]]).view(*entry["shape"])
         self._first, self._row_bytes = offset - aligned, (end - start) // entry["shape"][0]
@@ -73,12 +74,20 @@ class FileTable:
             else:
                 spans.append([lo, hi])
         for lo, hi in spans:
-            self._map.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
+            self._advise(mmap.MADV_WILLNEED, lo, hi - lo)
+
+    def _advise(self, advice: int | None, *span: int) -> None:
+        """Advice is only advice: a platform or file system without it reads the rows all the same."""
+        if advice is not None:
+            try:
+                self._map.madvise(advice, *span)
+            except OSError:
+                pass
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token ids (any shape, on the host) -> their rows [..., H] in the compute dtype, on the host."""
         flat = token_ids.reshape(-1)
-        if flat.numel() > 1 and hasattr(self._map, "madvise"):
+        if flat.numel() > 1 and _ADVICE:
             self._ask_for(flat)
         rows = self._table.index_select(0, flat).to(self.dtype)
         if self.quant == "int8":

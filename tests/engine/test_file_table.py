@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from engine.model.dense_quant import to_int8
+from engine.model import file_table
 from engine.model.file_table import EMBED_TABLE, FileTable, can_map
 from engine.model.layers import embedding
 from engine.runtime.memory import process_memory
@@ -62,7 +63,7 @@ def _vm_flags(path) -> list[str]:
     raise AssertionError(f"{path} is not mapped")
 
 
-@pytest.mark.skipif(not hasattr(mmap.mmap, "madvise") or not os.path.exists("/proc/self/smaps"),
+@pytest.mark.skipif(not file_table._ADVICE or not os.path.exists("/proc/self/smaps"),
                     reason="madvise and /proc/self/smaps are Linux's")
 def test_a_row_read_faults_in_its_page_only(dense_file):
     """The map reads at random (no 128 KB read-around a fault: under a memory cap that pushed the libraries'
