@@ -91,6 +91,8 @@ class Attention:
 class Router:
     """Softmax over the experts, top-k, optionally renormalised (the four original families)."""
 
+    best_first = True               # its ids come best first (torch.topk sorted; the kernel the same)
+
     def __init__(self, weight: torch.Tensor, top_k: int, renormalize: bool):
         self.weight, self.top_k, self.renormalize = weight, top_k, renormalize
         self.kernel = None          # kernels.router, where the runner chose it (SLUICE_CUBLAS_FREE=1)

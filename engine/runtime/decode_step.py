@@ -80,8 +80,11 @@ class DecodeStep:
         nxt = self.next_moe[layer]
         if nxt is not None:                            # the guesses best first (some routers pick unsorted)
             guess_weights, guess_ids = self.blocks[nxt].route(h)
-            order = torch.argsort(guess_weights, dim=-1, descending=True)
-            o.ids = torch.cat([o.ids, guess_ids[0][order[0]]])     # indexing, not gather: one CUDA module fewer
+            if getattr(getattr(self.blocks[nxt], "router", None), "best_first", False):
+                o.ids = torch.cat([o.ids, guess_ids[0]])          # no sort: its CUDA module need not load
+            else:
+                order = torch.argsort(guess_weights, dim=-1, descending=True)
+                o.ids = torch.cat([o.ids, guess_ids[0][order[0]]])     # indexing, not gather: one module fewer
 
     def _head(self) -> None:
         self.logits = self.model.head(self._residual(len(self.blocks) - 1))

@@ -51,15 +51,19 @@ def test_static_state_writes_at_device_positions_and_returns_the_whole_buffer():
     assert out.shape == (8, 1) and out[5, 0] == 7 and out[:5].abs().sum() == 0      # zeros, never garbage
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe", "deepseek_v3"])
-def test_decode_step_continues_what_prefill_computed(sluice_models, family):
+@pytest.mark.parametrize("family,unsorted", [("qwen2_moe", True), ("olmoe", True), ("deepseek_v3", True),
+                                             ("olmoe", False)])
+def test_decode_step_continues_what_prefill_computed(sluice_models, family, unsorted):
     """prefill(p + [t]) and prefill(p) then decode(t) must give the same logits: one definition of
     the model drives both paths, and the state written by prefill is the one decode reads."""
     eng = engine.load(sluice_models(family, "bf16"))
     prompt = [5, 17, 42, 99, 3, 250, 7]
     second_block = eng.runner.model.blocks[eng.spec.moe_layers[1]]
-    route = second_block.route
-    second_block.route = lambda h: tuple(t.flip(-1) for t in route(h))      # a router that picks unsorted
+    if unsorted:                                          # a router that picks unsorted (and says so)
+        route = second_block.route
+        second_block.route = lambda h: tuple(t.flip(-1) for t in route(h))
+        if hasattr(second_block.router, "best_first"):
+            second_block.router.best_first = False
     try:
         with torch.inference_mode():
             whole = eng.runner.prefill(prompt).clone()
