@@ -45,7 +45,7 @@ class FirstRunPage(QWidget):
         self.download_button = self._choice(layout, "Download a model…",
                                             "Pick a model that fits this computer and download it.")
         self.download_button.clicked.connect(self.download_requested)
-        self.demo_button = self._choice(layout, "Try the demo model (random weights: it produces noise)",
+        self.demo_button = self._choice(layout, "Try the demo model (it produces noise)",
                                         "A tiny Mixture-of-Experts model generated here in seconds. Its answers "
                                         "are gibberish by design; it shows the app, the streaming and the panels "
                                         "without any download.")

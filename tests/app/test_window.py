@@ -101,6 +101,10 @@ def test_first_run_page_builds_the_demo_model_and_opens_the_chat(qtbot, data_dir
     window = make_window(qtbot, data_dir, vram_budget="1400KB", ram_cache="400KB")
     assert window.pages.currentWidget() is window.first_run
     assert "produces noise" in window.first_run.demo_button.text()
+    window.resize(1300, 850)                        # the panels open beside it: each choice's text fits its button
+    qtbot.waitUntil(lambda: window.first_run.demo_button.width() > 100)
+    for button in (window.first_run.open_button, window.first_run.download_button, window.first_run.demo_button):
+        assert button.fontMetrics().horizontalAdvance(button.text()) + 16 <= button.width(), button.text()
     with qtbot.waitSignal(window.model_loaded, timeout=60_000) as loaded:
         qtbot.mouseClick(window.first_run.demo_button, Qt.MouseButton.LeftButton)
     assert loaded.args[0]["path"] == str(window.settings.models_path() / DEMO_DIR_NAME)
