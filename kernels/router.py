@@ -1,4 +1,4 @@
-"""The softmax top-k router (OLMoE, Qwen3-MoE, Mixtral, Qwen2-MoE) in one Triton launch.
+"""The softmax top-k router (OLMoE, Qwen3-MoE, Mixtral, Qwen2-MoE, Qwen3-Next / 3.5) in one Triton launch.
 
   T = tokens, E = experts, H = hidden, K = experts per token
   h [T, H] (compute dtype), router weight [E, H] -> weights [T, K] float32, expert ids [T, K] int64
