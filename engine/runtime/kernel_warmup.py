@@ -20,6 +20,8 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -28,6 +30,7 @@ from engine.runtime.switches import cublas_free, env_int
 
 PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
 TIMEOUT_S = 900
+MESSAGE = "checking the GPU kernels on this machine (once)"
 
 
 def marker_path() -> Path:
@@ -72,25 +75,50 @@ def _mark(key: str, outcome: str) -> None:
 def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dense_quant: str | None,
                 progress=None) -> str | None:
     """Run the child once per key (SLUICE_KERNEL_WARMUP=0: never). Returns what happened: "warmed",
-    "failed: ..." or None when nothing was run."""
+    "failed: ..." or None when nothing was run. `progress` is called every half second while the child
+    runs; whatever it raises (the app's load cancelled) stops the child and goes on up, nothing marked."""
     if env_int("SLUICE_KERNEL_WARMUP") == 0:
         return None
     key = warmup_key(model_path, device, dtype, dense_quant)
     if key in _marked():
         return None
-    if progress is not None:                      # no total: the app shows a busy bar with the message
-        progress(0, 0, "checking the GPU kernels on this machine (once)")
     cmd = [sys.executable, "-m", "engine.runtime.kernel_warmup", str(model_path), "--device", str(device),
            "--dtype", str(dtype).removeprefix("torch.")] + (["--dense-quant", dense_quant] if dense_quant else [])
     env = {**os.environ, "SLUICE_KERNEL_WARMUP": "0"}
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT_S, env=env)
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]   # the error's sentence
-        outcome = "warmed" if proc.returncode == 0 else f"failed: {last}"
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        outcome = f"failed: {exc}"
+    with tempfile.TemporaryFile("w+") as errors:          # a file, not a pipe: a chatty child cannot block on it
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors, text=True, env=env)
+        except OSError as exc:
+            outcome = f"failed: {exc}"
+        else:
+            outcome = _wait(proc, errors, progress)
     _mark(key, outcome)
     return outcome
+
+
+def _wait(proc: subprocess.Popen, errors, progress) -> str:
+    deadline = time.monotonic() + TIMEOUT_S
+    try:
+        while proc.poll() is None:
+            if progress is not None:               # no total: the app shows a busy bar with the message
+                progress(0, 0, MESSAGE)
+            if time.monotonic() > deadline:
+                proc.kill()
+                proc.wait()
+                return f"failed: it took longer than {TIMEOUT_S} s"
+            try:
+                proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                pass
+    except BaseException:
+        proc.kill()
+        proc.wait()
+        raise
+    if proc.returncode == 0:
+        return "warmed"
+    errors.seek(0)
+    last = (errors.read().strip().splitlines() or [f"exit status {proc.returncode}"])[-1]    # the error's sentence
+    return f"failed: {last}"
 
 
 def main(argv: list[str] | None = None) -> int:
