@@ -66,7 +66,8 @@ class Engine:
             return requested
         is_cuda = self.device.type == "cuda"
         slot = layout.block_bytes + (0 if is_cuda else decoded_expert_bytes(layout, self.dtype))
-        dense_bytes = dense_quant_.planned_bytes(self.model.dense_shapes, self.dtype, spec.family, self.dense_quant)
+        dense_bytes = dense_quant_.planned_bytes(self.model.dense_shapes, self.dtype, spec.family, self.dense_quant,
+                                                 self.model.dense_dtypes)
         return default_context(spec, self.dtype, self.device.type, vram_budget, dense_bytes, slot)
 
     @classmethod

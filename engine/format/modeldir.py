@@ -70,6 +70,13 @@ class ModelDir:
     def dense_shapes(self) -> dict[str, list[int]]:
         return {name: t["shape"] for name, t in self.manifest["dense"]["tensors"].items()}
 
+    @property
+    def dense_dtypes(self) -> dict[str, str]:
+        """Each dense tensor's stored dtype ("BF16", "I64", ...), from the dense file's header."""
+        from engine.format.checkpoint import read_header
+        header = read_header(self.path / DENSE_FILE)
+        return {name: entry["dtype"] for name, entry in header.items() if isinstance(entry, dict) and "dtype" in entry}
+
 
 def is_model_dir(path: str | Path) -> bool:
     return (Path(path) / MANIFEST).is_file()

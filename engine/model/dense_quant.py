@@ -84,11 +84,17 @@ def nbytes(weight: torch.Tensor | Packed) -> int:
     return weight.numel() * weight.element_size()
 
 
-def planned_bytes(shapes: dict[str, list[int]], dtype: torch.dtype, family: str, dense_quant: str | None) -> int:
-    """What the dense weights of these shapes take once loaded (the planner asks before loading); an
+_INTEGER_BYTES = {"I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1}   # loaded as stored (DeepSeek-V4's tid2eid)
+
+
+def planned_bytes(shapes: dict[str, list[int]], dtype: torch.dtype, family: str, dense_quant: str | None,
+                  stored: dict[str, str] | None = None) -> int:
+    """What the dense weights of these shapes take once loaded (the planner asks before loading): floats in
+    the compute dtype (or int8 codes and row scales), integer tables as `stored` says they are stored; an
     embedding table read from the file takes nothing."""
     elem = torch.empty((), dtype=dtype).element_size()
     int8 = quantized_names(family, shapes) if dense_quant else set()
     in_file = {EMBED_TABLE} if table_in_file(family, tied="lm_head.weight" not in shapes) else set()
-    return sum(math.prod(s) + 2 * s[0] if n in int8 else math.prod(s) * elem
+    stored = stored or {}
+    return sum(math.prod(s) + 2 * s[0] if n in int8 else math.prod(s) * _INTEGER_BYTES.get(stored.get(n), elem)
                for n, s in shapes.items() if n not in in_file)

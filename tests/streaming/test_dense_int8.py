@@ -79,8 +79,10 @@ def test_int8_dense_weights_leave_more_of_a_vram_budget_to_slots(int8_model):
     # stays (DeepSeek-V4's compressors, indexer and mHC mixers: a larger share of so small a model) keeps the rest
     assert int8.dense_bytes < bf16.dense_bytes * (0.5 if eng.spec.family == "deepseek_v4" else 0.4)
     # the planner, asked before loading (the default context), expects the bytes loading saved
-    planned = {q: planned_bytes(eng.model.dense_shapes, torch.float32, eng.spec.family, q) for q in (None, "int8")}
+    planned = {q: planned_bytes(eng.model.dense_shapes, torch.float32, eng.spec.family, q, eng.model.dense_dtypes)
+               for q in (None, "int8")}
     assert bf16.dense_bytes - int8.dense_bytes == planned[None] - planned["int8"]
+    assert (planned[None], planned["int8"]) == (bf16.dense_bytes, int8.dense_bytes)     # integer tables too
     assert int8.slots_per_bank > bf16.slots_per_bank
 
 
