@@ -5,8 +5,9 @@
 The experts form groups in the caller's order (on the engine: resident experts first, then each batch
 as it is brought in, so that each batch is a contiguous run of groups). Each group's rows are its
 pairs in routing order, padded to a multiple of BM with -1, so a kernel block belongs to one expert.
-The host already knows the routed ids (the layer's one sync), so it sizes everything; the device
-sorts the pairs with a few torch ops and no host sync.
+The host already knows the routed ids (the layer's one sync), so it sorts the pairs itself (numpy, ~4k
+pairs a layer) and sends the rows table through pinned memory: no device sort or scatter (their CUDA
+modules hold host memory for the process's life) and no host sync.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import numpy as np
 import torch
 
 
@@ -44,8 +46,9 @@ class Routing:
 
 def route_pairs(routed: list[int], routed_dev: torch.Tensor, experts: Sequence[int], top_k: int,
                 block_m: int) -> Routing:
-    """routed: the flat [P] expert ids on the host; routed_dev: the same ids on the device; experts: the
-    group order, every routed expert exactly once (an expert with no pairs gets an empty group)."""
+    """routed: the flat [P] expert ids on the host; routed_dev: the same ids where the tokens are (the rows
+    go to its device); experts: the group order, every routed expert exactly once (an expert with no
+    pairs gets an empty group)."""
     counts = Counter(routed)
     if len(set(experts)) != len(experts) or not counts.keys() <= set(experts):
         raise ValueError(f"the group order {list(experts)} must name each routed expert "
@@ -59,23 +62,20 @@ def route_pairs(routed: list[int], routed_dev: torch.Tensor, experts: Sequence[i
         start += counts.get(expert, 0)
         padded += -(-counts.get(expert, 0) // block_m) * block_m
         block_ends.append(padded // block_m)
-    device = routed_dev.device
-    rows = torch.full((padded,), -1, dtype=torch.int32, device=device)
+    rows = np.full(padded, -1, dtype=np.int32)
     if routed:
-        table = int32_on(device, rank + shift)
-        rank_dev, shift_dev = table[:len(rank)], table[len(rank):]
-        key = rank_dev[routed_dev]                                                    # [P] group of each pair
-        order = torch.argsort(key, stable=True)                                      # [P] pairs by group
-        dest = torch.arange(len(routed), device=device) + shift_dev[key[order]]      # [P] padded row
-        rows.scatter_(0, dest, order.to(torch.int32))
-    return Routing(rows, list(experts), block_ends, len(routed) // top_k, top_k, block_m, group_of)
+        key = np.asarray(rank)[np.asarray(routed)]                                    # [P] group of each pair
+        order = np.argsort(key, kind="stable")                                       # [P] pairs by group
+        rows[np.arange(len(routed)) + np.asarray(shift)[key[order]]] = order         # [P] padded row
+    return Routing(int32_on(routed_dev.device, rows), list(experts), block_ends, len(routed) // top_k, top_k,
+                   block_m, group_of)
 
 
-def int32_on(device: torch.device, values: list[int]) -> torch.Tensor:
+def int32_on(device: torch.device, values) -> torch.Tensor:
     """A small int32 table on the device. On CUDA through pinned memory, asynchronously: a pageable
     copy would wait for the whole stream. torch's pinned-memory cache keeps the host buffer until the
     copy has run (it records an event on the stream), so it is not reused early."""
-    host = torch.tensor(values, dtype=torch.int32)
+    host = torch.from_numpy(values) if isinstance(values, np.ndarray) else torch.tensor(values, dtype=torch.int32)
     if torch.device(device).type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
