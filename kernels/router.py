@@ -5,29 +5,21 @@
 
 router_kernel: one program a token computes the E logits (float32 sums, rounded to the compute dtype as
 F.linear's output is), their softmax in float32, the top K by repeated arg-max (best first, as torch.topk
-gives them) and, for norm_topk_prob, their renormalisation. Its reference, router_ref, is the torch path
-engine.model.block.Router takes. Why a kernel for so little work: the torch path's F.linear, softmax and
-topk each load a CUDA module holding host memory for the process's life (cuBLAS alone ~81 MiB, topk ~46:
+gives them) and, for norm_topk_prob, their renormalisation. Its reference, softmax_topk.router_ref, is
+the torch path engine.model.block.Router takes. Why a kernel for so little work: the torch path's
+F.linear, softmax and topk each load a CUDA module holding host memory for the process's life (cuBLAS alone ~81 MiB, topk ~46:
 BENCHMARKS.md run 49); with the int8 prompt GEMM (int8_linear.py) no cuBLAS module loads at all.
 Off by default until measured on a GPU (SLUICE_CUBLAS_FREE=1).
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .softmax_topk import router_ref  # noqa: F401  (the kernel's reference, beside it)
+
 KERNEL_VERSION = 1     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
-
-
-def router_ref(h: torch.Tensor, weight: torch.Tensor, top_k: int, renormalize: bool
-               ) -> tuple[torch.Tensor, torch.Tensor]:
-    probs = torch.softmax(F.linear(h, weight), dim=-1, dtype=torch.float32)              # [T, E]
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights, ids
 
 
 @triton.jit

@@ -254,21 +254,18 @@ def select_router(num_experts: int, hidden: int, top_k: int, renormalize: bool, 
     device = torch.device(device)
     gen = torch.Generator().manual_seed(5432)
     weight = (torch.randn(num_experts, hidden, generator=gen) * hidden ** -0.5).to(device, dtype)
-    cases = iter([torch.randn(n, hidden, generator=gen).to(device, dtype) for n in (1, 1, 100)])
-    current: list[torch.Tensor] = []
+    cases = iter([(torch.randn(n, hidden, generator=gen).to(device, dtype),) for n in (1, 1, 100)])
 
-    def run_kernel():
-        current[:] = [next(cases)]
-        weights, ids = kernel(current[0], weight, top_k, renormalize)
-        given = torch.softmax(F.linear(current[0], weight), dim=-1, dtype=torch.float32).gather(1, ids)
-        if renormalize:
-            given = given / given.sum(dim=-1, keepdim=True)
-        return torch.cat([weights, given], dim=1)
+    def chosen(h):                # the kernel's weights, then the reference's probabilities of its experts
+        weights, ids = kernel(h, weight, top_k, renormalize)
+        given = torch.softmax(F.linear(h, weight), dim=-1, dtype=torch.float32).gather(1, ids)
+        return torch.cat([weights, given / given.sum(dim=-1, keepdim=True) if renormalize else given], dim=1)
 
-    def run_ref():
-        weights, _ = router_ref(current[0], weight, top_k, renormalize)
+    def expected(h):
+        weights, _ = router_ref(h, weight, top_k, renormalize)
         return torch.cat([weights, weights], dim=1)
 
+    run_kernel, run_ref = _runners(cases, chosen, expected)
     rtol = 1e-2 if dtype != torch.float32 else 1e-4
     shape_key = f"E={num_experts} H={hidden} K={top_k} renorm={renormalize} {dtype}"
     verdict = check("router", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)

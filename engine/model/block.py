@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from engine.model.gptoss import sink_attention
 from engine.model.layers import apply_rope, attention, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from kernels.softmax_topk import router_ref
 from engine.model.state import ModelState, StateSpec
 
 
@@ -99,13 +100,7 @@ class Router:
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # h [T, H] -> weights [T, K] (compute dtype), expert ids [T, K]
-        if self.kernel is not None:
-            weights, ids = self.kernel(h, self.weight, self.top_k, self.renormalize)
-            return weights.to(h.dtype), ids
-        probs = torch.softmax(linear(h, self.weight), dim=-1, dtype=torch.float32)   # [T, E]
-        weights, ids = torch.topk(probs, self.top_k, dim=-1)
-        if self.renormalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights, ids = (self.kernel or router_ref)(h, self.weight, self.top_k, self.renormalize)
         return weights.to(h.dtype), ids
 
 
