@@ -487,6 +487,19 @@ def cap_ab(runs):
                                                   "int8"], env=env)
 
 
+def probe_ops(cold: bool, env: str = "", rows: int = 40) -> None:
+    """scripts/probe_op_memory.py on the bench's OLMoE-dims int8 model (written first if missing): a cold run
+    (filling the verdict and Triton caches) when asked, then the warm one every later start pays. `env`:
+    assignments put before each run (e.g. "SLUICE_CUBLAS_FREE=1")."""
+    probe = f"{env} {sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda"
+    print(subprocess.run(
+        f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
+        f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
+        + (f"{probe} 30 > {OUT}/probe-op-memory-cold.txt 2>&1; " if cold else "")
+        + f"{probe} {rows} 2>&1 | tee {OUT}/probe-op-memory.txt", shell=True, cwd=ROOT, capture_output=True,
+        text=True).stdout[-6000:])
+
+
 STAGES = {
     "kernels": stage_kernels,
     "kernels-fp8": lambda: stage_kernels(fmts=("fp8",)),
@@ -619,17 +632,18 @@ STAGES = {
                      "tests/streaming/test_dense_int8.py"), ("-k", "router or gemm or prompts or cublas")),
         # session 12 moved the prefill kernel's pair sort to the host: its GPU tests
         stage_tests(("tests/kernels/test_moe_prefill.py", "tests/streaming/test_prefill_kernel.py"), ()),
-        print(subprocess.run(
-            f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
-            f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && export SLUICE_CUBLAS_FREE=1 && "
-            f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 > {OUT}/probe-op-memory-cold.txt 2>&1; "
-            f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 40 2>&1 | tee {OUT}/probe-op-memory.txt",
-            shell=True, cwd=ROOT, capture_output=True, text=True).stdout[-4000:]),
+        probe_ops(cold=True, env="SLUICE_CUBLAS_FREE=1"),
         cap_ab((("warmup", {}, 8), ("cublas-1", {}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64),
                 ("cublas-2", {}, 64), ("cublas-free-2", {"SLUICE_CUBLAS_FREE": "1"}, 64))),
         bench("olmoe-int8-fits-ram-cublas-free", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
                                                   "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"],
               env={"SLUICE_CUBLAS_FREE": "1"})],
+    # run 55's call spent its time in the prefill kernel's GPU tests: this one warms the caches with the switch
+    # on (a short bench: its kernel warm-up child), probes the operators with it, then one bench each way
+    "cublas-free-ab2": lambda: [
+        cap_ab((("warmup-free", {"SLUICE_CUBLAS_FREE": "1"}, 8),)),
+        probe_ops(cold=False, env="SLUICE_CUBLAS_FREE=1"),
+        cap_ab((("cublas-1", {}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64)))],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it
@@ -668,14 +682,9 @@ STAGES = {
         capture_output=True, text=True).stdout[-3000:]),
     # which torch operators' first call costs host memory on the real model (load, graphs, two prompts), int8 dense
     # weights: a first run fills the verdict and Triton caches (what every later start skips), then the table; bf16 dense
-    "probe-op-memory": lambda: print(subprocess.run(
-        f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "
-        f"write_sluice_dir('olmoe-1b-7b', Path('{WORK}') / 'olmoe-1b-7b-int8', 'int8')\" && "
-        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 30 > {OUT}/probe-op-memory-cold.txt 2>&1; "
-        f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 40 2>&1 | tee {OUT}/probe-op-memory.txt; "
+    "probe-op-memory": lambda: [probe_ops(cold=True), print(subprocess.run(
         f"{sys.executable} scripts/probe_op_memory.py {WORK}/olmoe-1b-7b-int8 cuda 40 none > {OUT}/probe-op-memory-bf16.txt 2>&1",
-        shell=True, cwd=ROOT,
-        capture_output=True, text=True).stdout[-6000:]),
+        shell=True, cwd=ROOT, capture_output=True, text=True).stdout)],
     # the disk with few reads in flight, and blocks in pieces (the exceeds regime's reads), on the bench's model
     "probe-disk": lambda: print(subprocess.run(
         f"{sys.executable} -c \"from engine.tools.presets import write_sluice_dir; from pathlib import Path; "

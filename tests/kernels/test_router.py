@@ -30,10 +30,17 @@ def test_routes_as_the_reference(device, num_experts, hidden, top_k, renormalize
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter rounds bf16 on its own terms")
 def test_routes_bf16_as_the_reference_on_a_gpu(device):
+    """bf16 logits often tie or differ in their last bit between two ways of summing (8 bits of mantissa),
+    and torch.topk orders a tie its own way (run 55: 87% of rows had the reference's ids in its order);
+    so the test asks what the choice is worth: the reference's probabilities of the experts the kernel
+    chose are the reference's top k, row by row, up to a near-tie."""
     h, weight = _case(64, 2048, 512, device, torch.bfloat16)
     weights, ids = router_kernel(h, weight, 8, False)
     ref_weights, ref_ids = router_ref(h, weight, 8, False)
-    assert (ids == ref_ids).all(dim=1).float().mean() > 0.98          # a near-tie may swap (the logits' last bit)
+    given = torch.softmax(torch.nn.functional.linear(h, weight), dim=-1, dtype=torch.float32).gather(1, ids)
+    same_set = (ids.sort(dim=1).values == ref_ids.sort(dim=1).values).all(dim=1).float().mean().item()
+    worth = ((given - ref_weights).abs() / ref_weights).max().item()
+    assert worth < 2e-2, f"relative worth {worth:.2e}; rows with the reference's experts {same_set:.3f}"
     assert torch.allclose(weights, ref_weights, rtol=2e-2, atol=1e-3)
 
 
