@@ -96,7 +96,7 @@ class Router:
 
     def __init__(self, weight: torch.Tensor, top_k: int, renormalize: bool):
         self.weight, self.top_k, self.renormalize = weight, top_k, renormalize
-        self.kernel = None          # kernels.router, where the runner chose it (SLUICE_CUBLAS_FREE=1)
+        self.kernel = None          # kernels.router, where the runner chose it (unless SLUICE_CUBLAS_FREE=0)
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # h [T, H] -> weights [T, K] (compute dtype), expert ids [T, K]

@@ -192,7 +192,7 @@ class Runner:
             w.kernel = chosen[w.shape]
 
     def _choose_router_kernels(self) -> None:
-        """The softmax top-k routers through kernels.router, checked once per shape (SLUICE_CUBLAS_FREE=1)."""
+        """The softmax top-k routers through kernels.router, checked once per shape (unless SLUICE_CUBLAS_FREE=0)."""
         from kernels.selfcheck import select_router
         chosen: dict[tuple, object] = {}
         for router in [b.router for b in self.model.blocks if type(b.router) is Router]:

@@ -98,13 +98,14 @@ def test_unknown_or_unavailable_dense_format_is_one_clear_sentence(sluice_models
 
 @pytest.mark.gpu
 def test_cublas_free_routers_and_prompt_gemms_give_transformers_tokens(int8_model, monkeypatch):
-    """SLUICE_CUBLAS_FREE=1: the softmax top-k routers (kernels.router) and the int8 prompt GEMM run instead of
-    F.linear / softmax / topk and the reference's dequantised GEMM: transformers' tokens all the same."""
+    """The default (SLUICE_CUBLAS_FREE unset or 1): the softmax top-k routers (kernels.router) and the int8
+    prompt GEMM run instead of F.linear / softmax / topk and the reference's dequantised GEMM: transformers'
+    tokens all the same."""
     from engine.format.modeldir import open_model_dir
     from engine.model.block import Router
     if open_model_dir(int8_model / "sluice").spec.family not in ROUTER_FAMILIES:
         pytest.skip("the family routes through its own router")
-    monkeypatch.setenv("SLUICE_CUBLAS_FREE", "1")
+    monkeypatch.delenv("SLUICE_CUBLAS_FREE", raising=False)
     prompt = PROMPT * 2                                   # 20 tokens: past the decode kernel's 8, the GEMM's
     eng = engine_with_slots(int8_model / "sluice", slots_per_bank=3, ram_blocks=4, dense_quant="int8")
     try:
