@@ -172,6 +172,7 @@ class Engine:
         t = self.telemetry_source
         self._cancel.clear()
         generator = make_generator(params.seed, self.device)
+        candidates = self.runner.top_candidates(params.top_k) if params.temperature > 0 and params.top_k else None
         eos = set(self.eos_token_ids)
         if is_chat and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
@@ -193,7 +194,7 @@ class Engine:
             if self._cancel.is_set():
                 yield TokenEvent(None, detok.flush() if detok else "", True, "cancelled")
                 return
-            token = sample(logits, params, generator)
+            token = sample(logits, params, generator, candidates)
             generated += 1
             t.set(generated_tokens=generated)
             if generated > 1:

@@ -272,6 +272,35 @@ def select_router(num_experts: int, hidden: int, top_k: int, renormalize: bool, 
     return (kernel if verdict.ok else None), verdict
 
 
+def select_top_candidates(vocab: int, k: int, device, kernel: Callable | None = None):
+    """The top-candidates kernel (top_candidates.py) for k's block size on this vocabulary, if each chunk's
+    k largest and their ids match its numpy reference: bf16-rounded logits (many ties), and one chunk
+    holding every large logit. Compared on the host, so the check itself loads no CUDA operator. `kernel`
+    injects a variant (tests). Returns (fn or None, verdict)."""
+    import triton
+
+    from .top_candidates import KERNEL_VERSION, top_candidates, top_candidates_ref
+
+    kernel = kernel or top_candidates
+    device = torch.device(device)
+    block = triton.next_power_of_2(k)
+    gen = torch.Generator().manual_seed(6543)
+    rows = [(torch.randn(vocab, generator=gen) * 4).to(torch.bfloat16).float() for _ in range(2)]
+    rows[1][:min(vocab, 3 * block)] += 40.0                             # one chunk holds all the top ones
+    cases = iter([(row.to(device), kk) for row in rows for kk in sorted({block, block // 2 + 1})])
+
+    def comparable(table: torch.Tensor) -> torch.Tensor:        # padding (-inf, its ids unused) set alike
+        table = table.cpu().clone()
+        pad = ~torch.isfinite(table[0])
+        table[0][pad], table[1][pad] = -1e30, 0.0
+        return table
+
+    run_kernel, run_ref = _runners(cases, lambda *a: comparable(kernel(*a)), lambda *a: comparable(top_candidates_ref(*a)))
+    verdict = check("top_candidates", KERNEL_VERSION, f"V={vocab} BLOCK_K={block}", device, run_kernel, run_ref,
+                    0.0, num_trials=4 if block > 1 else 2)
+    return (kernel if verdict.ok else None), verdict
+
+
 def check_moe_prefill(fmt: str, offsets: Mapping[str, int], block_bytes: int, intermediate: int, hidden: int,
                       top_k: int, device, dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None,
                       config=None, activation=None) -> Verdict:

@@ -293,10 +293,14 @@ def _prefill_kernel_times(fmt: str, model: str, num_tokens=512) -> None:
     save()
 
 
-def stage_tests(paths=("tests/kernels", "tests/streaming"), extra=("-k", "not bench")):
+def stage_tests(paths=("tests/kernels", "tests/streaming"), extra=("-k", "not bench"), timeout=None):
+    """pytest on the GPU; `timeout` (s): pytest's own children are stopped with it, and the stage records
+    what it printed so far (-x stops at the first failure either way)."""
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra],
-                          cwd=ROOT, capture_output=True, text=True)
+    cmd = [sys.executable, "-m", "pytest", *paths, "-q", "-p", "no:cacheprovider", *extra]
+    if timeout:
+        cmd = ["timeout", str(timeout), *cmd]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     with open(OUT / "pytest.txt", "a") as log:        # one file for every test stage ($OUT brings back 8 files)
         log.write(f"===== {' '.join(paths)} {' '.join(extra)}\n" + proc.stdout[-200000:] + "\n" + proc.stderr[-20000:])
     tail = "\n".join(proc.stdout.strip().splitlines()[-15:])
@@ -644,6 +648,20 @@ STAGES = {
         cap_ab((("warmup-free", {"SLUICE_CUBLAS_FREE": "1"}, 8),)),
         probe_ops(cold=False, env="SLUICE_CUBLAS_FREE=1"),
         cap_ab((("cublas-1", {}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64)))],
+    # session 13's defaults (cuBLAS-free; top-k sampling's candidates kernel): their GPU tests (token-exact for the
+    # 13 families with int8 dense weights, the warm-up child), the operator probe (a reply sampled with the app's
+    # defaults), then the three regimes for the README
+    "defaults-13": lambda: [
+        stage_tests(("tests/kernels/test_top_candidates.py", "tests/engine/test_kernel_warmup.py",
+                     "tests/streaming/test_dense_int8.py"), ("-x",), timeout=200),
+        probe_ops(cold=False),
+        [bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                              "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                              "int8"] + extra)
+         for regime, tag, tokens, extra in (("fits-vram-ram", "3.73GiB", 64, []),
+                                            ("fits-vram-ram", "4.1GiB", 64, ["--vram-budget", "4.1GiB"]),
+                                            ("fits-ram", "default", 128, []),
+                                            ("exceeds", "2.5GB", 32, ["--vram-budget", "2.5GB"]))]],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it

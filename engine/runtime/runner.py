@@ -36,6 +36,7 @@ from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_c
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.switches import cublas_free, env_int
+from kernels.vocab_chunks import MAX_K
 from engine.runtime.telemetry import Telemetry
 from kernels.formats import random_bank
 
@@ -46,6 +47,7 @@ _CONTEXT_BYTES: dict[int, int] = {}    # device index -> driver-view bytes outsi
 # H200 box a 3.0 GiB cache (100 MiB left beside the process) still read back no pages while decoding (0.02 a token):
 # BENCHMARKS.md "Session 10".
 RAM_RESERVE = 192 << 20
+TOP_K_AT_LOAD = 40          # the app's top-k (app/store.py): its sampling kernel is checked at load
 
 
 class PrefillCancelled(Exception):
@@ -84,6 +86,8 @@ class Runner:
                 default_vram, default_ram, dense_bytes + kv_bytes, budgets["device_slot_bytes"])
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
         self.kernel_verdict = None
+        self._candidates: dict[int, object] | None = {} if use_kernels and self.is_cuda else None
+        self.top_candidates(TOP_K_AT_LOAD)          # the app's top-k: checked (and compiled) in the warm-up child
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
         kernel = self._choose_kernel(layout) if use_kernels and self.is_cuda and self.model.expert_kernel else None
         # Prefill's experts through the grouped-GEMM kernel (warm 512-token prefill on the H200 box: 1257 / 1478
@@ -202,6 +206,19 @@ class Runner:
                 if not verdict.ok:
                     self.telemetry.warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
             router.kernel = chosen[key]
+
+    def top_candidates(self, k: int):
+        """Top-k sampling's candidates kernel for k's block size (kernels/top_candidates.py), checked at its
+        first use in this process (a cached verdict after a machine's first); None: the host takes the row."""
+        if self._candidates is None or not 0 < k <= MAX_K:
+            return None
+        block = 1 << (k - 1).bit_length()
+        if block not in self._candidates:
+            from kernels.selfcheck import select_top_candidates
+            self._candidates[block], verdict = select_top_candidates(self.spec.vocab_size, k, self.device)
+            if not verdict.ok:
+                self.telemetry.warn(f"Top-k sampling kernel disabled for k up to {block} on this GPU: {verdict.reason}")
+        return self._candidates[block]
 
     def _choose_kernel(self, layout):
         from kernels.selfcheck import select_moe_decode

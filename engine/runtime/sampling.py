@@ -1,34 +1,86 @@
 """Next-token choice: greedy, or temperature / top-k / top-p sampling with a seeded generator.
 
-Sampling runs where the logits are (the GPU in decode): an exponential race, argmax(p / q) with
-q ~ Exp(1), draws from p exactly and costs one elementwise pass and one argmax, where copying the
-logits to the host and `torch.multinomial` there took ~3.7 ms a token (OLMoE's 50k vocabulary,
-profiled on the H200 box).
+Without top-k, sampling runs where the logits are (the GPU in decode): an exponential race,
+argmax(p / q) with q ~ Exp(1), draws from p exactly and costs one elementwise pass and one argmax,
+where copying the logits to the host and `torch.multinomial` there took ~3.7 ms a token (OLMoE's 50k
+vocabulary, profiled on the H200 box).
+
+With top-k (the app's default, 40) only the tokens whose logit is at least the k-th largest can be
+drawn (ties with the k-th kept, as transformers' top-k keeps them). The device gives the k largest of
+each chunk of the vocabulary (kernels/top_candidates.py, on a GPU where its self-check passed), and the
+host finds the survivors among those few and finishes the draw on them in numpy: temperature, top-p,
+the softmax and the same race, with the generation's host generator. No torch sampling operator runs on
+the GPU, so none of their CUDA modules loads (174 MiB of host memory, BENCHMARKS.md run 56). Where the
+chunks cannot tell the survivors (one chunk holding all k of them: it may hold more ties), and on the
+CPU device, the host takes the whole row of logits.
 """
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
 import torch
 
 from engine.params import GenerationParams
+from kernels.vocab_chunks import MAX_K, survivors_among, survivors_in_row
+
+Candidates = Callable[[torch.Tensor, int], torch.Tensor]      # kernels.top_candidates.top_candidates
 
 
-def make_generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    return torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+class Randomness:
+    """One generation's random draws: on the logits' device (the race over the whole vocabulary) and on
+    the host (the top-k survivors' race), both from the seed when there is one."""
+
+    def __init__(self, seed: int | None, device: torch.device):
+        self.device = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+        self.host = np.random.default_rng(seed)
 
 
-def sample(logits: torch.Tensor, params: GenerationParams, generator: torch.Generator | None) -> int:
-    """logits [V] float32 -> token id (one host sync)."""
+def make_generator(seed: int | None, device: torch.device) -> Randomness:
+    return Randomness(seed, device)
+
+
+def sample(logits: torch.Tensor, params: GenerationParams, generator: Randomness | None,
+           candidates: Candidates | None = None) -> int:
+    """logits [V] float32 -> token id (one host sync). `candidates`: the checked top-candidates kernel for
+    the logits' device, or None (the host takes the whole row when it needs it)."""
     if params.temperature <= 0:
         return int(torch.argmax(logits))
+    generator = generator or Randomness(None, logits.device)
+    vocab = logits.shape[-1]
+    if params.top_k and params.top_k < vocab:
+        values, ids = top_k_survivors(logits, params.top_k, candidates)
+        return finish_draw(values, ids, params, generator.host)
     logits = logits.float() / params.temperature
-    if params.top_k and params.top_k < logits.shape[0]:
-        kth = torch.topk(logits, params.top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
         drop = probs.cumsum(-1) - probs > params.top_p                   # keeps at least the top token
         logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
     probs = torch.softmax(logits, dim=-1)
-    race = torch.empty_like(probs).exponential_(generator=generator)
+    race = torch.empty_like(probs).exponential_(generator=generator.device)
     return int(torch.argmax(probs / race))
+
+
+def top_k_survivors(logits: torch.Tensor, k: int, candidates: Candidates | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """The logits at least the k-th largest (ties included) and their ids, on the host (float32, int64)."""
+    if candidates is not None and k <= MAX_K:
+        found = survivors_among(candidates(logits, k).cpu().numpy(), k, logits.shape[-1])
+        if found is not None:
+            return found
+    return survivors_in_row(logits, k)
+
+
+def finish_draw(values: np.ndarray, ids: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
+    """Temperature, top-p, softmax and the exponential race over the top-k survivors (host, float64)."""
+    scaled = values.astype(np.float64) / params.temperature
+    order = np.lexsort((ids, -scaled))                  # most likely first; a tie: the lower id first
+    scaled, ids = scaled[order], ids[order]
+    probs = np.exp(scaled - scaled[0])
+    probs /= probs.sum()
+    if params.top_p < 1.0:
+        keep = np.cumsum(probs) - probs <= params.top_p                  # keeps at least the top token
+        ids, probs = ids[keep], probs[keep] / probs[keep].sum()
+    race = rng.exponential(size=probs.size)
+    return int(ids[np.argmax(probs / race)])
