@@ -199,7 +199,8 @@ class Runner:
         """The softmax top-k routers through kernels.router, checked once per shape (unless SLUICE_CUBLAS_FREE=0)."""
         from kernels.selfcheck import select_router
         chosen: dict[tuple, object] = {}
-        for router in [b.router for b in self.model.blocks if type(b.router) is Router]:
+        # getattr: a family's own block (DeepSeek-V4's) may route without a `router`
+        for router in [r for r in (getattr(b, "router", None) for b in self.model.blocks) if type(r) is Router]:
             key = (*router.weight.shape, router.top_k, router.renormalize)
             if key not in chosen:
                 chosen[key], verdict = select_router(*key, self.device, dtype=self.dtype)
