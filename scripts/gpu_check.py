@@ -662,6 +662,14 @@ STAGES = {
                                             ("fits-vram-ram", "4.1GiB", 64, ["--vram-budget", "4.1GiB"]),
                                             ("fits-ram", "default", 128, []),
                                             ("exceeds", "2.5GB", 32, ["--vram-budget", "2.5GB"]))]],
+    # what an app user's reply runs: the decode sampled with the app's top-k / top-p (the host finishes the draw),
+    # against the bench's plain temperature-1 sampling, under the 4 GiB cap
+    "app-sampling": lambda: cap_ab((("warmup", {}, 8),)) or [
+        bench(f"olmoe-int8-fits-vram-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime",
+                                                  "fits-vram-ram", "--prompt-tokens", "512", "--new-tokens", "64",
+                                                  "--dense-quant", "int8"] + extra)
+        for tag, extra in (("plain-1", []), ("app-sampling-1", ["--top-k", "40", "--top-p", "0.95"]),
+                           ("plain-2", []), ("app-sampling-2", ["--top-k", "40", "--top-p", "0.95"]))],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it

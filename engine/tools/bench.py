@@ -37,6 +37,8 @@ def extra_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline-new-tokens", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--dense-quant", choices=["int8"], help="dense weights as int8 (llama.cpp's Q8_0 quantises them too)")
+    p.add_argument("--top-k", type=int, default=0, help="sample the decode with top-k as well (the app's default: 40)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample the decode with top-p as well (the app's default: 0.95)")
     p.add_argument("--regime", choices=list(REGIMES), help="; ".join(f"{r.name}: {r.summary}" for r in REGIMES.values()))
     p.add_argument("--no-cgroup", action="store_true", help="a regime's cap as budgets only (no cgroup v2 memory.max)")
     p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before a regime's runs")
@@ -144,7 +146,8 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
     # Sampled at temperature 1 (a random model's logits are nearly flat): varied tokens route to varied
     # experts, like real text; greedy decoding of random weights repeats itself, and so would its experts.
-    params = GenerationParams(max_new_tokens=args.new_tokens, temperature=1.0, seed=0, ignore_eos=True)
+    params = GenerationParams(max_new_tokens=args.new_tokens, temperature=1.0, top_k=opts.top_k, top_p=opts.top_p,
+                              seed=0, ignore_eos=True)
     try:
         t = _timed_generate(eng, prompt, params)
         t.cap_stat = own_cap_stat()
@@ -154,7 +157,8 @@ def measure(model_dir: Path, args, opts, log) -> dict:
         eng.close()
     return {**_summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
                        {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)),
-            **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup}
+            **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup,
+            "sampling": {"temperature": 1.0, "top_k": opts.top_k, "top_p": opts.top_p}}
 
 
 def _embed_bytes(model) -> int:
@@ -163,6 +167,13 @@ def _embed_bytes(model) -> int:
     if model.embed_in_ram or model.embed_tokens is model.lm_head:
         return 0
     return dense_quant.nbytes(model.embed_tokens)
+
+
+def _sampling_note(sampling: dict | None) -> str:
+    """The decode's top-k / top-p, where the bench was asked for them (the app samples with both)."""
+    cuts = [f"top-k {sampling['top_k']}" if sampling and sampling["top_k"] else "",
+            f"top-p {sampling['top_p']:g}" if sampling and sampling["top_p"] < 1 else ""]
+    return "".join(f", {cut}" for cut in cuts if cut)
 
 
 def _warm_prefill(eng, prompt: list[int], before: dict) -> dict:
@@ -355,7 +366,7 @@ def report(r: dict) -> str:
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
         f"dense weights {r.get('dense_quant', 'none').replace('none', 'as stored')} "
         f"({format_size(r['dense_bytes'])}), kernel {r['kernel']}{_warmup_note(r.get('kernel_warmup'))}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
-        f"decode: Engine.generate, tokens sampled at temperature 1 (varied routing, like real text)",
+        f"decode: Engine.generate, tokens sampled at temperature 1{_sampling_note(r.get('sampling'))} (varied routing, like real text)",
         f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
         f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",
         f"prefill      {r['prompt_tokens']} tokens, cold: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "

@@ -30,7 +30,7 @@ def child_argv(args, opts, work: Path) -> list[str]:
     argv = [sys.executable, "-m", "engine.tools.cli", "bench", "--preset", args.preset, "--quant", args.quant,
             "--device", args.device, "--prompt-tokens", str(args.prompt_tokens), "--new-tokens", str(args.new_tokens),
             "--json", "--work-dir", str(work), "--regime", opts.regime, "--dtype", opts.dtype,
-            "--baseline-new-tokens", str(opts.baseline_new_tokens)]
+            "--baseline-new-tokens", str(opts.baseline_new_tokens), "--top-k", str(opts.top_k), "--top-p", str(opts.top_p)]
     for flag, value in (("--vram-budget", args.vram_budget), ("--ram-cache", args.ram_cache), ("--baseline", args.baseline),
                         ("--dense-quant", opts.dense_quant)):
         if value is not None:

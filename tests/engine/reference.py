@@ -15,7 +15,7 @@ def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
     import glob
 
     model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
-                                                 attn_implementation="eager").eval()
+                                                 attn_implementation="eager", **_dequantized(hf_dir)).eval()
     spec = read_spec(hf_dir)
     if dense_quant:
         _quantize_dense(model, spec.family, dense_quant)
@@ -66,3 +66,18 @@ def reference_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0, min_new_tokens=max_new_tokens)
     return out[0, len(prompt_ids):].tolist()
+
+
+def _dequantized(hf_dir) -> dict:
+    """An FP8 checkpoint (DeepSeek-V4-Flash's) read into dequantised weights wherever the test runs: without
+    this, transformers on a machine with a GPU keeps them as FP8 for its own kernels (and needs the HF
+    `kernels` package for them; run 57), where a machine without one dequantises them."""
+    import json
+    from pathlib import Path
+    quant = json.loads((Path(hf_dir) / "config.json").read_text()).get("quantization_config") or {}
+    if quant.get("quant_method") != "fp8":
+        return {}
+    from transformers import FineGrainedFP8Config
+    return {"quantization_config": FineGrainedFP8Config(dequantize=True,
+                                                        modules_to_not_convert=quant.get("modules_to_not_convert"))}
+

@@ -66,3 +66,15 @@ def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_prese
     assert int8["dense_bytes"] < as_stored["dense_bytes"] / 2
     assert int8["slots_per_bank"] > as_stored["slots_per_bank"]
     assert "dense weights int8" in report(int8) and "dense weights as stored" in report(as_stored)
+    assert "sampled at temperature 1 (" in report(int8)
+
+
+def test_bench_samples_like_the_app_when_asked(tiny_preset, tmp_path, capsys):
+    """--top-k / --top-p: the decode samples with the app's cuts (what a user's reply runs), and says so."""
+    assert main(["bench", "--preset", tiny_preset, "--quant", "int8", "--device", "cpu", "--prompt-tokens", "16",
+                 "--new-tokens", "4", "--json", "--work-dir", str(tmp_path), "--dtype", "float32",
+                 "--top-k", "40", "--top-p", "0.95"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["sampling"] == {"temperature": 1.0, "top_k": 40, "top_p": 0.95}
+    assert result["decode_tok_s"] > 0
+    assert "sampled at temperature 1, top-k 40, top-p 0.95 (" in report(result)

@@ -67,7 +67,8 @@ def test_regime_budgets_map_to_the_issue_settings():
 def test_child_bench_gets_the_same_settings(tmp_path):
     argv = ["bench", "--preset", "olmoe-1b-7b", "--quant", "nvfp4", "--prompt-tokens", "512", "--new-tokens", "64",
             "--vram-budget", "3GB", "--regime", "exceeds", "--eager", "--llama-bench", "/x/llama-bench",
-            "--dense-quant", "int8", "--dtype", "float32", "--keep-page-cache", "--via-repack"]
+            "--dense-quant", "int8", "--dtype", "float32", "--keep-page-cache", "--via-repack", "--top-k", "40",
+            "--top-p", "0.95"]
     args, extra = build_parser().parse_known_args(argv)
     opts = _extra_args(extra)
     child = bench_regime.child_argv(args, opts, tmp_path)
