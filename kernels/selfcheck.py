@@ -272,6 +272,23 @@ def select_router(num_experts: int, hidden: int, top_k: int, renormalize: bool, 
     return (kernel if verdict.ok else None), verdict
 
 
+def select_rms_norm(width: int, dtype: torch.dtype, weight_dtype: torch.dtype, device, kernel: Callable | None = None):
+    """The RMS norm kernel (rms_norm.py) for rows of `width` on this device, if it matches the torch path on
+    one row, one row again and a prompt's 37. Returns (fn or None, verdict)."""
+    from .rms_norm import KERNEL_VERSION, rms_norm_kernel, rms_norm_ref
+
+    kernel = kernel or rms_norm_kernel
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(7654)
+    weight = (1 + 0.2 * torch.randn(width, generator=gen)).to(device, weight_dtype)
+    cases = iter([((torch.randn(n, width, generator=gen) * 3).to(device, dtype), weight, 1e-6) for n in (1, 1, 37)])
+    run_kernel, run_ref = _runners(cases, kernel, rms_norm_ref)
+    rtol = 1e-5 if torch.float32 in (dtype, weight_dtype) and dtype == weight_dtype else 1e-2
+    verdict = check("rms_norm", KERNEL_VERSION, f"N={width} {dtype} weight {weight_dtype}", device, run_kernel, run_ref,
+                    rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_top_candidates(vocab: int, k: int, device, kernel: Callable | None = None):
     """The top-candidates kernel (top_candidates.py) for k's block size on this vocabulary, if each chunk's
     k largest and their ids match its numpy reference: bf16-rounded logits (many ties), and one chunk

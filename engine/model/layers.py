@@ -4,15 +4,32 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.runtime.switches import env_int
 from kernels.cpu_linear import dequantized, packed_linear
+from kernels.norms import rms_norm_ref
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x * x, not pow(2): the same values (torch squares by a product on both devices), and one torch CUDA
-    # module fewer (each one's first launch holds host memory for the process's life: pow's is 47 MiB)
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    kernel = _norm_kernel(x, weight) if x.is_cuda else None
+    return (kernel or rms_norm_ref)(x, weight, eps)
+
+
+_NORM_KERNELS: dict[tuple, object] = {}
+
+
+def _norm_kernel(x: torch.Tensor, weight: torch.Tensor):
+    """kernels/rms_norm.py for this row width and these dtypes on this GPU (SLUICE_NORM_KERNEL=1), checked at
+    its first use outside a CUDA graph's capture (the graphs' warm-up runs each piece first); None: torch's."""
+    if env_int("SLUICE_NORM_KERNEL") != 1:
+        return None
+    key = (x.shape[-1], x.dtype, weight.dtype, x.device)
+    if key not in _NORM_KERNELS:
+        from kernels.rms_norm import MAX_N
+        if x.shape[-1] > MAX_N or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+            return None
+        from kernels.selfcheck import select_rms_norm
+        _NORM_KERNELS[key] = select_rms_norm(*key)[0]
+    return _NORM_KERNELS[key]
 
 
 class Packed:

@@ -89,4 +89,6 @@ def test_the_key_names_what_the_verdicts_depend_on(tmp_path, monkeypatch):
     assert str(tmp_path.resolve()) in key and "bfloat16" in key and "int8" in key
     assert key != kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, None)
     monkeypatch.setenv("SLUICE_CUBLAS_FREE", "0")                     # other kernels to check (the torch routers)
-    assert key != kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
+    torch_routers = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
+    monkeypatch.setenv("SLUICE_NORM_KERNEL", "1")                     # and the norms' kernel
+    assert len({key, torch_routers, kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")}) == 3

@@ -118,4 +118,22 @@ def test_cublas_free_routers_and_prompt_gemms_give_transformers_tokens(int8_mode
     assert ours == reference_greedy(reference, prompt, NEW_TOKENS)
 
 
+@pytest.mark.gpu
+def test_norm_kernel_gives_transformers_tokens(int8_model, monkeypatch):
+    """SLUICE_NORM_KERNEL=1: the models' RMS norms through kernels/rms_norm.py (checked per width at first use,
+    inside the graphs after their warm-up): transformers' tokens all the same."""
+    from engine.model import layers
+    monkeypatch.setenv("SLUICE_NORM_KERNEL", "1")
+    monkeypatch.setattr(layers, "_NORM_KERNELS", {})
+    prompt = PROMPT * 2
+    eng = engine_with_slots(int8_model / "sluice", slots_per_bank=3, ram_blocks=4, dense_quant="int8")
+    try:
+        ours = token_ids(eng, prompt, NEW_TOKENS)
+    finally:
+        eng.close()
+    assert any(fn is not None for fn in layers._NORM_KERNELS.values()) or eng.spec.family == "deepseek_v4"
+    reference = load_reference(int8_model / "hf", "int8", dense_quant="int8")
+    assert ours == reference_greedy(reference, prompt, NEW_TOKENS)
+
+
 ROUTER_FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe", "qwen3_next", "qwen3_5_moe")

@@ -1,0 +1,56 @@
+"""The RMS norm kernel (kernels/rms_norm.py) against the models' torch path, its self-check, and the
+switch that puts it on the models' path (SLUICE_NORM_KERNEL=1)."""
+import pytest
+import torch
+
+from engine.model import layers
+from kernels import selfcheck
+from kernels.rms_norm import rms_norm_kernel, rms_norm_ref
+from kernels.selfcheck import select_rms_norm
+
+
+@pytest.mark.parametrize("shape", [(1, 2048), (37, 96), (5, 4, 128), (3, 100)])   # hidden, heads x head_dim, odd
+def test_normalises_as_the_torch_path(device, shape):
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(*shape, generator=g) * 3).to(device)
+    weight = (1 + 0.2 * torch.randn(shape[-1], generator=g)).to(device)
+    out = rms_norm_kernel(x, weight, 1e-6)
+    assert out.shape == x.shape and out.dtype == torch.float32
+    assert torch.allclose(out, rms_norm_ref(x, weight, 1e-6), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter rounds bf16 on its own terms")
+def test_bf16_rows_round_as_the_torch_path(device):
+    g = torch.Generator().manual_seed(1)
+    x = (torch.randn(64, 2048, generator=g) * 3).to(device, torch.bfloat16)
+    weight = (1 + 0.2 * torch.randn(2048, generator=g)).to(device, torch.bfloat16)
+    out, ref = rms_norm_kernel(x, weight, 1e-6), rms_norm_ref(x, weight, 1e-6)
+    assert out.dtype == torch.bfloat16
+    assert (out != ref).float().mean() < 0.01                   # a last-bit difference where the sums' order differs
+    assert torch.allclose(out.float(), ref.float(), rtol=1e-2)
+
+
+def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    fn, verdict = select_rms_norm(96, torch.float32, torch.float32, device)
+    assert verdict.ok and fn is rms_norm_kernel
+    fn, verdict = select_rms_norm(80, torch.float32, torch.float32, device,       # the weight forgotten
+                                  kernel=lambda x, w, eps: rms_norm_kernel(x, torch.ones_like(w), eps))
+    assert not verdict.ok and fn is None
+
+
+def test_the_models_norm_takes_the_kernel_only_when_switched_on_and_checked(monkeypatch):
+    asked = []
+
+    def select(width, dtype, weight_dtype, device):
+        asked.append(width)
+        return (lambda x, w, eps: torch.full_like(x, 7.0)), None
+    monkeypatch.setattr(selfcheck, "select_rms_norm", select)
+    monkeypatch.setattr(layers, "_NORM_KERNELS", {})
+    x, w = torch.randn(2, 8), torch.ones(8)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
+    monkeypatch.delenv("SLUICE_NORM_KERNEL", raising=False)
+    assert not (layers.rms_norm(x, w, 1e-6) == 7.0).all() and asked == []          # off by default
+    monkeypatch.setenv("SLUICE_NORM_KERNEL", "1")
+    assert (layers.rms_norm(x, w, 1e-6) == 7.0).all() and (layers.rms_norm(x, w, 1e-6) == 7.0).all()
+    assert asked == [8]                                                            # checked once per width
