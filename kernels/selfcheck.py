@@ -289,6 +289,28 @@ def select_rms_norm(width: int, dtype: torch.dtype, weight_dtype: torch.dtype, d
     return (kernel if verdict.ok else None), verdict
 
 
+def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                            window: int | None, device, kernel: Callable | None = None):
+    """The one-token attention kernel (decode_attention.py) for these heads, if it matches the torch path
+    over a KV buffer longer than what is held: the first position, one in the middle (past the window,
+    where there is one) and the buffer's last. Returns (fn or None, verdict)."""
+    from .decode_attention import KERNEL_VERSION, attention_ref, decode_attention
+
+    kernel = kernel or decode_attention
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(8765)
+    held = 300
+    cases = iter([(torch.randn(1, num_q_heads, head_dim, generator=gen).to(device, dtype),
+                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
+                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
+                   torch.tensor([position]).to(device), window) for position in (0, 137, held - 1)])
+    run_kernel, run_ref = _runners(cases, kernel, attention_ref)
+    rtol = 1e-2 if dtype != torch.float32 else 1e-4
+    shape_key = f"Hq={num_q_heads} Hkv={num_kv_heads} D={head_dim} window={window} {dtype}"
+    verdict = check("decode_attention", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_top_candidates(vocab: int, k: int, device, kernel: Callable | None = None):
     """The top-candidates kernel (top_candidates.py) for k's block size on this vocabulary, if each chunk's
     k largest and their ids match its numpy reference: bf16-rounded logits (many ties), and one chunk

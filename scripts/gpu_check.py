@@ -491,6 +491,9 @@ def cap_ab(runs):
                                                   "int8"], env=env)
 
 
+PIECES = {"SLUICE_NORM_KERNEL": "1", "SLUICE_ATTN_KERNEL": "1"}
+
+
 def probe_ops(cold: bool, env: str = "", rows: int = 40) -> None:
     """scripts/probe_op_memory.py on the bench's OLMoE-dims int8 model (written first if missing): a cold run
     (filling the verdict and Triton caches) when asked, then the warm one every later start pays. `env`:
@@ -670,14 +673,16 @@ STAGES = {
                                                   "--dense-quant", "int8"] + extra)
         for tag, extra in (("plain-1", []), ("app-sampling-1", ["--top-k", "40", "--top-p", "0.95"]),
                            ("plain-2", []), ("app-sampling-2", ["--top-k", "40", "--top-p", "0.95"]))],
-    # SLUICE_NORM_KERNEL=1 (RMS norms in Triton: no rsqrt / mean CUDA modules): its GPU tests (token-exact, 13
-    # families), the operator probe with it, then fits-vram-ram off / on alternated after a warm-up
-    "norm-ab": lambda: [
-        stage_tests(("tests/kernels/test_rms_norm.py", "tests/streaming/test_dense_int8.py"), ("-k", "norm"), timeout=200),
-        cap_ab((("warmup-norm", {"SLUICE_NORM_KERNEL": "1"}, 8),)),
-        probe_ops(cold=False, env="SLUICE_NORM_KERNEL=1"),
-        cap_ab((("norm-off-1", {}, 64), ("norm-on-1", {"SLUICE_NORM_KERNEL": "1"}, 64),
-                ("norm-off-2", {}, 64), ("norm-on-2", {"SLUICE_NORM_KERNEL": "1"}, 64)))],
+    # SLUICE_NORM_KERNEL=1 / SLUICE_ATTN_KERNEL=1 (RMS norms / one-token attention in Triton: no rsqrt, mean or
+    # masked-SDPA CUDA modules): their GPU tests (token-exact, 13 families), the operator probe with both, then
+    # fits-vram-ram off / on alternated after a warm-up
+    "pieces-ab": lambda: [
+        stage_tests(("tests/kernels/test_rms_norm.py", "tests/kernels/test_decode_attention.py",
+                     "tests/streaming/test_dense_int8.py"), ("-k", "norm or attention or piece"), timeout=240),
+        cap_ab((("warmup-pieces", PIECES, 8),)),
+        probe_ops(cold=False, env="SLUICE_NORM_KERNEL=1 SLUICE_ATTN_KERNEL=1"),
+        cap_ab((("pieces-off-1", {}, 64), ("pieces-on-1", PIECES, 64), ("pieces-off-2", {}, 64),
+                ("pieces-on-2", PIECES, 64)))],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it

@@ -6,30 +6,38 @@ import torch.nn.functional as F
 
 from engine.runtime.switches import env_int
 from kernels.cpu_linear import dequantized, packed_linear
+from kernels.attention_ref import attention_ref
 from kernels.norms import rms_norm_ref
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    kernel = _norm_kernel(x, weight) if x.is_cuda else None
+    kernel = None
+    if x.is_cuda and x.shape[-1] <= MAX_NORM_WIDTH:
+        key = ("rms_norm", x.shape[-1], x.dtype, weight.dtype, x.device)
+        kernel = checked_kernel("SLUICE_NORM_KERNEL", key, lambda: _select("select_rms_norm", *key[1:]))
     return (kernel or rms_norm_ref)(x, weight, eps)
 
 
-_NORM_KERNELS: dict[tuple, object] = {}
+MAX_NORM_WIDTH = 16384      # kernels/rms_norm.py keeps a row in registers
+_CHECKED: dict[tuple, object] = {}
 
 
-def _norm_kernel(x: torch.Tensor, weight: torch.Tensor):
-    """kernels/rms_norm.py for this row width and these dtypes on this GPU (SLUICE_NORM_KERNEL=1), checked at
-    its first use outside a CUDA graph's capture (the graphs' warm-up runs each piece first); None: torch's."""
-    if env_int("SLUICE_NORM_KERNEL") != 1:
+def checked_kernel(switch: str, key: tuple, select):
+    """A model piece's GPU kernel for `key` (its shapes, dtypes, device) where the switch is 1: chosen by
+    `select` (a kernels.selfcheck check, its verdict cached per machine) at its first use outside a CUDA
+    graph's capture (the graphs' warm-up runs each piece first); None: the torch path."""
+    if env_int(switch) != 1:
         return None
-    key = (x.shape[-1], x.dtype, weight.dtype, x.device)
-    if key not in _NORM_KERNELS:
-        from kernels.rms_norm import MAX_N
-        if x.shape[-1] > MAX_N or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()):
+    if key not in _CHECKED:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return None
-        from kernels.selfcheck import select_rms_norm
-        _NORM_KERNELS[key] = select_rms_norm(*key)[0]
-    return _NORM_KERNELS[key]
+        _CHECKED[key] = select()
+    return _CHECKED[key]
+
+
+def _select(name: str, *args):
+    from kernels import selfcheck
+    return getattr(selfcheck, name)(*args)[0]
 
 
 class Packed:
@@ -101,40 +109,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
               window: int | None) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention with grouped KV heads.
-
-    q [T, Hq, D]; k, v [S, Hkv, D] hold positions 0..S-1; q_positions [T]. Returns [T, Hq * D].
-    """
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
-    if q.is_cuda:
-        # Fused attention: never materialises the [Hq, T, S] scores. Prompts (T > 1) expand grouped KV
-        # heads first (SDPA with enable_gqa may take the math kernel); one decode token (T = 1, the
-        # CUDA-graphed step) keeps enable_gqa: its scores are one row.
-        group = num_q_heads // k.shape[1]
-        if q.shape[0] > 1 and group > 1:
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        # 4-D [1, heads, tokens, D]: with 3-D inputs SDPA silently takes the math kernel, which
-        # materialises the scores (measured: +0.37 GB at 2048 tokens on OLMoE, +1 GB on Qwen3-30B).
-        qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        gqa = k.shape[1] != num_q_heads
-        if q.shape[0] == k.shape[0] and not window:
-            # A prompt from position 0: plain causal (flash kernel, no mask tensor at all).
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-        else:
-            key_positions = torch.arange(k.shape[0], device=q.device)
-            visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
-            if window:
-                visible &= key_positions[None, :] > q_positions[:, None] - window
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, enable_gqa=gqa)   # [Hq, T, D]
-        return out[0].transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
-    group = num_q_heads // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("thd,shd->hts", q, k) * head_dim ** -0.5  # [Hq, T, S]
-    key_positions = torch.arange(k.shape[0], device=q.device)
-    visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
-    if window:
-        visible &= key_positions[None, :] > q_positions[:, None] - window
-    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.einsum("hts,shd->thd", probs, v).reshape(q.shape[0], num_q_heads * head_dim)
+    """Causal (optionally sliding-window) attention with grouped KV heads (kernels/attention_ref.py).
+    One query token on a GPU: kernels/decode_attention.py where SLUICE_ATTN_KERNEL=1 and it passed its check."""
+    if q.is_cuda and q.shape[0] == 1 and k.is_contiguous() and v.is_contiguous():
+        key = ("decode_attention", q.shape[1], k.shape[1], q.shape[2], q.dtype, window, q.device)
+        kernel = checked_kernel("SLUICE_ATTN_KERNEL", key, lambda: _select("select_decode_attention", *key[1:]))
+        if kernel is not None:
+            return kernel(q, k, v, q_positions, window)
+    return attention_ref(q, k, v, q_positions, window)

@@ -44,14 +44,14 @@ def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense
     from kernels.selfcheck import device_fingerprint
     versions = []
     for name in ("kernels.moe_decode", "kernels.moe_prefill", "kernels.int8_linear", "kernels.router",
-                 "kernels.top_candidates", "kernels.rms_norm"):
+                 "kernels.top_candidates", "kernels.rms_norm", "kernels.decode_attention"):
         try:
             versions.append(str(__import__(name, fromlist=["KERNEL_VERSION"]).KERNEL_VERSION))
         except ImportError:                       # no Triton: no kernels to warm
             versions.append("none")
     return "|".join([device_fingerprint(device), str(Path(model_path).resolve()), str(dtype).removeprefix("torch."),
                      dense_quant or "none", ".".join(versions)] + (["cublas-free"] if cublas_free() else [])
-                    + (["norm-kernel"] if env_int("SLUICE_NORM_KERNEL") == 1 else []))
+                    + [name for name in ("SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL") if env_int(name) == 1])
 
 
 def _marked() -> dict:

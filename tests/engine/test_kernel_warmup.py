@@ -91,4 +91,7 @@ def test_the_key_names_what_the_verdicts_depend_on(tmp_path, monkeypatch):
     monkeypatch.setenv("SLUICE_CUBLAS_FREE", "0")                     # other kernels to check (the torch routers)
     torch_routers = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
     monkeypatch.setenv("SLUICE_NORM_KERNEL", "1")                     # and the norms' kernel
-    assert len({key, torch_routers, kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")}) == 3
+    norms = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
+    monkeypatch.setenv("SLUICE_ATTN_KERNEL", "1")                     # and the decode attention's
+    assert len({key, torch_routers, norms, kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16,
+                                                                    "int8")}) == 4

@@ -46,7 +46,7 @@ def test_the_models_norm_takes_the_kernel_only_when_switched_on_and_checked(monk
         asked.append(width)
         return (lambda x, w, eps: torch.full_like(x, 7.0)), None
     monkeypatch.setattr(selfcheck, "select_rms_norm", select)
-    monkeypatch.setattr(layers, "_NORM_KERNELS", {})
+    monkeypatch.setattr(layers, "_CHECKED", {})
     x, w = torch.randn(2, 8), torch.ones(8)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
     monkeypatch.delenv("SLUICE_NORM_KERNEL", raising=False)
