@@ -46,6 +46,7 @@ class RamCache:
         self.window = 32
         self._free: list[int] = []
         self._num_created = 0
+        self._pinned_bytes = 0                    # chunks page-locked whole (resident before they are filled)
         telemetry.set(ram_capacity_bytes=self.num_slots * block_bytes)
 
     def __contains__(self, key: Key) -> bool:
@@ -118,6 +119,7 @@ class RamCache:
         slot = self._entries.pop(key, None)
         if slot is not None:
             self._free.append(slot)
+            self.telemetry.set(ram_used_bytes=len(self._entries) * self.block_bytes)
 
     def lock(self, key: Key) -> None:
         self._locks[key] = self._locks.get(key, 0) + 1
@@ -136,6 +138,10 @@ class RamCache:
             count = min(CHUNK_SLOTS, self.num_slots - slot)
             chunk = self._allocate(count * self.block_bytes)
             self._chunks.append(chunk)
+            self._pinned_bytes += chunk.numel() if chunk.is_pinned() else 0
             self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
         self._num_created += 1
+        # what the cache holds of the process's memory: the slots written so far (used or free), or its
+        # pinned chunks whole (page-locked, so resident, before their slots are filled)
+        self.telemetry.set(ram_held_bytes=max(self._num_created * self.block_bytes, self._pinned_bytes))
         return slot

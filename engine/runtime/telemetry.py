@@ -13,7 +13,7 @@ from engine.runtime.memory import process_memory
 
 COUNTERS = frozenset({
     "prompt_tokens", "generated_tokens", "decode_tok_s", "prefill_tok_s", "ttft_s", "decode_thread_core",
-    "ram_capacity_bytes", "ram_used_bytes", "ram_hits", "ram_misses", "ram_evictions",
+    "ram_capacity_bytes", "ram_used_bytes", "ram_held_bytes", "ram_hits", "ram_misses", "ram_evictions",
     "vram_budget_bytes", "vram_peak_bytes", "vram_used_bytes", "vram_slot_bytes", "vram_graph_bytes", "kv_tokens",
     "vram_context_bytes",
     "vram_hits", "vram_misses",
@@ -105,7 +105,8 @@ class Telemetry:
         rss, anon = process_memory()
         i = lambda key: int(v[key])                                # noqa: E731
         gbps = lambda num, secs: ratio(v[num], v[secs]) / 1e9       # noqa: E731
-        ram = {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"),
+        cache_held = max(i("ram_held_bytes"), i("ram_used_bytes"))
+        ram = {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"), "held_bytes": cache_held,
                "hits": i("ram_hits"), "misses": i("ram_misses"), "evictions": i("ram_evictions")}
         vram = {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
                 "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
@@ -132,9 +133,10 @@ class Telemetry:
                     "gbps": gbps("cpu_expert_bytes", "cpu_busy_s")},
             # the decode thread waiting at the layers' host syncs for the GPU (the rest of its time it works)
             "host": {"sync_wait_s": v["sync_wait_s"], "read_wait_s": v["read_wait_s"]},
-            # RSS counts the RAM cache's touched pages; the rest is what the process needs besides it
-            "process": {"rss_bytes": rss, "anon_bytes": anon, "non_cache_bytes": max(rss - i("ram_used_bytes"), 0),
-                        "non_cache_anon_bytes": max(anon - i("ram_used_bytes"), 0)},
+            # RSS counts the RAM cache's resident pages (its slots written so far, its pinned chunks whole);
+            # the rest is what the process needs besides it
+            "process": {"rss_bytes": rss, "anon_bytes": anon, "non_cache_bytes": max(rss - cache_held, 0),
+                        "non_cache_anon_bytes": max(anon - cache_held, 0)},
             "device": self.info.get("device", "cpu"),
             "placement": self.info.get("placement"),      # hybrid execution: speeds measured at load, or None
             "decode_thread_core": v["decode_thread_core"],

@@ -93,6 +93,28 @@ def test_the_snapshot_says_what_the_process_holds_besides_the_cache():
     assert process["non_cache_bytes"] == process["rss_bytes"] - (1 << 20)
     assert 0 < process["anon_bytes"] <= process["rss_bytes"]
     assert process["non_cache_anon_bytes"] == process["anon_bytes"] - (1 << 20)
+    t.set(ram_held_bytes=3 << 20)                     # the cache's free slots and pinned chunk tails are its own
+    process = t.snapshot()["process"]
+    assert process["non_cache_anon_bytes"] == process["anon_bytes"] - (3 << 20)
+
+
+def test_the_cache_holds_the_slots_it_wrote_and_its_pinned_chunks_whole():
+    from engine.runtime.cache import CHUNK_SLOTS, RamCache
+    t = Telemetry()
+    cache = RamCache(40 * 4096, 4096, t)
+    for expert in range(3):
+        cache.insert((0, expert))
+    cache.discard((0, 1))                                             # a failed read: its slot stays the cache's
+    snap = t.snapshot()["ram_cache"]
+    assert snap["used_bytes"] == 2 * 4096
+    assert snap["held_bytes"] == 3 * 4096
+
+    class Pinned(torch.Tensor):                                       # a chunk page-locked whole, as on CUDA
+        def is_pinned(self):
+            return True
+    pinned = RamCache(40 * 4096, 4096, t, allocate=lambda n: torch.zeros(n, dtype=torch.uint8).as_subclass(Pinned))
+    pinned.insert((0, 0))
+    assert t.snapshot()["ram_cache"]["held_bytes"] == CHUNK_SLOTS * 4096
     assert t.snapshot()["vram"]["driver_bytes"] == 0                 # no GPU driver attached
 
 
