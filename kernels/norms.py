@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import torch
 
+MAX_N = 16384          # kernels/rms_norm.py keeps a row in registers; wider rows keep this torch path
+
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     # x * x, not pow(2): the same values (torch squares by a product on both devices), and one torch CUDA

@@ -631,26 +631,12 @@ STAGES = {
         for regime, tag, tokens, extra in (("fits-vram-ram", "first-start", 64, []), ("fits-vram-ram", "later", 64, []),
                                            ("fits-ram", "later", 128, []),
                                            ("exceeds", "later-2.5GB", 32, ["--vram-budget", "2.5GB"]))],
-    # SLUICE_CUBLAS_FREE=1 (softmax top-k routers and int8 prompt GEMMs in Triton, no cuBLAS module): its tests,
-    # the operator probe with it (cold, then the warm table), then fits-vram-ram off / on alternated after a warm-up
-    # (decode and warm prefill: the GEMM's tiles are untuned) and fits-ram with it
-    "cublas-free-ab": lambda: [
-        stage_tests(("tests/kernels/test_router.py", "tests/kernels/test_int8_linear.py",
-                     "tests/streaming/test_dense_int8.py"), ("-k", "router or gemm or prompts or cublas")),
-        # session 12 moved the prefill kernel's pair sort to the host: its GPU tests
-        stage_tests(("tests/kernels/test_moe_prefill.py", "tests/streaming/test_prefill_kernel.py"), ()),
-        probe_ops(cold=True, env="SLUICE_CUBLAS_FREE=1"),
-        cap_ab((("warmup", {}, 8), ("cublas-1", {}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64),
-                ("cublas-2", {}, 64), ("cublas-free-2", {"SLUICE_CUBLAS_FREE": "1"}, 64))),
-        bench("olmoe-int8-fits-ram-cublas-free", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
-                                                  "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"],
-              env={"SLUICE_CUBLAS_FREE": "1"})],
-    # run 55's call spent its time in the prefill kernel's GPU tests: this one warms the caches with the switch
-    # on (a short bench: its kernel warm-up child), probes the operators with it, then one bench each way
+    # the cuBLAS-free path (the default since run 56) against SLUICE_CUBLAS_FREE=0: the caches warmed with it (a
+    # short bench: its kernel warm-up child), the operators probed with it, then one bench each way
     "cublas-free-ab2": lambda: [
         cap_ab((("warmup-free", {"SLUICE_CUBLAS_FREE": "1"}, 8),)),
         probe_ops(cold=False, env="SLUICE_CUBLAS_FREE=1"),
-        cap_ab((("cublas-1", {}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64)))],
+        cap_ab((("cublas-1", {"SLUICE_CUBLAS_FREE": "0"}, 64), ("cublas-free-1", {"SLUICE_CUBLAS_FREE": "1"}, 64)))],
     # session 13's defaults (cuBLAS-free; top-k sampling's candidates kernel): their GPU tests (token-exact for the
     # 13 families with int8 dense weights, the warm-up child), the operator probe (a reply sampled with the app's
     # defaults), then the three regimes for the README

@@ -4,21 +4,20 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.runtime.switches import env_int
+from engine.runtime.switches import ATTN_KERNEL, NORM_KERNEL, env_int
 from kernels.cpu_linear import dequantized, packed_linear
 from kernels.attention_ref import attention_ref
-from kernels.norms import rms_norm_ref
+from kernels.norms import MAX_N as MAX_NORM_WIDTH, rms_norm_ref
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     kernel = None
     if x.is_cuda and x.shape[-1] <= MAX_NORM_WIDTH:
         key = ("rms_norm", x.shape[-1], x.dtype, weight.dtype, x.device)
-        kernel = checked_kernel("SLUICE_NORM_KERNEL", key, lambda: _select("select_rms_norm", *key[1:]))
+        kernel = checked_kernel(NORM_KERNEL, key, lambda: _select("select_rms_norm", *key[1:]))
     return (kernel or rms_norm_ref)(x, weight, eps)
 
 
-MAX_NORM_WIDTH = 16384      # kernels/rms_norm.py keeps a row in registers
 _CHECKED: dict[tuple, object] = {}
 
 
@@ -113,7 +112,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: to
     One query token on a GPU: kernels/decode_attention.py where SLUICE_ATTN_KERNEL=1 and it passed its check."""
     if q.is_cuda and q.shape[0] == 1 and k.is_contiguous() and v.is_contiguous():
         key = ("decode_attention", q.shape[1], k.shape[1], q.shape[2], q.dtype, window, q.device)
-        kernel = checked_kernel("SLUICE_ATTN_KERNEL", key, lambda: _select("select_decode_attention", *key[1:]))
+        kernel = checked_kernel(ATTN_KERNEL, key, lambda: _select("select_decode_attention", *key[1:]))
         if kernel is not None:
             return kernel(q, k, v, q_positions, window)
     return attention_ref(q, k, v, q_positions, window)

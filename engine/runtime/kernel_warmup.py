@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from engine.runtime.switches import cublas_free, env_int
+from engine.runtime.switches import cublas_free, env_int, piece_kernels
 
 PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
 TIMEOUT_S = 900
@@ -51,7 +51,7 @@ def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense
             versions.append("none")
     return "|".join([device_fingerprint(device), str(Path(model_path).resolve()), str(dtype).removeprefix("torch."),
                      dense_quant or "none", ".".join(versions)] + (["cublas-free"] if cublas_free() else [])
-                    + [name for name in ("SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL") if env_int(name) == 1])
+                    + piece_kernels())
 
 
 def _marked() -> dict:

@@ -10,6 +10,14 @@ def env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
+NORM_KERNEL, ATTN_KERNEL = "SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"      # model pieces' kernels, off until measured
+
+
+def piece_kernels() -> list[str]:
+    """The model pieces' kernel switches set to 1 (engine.model.layers.checked_kernel reads each)."""
+    return [name for name in (NORM_KERNEL, ATTN_KERNEL) if env_int(name) == 1]
+
+
 def cublas_free() -> bool:
     """On unless SLUICE_CUBLAS_FREE=0: softmax top-k routers (kernels.router) and int8 dense weights'
     prompts (kernels.int8_linear.int8_gemm_kernel) in Triton, so no cuBLAS, topk or softmax module loads
