@@ -610,6 +610,16 @@ STAGES = {
                                                   "--prompt-tokens", "512", "--new-tokens", "64", "--dense-quant", "int8"]
               + extra)
         for tag, extra in (("warmup", ["--new-tokens", "8"]), ("3.73GiB", []), ("4.1GiB", ["--vram-budget", "4.1GiB"]))],
+    # Sluice beside the peer's run in the same machine (after `scripts/peer/llamacpp.py all --regime fits-vram-ram
+    # fits-ram --ncmoe 9 10`): both capped-RAM points and both RAM-free points, at the regime's VRAM and at -ncmoe 9's
+    "beside-peer": lambda: [
+        bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                             "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                             "int8"] + extra)
+        for regime, tag, tokens, extra in (("fits-vram-ram", "warmup", 8, []), ("fits-vram-ram", "3.73GiB", 64, []),
+                                           ("fits-vram-ram", "4.1GiB", 64, ["--vram-budget", "4.1GiB"]),
+                                           ("fits-ram", "3.73GiB", 128, []),
+                                           ("fits-ram", "4.1GiB", 128, ["--vram-budget", "4.1GiB"]))],
     # under the 4 GiB cap: what the RAM cache leaves beside the process (192 MiB, the default, against 384), and the
     # embedding table loaded (SLUICE_EMBED_IN_RAM=0), alternated after a warm-up: warm prefill fell 2x in session 12
     "reserve-ab": lambda: cap_ab((("warmup", {}, 8), ("reserve-192-1", {}, 64),
