@@ -492,6 +492,7 @@ def cap_ab(runs):
 
 
 PIECES = {"SLUICE_NORM_KERNEL": "1", "SLUICE_ATTN_KERNEL": "1"}
+COPIES8 = {"SLUICE_PREFETCH_COPIES": "8"}
 
 
 def probe_ops(cold: bool, env: str = "", rows: int = 40) -> None:
@@ -679,6 +680,16 @@ STAGES = {
         probe_ops(cold=False, env="SLUICE_NORM_KERNEL=1 SLUICE_ATTN_KERNEL=1"),
         cap_ab((("pieces-off-1", {}, 64), ("pieces-on-1", PIECES, 64), ("pieces-off-2", {}, 64),
                 ("pieces-on-2", PIECES, 64)))],
+    # session 14: pieces-ab, the dsv4 flash tests (FP8 reference read dequantised), then fits-ram's floor (every
+    # expert resident) and copies ahead for all 8 guesses against the better half (the default), alternated
+    "session-14": lambda: [
+        STAGES["pieces-ab"](),
+        stage_tests(("tests/families/test_dsv4_engine.py",), ("-k", "flash"), timeout=90),
+        [bench(f"olmoe-int8-fits-ram-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                              "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"]
+               + extra, env=env)
+         for tag, extra, env in (("floor-40GB", ["--vram-budget", "40GB"], {}), ("copies8-1", [], COPIES8),
+                                 ("default-1", [], {}), ("copies8-2", [], COPIES8), ("default-2", [], {}))]],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it
