@@ -6,7 +6,7 @@ One program a query head walks the keys it can see, 0..position (the last `windo
 window), in blocks, with an online softmax in float32, and never reads the rest of a static KV buffer: the
 position is read on the device, so the kernel runs inside the decode step's CUDA graph. Why a kernel: the
 torch path's masked `scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host memory for
-the process's life (BENCHMARKS.md run 57). Off unless SLUICE_ATTN_KERNEL=1 until measured on a GPU.
+the process's life (BENCHMARKS.md run 57). On by default since run 60 (SLUICE_ATTN_KERNEL=0: the torch path).
 """
 from __future__ import annotations
 

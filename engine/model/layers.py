@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.runtime.switches import ATTN_KERNEL, NORM_KERNEL, env_int
+from engine.runtime.switches import ATTN_KERNEL, NORM_KERNEL, piece_on
 from kernels.cpu_linear import dequantized, packed_linear
 from kernels.attention_ref import attention_ref
 from kernels.norms import MAX_N as MAX_NORM_WIDTH, rms_norm_ref
@@ -22,10 +22,10 @@ _CHECKED: dict[tuple, object] = {}
 
 
 def checked_kernel(switch: str, key: tuple, select):
-    """A model piece's GPU kernel for `key` (its shapes, dtypes, device) where the switch is 1: chosen by
+    """A model piece's GPU kernel for `key` (its shapes, dtypes, device) unless its switch is 0: chosen by
     `select` (a kernels.selfcheck check, its verdict cached per machine) at its first use outside a CUDA
     graph's capture (the graphs' warm-up runs each piece first); None: the torch path."""
-    if env_int(switch) != 1:
+    if not piece_on(switch):
         return None
     if key not in _CHECKED:
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
@@ -109,7 +109,7 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
               window: int | None) -> torch.Tensor:
     """Causal (optionally sliding-window) attention with grouped KV heads (kernels/attention_ref.py).
-    One query token on a GPU: kernels/decode_attention.py where SLUICE_ATTN_KERNEL=1 and it passed its check."""
+    One query token on a GPU: kernels/decode_attention.py where it passed its check (SLUICE_ATTN_KERNEL=0: never)."""
     if q.is_cuda and q.shape[0] == 1 and k.is_contiguous() and v.is_contiguous():
         key = ("decode_attention", q.shape[1], k.shape[1], q.shape[2], q.dtype, window, q.device)
         kernel = checked_kernel(ATTN_KERNEL, key, lambda: _select("select_decode_attention", *key[1:]))

@@ -10,12 +10,19 @@ def env_int(name: str) -> int | None:
     return int(value) if value else None
 
 
-NORM_KERNEL, ATTN_KERNEL = "SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"      # model pieces' kernels, off until measured
+# The model pieces' kernels (RMS norms, one decode token's attention), on unless set to 0: on the H200 box they
+# took 80 MiB off the process (611 -> 531 MiB anonymous besides the RAM cache) at the same decode speed
+# (BENCHMARKS.md run 60).
+NORM_KERNEL, ATTN_KERNEL = "SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"
+
+
+def piece_on(name: str) -> bool:
+    return env_int(name) != 0
 
 
 def piece_kernels() -> list[str]:
-    """The model pieces' kernel switches set to 1 (engine.model.layers.checked_kernel reads each)."""
-    return [name for name in (NORM_KERNEL, ATTN_KERNEL) if env_int(name) == 1]
+    """The model pieces' kernel switches that are on (engine.model.layers.checked_kernel reads each)."""
+    return [name for name in (NORM_KERNEL, ATTN_KERNEL) if piece_on(name)]
 
 
 def cublas_free() -> bool:

@@ -90,8 +90,8 @@ def test_the_key_names_what_the_verdicts_depend_on(tmp_path, monkeypatch):
     assert key != kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, None)
     monkeypatch.setenv("SLUICE_CUBLAS_FREE", "0")                     # other kernels to check (the torch routers)
     torch_routers = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
-    monkeypatch.setenv("SLUICE_NORM_KERNEL", "1")                     # and the norms' kernel
+    monkeypatch.setenv("SLUICE_NORM_KERNEL", "0")                     # not the norms' kernel
     norms = kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16, "int8")
-    monkeypatch.setenv("SLUICE_ATTN_KERNEL", "1")                     # and the decode attention's
+    monkeypatch.setenv("SLUICE_ATTN_KERNEL", "0")                     # nor the decode attention's
     assert len({key, torch_routers, norms, kernel_warmup.warmup_key(tmp_path, torch.device("cpu"), torch.bfloat16,
                                                                     "int8")}) == 4

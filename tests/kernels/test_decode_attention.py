@@ -48,7 +48,7 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
     assert not verdict.ok and fn is None
 
 
-def test_the_models_attention_takes_the_kernel_only_when_switched_on(monkeypatch):
+def test_the_models_attention_takes_the_kernel_unless_switched_off(monkeypatch):
     asked = []
 
     def select(*key):
@@ -59,7 +59,7 @@ def test_the_models_attention_takes_the_kernel_only_when_switched_on(monkeypatch
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
     q, k, v = torch.randn(1, 2, 4), torch.randn(5, 1, 4), torch.randn(5, 1, 4)
     where = torch.tensor([3])
-    monkeypatch.delenv("SLUICE_ATTN_KERNEL", raising=False)
+    monkeypatch.setenv("SLUICE_ATTN_KERNEL", "0")
     assert not (layers.attention(q, k, v, where, None) == 7.0).all() and asked == []
-    monkeypatch.setenv("SLUICE_ATTN_KERNEL", "1")
+    monkeypatch.delenv("SLUICE_ATTN_KERNEL", raising=False)                 # the default: on
     assert (layers.attention(q, k, v, where, None) == 7.0).all() and asked == [(2, 1, 4)]

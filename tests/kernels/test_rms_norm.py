@@ -39,7 +39,7 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
     assert not verdict.ok and fn is None
 
 
-def test_the_models_norm_takes_the_kernel_only_when_switched_on_and_checked(monkeypatch):
+def test_the_models_norm_takes_the_checked_kernel_unless_switched_off(monkeypatch):
     asked = []
 
     def select(width, dtype, weight_dtype, device):
@@ -49,8 +49,8 @@ def test_the_models_norm_takes_the_kernel_only_when_switched_on_and_checked(monk
     monkeypatch.setattr(layers, "_CHECKED", {})
     x, w = torch.randn(2, 8), torch.ones(8)
     monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
-    monkeypatch.delenv("SLUICE_NORM_KERNEL", raising=False)
-    assert not (layers.rms_norm(x, w, 1e-6) == 7.0).all() and asked == []          # off by default
-    monkeypatch.setenv("SLUICE_NORM_KERNEL", "1")
+    monkeypatch.setenv("SLUICE_NORM_KERNEL", "0")
+    assert not (layers.rms_norm(x, w, 1e-6) == 7.0).all() and asked == []          # switched off
+    monkeypatch.delenv("SLUICE_NORM_KERNEL", raising=False)                         # the default: on
     assert (layers.rms_norm(x, w, 1e-6) == 7.0).all() and (layers.rms_norm(x, w, 1e-6) == 7.0).all()
     assert asked == [8]                                                            # checked once per width

@@ -121,11 +121,12 @@ def test_cublas_free_routers_and_prompt_gemms_give_transformers_tokens(int8_mode
 @pytest.mark.gpu
 @pytest.mark.parametrize("switch", ["SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"])
 def test_piece_kernels_give_transformers_tokens(int8_model, monkeypatch, switch):
-    """SLUICE_NORM_KERNEL=1 (kernels/rms_norm.py) / SLUICE_ATTN_KERNEL=1 (kernels/decode_attention.py): the
-    models' norms / one-token attention through a kernel checked at first use (inside the graphs after
-    their warm-up): transformers' tokens all the same."""
+    """The models' norms (kernels/rms_norm.py) / one-token attention (kernels/decode_attention.py) through a
+    kernel checked at first use (inside the graphs after their warm-up), each alone (the other switched
+    off): transformers' tokens all the same."""
     from engine.model import layers
-    monkeypatch.setenv(switch, "1")
+    for name in ("SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"):
+        monkeypatch.setenv(name, "1" if name == switch else "0")
     monkeypatch.setattr(layers, "_CHECKED", {})
     prompt = PROMPT * 2
     eng = engine_with_slots(int8_model / "sluice", slots_per_bank=3, ram_blocks=4, dense_quant="int8")
