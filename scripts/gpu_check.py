@@ -492,6 +492,7 @@ def cap_ab(runs):
 
 
 PIECES = {"SLUICE_NORM_KERNEL": "1", "SLUICE_ATTN_KERNEL": "1"}
+PIECES_OFF = {"SLUICE_NORM_KERNEL": "0", "SLUICE_ATTN_KERNEL": "0"}
 COPIES8 = {"SLUICE_PREFETCH_COPIES": "8"}
 
 
@@ -678,7 +679,7 @@ STAGES = {
                      "tests/streaming/test_dense_int8.py"), ("-k", "norm or attention or piece"), timeout=240),
         cap_ab((("warmup-pieces", PIECES, 8),)),
         probe_ops(cold=False, env="SLUICE_NORM_KERNEL=1 SLUICE_ATTN_KERNEL=1"),
-        cap_ab((("pieces-off-1", {}, 64), ("pieces-on-1", PIECES, 64), ("pieces-off-2", {}, 64),
+        cap_ab((("pieces-off-1", PIECES_OFF, 64), ("pieces-on-1", PIECES, 64), ("pieces-off-2", PIECES_OFF, 64),
                 ("pieces-on-2", PIECES, 64)))],
     # session 14: pieces-ab, the dsv4 flash tests (FP8 reference read dequantised), then fits-ram's floor (every
     # expert resident) and copies ahead for all 8 guesses against the better half (the default), alternated
@@ -690,6 +691,19 @@ STAGES = {
                + extra, env=env)
          for tag, extra, env in (("floor-40GB", ["--vram-budget", "40GB"], {}), ("copies8-1", [], COPIES8),
                                  ("default-1", [], {}), ("copies8-2", [], COPIES8), ("default-2", [], {}))]],
+    # a decode step's prefetch issued behind the next layer's mixer (the default) against right after the layer's
+    # launches (SLUICE_DEFER_PREFETCH=0): the GPU tests with this session's defaults (pieces on), then fits-ram
+    # alternated after a warm-up, then fits-vram-ram once each way
+    "defer-ab": lambda: [
+        stage_tests(("tests/streaming/test_runtime_equality.py", "tests/streaming/test_dense_int8.py"), ("-x",),
+                    timeout=150),
+        [bench(f"olmoe-int8-{regime}-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                              "--prompt-tokens", "512", "--new-tokens", str(tokens), "--dense-quant",
+                                              "int8"], env={"SLUICE_DEFER_PREFETCH": "0"} if "off" in tag else {})
+         for regime, tag, tokens in (("fits-ram", "warmup", 16), ("fits-ram", "defer-on-1", 128),
+                                     ("fits-ram", "defer-off-1", 128), ("fits-ram", "defer-on-2", 128),
+                                     ("fits-ram", "defer-off-2", 128), ("fits-vram-ram", "defer-on", 64),
+                                     ("fits-vram-ram", "defer-off", 64))]],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it

@@ -113,6 +113,7 @@ class Experts:
         self._batch_each = True                        # ... each with its own done event, or one for all
         self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
         self._batch_keys: list[Key] = []
+        self._deferred: tuple | None = None            # (layer, wanted, next layer, guesses): see `run`
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -133,11 +134,14 @@ class Experts:
 
     # ------------------------------------------------------------------ one layer
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
-            next_layer: int | None = None, static_inputs: bool = False) -> torch.Tensor:
+            next_layer: int | None = None, static_inputs: bool = False, defer: bool = False) -> torch.Tensor:
         """x [T, H], weights [T, K] -> the routed experts' weighted sum [T, H], written into `out`.
         ids: [T*K (+ P)] device ints: the routed expert ids, then the speculated experts of
         `next_layer` (prefetched while this layer runs). static_inputs: x, weights and out are the
-        same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed."""
+        same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed.
+        defer: what the launches do not need (the next layer's prefetch, scoring this layer's guesses) waits
+        for `run_deferred`, which the decode calls once the next layer's mixer is enqueued: the GPU then
+        computes that mixer while the decode thread does this work, instead of waiting for the thread."""
         num_tokens, top_k = weights.shape
         if self.is_cuda:                  # looked up once a layer: each lookup costs ~20 us of host time
             self._compute_stream = torch.cuda.current_stream(self.device)
@@ -151,9 +155,11 @@ class Experts:
         routed, guesses = ids[:num_tokens * top_k], ids[num_tokens * top_k:]
         in_pass = self._pass_reads is not None                  # a prefill: its guesses only start reads
         predicted = [] if in_pass else list(dict.fromkeys(guesses))                  # guesses, best first
-        self._release_finished_copies()
+        self._unlock_finished_copies()
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
-        self._score_speculation(layer, set(wanted))
+        if not defer:
+            self._count_copy_time()
+            self._score_speculation(layer, set(wanted))
         self.banks.note_used(layer, routed)
         slot_of, late = {}, []
         for expert in wanted:
@@ -193,9 +199,23 @@ class Experts:
             finally:
                 for e in on_cpu:
                     self.cache.unlock((layer, e))
-        if next_layer is not None and predicted and not self.prefetch_first:
-            self._prefetch(next_layer, predicted)
+        late_prefetch = next_layer if next_layer is not None and predicted and not self.prefetch_first else None
+        if defer:
+            self._deferred = (layer, wanted, late_prefetch, predicted)
+        elif late_prefetch is not None:
+            self._prefetch(late_prefetch, predicted)
         return out
+
+    def run_deferred(self) -> None:
+        """The work a `run(..., defer=True)` left: the copies' busy time, scoring its guesses, and its next
+        layer's prefetch."""
+        if self._deferred is None:
+            return
+        (layer, wanted, next_layer, predicted), self._deferred = self._deferred, None
+        self._count_copy_time()
+        self._score_speculation(layer, set(wanted))
+        if next_layer is not None:
+            self._prefetch(next_layer, predicted)
 
     def _start_pass_reads(self, layer: int, late: list[int], next_layer: int | None, guesses: list[int]) -> None:
         """A prefill keeps the disk busy: every miss of this layer that neither tier holds is read now (not
@@ -505,12 +525,19 @@ class Experts:
         self._release_finished_copies()
 
     def _release_finished_copies(self) -> None:
-        """Unlock the RAM blocks whose copies have finished; add finished batches' h2d busy time. All
-        copies run in order on the one copy stream, so the first unfinished one ends the scan."""
+        self._unlock_finished_copies()
+        self._count_copy_time()
+
+    def _unlock_finished_copies(self) -> None:
+        """Unlock the RAM blocks whose copies have finished. All copies run in order on the one copy
+        stream, so the first unfinished one ends the scan."""
         done = _finished_prefix([end for end, _ in self._inflight])
         for _, key in self._inflight[:done]:
             self.cache.unlock(key)
         del self._inflight[:done]
+
+    def _count_copy_time(self) -> None:
+        """Add the finished copy batches' h2d busy time (telemetry)."""
         done = _finished_prefix([end for _, end in self._timed])
         for start, end in self._timed[:done]:
             self.telemetry.add(h2d_busy_s=start.elapsed_time(end) / 1e3)
@@ -611,6 +638,7 @@ class Experts:
 
     def synchronize(self) -> None:
         """Wait for every copy and release every lock (end of a generation, before closing)."""
+        self._deferred = None              # a step cut short: its prefetch is moot, its guesses cleared below
         if self.is_cuda:
             self.copy_stream.synchronize()
         self._release_finished_copies()

@@ -61,6 +61,10 @@ class Runner:
                  cpu_experts: str = "auto", dense_quant: str | None = None, progress=None):
         self.device, self.dtype, self.telemetry = torch.device(device), dtype, telemetry
         self.is_cuda = self.device.type == "cuda"
+        # On a GPU a decode step's prefetch waits until the next layer's mixer is enqueued (Experts.run's
+        # `defer`); on the CPU device nothing runs meanwhile, so the reads start as early as they can.
+        # SLUICE_DEFER_PREFETCH=0: right after the layer's launches, as before (an A/B switch).
+        self.defer_prefetch = self.is_cuda and env_int("SLUICE_DEFER_PREFETCH") != 0
         spec, layout = model_dir.spec, model_dir.layout
         self.spec = spec
         if self.is_cuda:
@@ -283,10 +287,12 @@ class Runner:
         s.set_step(token, position)
         for layer, block in enumerate(self.model.blocks):
             o = s.run_layer(layer)
+            self.experts.run_deferred()        # the previous MoE layer's prefetch, behind this layer's mixer
             if block.is_moe:
                 self.experts.run(layer, o.h, o.route_weights, o.ids, s.moe_out[layer], s.next_moe[layer],
-                                 static_inputs=s.use_graphs)
+                                 static_inputs=s.use_graphs, defer=self.defer_prefetch)
         s.run_head()
+        self.experts.run_deferred()
         if self.is_cuda:        # a host-side counter; read without max_memory_allocated's flattening (~50 us)
             stats = torch.cuda.memory_stats_as_nested_dict(self.device)
             self.telemetry.set(vram_peak_bytes=stats["allocated_bytes"]["all"]["peak"])

@@ -80,6 +80,29 @@ def test_copying_ahead_for_fewer_guesses_copies_less(family_model, monkeypatch):
     assert best["h2d"]["bytes"] < every["h2d"]["bytes"]
 
 
+@pytest.mark.parametrize("defer", [True, False])
+def test_prefetch_deferred_behind_the_next_mixer_gives_the_same_tokens(family_model, defer):
+    """On a GPU a decode step's prefetch for layer L+1 is issued after L+1's mixer is enqueued (the GPU
+    computes it meanwhile); the same tokens and guesses either way, and the order is the promised one."""
+    path, expected = family_model
+    eng = _streaming_model(path)
+    runner, experts = eng.runner, eng.runner.experts
+    runner.defer_prefetch = defer                       # the GPU's default, here on whatever device there is
+    order = []
+    run_layer, prefetch = runner.step.run_layer, experts._prefetch
+    runner.step.run_layer = lambda layer: (order.append(("mixer", layer)), run_layer(layer))[1]
+    experts._prefetch = lambda layer, guesses: (order.append(("prefetch", layer)), prefetch(layer, guesses))[1]
+    try:
+        assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+        snap = eng.telemetry()
+    finally:
+        eng.close()
+    assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
+    # deferred, each prefetch of layer L comes right after L's mixer; else during the layer before it
+    prefetched = [(i, layer) for i, (what, layer) in enumerate(order) if what == "prefetch"]
+    assert [order[i - 1] == ("mixer", layer) for i, layer in prefetched] == [defer] * len(prefetched)
+
+
 def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     """Every RAM-resident expert of a decode step computed by the CPU from its RAM block (on a GPU
     beside the kernels' share): the partial sums still give transformers' tokens."""
