@@ -113,7 +113,7 @@ class Experts:
         self._batch_each = True                        # ... each with its own done event, or one for all
         self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
         self._batch_keys: list[Key] = []
-        self._deferred: tuple | None = None            # (layer, wanted, next layer, guesses): see `run`
+        self._deferred: tuple | None = None            # (next layer, its guesses): see `run`
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -139,7 +139,7 @@ class Experts:
         ids: [T*K (+ P)] device ints: the routed expert ids, then the speculated experts of
         `next_layer` (prefetched while this layer runs). static_inputs: x, weights and out are the
         same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed.
-        defer: what the launches do not need (the next layer's prefetch, scoring this layer's guesses) waits
+        defer: what the launches do not need (the next layer's prefetch, the copies' busy time) waits
         for `run_deferred`, which the decode calls once the next layer's mixer is enqueued: the GPU then
         computes that mixer while the decode thread does this work, instead of waiting for the thread."""
         num_tokens, top_k = weights.shape
@@ -159,7 +159,7 @@ class Experts:
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
         if not defer:
             self._count_copy_time()
-            self._score_speculation(layer, set(wanted))
+        self._score_speculation(layer, set(wanted))    # before `_bring_in`: its wrong guesses' reads may settle
         self.banks.note_used(layer, routed)
         slot_of, late = {}, []
         for expert in wanted:
@@ -201,19 +201,17 @@ class Experts:
                     self.cache.unlock((layer, e))
         late_prefetch = next_layer if next_layer is not None and predicted and not self.prefetch_first else None
         if defer:
-            self._deferred = (layer, wanted, late_prefetch, predicted)
+            self._deferred = (late_prefetch, predicted)
         elif late_prefetch is not None:
             self._prefetch(late_prefetch, predicted)
         return out
 
     def run_deferred(self) -> None:
-        """The work a `run(..., defer=True)` left: the copies' busy time, scoring its guesses, and its next
-        layer's prefetch."""
+        """The work a `run(..., defer=True)` left: the copies' busy time and its next layer's prefetch."""
         if self._deferred is None:
             return
-        (layer, wanted, next_layer, predicted), self._deferred = self._deferred, None
+        (next_layer, predicted), self._deferred = self._deferred, None
         self._count_copy_time()
-        self._score_speculation(layer, set(wanted))
         if next_layer is not None:
             self._prefetch(next_layer, predicted)
 

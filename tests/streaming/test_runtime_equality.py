@@ -81,11 +81,13 @@ def test_copying_ahead_for_fewer_guesses_copies_less(family_model, monkeypatch):
 
 
 @pytest.mark.parametrize("defer", [True, False])
-def test_prefetch_deferred_behind_the_next_mixer_gives_the_same_tokens(family_model, defer):
+@pytest.mark.parametrize("ram_blocks", [2, 4])
+def test_prefetch_deferred_behind_the_next_mixer_gives_the_same_tokens(family_model, defer, ram_blocks):
     """On a GPU a decode step's prefetch for layer L+1 is issued after L+1's mixer is enqueued (the GPU
-    computes it meanwhile); the same tokens and guesses either way, and the order is the promised one."""
+    computes it meanwhile); the same tokens and guesses either way, and the order is the promised one.
+    With 2 RAM blocks the wrong guesses' reads must settle before the layer's own reads need a block."""
     path, expected = family_model
-    eng = _streaming_model(path)
+    eng = _streaming_model(path, slots_per_bank=2, ram_blocks=ram_blocks)
     runner, experts = eng.runner, eng.runner.experts
     runner.defer_prefetch = defer                       # the GPU's default, here on whatever device there is
     order = []
