@@ -26,9 +26,9 @@ import triton.language as tl
 from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .moe_decode_fused import checked_counters, launch_fused
-from .tiles import bias_rows, check_bank_inputs, field_offsets, gate_up_rows, partial_dot, row_scale
+from .tiles import bias_rows, block_base, check_bank_inputs, field_offsets, gate_up_rows, partial_dot, row_scale
 
-KERNEL_VERSION = 7     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 8     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -55,16 +55,16 @@ def default_config(fmt: str) -> DecodeConfig:
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, alpha, limit,
-                    GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
+def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
+                    alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                     UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                     FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ZERO_OUT: tl.constexpr):
+                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
-                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K)
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES)
     if ZERO_OUT:                                              # the split down pass adds into out
         if (pair % K == 0) & (tl.program_id(1) == 0):
             for h0 in range(0, H, BLOCK_K):
@@ -73,9 +73,10 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f3
 
 
 @triton.jit
-def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
+def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
-                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr):
+                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
+                 BASES: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
     gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
     (added to out when ACCUMULATE)."""
@@ -84,7 +85,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
         pair = tl.program_id(0)
         slot = tl.load(slot_ptr + pair)
         n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
-        base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
+        base = block_base(slot, pair, block_bytes, base_ptr, BASES)
         part = tl.zeros([BLOCK_H], dtype=tl.float32)
         for i0 in range(0, I, BLOCK_K):
             part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
@@ -99,7 +100,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
             pair = token * K + k
             slot = tl.load(slot_ptr + pair)
             n = tl.where(slot >= 0, H, 0)
-            base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
+            base = block_base(slot, pair, block_bytes, base_ptr, BASES)
             part = tl.zeros([BLOCK_H], dtype=tl.float32)
             for i0 in range(0, I, BLOCK_K):
                 part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
@@ -130,7 +131,7 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
                counters: torch.Tensor | None = None, accumulate: bool = False,
-               activation: Activation = SILU) -> torch.Tensor:
+               activation: Activation = SILU, bases: torch.Tensor | None = None) -> torch.Tensor:
     """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] float32 (the caller adds it to its
     residual). A negative slot skips that (token, choice): no bytes are read for it (a launch over
     the experts that are resident while the others are still copying). `out` ([T, H] fp32) and
@@ -138,11 +139,16 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     accumulate=True adds into `out` instead of overwriting it. `counters` (fused only): a zeroed
     int32 buffer of >= T*K elements that the kernel leaves zeroed; default the shared per-device
     one (moe_decode_fused.fused_counters). `activation`: the experts' (kernels.activation); biases are
-    added where `offsets` has their fields."""
+    added where `offsets` has their fields. `bases` (int64 [T, K], two-launch configs only): each pair's
+    block read at that byte offset from the bank's start instead of its slot's (a slot still >= 0; with
+    unified addressing, `host_address - bank.data_ptr()` reads a pinned host block in place, over PCIe)."""
     _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate)
     if accumulate and out is None:
         raise ValueError("moe_decode(accumulate=True) needs the out= tensor to add into")
     cfg = config or default_config(fmt)
+    if bases is not None and (bases.shape != slots.shape or bases.dtype != torch.int64 or cfg.fused):
+        raise ValueError(f"bases: int64 [T, K] like the slots, for a two-launch config (got {bases.dtype} "
+                         f"{tuple(bases.shape)}, fused={cfg.fused})")
     num_tokens, hidden = x.shape
     top_k = slots.shape[1]
     pairs = num_tokens * top_k
@@ -163,14 +169,16 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     if cfg.fused:
         launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, intermediate, cfg, accumulate, act, launch)
         return out
+    base_arg = slots if bases is None else bases              # (unread without bases)
     _gate_up_kernel[(pairs, triton.cdiv(intermediate, cfg.block_i))](
-        x, h_buf, out, slots, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
+        x, h_buf, out, slots, base_arg, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
-        off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate, **launch)
+        off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate,
+        bases is not None, **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
-        h_buf, out, slots, weights, *views, block_bytes, hidden, intermediate, top_k,
+        h_buf, out, slots, base_arg, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
-        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, **launch)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, **launch)
     return out
 
 

@@ -704,6 +704,12 @@ STAGES = {
                                      ("fits-ram", "defer-off-1", 128), ("fits-ram", "defer-on-2", 128),
                                      ("fits-ram", "defer-off-2", 128), ("fits-vram-ram", "defer-on", 64),
                                      ("fits-vram-ram", "defer-off", 64))]],
+    # reading RAM-resident experts in place from the decode kernel (pinned host memory over PCIe) against resident
+    # and against a copy first (scripts/probe_in_place_reads.py), then the kernel tests that cover `bases`
+    "in-place-reads": lambda: [
+        print(subprocess.run([sys.executable, "scripts/probe_in_place_reads.py"], cwd=ROOT, capture_output=True,
+                             text=True).stdout[-4000:]),
+        stage_tests(("tests/kernels/test_moe_decode.py",), ("-k", "bases or in_place"), timeout=120)],
     "tests-warmup": lambda: stage_tests(("tests/engine/test_kernel_warmup.py",), ("-m", "gpu")),
     # a prefill's misses through a rotating pool of slots (the default) against recency eviction (SLUICE_SWEEP=0),
     # alternated after a warm-up: warm prefill (its copies and disk reads) and the decode after it

@@ -229,3 +229,56 @@ def test_resident_first_then_late_experts_add_up_to_one_launch(fmt, config, devi
         assert _rel(out, whole) < 1e-5, fn.__name__
     with pytest.raises(ValueError, match="out="):
         moe_decode(x, bank, slots, weights, *rest, config=config, accumulate=True)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "bf16"])
+@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT], ids=["loop", "split"])
+def test_blocks_read_in_place_at_their_byte_offsets(fmt, config, device):
+    """With `bases`, each pair's block is read at its own byte offset from the bank's start: here the
+    blocks of a second buffer (on a GPU, pinned host memory read in place over PCIe) and one slot of the
+    bank, in any order. The result is the bank holding those blocks read by their slots."""
+    intermediate, hidden = _dims(fmt, 29, 53)
+    x, bank, slots, weights, *rest = _case(fmt, device, 2, 3, 6, intermediate, hidden, seed=11)
+    other = bank.flip(0).clone()
+    if device == "cuda":
+        other = other.cpu().pin_memory()               # the host's RAM blocks, never copied to the device
+    block = bank.shape[1]
+    # pair (t, k) reads other[slot] in place, except token 1's last choice, which reads the bank's slot 0
+    bases = (other.data_ptr() - bank.data_ptr()) + slots.long() * block
+    bases[1, -1] = 0
+    expected_bank = bank.flip(0).clone()
+    expected_slots = slots.clone()
+    expected_bank = torch.cat([expected_bank, bank[:1]])
+    expected_slots[1, -1] = expected_bank.shape[0] - 1
+    out = moe_decode(x, bank, slots, weights, *rest, config=config, bases=bases)
+    ref = moe_decode_ref(x, expected_bank, expected_slots, weights, *rest)
+    assert _rel(out, ref) < 1e-5
+    skipped = slots.clone()
+    skipped[0, 0] = -1                                 # a negative slot still skips the pair, bases or not
+    part = moe_decode(x, bank, skipped, weights, *rest, config=config, bases=bases)
+    expected_slots[0, 0] = -1
+    assert _rel(part, moe_decode_ref(x, expected_bank, expected_slots, weights, *rest)) < 1e-5
+
+
+def test_bases_are_refused_where_they_cannot_apply(device):
+    args = _case("int8", device, 1, 2, 4, 16, 32, seed=0)
+    slots = args[2]
+    with pytest.raises(ValueError, match="bases"):
+        moe_decode(*args, config=SMALL_FUSED, bases=slots.long())
+    with pytest.raises(ValueError, match="bases"):
+        moe_decode(*args, config=SMALL, bases=slots)                  # int32: not byte offsets
+
+
+def test_in_place_read_probe_gets_the_references_answers():
+    """scripts/probe_in_place_reads.py (the GPU measurement of reading RAM-resident experts in place): each of
+    its cases gives the reference's answer (on the CPU: tiny shapes through the interpreter)."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[2] / "scripts" / "probe_in_place_reads.py"
+    spec = importlib.util.spec_from_file_location("probe_in_place_reads", path)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    name = next(iter(probe.SHAPES))
+    rows = probe.probe(name)
+    assert [case for _, case, *_ in rows] == ["resident", "in place", "1 in place", "copy + kernel"]
+    assert all(err < 1e-4 for *_, err in rows)
