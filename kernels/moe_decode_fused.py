@@ -50,7 +50,7 @@ def _fused_gate_up(x_ptr, h_ptr, slot_ptr, counter_ptr, bank_u8, bank_bf16, bank
     pair = q // gu_per_pair
     rows = (q % gu_per_pair) * BLOCK_I + tl.arange(0, BLOCK_I)
     gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
-                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K)
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, slot_ptr, False)   # (no bases here)
     # Every thread's h stores happen before the one thread that performs the scalar atomic
     # releases them (the CUTLASS semaphore pattern: __syncthreads, then st.release.gpu).
     tl.debug_barrier()
