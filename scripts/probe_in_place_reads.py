@@ -33,7 +33,7 @@ SHAPES = {"olmoe-1b-7b": (1024, 2048, 8), "qwen3-30b-a3b": (768, 2048, 8)}   # i
 HOST_BLOCKS, REPEATS = 64, 50
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 if DEVICE == "cpu":                                   # the interpreter: tiny shapes, no timing
-    SHAPES, HOST_BLOCKS = {"tiny": (32, 64, 4)}, 8
+    SHAPES, HOST_BLOCKS = {"tiny": (16, 32, 2)}, 4
 
 
 def _timed(run, sets: int) -> float:
