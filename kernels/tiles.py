@@ -186,8 +186,10 @@ def block_base(slot, pair, block_bytes, base_ptr, BASES: tl.constexpr):
     """Byte offset of the pair's expert block from the bank's start: its slot's, or with BASES the pair's own
     entry of base_ptr (any int64 offset: with unified addressing a pinned host block read in place)."""
     if BASES:
-        return tl.where(slot >= 0, tl.load(base_ptr + pair), 0)
-    return tl.maximum(slot, 0).to(tl.int64) * block_bytes
+        base = tl.where(slot >= 0, tl.load(base_ptr + pair), 0)
+    else:
+        base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
+    return base
 
 
 @triton.jit
