@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from engine.runtime.pinned import pinned_buffer  # noqa: E402
 from kernels.formats import make_offsets, random_bank  # noqa: E402
 from kernels.moe_decode import moe_decode, moe_decode_ref  # noqa: E402
+from kernels.selfcheck import rel_error  # noqa: E402
 
 SHAPES = {"olmoe-1b-7b": (1024, 2048, 8), "qwen3-30b-a3b": (768, 2048, 8)}   # intermediate, hidden, K
 HOST_BLOCKS, REPEATS = 64, 50
@@ -102,7 +103,7 @@ def probe(name: str, fmt: str = "int8") -> list[tuple]:
             if DEVICE == "cuda":
                 torch.cuda.synchronize()
             ref = moe_decode_ref(x, bank, slots[i], weights, fmt, offsets, intermediate)
-            errors.append(((out - ref).norm() / ref.norm()).item())
+            errors.append(rel_error(out, ref))
         us = _timed(run, sets)
         rows.append((name, case, us, top_k * block / us / 1e3, max(errors)))
     return rows

@@ -246,9 +246,8 @@ def test_blocks_read_in_place_at_their_byte_offsets(fmt, config, device):
     # pair (t, k) reads other[slot] in place, except token 1's last choice, which reads the bank's slot 0
     bases = (other.data_ptr() - bank.data_ptr()) + slots.long() * block
     bases[1, -1] = 0
-    expected_bank = bank.flip(0).clone()
+    expected_bank = torch.cat([bank.flip(0), bank[:1]])
     expected_slots = slots.clone()
-    expected_bank = torch.cat([expected_bank, bank[:1]])
     expected_slots[1, -1] = expected_bank.shape[0] - 1
     out = moe_decode(x, bank, slots, weights, *rest, config=config, bases=bases)
     ref = moe_decode_ref(x, expected_bank, expected_slots, weights, *rest)
