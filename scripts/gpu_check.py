@@ -414,6 +414,38 @@ def _profile_stream(quant: str, budget: str, profile: bool):
     save()
 
 
+def stage_gpu_timeline(budgets=("4GB", "40GB"), tokens=48):
+    """What the GPU runs in a decode token (torch.profiler's CUDA activity): kernels and copies per token
+    by total time, and the GPU's busy time against the token's wall time, OLMoE int8 (int8 dense), RAM free."""
+    import random
+
+    import engine
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.tools.bench import _timed_generate
+    from engine.tools.presets import write_sluice_dir
+    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-int8", "int8")
+    for budget in budgets:
+        eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache="16GB", max_context=1024,
+                          dense_quant="int8")
+        rng = random.Random(0)
+        prompt = [rng.randrange(50000) for _ in range(512)]
+        _timed_generate(eng, prompt, _sampled(96))                     # fill RAM and banks
+        _timed_generate(eng, prompt[:8], _sampled(tokens))            # warm
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t = _timed_generate(eng, prompt[:8], _sampled(tokens))
+        n = t.new_tokens
+        rows = [(e.key, e.count, e.self_device_time_total) for e in prof.key_averages() if e.self_device_time_total > 0]
+        busy = sum(r[2] for r in rows) / n
+        wall = (t.prefill_s + t.decode_s) / n * 1e6
+        print(f"--- GPU timeline, VRAM budget {budget}: {n} tokens (8-token prompt), wall {wall:.0f} us a token, "
+              f"GPU kernels + copies {busy:.0f} us a token ({busy / wall:.0%}), decode {t.decode_s / (n - 1) * 1e3:.2f} ms/token")
+        for key, count, total in sorted(rows, key=lambda r: -r[2])[:22]:
+            print(f"  {total / n:8.1f} us/token  {count / n:6.1f}/token  {key[:110]}")
+        print(f"  kernels + copies a token: {sum(r[1] for r in rows) / n:.0f}")
+        eng.close()
+
+
 def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256, phase="decode"):
     """The decode thread sampled by py-spy (no tracing overhead) while decoding through Engine.generate,
     OLMoE int8 with RAM free: at a 4 GB VRAM budget (streaming) and at 40 GB (every expert resident).
@@ -435,6 +467,8 @@ def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256, phase="decode"):
         print(text.stdout[-6000:] + text.stderr[-2000:])
         with open(OUT / "profile.txt", "a") as log:
             log.write(f"===== {budget}\n{proc.stdout}\n{text.stdout}\n")
+        if raw.exists():                        # the stacks themselves, for a look by line afterwards
+            shutil.copy(raw, OUT / raw.name)
 
 
 def bench(name, argv, cgroup_bytes=None, env=None):
@@ -547,6 +581,7 @@ STAGES = {
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
     "profile-decode": stage_profile_decode,
+    "gpu-timeline": stage_gpu_timeline,
     # warm prefills of 512 tokens sampled the same way (host-busy share against wall time: where prefill goes)
     "profile-prefill": lambda: stage_profile_decode(budgets=("3.7GB",), tokens=512, phase="prefill"),
     # int8 streaming at 4 GB against every expert resident (40 GB): the decode's floor without streaming

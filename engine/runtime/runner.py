@@ -22,7 +22,7 @@ from engine.model import dense_quant as dense_quant_
 from engine.model.block import Router, Step
 from engine.model.layers import Packed
 from engine.model.families import family_module
-from engine.model.file_table import EMBED_TABLE, FileTable, can_map, table_in_file
+from engine.model.file_table import EMBED_TABLE, FileTable, can_map, keeps_table, table_in_file
 from engine.model.state import ModelState, state_bytes
 from engine.plan.hardware import available_memory, cgroup_capped
 from engine.runtime.budget import computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
@@ -117,6 +117,9 @@ class Runner:
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
         self.cache.uses = self.banks.uses                 # one routing frequency for both tiers' evictions
+        table = self.model.embed_tokens
+        if isinstance(table, FileTable) and keeps_table(available_memory(), self.plan.ram_cache_bytes, table.nbytes):
+            table.keep_cached()
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
                                dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts),
                                prefill_kernel=prefill_kernel)

@@ -28,6 +28,19 @@ def test_routes_as_the_reference(device, num_experts, hidden, top_k, renormalize
     assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("tokens,hidden", [(1, 600), (3, 600), (1, 512), (4, 257)])
+def test_a_decode_steps_split_sums_route_as_the_reference(device, tokens, hidden):
+    """Up to SPLIT_MAX_TOKENS tokens the hidden axis is summed in SPLIT_COLS pieces by several programs (the
+    last one short where the hidden size is not a multiple) and added by a second launch."""
+    from kernels.router import SPLIT_COLS, SPLIT_MAX_TOKENS
+    assert tokens <= SPLIT_MAX_TOKENS and hidden > SPLIT_COLS
+    h, weight = _case(60, hidden, tokens, device, torch.float32, seed=tokens)
+    weights, ids = router_kernel(h, weight, 4, True)
+    ref_weights, ref_ids = router_ref(h, weight, 4, True)
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-7)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter rounds bf16 on its own terms")
 def test_routes_bf16_as_the_reference_on_a_gpu(device):
     """bf16 logits often tie or differ in their last bit between two ways of summing (8 bits of mantissa),
