@@ -143,7 +143,7 @@ class Experts:
         for `run_deferred`, which the decode calls once the next layer's mixer is enqueued: the GPU then
         computes that mixer while the decode thread does this work, instead of waiting for the thread."""
         num_tokens, top_k = weights.shape
-        if self.is_cuda:                  # looked up once a layer: each lookup costs ~20 us of host time
+        if self.is_cuda and not static_inputs:     # a decode step's graphs: looked up once a step (`begin_step`)
             self._compute_stream = torch.cuda.current_stream(self.device)
         hybrid = self.cpu is not None and num_tokens <= CPU_MAX_TOKENS
         if hybrid:
@@ -205,6 +205,11 @@ class Experts:
         elif late_prefetch is not None:
             self._prefetch(late_prefetch, predicted)
         return out
+
+    def begin_step(self) -> None:
+        """A decode step starts: its layers' launches go to the stream current now (one lookup, not one a layer)."""
+        if self.is_cuda:
+            self._compute_stream = torch.cuda.current_stream(self.device)
 
     def run_deferred(self) -> None:
         """The work a `run(..., defer=True)` left: the copies' busy time and its next layer's prefetch."""
@@ -305,7 +310,7 @@ class Experts:
     def _mark_bank_free(self, layer: int) -> None:
         if self.is_cuda:
             done = torch.cuda.Event()
-            done.record()
+            done.record(self._compute_stream)
             self._bank_free[self.banks.bank_of(layer)] = done
 
     def _set_ready(self, layer: int, slot_of: dict[int, int]) -> None:
