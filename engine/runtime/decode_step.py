@@ -5,7 +5,9 @@ residual add after a MoE block (and its shared expert) happens inside the next p
 the host does one graph replay, one read of the expert ids and the expert launch(es). Piece L runs
 the block's mixer and, for a MoE layer, its router, with the speculated ids of the next MoE layer
 (that layer's own router on this layer's input, best guess first) appended. A last piece gives the logits and the
-greedy token. The routed experts of layer L write the static `moe_out[L]`.
+greedy token. The routed experts of layer L write the static `moe_out[L]`. What every layer computes
+alike from the step's position (rope cos/sin, `Step.memo`) is computed by the first layer that asks and
+read by the others, as in a prompt's pass (in graphs: the first graph's buffers).
 On CUDA the state is static (allocated at full size, graph-safe); elsewhere, and with
 `use_graphs=False` (the switch to bisect a graph bug), the very same functions run eagerly.
 """
@@ -45,11 +47,17 @@ class DecodeStep:
         self.next_moe = {i: next((m for m in moe if m > i), None) for i in range(len(self.blocks))}
         self.logits = self.token_out = None
         self._graphs: list[torch.cuda.CUDAGraph] | None = None
+        # The step's values every layer shares (Step.memo: rope cos/sin): the first layer that asks computes
+        # them, the others read them. Eagerly a new Step each token; in graphs one Step made before capture,
+        # so the first graph that asks computes them at every replay and the later graphs read its buffers.
+        self._step = Step(self.position, None, state)
 
     def set_step(self, token: int, position: int) -> None:
         """The next step's input token and position. The pinned row is reused only after the caller
         has read the previous step's result (a host sync), so its copy has long finished."""
         self._start = None if self.state.static and self.use_graphs else position
+        if self._graphs is None:
+            self._step = Step(self.position, self._start, self.state)
         if self.x_in is not None:
             self._x_stage.copy_(self.model.embed_tokens.rows(torch.tensor([token])))
             self.x_in.copy_(self._x_stage, non_blocking=True)
@@ -70,7 +78,7 @@ class DecodeStep:
             x = self._residual(layer - 1)
         else:
             x = self.x_in if self.x_in is not None else self.model.embed(self.token_in)
-        x, h = block.mix(x, Step(self.position, self._start, self.state))
+        x, h = block.mix(x, self._step)
         if not block.is_moe:
             o.x = block.combine(x, h, None)
             return
@@ -107,6 +115,7 @@ class DecodeStep:
         torch.cuda.current_stream().wait_stream(stream)
         pool = torch.cuda.graph_pool_handle()
         graphs = []
+        self._step = Step(self.position, None, self.state)        # the warm-up's values were computed outside
         for piece in self._pieces():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):

@@ -113,7 +113,7 @@ class Experts:
         self._batch_each = True                        # ... each with its own done event, or one for all
         self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
         self._batch_keys: list[Key] = []
-        self._deferred: tuple | None = None            # (next layer, its guesses): see `run`
+        self._deferred: tuple | None = None            # what `run(..., defer=True)` left for `run_deferred`
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -139,9 +139,11 @@ class Experts:
         ids: [T*K (+ P)] device ints: the routed expert ids, then the speculated experts of
         `next_layer` (prefetched while this layer runs). static_inputs: x, weights and out are the
         same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed.
-        defer: what the launches do not need (the next layer's prefetch, the copies' busy time) waits
-        for `run_deferred`, which the decode calls once the next layer's mixer is enqueued: the GPU then
-        computes that mixer while the decode thread does this work, instead of waiting for the thread."""
+        defer: what the launches do not need (the next layer's prefetch, the copies' busy time, the use
+        counts, telemetry and slot states) waits for `run_deferred`, which the decode calls once the next
+        layer's mixer is enqueued: the GPU then computes that mixer while the decode thread does this work,
+        instead of waiting for the thread. (A decode step's own misses are all protected while they are
+        brought in, so their use counts, counted later, would not have changed a victim.)"""
         num_tokens, top_k = weights.shape
         if self.is_cuda and not static_inputs:     # a decode step's graphs: looked up once a step (`begin_step`)
             self._compute_stream = torch.cuda.current_stream(self.device)
@@ -160,7 +162,8 @@ class Experts:
         if not defer:
             self._count_copy_time()
         self._score_speculation(layer, set(wanted))    # before `_bring_in`: its wrong guesses' reads may settle
-        self.banks.note_used(layer, routed)
+        if not defer:
+            self.banks.note_used(layer, routed)
         slot_of, late = {}, []
         for expert in wanted:
             slot = self.banks.find((layer, expert))
@@ -168,7 +171,9 @@ class Experts:
                 late.append(expert)
             else:
                 slot_of[expert] = slot
-        self.telemetry.add(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
+        counts = dict(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
+        if not defer:
+            self.telemetry.add(**counts)
         if in_pass and self.pass_reads:
             self._start_pass_reads(layer, late, next_layer, guesses)
         if self.early_reads and next_layer is not None and predicted:
@@ -186,7 +191,8 @@ class Experts:
                 slot_of.update(self._bring_in(layer, late, protected={(layer, e) for e in wanted}))
             self._kernel_launches(layer, x, weights, routed, top_k, slot_of, early, late, out, static_inputs)
             self._mark_bank_free(layer)
-            self._set_ready(layer, slot_of)
+            if not defer:
+                self._set_ready(layer, slot_of)
         else:
             grouped = self.prefill_kernel is not None and num_tokens > KERNEL_MAX_TOKENS
             (self._kernel_layer if grouped else self._torch_layer)(layer, x, weights, routed, routed_dev, top_k,
@@ -201,7 +207,7 @@ class Experts:
                     self.cache.unlock((layer, e))
         late_prefetch = next_layer if next_layer is not None and predicted and not self.prefetch_first else None
         if defer:
-            self._deferred = (late_prefetch, predicted)
+            self._deferred = (late_prefetch, predicted, layer, routed, counts, slot_of if use_kernel else {})
         elif late_prefetch is not None:
             self._prefetch(late_prefetch, predicted)
         return out
@@ -215,7 +221,10 @@ class Experts:
         """The work a `run(..., defer=True)` left: the copies' busy time and its next layer's prefetch."""
         if self._deferred is None:
             return
-        (next_layer, predicted), self._deferred = self._deferred, None
+        (next_layer, predicted, layer, routed, counts, ready), self._deferred = self._deferred, None
+        self.banks.note_used(layer, routed)
+        self.telemetry.add(**counts)
+        self._set_ready(layer, ready)
         self._count_copy_time()
         if next_layer is not None:
             self._prefetch(next_layer, predicted)

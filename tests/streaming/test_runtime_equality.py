@@ -94,12 +94,18 @@ def test_prefetch_deferred_behind_the_next_mixer_gives_the_same_tokens(family_mo
     run_layer, prefetch = runner.step.run_layer, experts._prefetch
     runner.step.run_layer = lambda layer: (order.append(("mixer", layer)), run_layer(layer))[1]
     experts._prefetch = lambda layer, guesses: (order.append(("prefetch", layer)), prefetch(layer, guesses))[1]
+    calls, counted = [], []                            # every layer's call, and its use counts (deferred or not)
+    run, note_used = experts.run, experts.banks.note_used
+    experts.run = lambda layer, *a, **k: (calls.append(layer), run(layer, *a, **k))[1]
+    experts.banks.note_used = lambda layer, routed: (counted.append(len(set(routed))), note_used(layer, routed))[1]
     try:
         assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
         snap = eng.telemetry()
     finally:
         eng.close()
     assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
+    # the accounting a deferred step leaves for later is all done: each call's uses, hits and misses counted
+    assert len(counted) == len(calls) and snap["vram"]["hits"] + snap["vram"]["misses"] == sum(counted)
     # deferred, each prefetch of layer L comes right after L's mixer; else during the layer before it
     prefetched = [(i, layer) for i, (what, layer) in enumerate(order) if what == "prefetch"]
     assert [order[i - 1] == ("mixer", layer) for i, layer in prefetched] == [defer] * len(prefetched)
