@@ -69,12 +69,17 @@ def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_prese
     assert "sampled at temperature 1 (" in report(int8)
 
 
-def test_bench_samples_like_the_app_when_asked(tiny_preset, tmp_path, capsys):
-    """--top-k / --top-p: the decode samples with the app's cuts (what a user's reply runs), and says so."""
+def test_bench_samples_like_the_app_when_asked(tiny_preset, tmp_path, capsys, monkeypatch):
+    """--top-k / --top-p: the decode samples with the app's cuts (what a user's reply runs), and says so; the
+    warm prefill's first token too (plain sampling there would time loading another sampling path)."""
+    from engine.engine import Engine
+    asked, generate = [], Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, prompt, params: (asked.append(params), generate(self, prompt, params))[1])
     assert main(["bench", "--preset", tiny_preset, "--quant", "int8", "--device", "cpu", "--prompt-tokens", "16",
                  "--new-tokens", "4", "--json", "--work-dir", str(tmp_path), "--dtype", "float32",
                  "--top-k", "40", "--top-p", "0.95"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["sampling"] == {"temperature": 1.0, "top_k": 40, "top_p": 0.95}
+    assert len(asked) == 2 and all((p.top_k, p.top_p) == (40, 0.95) for p in asked)     # the run, the warm prefill
     assert result["decode_tok_s"] > 0
     assert "sampled at temperature 1, top-k 40, top-p 0.95 (" in report(result)
