@@ -739,6 +739,11 @@ STAGES = {
                                      ("fits-ram", "defer-off-1", 128), ("fits-ram", "defer-on-2", 128),
                                      ("fits-ram", "defer-off-2", 128), ("fits-vram-ram", "defer-on", 64),
                                      ("fits-vram-ram", "defer-off", 64))]],
+    # session 15's leftovers in one call: the gpt_oss / DSV4 engine tests on CUDA (not run since session 10), what
+    # the GPU runs in a decode token now (rope once a step, the router split), the app's sampling with the warm
+    # prefill drawing as the run does (run 69 timed torch's sampling modules loading there)
+    "session-16": lambda: [STAGES["tests-activations-families"](), stage_gpu_timeline(budgets=("40GB",)),
+                           STAGES["app-sampling"]()],
     # reading RAM-resident experts in place from the decode kernel (pinned host memory over PCIe) against resident
     # and against a copy first (scripts/probe_in_place_reads.py), then the kernel tests that cover `bases`
     "in-place-reads": lambda: [
