@@ -28,6 +28,7 @@ def run_once(argv: list[str], timeout_s: float, cap: MemoryCap | None, stderr) -
     proc = subprocess.Popen(cap.command(argv) if cap else argv, stdout=subprocess.PIPE, stderr=stderr, text=True,
                             env=cap.env() if cap else None)
     lines, times = [], []
+    stopped = None
     reader = threading.Thread(target=_read_lines, args=(proc.stdout, lines, times), daemon=True)
     reader.start()
     with VramPoller(proc.pid) as vram:
@@ -35,22 +36,25 @@ def run_once(argv: list[str], timeout_s: float, cap: MemoryCap | None, stderr) -
             proc.wait(timeout=timeout_s)
             timed_out = False
         except subprocess.TimeoutExpired:
+            stopped = time.perf_counter()
             proc.kill()
             proc.wait()
             timed_out = True
     reader.join(timeout=5)
-    return {"text": "".join(lines), "line_times": [t - start for t in times], "elapsed_s": time.perf_counter() - start,
+    end = time.perf_counter()
+    return {"text": "".join(lines), "line_times": [t - start for t in times], "elapsed_s": end - start,
+            "stopped_s": (stopped or end) - start,
             "timed_out": timed_out, "returncode": proc.returncode,
             "vram_driver_bytes": vram.peak_process_bytes, "vram_all_processes_bytes": vram.peak_all_bytes}
 
 
 def decode_bound(raw: dict, rows: list[dict], n_gen: int, reps: int) -> float | None:
     """For a run stopped after its prefill test but before its decode test finished: the decode speed it
-    stayed below (the tokens it had to generate over the time it had for them since the prefill printed)."""
+    stayed below (the tokens it had to generate over the time it had for them, from the prefill's line to the stop)."""
     done = summarize(rows)
     if not raw["timed_out"] or done["decode_tok_s"] is not None or done["prefill_tok_s"] is None:
         return None
-    return n_gen * reps / max(raw["elapsed_s"] - raw["line_times"][-1], 1e-9)
+    return n_gen * reps / max(raw["stopped_s"] - raw["line_times"][-1], 1e-9)
 
 
 def run_peer(binary: Path, gguf: Path, ncmoe: int, regime: Regime, *, n_prompt: int, threads: int = 16,

@@ -222,7 +222,7 @@ def test_peer_run_stopped_at_its_timeout_gives_a_decode_bound(no_cgroup_here, tm
     row = peer.run_peer(exe, tmp_path / "m.gguf", 16, REGIMES["exceeds"], n_prompt=512, timeout_s=1.5, log_dir=tmp_path)
     assert row["timed_out"] and row["decode_tok_s"] is None and row["prefill_tok_s"] == pytest.approx(1643.995)
     assert row["n_gen"] == 16 and row["reps"] == 1                    # exceeds: fewer tokens, one repetition
-    assert 16 / 1.5 < row["decode_tok_s_below"] < 16 / 0.5            # 16 tokens not done in the ~1 s left
+    assert 16 / 2.5 < row["decode_tok_s_below"] < 16 / 0.5            # 16 tokens not done in the ~1.4 s left
     assert "< " in peer.peer_line(row) and "stopped at the timeout" in peer.peer_line(row)
 
 
