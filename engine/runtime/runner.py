@@ -32,7 +32,7 @@ from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.runtime.pinned import pinned_buffer
-from engine.runtime.placement import MODES, Placement, measure_copy_s, measure_cpu_s
+from engine.runtime.placement import MODES, Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.switches import cublas_free, env_int
@@ -147,16 +147,16 @@ class Runner:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
         cpu = CpuExperts(layout, self.model.expert_mlp, self.dtype, self.device, self.spec.top_k, self.telemetry,
-                         placement)
+                         placement, activation=self.model.expert_kernel)
         offsets = {f.name: f.offset for f in layout.fields}
         block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
         x = torch.randn(1, layout.hidden).to(self.dtype)
-        weights = cpu.weights(block)
-        placement.cpu_s = placement.cpu_load_s = measure_cpu_s(lambda: self.model.expert_mlp(x, weights))
+        kernel = cpu.choose_kernel(block, x)           # the torch expert or the fused kernel, timed here
+        placement.cpu_s = placement.cpu_load_s = kernel["cpu_expert_s"]
         if self.is_cuda:
             placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
         active = placement.pays_off()
-        self.telemetry.info["placement"] = {"cpu_expert_s": placement.cpu_s, "copy_s": placement.copy_s,
+        self.telemetry.info["placement"] = {**kernel, "copy_s": placement.copy_s,
                                             "threads": torch.get_num_threads(), "mode": mode, "active": active}
         return cpu if active else None
 

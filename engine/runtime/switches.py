@@ -31,3 +31,10 @@ def cublas_free() -> bool:
     on the model's path (BENCHMARKS.md run 56: 610 MiB of anonymous memory besides the RAM cache against
     747, and the memory freed went to the caches: decode 43.9 against 32.9 tok/s under the 4 GiB cap)."""
     return env_int("SLUICE_CUBLAS_FREE") != 0
+
+
+def fused_cpu_experts() -> int | None:
+    """SLUICE_FUSED_CPU_EXPERTS: unset, the CPU's int8 experts go through kernels.cpu_moe where it matches the
+    reference and is faster than the family's torch expert at load (CpuExperts.choose_kernel); 0 keeps torch
+    (an A/B); 1 takes the fused kernel whenever it matches (tests)."""
+    return env_int("SLUICE_FUSED_CPU_EXPERTS")

@@ -281,8 +281,12 @@ def _placement_lines(r: dict) -> list[str]:
         return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at load "
                 f"(decoding takes ~{LIVE_FACTOR:g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
-    return [f"placement    CPU share {p['mode']} on {p['threads']} threads: an expert took {p['cpu_expert_s'] * 1e6:.0f} us "
-            f"at load, {busy * 1e6:.0f} us decoding; a block copy {p['copy_s'] * 1e6:.0f} us"]
+    kernel = p.get("cpu_kernel", "torch")
+    other = (f" (torch {p['torch_expert_s'] * 1e6:.0f} us)" if kernel == "fused"
+             else f" (fused {p['fused_expert_s'] * 1e6:.0f} us)" if "fused_expert_s" in p else "")
+    return [f"placement    CPU share {p['mode']} on {p['threads']} threads, {kernel} kernel: an expert took "
+            f"{p['cpu_expert_s'] * 1e6:.0f} us at load{other}, {busy * 1e6:.0f} us decoding; a block copy "
+            f"{p['copy_s'] * 1e6:.0f} us"]
 
 
 def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float) -> dict:

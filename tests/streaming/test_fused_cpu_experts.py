@@ -1,0 +1,72 @@
+"""The CPU's int8 experts through the fused kernel (kernels.cpu_moe) give the tokens the slot path gives
+(every expert copied into a slot and dequantised as the reference does), in decode and in a prompt small
+enough for the CPU's share; the engine reports which kernel it chose, keeps torch when told to, and
+refuses a kernel that does not match the reference."""
+import warnings
+
+import pytest
+import torch
+
+from engine.format.repack import repack
+from engine.tools.demo import build_hf_model
+from kernels import cpu_moe
+
+from tests.streaming.sized import engine_with_slots, token_ids
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]
+
+pytestmark = pytest.mark.skipif(not cpu_moe.available(), reason="numba is not installed")
+
+
+@pytest.fixture(scope="module", params=["olmoe", "gpt_oss"])
+def int8_model(request, tmp_path_factory):
+    """olmoe: SiLU experts; gpt_oss: the clamped SwiGLU with expert biases."""
+    tmp = tmp_path_factory.mktemp(request.param)
+    build_hf_model(request.param, tmp / "hf", num_layers=3, with_tokenizer=False, seed=3)
+    return repack(tmp / "hf", tmp / "int8", quant="int8")
+
+
+def _run(path, prompts, **kw):
+    eng = engine_with_slots(path, 3, 12, **kw)
+    try:
+        return [token_ids(eng, prompt, n) for prompt, n in prompts], eng.telemetry()
+    finally:
+        eng.close()
+
+
+# a decode of 12 tokens, then (its experts now in RAM) a 3-token prompt the CPU's share takes whole
+PROMPTS = [(PROMPT, 12), (PROMPT[:3], 6)]
+
+
+def test_fused_experts_give_the_slot_paths_tokens(int8_model, monkeypatch):
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
+    tokens, snap = _run(int8_model, PROMPTS, cpu_experts="all")
+    slot_tokens, _ = _run(int8_model, PROMPTS, cpu_experts="off")
+    assert tokens == slot_tokens
+    placement = snap["placement"]
+    assert placement["cpu_kernel"] == "fused" and placement["fused_error"] < 1e-5
+    assert snap["cpu"]["experts"] > 0
+
+
+def test_fused_experts_can_be_switched_off(int8_model, monkeypatch):
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
+    _, snap = _run(int8_model, PROMPTS[:1], cpu_experts="all")
+    assert snap["placement"]["cpu_kernel"] == "torch" and "fused_expert_s" not in snap["placement"]
+
+
+def test_a_kernel_that_misses_the_reference_is_refused(int8_model, monkeypatch):
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
+    real = cpu_moe.expert_into
+
+    def off_by_a_little(y, *args):
+        real(y, *args)
+        y.mul_(1.001)
+
+    monkeypatch.setattr(cpu_moe, "expert_into", off_by_a_little)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tokens, snap = _run(int8_model, PROMPTS[:1], cpu_experts="all")
+    assert snap["placement"]["cpu_kernel"] == "torch" and snap["placement"]["fused_error"] > 1e-4
+    assert any("fused CPU expert kernel is not used" in str(w.message) for w in caught)
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
+    assert tokens == _run(int8_model, PROMPTS[:1], cpu_experts="all")[0]
