@@ -32,6 +32,7 @@ except ImportError:                        # noqa: the torch path serves
 
 # Reassociation and contraction only: the sums may be vectorised, exp and division stay exact.
 _FAST = {"reassoc", "contract"}
+ROWS = 16       # weight rows a parallel iteration takes (each dequantised once into a small scratch row)
 
 
 def available() -> bool:
@@ -56,34 +57,83 @@ if numba is not None:
             return (u + np.float32(1.0)) * (g / (np.float32(1.0) + np.float32(math.exp(-g * alpha))))
         return g / (np.float32(1.0) + np.float32(math.exp(-g))) * u   # silu(g) * u
 
+    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+    def _row(q, r, scale, out):
+        """Row r of an int8 weight, dequantised into out (float32)."""
+        for i in range(out.shape[0]):
+            out[i] = np.float32(q[r, i]) * scale
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+    def _dots(a, b, out):
+        """out[j] = a[j] . b for every row j of a, four rows a pass (b is read once for the four)."""
+        n = a.shape[0]
+        for j in range(0, n - 3, 4):
+            s0 = s1 = s2 = s3 = np.float32(0.0)
+            for i in range(b.shape[0]):
+                s0 += a[j, i] * b[i]
+                s1 += a[j + 1, i] * b[i]
+                s2 += a[j + 2, i] * b[i]
+                s3 += a[j + 3, i] * b[i]
+            out[j], out[j + 1], out[j + 2], out[j + 3] = s0, s1, s2, s3
+        for j in range(n - n % 4, n):
+            acc = np.float32(0.0)
+            for i in range(b.shape[0]):
+                acc += a[j, i] * b[i]
+            out[j] = acc
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+    def _row_dot(a, q, r, scale):
+        """a . (row r of an int8 weight, dequantised): one token, no scratch row."""
+        acc = np.float32(0.0)
+        for i in range(a.shape[0]):
+            acc += a[i] * (np.float32(q[r, i]) * scale)
+        return acc
+
     @njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
     def _expert_into(x, tokens, weight, gq, gs_bits, uq, us_bits, dq, ds_bits, gb, ub, db, act, alpha, limit, y):
         inter, hidden = gq.shape
         n = tokens.shape[0]
         gs, us, ds = _bf16_to_f32(gs_bits), _bf16_to_f32(us_bits), _bf16_to_f32(ds_bits)
+        xs = np.empty((n, hidden), np.float32)        # the rows routed here, gathered
+        for j in range(n):
+            xs[j] = x[tokens[j]]
         h = np.empty((n, inter), np.float32)
-        for r in prange(inter):                       # gate and up rows, then the activation
-            sg, su = gs[r], us[r]
-            for j in range(n):
-                t = tokens[j]
-                g = np.float32(0.0)
-                u = np.float32(0.0)
-                for i in range(hidden):
-                    g += x[t, i] * (np.float32(gq[r, i]) * sg)
-                    u += x[t, i] * (np.float32(uq[r, i]) * su)
-                if gb.shape[0]:
-                    g += gb[r]
-                    u += ub[r]
-                h[j, r] = _activate(g, u, act, np.float32(alpha), np.float32(limit))
-        for o in prange(hidden):                      # down rows, weighted into y
-            sd = ds[o]
-            for j in range(n):
-                acc = np.float32(0.0)
-                for i in range(inter):
-                    acc += h[j, i] * (np.float32(dq[o, i]) * sd)
-                if db.shape[0]:
-                    acc += db[o]
-                y[tokens[j], o] += weight[j] * acc
+        chunks = (inter + ROWS - 1) // ROWS
+        for c in prange(chunks):                      # gate and up rows, then the activation
+            wg = np.empty(hidden, np.float32)         # a row dequantised once, then used by every token
+            wu = np.empty(hidden, np.float32)
+            g = np.empty(n, np.float32)
+            u = np.empty(n, np.float32)
+            for r in range(c * ROWS, min((c + 1) * ROWS, inter)):
+                if n == 1:
+                    g[0] = _row_dot(xs[0], gq, r, gs[r])
+                    u[0] = _row_dot(xs[0], uq, r, us[r])
+                else:
+                    _row(gq, r, gs[r], wg)
+                    _row(uq, r, us[r], wu)
+                    _dots(xs, wg, g)
+                    _dots(xs, wu, u)
+                for j in range(n):
+                    gj, uj = g[j], u[j]
+                    if gb.shape[0]:
+                        gj += gb[r]
+                        uj += ub[r]
+                    h[j, r] = _activate(gj, uj, act, np.float32(alpha), np.float32(limit))
+        chunks = (hidden + ROWS - 1) // ROWS
+        for c in prange(chunks):                      # down rows, weighted into y
+            wd = np.empty(inter, np.float32)
+            d = np.empty(n, np.float32)
+            for o in range(c * ROWS, min((c + 1) * ROWS, hidden)):
+                if n == 1:
+                    d[0] = _row_dot(h[0], dq, o, ds[o])
+                else:
+                    _row(dq, o, ds[o], wd)
+                    _dots(h, wd, d)
+                for j in range(n):
+                    acc = d[j]
+                    if db.shape[0]:
+                        acc += db[o]
+                    y[tokens[j], o] += weight[j] * acc
 
 
 _NO_BIAS = np.zeros(0, np.float32)

@@ -743,7 +743,19 @@ STAGES = {
     # the GPU runs in a decode token now (rope once a step, the router split), the app's sampling with the warm
     # prefill drawing as the run does (run 69 timed torch's sampling modules loading there)
     "session-16": lambda: [STAGES["tests-activations-families"](), stage_gpu_timeline(budgets=("40GB",)),
-                           STAGES["app-sampling"]()],
+                           STAGES["app-sampling"](), STAGES["fused-cpu-ab"]()],
+    # the CPU's fused int8 experts (kernels/cpu_moe.py, session 16) on the box's 16 cores: its tests and the hybrid
+    # ones on CUDA, then fits-ram and fits-vram-ram with it (the default where faster at load: the placement line
+    # prints both kernels' load times) against torch's int8 kernel (SLUICE_FUSED_CPU_EXPERTS=0), alternated
+    "fused-cpu-ab": lambda: [
+        stage_tests(("tests/kernels/test_cpu_moe.py", "tests/streaming/test_fused_cpu_experts.py",
+                     "tests/streaming/test_runtime_equality.py"), ("-k", "cpu_moe or fused or hybrid"), timeout=240),
+        *[bench(f"olmoe-int8-{regime}-fused-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                     "--prompt-tokens", "512", "--new-tokens", "64", "--dense-quant", "int8"],
+                env={"SLUICE_FUSED_CPU_EXPERTS": "0"} if tag.startswith("torch") else {})
+          for regime, tag in (("fits-ram", "warmup"), ("fits-ram", "torch-1"), ("fits-ram", "fused-1"),
+                              ("fits-vram-ram", "torch-1"), ("fits-vram-ram", "fused-1"), ("fits-ram", "torch-2"),
+                              ("fits-ram", "fused-2"))]],
     # reading RAM-resident experts in place from the decode kernel (pinned host memory over PCIe) against resident
     # and against a copy first (scripts/probe_in_place_reads.py), then the kernel tests that cover `bases`
     "in-place-reads": lambda: [

@@ -136,6 +136,12 @@ class CpuExperts:
                            cpu_busy_s=busy)
         return y
 
+    def fused_into(self, y: torch.Tensor, x: torch.Tensor, block: torch.Tensor, tokens: torch.Tensor,
+                   weight: torch.Tensor) -> None:
+        """y[tokens] += weight[:, None] * the expert in `block`(x[tokens]), through the fused kernel
+        (y and x float32 on the host: the CPU device's slot experts)."""
+        cpu_moe.expert_into(y, x.contiguous(), self.parts(block), tokens, weight.float().contiguous(), self.activation)
+
     def _fused(self, blocks, routed, top_k, x, weights, y) -> None:
         """The fused kernel, one call an expert, each adding its weighted rows into y (float32)."""
         x, weights = x.float().contiguous(), weights.float().contiguous()

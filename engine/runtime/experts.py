@@ -48,6 +48,10 @@ from engine.runtime.token_groups import token_groups
 Key = tuple[int, int]
 DEFAULT_BATCH = 32          # experts brought in per batch in prefill
 KERNEL_MAX_TOKENS = 4       # above this many tokens the torch path (one matmul per expert) is faster
+# A slot's expert on the CPU device through the fused kernel for up to this many tokens: on the 2-core dev
+# machine, an OLMoE expert took 0.4 / 1.3 / 2.7 / 5.8 ms fused at 1 / 8 / 16 / 32 tokens, against 4.8-11.9 ms
+# to decode its float copy and multiply (0.5 / 1.5 / 2.1 / 2.9 ms once the copy is kept in its slot).
+FUSED_MAX_TOKENS = 16
 
 
 def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
@@ -286,14 +290,23 @@ class Experts:
         if not slot_of:
             return
         bank = self.banks.bank_of(layer)
+        fuses = self._fuses(out)
         for expert, slot in slot_of.items():
             self._wait_slots(bank, [slot])
             self.banks.set_state((layer, expert), slot, "computing")
             token_idx, k_idx = groups[expert]
+            if fuses and len(token_idx) <= FUSED_MAX_TOKENS:      # the slot's int8 block as it is
+                self.cpu.fused_into(out, x, self.banks.banks[bank][slot], token_idx, weights[token_idx, k_idx])
+                continue
             y = self.expert_mlp(x[token_idx], self._expert_weights(layer, expert, bank, slot))
             out.index_add_(0, token_idx, (y * weights[token_idx, k_idx, None]).to(out.dtype))
         self._mark_bank_free(layer)
         self._set_ready(layer, slot_of)
+
+    def _fuses(self, out: torch.Tensor) -> bool:
+        """On the CPU device, with the fused CPU kernel chosen at load, a slot's int8 block is computed as
+        it is (kernels.cpu_moe), not decoded to a float copy first (BENCHMARKS.md session 16)."""
+        return self.cpu is not None and self.cpu.fused and not self.is_cuda and out.dtype == torch.float32
 
     def _expert_weights(self, layer: int, expert: int, bank: int, slot: int) -> dict[str, torch.Tensor]:
         """The expert in this slot, dequantised to the compute dtype (parts named gate, up, down, and

@@ -33,18 +33,18 @@ def _reference(x, parts, activation):
 
 
 @pytest.mark.parametrize("name,activation,bias", CASES, ids=[c[0] for c in CASES])
-@pytest.mark.parametrize("tokens", [[0], [0, 2, 3]])
+@pytest.mark.parametrize("tokens", [[0], [0, 2, 3], [5, 0, 1, 2, 3, 4]], ids=["one", "three", "six"])
 def test_matches_the_reference_and_adds_into_y(name, activation, bias, tokens):
     parts = _block(96, 64, bias)
-    x = torch.randn(4, 64) * 2                       # large enough that the clamps act
-    weight = torch.tensor([0.75, 0.5, 2.0][:len(tokens)])
-    before = torch.randn(4, 64)
+    x = torch.randn(6, 64) * 2                       # large enough that the clamps act
+    weight = torch.tensor([0.75, 0.5, 2.0, 1.0, -0.25, 3.0][:len(tokens)])    # (six: four a pass, then two)
+    before = torch.randn(6, 64)
     y = before.clone()
     cpu_moe.expert_into(y, x, parts, torch.tensor(tokens), weight, activation)
     expected = before.double().clone()
     expected[tokens] += weight.double()[:, None] * _reference(x, parts, activation)[tokens]
     assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5)
-    untouched = [t for t in range(4) if t not in tokens]
+    untouched = [t for t in range(6) if t not in tokens]
     assert torch.equal(y[untouched], before[untouched])
 
 
