@@ -290,7 +290,7 @@ class Experts:
         if not slot_of:
             return
         bank = self.banks.bank_of(layer)
-        fuses = self._fuses(out)
+        fuses = self._fuses(x, out)
         for expert, slot in slot_of.items():
             self._wait_slots(bank, [slot])
             self.banks.set_state((layer, expert), slot, "computing")
@@ -303,10 +303,12 @@ class Experts:
         self._mark_bank_free(layer)
         self._set_ready(layer, slot_of)
 
-    def _fuses(self, out: torch.Tensor) -> bool:
-        """On the CPU device, with the fused CPU kernel chosen at load, a slot's int8 block is computed as
-        it is (kernels.cpu_moe), not decoded to a float copy first (BENCHMARKS.md session 16)."""
-        return self.cpu is not None and self.cpu.fused and not self.is_cuda and out.dtype == torch.float32
+    def _fuses(self, x: torch.Tensor, out: torch.Tensor) -> bool:
+        """On the CPU device in float32, with the fused CPU kernel chosen at load, a slot's int8 block is
+        computed as it is (kernels.cpu_moe), not decoded to a float copy first (BENCHMARKS.md session 16).
+        In bfloat16 the slot keeps torch's path: its products round as the reference's do."""
+        return (self.cpu is not None and self.cpu.fused and not self.is_cuda
+                and x.dtype == out.dtype == torch.float32)
 
     def _expert_weights(self, layer: int, expert: int, bank: int, slot: int) -> dict[str, torch.Tensor]:
         """The expert in this slot, dequantised to the compute dtype (parts named gate, up, down, and

@@ -70,3 +70,16 @@ def test_a_kernel_that_misses_the_reference_is_refused(int8_model, monkeypatch):
     assert any("fused CPU expert kernel is not used" in str(w.message) for w in caught)
     monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
     assert tokens == _run(int8_model, PROMPTS[:1], cpu_experts="all")[0]
+
+
+def test_bfloat16_runs_with_the_fused_kernel_chosen(int8_model, monkeypatch):
+    """In bfloat16 the CPU's share is fused (float32 inside) while slot experts keep torch's bf16 path:
+    a prompt through the slots and a decode with the share both run, and the slot-only tokens are the
+    ones the engine gives with the fused kernel off."""
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
+    tokens, snap = _run(int8_model, PROMPTS, cpu_experts="all", dtype="bfloat16")
+    assert snap["placement"]["cpu_kernel"] == "fused" and snap["cpu"]["experts"] > 0
+    slot_fused, _ = _run(int8_model, PROMPTS[:1], cpu_experts="off", dtype="bfloat16")
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
+    assert slot_fused == _run(int8_model, PROMPTS[:1], cpu_experts="off", dtype="bfloat16")[0]
+    assert len(tokens[0]) == 12
