@@ -289,6 +289,33 @@ def select_rms_norm(width: int, dtype: torch.dtype, weight_dtype: torch.dtype, d
     return (kernel if verdict.ok else None), verdict
 
 
+def select_rope(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary: int, dtype: torch.dtype, device,
+                kernel: Callable | None = None):
+    """The rotary kernel (rope.py) for these heads, if it gives the torch path's values (each product rounded
+    to the dtype, then the sum: exact where the GPU rounds as torch does) for one token at two positions and
+    a prompt's 37. Returns (fn or None, verdict)."""
+    from .rope import KERNEL_VERSION, rope_pair, rope_pair_ref
+
+    kernel = kernel or rope_pair
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(9876)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary, 2, dtype=torch.float32) / rotary))
+
+    def case(positions):
+        freqs = torch.tensor(positions, dtype=torch.float32)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        return (torch.randn(len(positions), num_q_heads, head_dim, generator=gen).to(device, dtype),
+                torch.randn(len(positions), num_kv_heads, head_dim, generator=gen).to(device, dtype),
+                emb.cos().to(device, dtype), emb.sin().to(device, dtype))
+
+    cases = iter([case([0]), case([1234]), case(list(range(37)))])
+    flat = lambda fn: (lambda *args: torch.cat([t.reshape(-1) for t in fn(*args)]))    # noqa: E731
+    run_kernel, run_ref = _runners(cases, flat(kernel), flat(rope_pair_ref))
+    shape_key = f"Hq={num_q_heads} Hkv={num_kv_heads} D={head_dim} R={rotary} {dtype}"
+    verdict = check("rope", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, 1e-6, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                             window: int | None, device, kernel: Callable | None = None):
     """The one-token attention kernel (decode_attention.py) for these heads, if it matches the torch path

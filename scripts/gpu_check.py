@@ -744,6 +744,28 @@ STAGES = {
     # prefill drawing as the run does (run 69 timed torch's sampling modules loading there)
     "session-16": lambda: [STAGES["tests-activations-families"](), stage_gpu_timeline(budgets=("40GB",)),
                            STAGES["app-sampling"](), STAGES["fused-cpu-ab"]()],
+    # a step's queries and keys rotated in one launch (kernels/rope.py, session 17; SLUICE_ROPE_KERNEL=0: torch's
+    # ten): its GPU tests and every family token-exact with it on, what the GPU runs in a token (launches, busy
+    # time), then fits-ram and its floor (every expert resident) off / on alternated after a warm-up
+    "rope-ab": lambda: [
+        stage_tests(("tests/kernels/test_rope.py", "tests/streaming/test_dense_int8.py",
+                     "tests/streaming/test_runtime_equality.py"), ("-x",), timeout=300),
+        stage_gpu_timeline(budgets=("40GB", "4GB")),
+        [bench(f"olmoe-int8-fits-ram-rope-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                   "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"]
+               + (["--vram-budget", "40GB"] if "floor" in tag else []),
+               env={"SLUICE_ROPE_KERNEL": "0"} if "off" in tag else {})
+         for tag in ("warmup", "off-1", "on-1", "floor-off", "floor-on", "off-2", "on-2")]],
+    # the CPU's share on where its expert at load beats a copy (SLUICE_CPU_LIVE_FACTOR=1; the default 3 keeps it
+    # off on the H200 box, whose fused expert took 101-116 us at load against a 121-131 us copy): a decode's
+    # misses split between the CPU and the copy engine by the cost model, fits-ram and fits-vram-ram alternated
+    "cpu-live-ab": lambda: [
+        bench(f"olmoe-int8-{regime}-live-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
+                                                  "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"],
+              env={"SLUICE_CPU_LIVE_FACTOR": "1"} if tag.startswith("one") else {})
+        for regime, tag in (("fits-ram", "warmup"), ("fits-ram", "default-1"), ("fits-ram", "one-1"),
+                            ("fits-vram-ram", "default-1"), ("fits-vram-ram", "one-1"), ("fits-ram", "default-2"),
+                            ("fits-ram", "one-2"))],
     # the CPU's fused int8 experts (kernels/cpu_moe.py, session 16) on the box's 16 cores: its tests and the hybrid
     # ones on CUDA, then fits-ram and fits-vram-ram with it (the default where faster at load: the placement line
     # prints both kernels' load times) against torch's int8 kernel (SLUICE_FUSED_CPU_EXPERTS=0), alternated

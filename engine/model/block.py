@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.gptoss import sink_attention
-from engine.model.layers import apply_rope, attention, linear, rms_norm, rope_cos_sin, swiglu_mlp
+from engine.model.layers import attention, linear, rms_norm, rope_cos_sin, rope_pair, swiglu_mlp
 from kernels.softmax_topk import router_ref
 from engine.model.state import ModelState, StateSpec
 
@@ -81,7 +81,7 @@ class Attention:
         if self.qk_norm == "head":
             q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
         cos, sin = self.rope.cos_sin(step)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = rope_pair(q, k, cos, sin)
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)     # [S, Hkv, D]
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
         if self.sinks is not None:

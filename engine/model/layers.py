@@ -4,10 +4,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.runtime.switches import ATTN_KERNEL, NORM_KERNEL, piece_on
+from engine.runtime.switches import ATTN_KERNEL, NORM_KERNEL, ROPE_KERNEL, piece_on
 from kernels.cpu_linear import dequantized, packed_linear
 from kernels.attention_ref import attention_ref
 from kernels.norms import MAX_N as MAX_NORM_WIDTH, rms_norm_ref
+from kernels.rope_ref import apply_rope_ref as apply_rope, rope_pair_ref  # noqa: F401  (apply_rope: the MLA and hybrid mixers)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -95,15 +96,15 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
     return (emb.cos() * scaling).to(dtype)[:, None, :], (emb.sin() * scaling).to(dtype)[:, None, :]
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [T, heads, D]; cos, sin [T, 1, R]: the first R dims rotate in halves, the rest pass through
-    # (partial rotary: GLM-4.5, MiniMax-M2)
-    rotary = cos.shape[-1]
-    if rotary < x.shape[-1]:
-        return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
-    half = rotary // 2
-    rotated = torch.cat((x[..., half:] * -1, x[..., :half]), dim=-1)       # * -1 is neg's value without its module
-    return x * cos + rotated * sin
+def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """A step's queries [T, Hq, D] and keys [T, Hkv, D] rotated (kernels/rope_ref.py): on a GPU in one launch
+    (kernels/rope.py) where it passed its check (SLUICE_ROPE_KERNEL=0: never)."""
+    if q.is_cuda:
+        key = ("rope", q.shape[1], k.shape[1], q.shape[2], cos.shape[-1], q.dtype, q.device)
+        kernel = checked_kernel(ROPE_KERNEL, key, lambda: _select("select_rope", *key[1:]))
+        if kernel is not None and cos.dtype == q.dtype == k.dtype:
+            return kernel(q, k, cos, sin)
+    return rope_pair_ref(q, k, cos, sin)
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,

@@ -19,6 +19,7 @@ go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay re
 """
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -36,6 +37,13 @@ CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these facto
 LIVE_FACTOR = 3.0
 
 
+def live_factor() -> float:
+    """LIVE_FACTOR, or SLUICE_CPU_LIVE_FACTOR where set (an A/B: 1 turns "auto" on wherever the CPU's expert
+    at load beats a copy, e.g. the fused kernel on the H200 box's 16 cores, 101-116 us against 121-131)."""
+    value = os.environ.get("SLUICE_CPU_LIVE_FACTOR", "").strip()
+    return float(value) if value else LIVE_FACTOR
+
+
 @dataclass
 class Placement:
     cpu_s: float             # seconds for the CPU to compute one expert for one token
@@ -47,7 +55,7 @@ class Placement:
     def pays_off(self) -> bool:
         """Whether the CPU's share is worth having at all: mode "all" always, "auto" where an expert
         computed while decoding (LIVE_FACTOR x what it took at load) is faster than copying its block."""
-        return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * LIVE_FACTOR < self.copy_s)
+        return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * live_factor() < self.copy_s)
 
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies

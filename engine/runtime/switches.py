@@ -14,6 +14,8 @@ def env_int(name: str) -> int | None:
 # took 80 MiB off the process (611 -> 531 MiB anonymous besides the RAM cache) at the same decode speed
 # (BENCHMARKS.md run 60).
 NORM_KERNEL, ATTN_KERNEL = "SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"
+# A step's queries and keys rotated in one launch (kernels/rope.py), not ten (session 17).
+ROPE_KERNEL = "SLUICE_ROPE_KERNEL"
 
 
 def piece_on(name: str) -> bool:
@@ -22,7 +24,7 @@ def piece_on(name: str) -> bool:
 
 def piece_kernels() -> list[str]:
     """The model pieces' kernel switches that are on (engine.model.layers.checked_kernel reads each)."""
-    return [name for name in (NORM_KERNEL, ATTN_KERNEL) if piece_on(name)]
+    return [name for name in (NORM_KERNEL, ATTN_KERNEL, ROPE_KERNEL) if piece_on(name)]
 
 
 def cublas_free() -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 from engine.errors import SluiceError
 from engine.model import dense_quant
 from engine.runtime.memory import anonymous_by_mapping
-from engine.runtime.placement import LIVE_FACTOR
+from engine.runtime.placement import live_factor
 from engine.runtime.store import READ_PIECES, reader_threads
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
@@ -279,7 +279,7 @@ def _placement_lines(r: dict) -> list[str]:
         return []
     if not p.get("active", True):
         return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at load "
-                f"(decoding takes ~{LIVE_FACTOR:g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
+                f"(decoding takes ~{live_factor():g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
     kernel = p.get("cpu_kernel", "torch")
     other = (f" (torch {p['torch_expert_s'] * 1e6:.0f} us)" if kernel == "fused"

@@ -119,13 +119,13 @@ def test_cublas_free_routers_and_prompt_gemms_give_transformers_tokens(int8_mode
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("switch", ["SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"])
+@pytest.mark.parametrize("switch", ["SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL", "SLUICE_ROPE_KERNEL"])
 def test_piece_kernels_give_transformers_tokens(int8_model, monkeypatch, switch):
-    """The models' norms (kernels/rms_norm.py) / one-token attention (kernels/decode_attention.py) through a
-    kernel checked at first use (inside the graphs after their warm-up), each alone (the other switched
-    off): transformers' tokens all the same."""
+    """The models' norms (kernels/rms_norm.py) / one-token attention (kernels/decode_attention.py) / rotary
+    (kernels/rope.py) through a kernel checked at first use (inside the graphs after their warm-up), each
+    alone (the others switched off): transformers' tokens all the same."""
     from engine.model import layers
-    for name in ("SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL"):
+    for name in ("SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL", "SLUICE_ROPE_KERNEL"):
         monkeypatch.setenv(name, "1" if name == switch else "0")
     monkeypatch.setattr(layers, "_CHECKED", {})
     prompt = PROMPT * 2
