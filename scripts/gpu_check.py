@@ -766,6 +766,13 @@ STAGES = {
         for regime, tag in (("fits-ram", "warmup"), ("fits-ram", "default-1"), ("fits-ram", "one-1"),
                             ("fits-vram-ram", "default-1"), ("fits-vram-ram", "one-1"), ("fits-ram", "default-2"),
                             ("fits-ram", "one-2"))],
+    # the same with the factor at 0.5 (run 73 found the fused expert at load 126-205 us against a 124-135 us copy:
+    # factor 1 left the share off), fits-ram alone, alternated after a warm-up
+    "cpu-half-ab": lambda: [
+        bench(f"olmoe-int8-fits-ram-half-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                  "--prompt-tokens", "512", "--new-tokens", "128", "--dense-quant", "int8"],
+              env={"SLUICE_CPU_LIVE_FACTOR": "0.5"} if tag.startswith("half") else {})
+        for tag in ("warmup", "default-1", "half-1", "default-2", "half-2")],
     # the CPU's fused int8 experts (kernels/cpu_moe.py, session 16) on the box's 16 cores: its tests and the hybrid
     # ones on CUDA, then fits-ram and fits-vram-ram with it (the default where faster at load: the placement line
     # prints both kernels' load times) against torch's int8 kernel (SLUICE_FUSED_CPU_EXPERTS=0), alternated
