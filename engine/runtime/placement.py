@@ -19,12 +19,13 @@ go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay re
 """
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from typing import Callable
 
 import torch
+
+from engine.runtime.switches import cpu_live_factor
 
 MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resident miss on the CPU (tests)
 SMOOTHING = 0.1                     # weight of a new timing in a running estimate
@@ -34,14 +35,15 @@ CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these facto
 # 309-715 us against 111-155 us; DRAM instead of cache, threads waking, the decode thread's other work).
 # "auto" turns the CPU's share on only where even that slower CPU beats a copy: there (141 us at load
 # against a 138 us copy) it cost 12-16 tok/s in alternated runs (59-60 on, 71-74 off; BENCHMARKS run 34).
+# The same with the fused kernel (kernels/cpu_moe.py): 289-297 us decoding against 114-165 us at load; forced on
+# (factor 0.5) the share cost 18% in fits-ram (91.6 / 93.7 against 112.0 / 114.3 tok/s, BENCHMARKS run 75).
 LIVE_FACTOR = 3.0
 
 
 def live_factor() -> float:
-    """LIVE_FACTOR, or SLUICE_CPU_LIVE_FACTOR where set (an A/B: 1 turns "auto" on wherever the CPU's expert
-    at load beats a copy, e.g. the fused kernel on the H200 box's 16 cores, 101-116 us against 121-131)."""
-    value = os.environ.get("SLUICE_CPU_LIVE_FACTOR", "").strip()
-    return float(value) if value else LIVE_FACTOR
+    """LIVE_FACTOR, or SLUICE_CPU_LIVE_FACTOR where set (an A/B)."""
+    factor = cpu_live_factor()
+    return LIVE_FACTOR if factor is None else factor
 
 
 @dataclass
