@@ -36,7 +36,7 @@ from engine.format.layout import Layout
 from engine.format.quant import dequantize
 from engine.runtime.budget import prefill_expert_bytes
 from engine.runtime.cache import RamCache
-from engine.runtime.cpu_experts import MAX_TOKENS as CPU_MAX_TOKENS
+from engine.runtime.cpu_experts import FUSED_MAX_GROUP, MAX_TOKENS as CPU_MAX_TOKENS
 from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.slots import SlotBanks
 from engine.runtime.speculation import score
@@ -151,7 +151,9 @@ class Experts:
         num_tokens, top_k = weights.shape
         if self.is_cuda and not static_inputs:     # a decode step's graphs: looked up once a step (`begin_step`)
             self._compute_stream = torch.cuda.current_stream(self.device)
-        hybrid = self.cpu is not None and num_tokens <= CPU_MAX_TOKENS
+        # on a GPU the CPU's share is a decode step's; the CPU device computes RAM-resident experts in place
+        # for a prompt too (copying each into a slot first took 38% of a warm prefill, BENCHMARKS sessions 16-17)
+        hybrid = self.cpu is not None and (num_tokens <= CPU_MAX_TOKENS or not self.is_cuda)
         if hybrid:
             self.cpu.stage(x, weights)
         routed_dev = ids[:num_tokens * top_k]
@@ -295,13 +297,22 @@ class Experts:
             self._wait_slots(bank, [slot])
             self.banks.set_state((layer, expert), slot, "computing")
             token_idx, k_idx = groups[expert]
-            if fuses and len(token_idx) <= FUSED_MAX_TOKENS:      # the slot's int8 block as it is
+            if fuses and self._fused_beats((layer, expert), bank, slot, len(token_idx)):   # the int8 block as it is
                 self.cpu.fused_into(out, x, self.banks.banks[bank][slot], token_idx, weights[token_idx, k_idx])
                 continue
             y = self.expert_mlp(x[token_idx], self._expert_weights(layer, expert, bank, slot))
             out.index_add_(0, token_idx, (y * weights[token_idx, k_idx, None]).to(out.dtype))
         self._mark_bank_free(layer)
         self._set_ready(layer, slot_of)
+
+    def _fused_beats(self, key: Key, bank: int, slot: int, num_tokens: int) -> bool:
+        """Whether the fused kernel computes this slot's expert for num_tokens faster than torch: always up to
+        FUSED_MAX_TOKENS; up to the CPU share's FUSED_MAX_GROUP where the slot keeps no float copy of it (a
+        prompt's sweep rotates the slots, so torch would dequantise the block first)."""
+        if num_tokens <= FUSED_MAX_TOKENS:
+            return True
+        cached = self._decoded.get((bank, slot)) if self._decoded is not None else None
+        return num_tokens <= FUSED_MAX_GROUP and (cached is None or cached[0] != key)
 
     def _fuses(self, x: torch.Tensor, out: torch.Tensor) -> bool:
         """On the CPU device in float32, with the fused CPU kernel chosen at load, a slot's int8 block is

@@ -83,3 +83,25 @@ def test_bfloat16_runs_with_the_fused_kernel_chosen(int8_model, monkeypatch):
     monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
     assert slot_fused == _run(int8_model, PROMPTS[:1], cpu_experts="off", dtype="bfloat16")[0]
     assert len(tokens[0]) == 12
+
+
+@pytest.mark.parametrize("max_group", [32, 2])       # 2: a prompt's larger groups take torch's path
+def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_model, monkeypatch, max_group):
+    """The CPU device computes a prompt's RAM-resident experts where they sit (no copy into a slot), the fused
+    kernel for small groups and torch's expert for larger ones; the tokens are the slot path's."""
+    from engine.runtime import cpu_experts, experts
+    monkeypatch.setattr(cpu_experts, "FUSED_MAX_GROUP", max_group)
+    monkeypatch.setattr(experts, "FUSED_MAX_GROUP", max_group)
+    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
+    long_prompt = PROMPT * 2                                 # 20 tokens: past the GPU's share of 4
+    eng = engine_with_slots(int8_model, 3, 12, cpu_experts="all")
+    try:
+        token_ids(eng, PROMPT, 4)                            # its experts now in RAM
+        before = eng.telemetry()
+        ours = token_ids(eng, long_prompt, 1)                 # a prefill alone
+        after = eng.telemetry()
+    finally:
+        eng.close()
+    assert after["cpu"]["experts"] > before["cpu"]["experts"]
+    slot_tokens, _ = _run(int8_model, [(PROMPT, 4), (long_prompt, 1)], cpu_experts="off")
+    assert ours == slot_tokens[1]
