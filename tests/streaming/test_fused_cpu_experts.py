@@ -105,3 +105,17 @@ def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_
     assert after["cpu"]["experts"] > before["cpu"]["experts"]
     slot_tokens, _ = _run(int8_model, [(PROMPT, 4), (long_prompt, 1)], cpu_experts="off")
     assert ours == slot_tokens[1]
+
+
+def test_a_prompt_in_place_leaves_a_small_ram_cache_room_for_its_reads(int8_model):
+    """With a RAM cache of 2 blocks, a prompt's experts computed in place must not hold the blocks its disk
+    misses are read into (the first version locked them all: "RAM cache: every slot is locked")."""
+    long_prompt = PROMPT * 3
+    outs = []
+    for mode in ("all", "off"):
+        eng = engine_with_slots(int8_model, 3, 2, cpu_experts=mode)
+        try:
+            outs.append((token_ids(eng, PROMPT, 4), token_ids(eng, long_prompt, 3)))
+        finally:
+            eng.close()
+    assert outs[0] == outs[1]
