@@ -163,8 +163,7 @@ class CpuExperts:
                 out = self.expert_mlp(x[token_idx], self.weights(block))
                 y.index_add_(0, token_idx, out.float() * weights[token_idx, k_idx, None])
                 continue
-            cpu_moe.expert_into(y, x32, self.parts(block), token_idx, weights[token_idx, k_idx].contiguous(),
-                                self.activation)
+            self.fused_into(y, x32, block, token_idx, weights[token_idx, k_idx])
 
     def add_into(self, y: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, H] += the CPU's share y (on the device: stream-ordered after the GPU's share)."""

@@ -185,14 +185,13 @@ class Experts:
         if self.early_reads and next_layer is not None and predicted:
             self._ahead = (next_layer, predicted)
         on_cpu = self._cpu_share(layer, late, num_tokens) if hybrid and late else []
-        cpu_y = None
         if on_cpu:
             late = [e for e in late if e not in on_cpu]
             cpu_blocks = {e: self.cache.block(self.cache.lookup((layer, e))) for e in on_cpu}
             for e in on_cpu:
                 self.cache.lock((layer, e))
-            if not self.is_cuda:     # nothing to overlap: the CPU's share first, so its RAM blocks are unlocked
-                cpu_y = self._cpu_compute(layer, cpu_blocks, routed, top_k, x, weights)   # before the slot path's reads
+            # the CPU device has nothing to overlap: its share first, its RAM blocks unlocked before the slot path's reads
+            cpu_y = None if self.is_cuda else self._cpu_compute(layer, cpu_blocks, routed, top_k, x, weights)
         use_kernel = self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and len(wanted) <= self.batch_size
         if use_kernel:
             early = list(slot_of)
@@ -209,8 +208,9 @@ class Experts:
         if next_layer is not None and predicted and self.prefetch_first:
             self._prefetch(next_layer, predicted)
         if on_cpu:                                   # the GPU's share is enqueued: the CPU does its own now
-            self.cpu.add_into(cpu_y if cpu_y is not None else
-                              self._cpu_compute(layer, cpu_blocks, routed, top_k, x, weights), out)
+            if self.is_cuda:
+                cpu_y = self._cpu_compute(layer, cpu_blocks, routed, top_k, x, weights)
+            self.cpu.add_into(cpu_y, out)
         late_prefetch = next_layer if next_layer is not None and predicted and not self.prefetch_first else None
         if defer:
             self._deferred = (late_prefetch, predicted, layer, routed, counts, slot_of if use_kernel else {})
