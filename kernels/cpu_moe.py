@@ -1,10 +1,12 @@
-"""One int8 expert on the CPU, fused: gate and up, the activation, down, scaled by the routing weight
-and added into the layer's output, in two parallel loops (numba, compiled on first use; no C compiler).
+"""int8 experts on the CPU, fused: gate and up, the activation, down, scaled by the routing weight and
+added into the layer's output, a layer's experts in two parallel loops (numba, compiled on first use;
+no C compiler).
 
   T = tokens, H = hidden, I = intermediate
-  x [T, H] float32, the block's parts (formats.py, int8: w int8 [out, in], scale bf16 [out], biases
-  float32 where the family has them), tokens [t] int64 (rows of x routed here), weight [t] float32
-  -> y[tokens] += weight * expert(x[tokens])   (y [T, H] float32)
+  x [T, H] float32; per expert e: its block (uint8, the engine's layout: kernels.formats.block_fields,
+  int8: w int8 [out, in], scale bf16 [out], biases float32 where the family has them), tokens_e [t_e]
+  int64 (rows of x routed to it), weight_e [t_e] float32
+  -> y[tokens_e] += weight_e * expert_e(x[tokens_e]) for each e in order   (y [T, H] float32)
 
 The reference is the family's torch expert over the dequantised weights (swiglu_mlp / the clamped
 variants, kernels.activation): each product is x * (w * scale) as there (w * scale is exact in
@@ -12,7 +14,9 @@ float32: 8 by 8 significant bits), only the order of the sums differs. Why: torc
 matmul for float32 activations (its `_weight_int8pack_mm` takes 1.5 ms for a 1024 x 2048 projection
 in float32 on the 2-core dev machine, 0.23 ms in bf16), so the CPU device dequantised slabs of rows
 (~1 ms a projection); this reads the int8 codes once (~0.23 ms, the memory's speed there), and one
-call does the expert's three projections, its activation and the weighted add that took ~8 torch calls.
+call does the three projections, activation and weighted add of up to MAX_BLOCKS experts that took ~8
+torch calls each. One call for a layer's experts, not one each: each parallel loop costs its threads a
+wake-up and a join, which on the 16-core GPU box is a large part of one expert's ~100 us.
 `available()` is False where numba is missing; callers then keep the torch path.
 """
 from __future__ import annotations
@@ -40,14 +44,6 @@ def available() -> bool:
 
 
 if numba is not None:
-    @njit(cache=True, nogil=True)
-    def _bf16_to_f32(bits):
-        """bf16 values given as their int16 bit patterns -> float32 (exact: the top half of the bits)."""
-        out = np.empty(bits.shape[0], np.uint32)
-        for i in range(bits.shape[0]):
-            out[i] = np.uint32(np.uint16(bits[i])) << np.uint32(16)
-        return out.view(np.float32)
-
     @njit(cache=True, nogil=True, inline="always")
     def _activate(g, u, act, alpha, limit):
         if act != 0:                                  # the clamped variants (gpt-oss, DeepSeek-V4)
@@ -83,76 +79,122 @@ if numba is not None:
 
     @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
     def _row_dot(a, q, r, scale):
-        """a . (row r of an int8 weight, dequantised): one token, no scratch row."""
+        """a . (row r of an int8 weight, dequantised): one token, no scratch row. The row's scale multiplies
+        the sum, not each product (one multiply a row instead of one a weight: the loop is the CPU's
+        compute bound at one token; the result differs from the reference's by float32 rounding only)."""
         acc = np.float32(0.0)
         for i in range(a.shape[0]):
-            acc += a[i] * (np.float32(q[r, i]) * scale)
-        return acc
+            acc += a[i] * np.float32(q[r, i])
+        return acc * scale
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+    def _scales(bits, first, count, out):
+        """bf16 values (their int16 bit patterns) bits[first:first + count] -> float32 out[:count] (exact)."""
+        raw = out.view(np.uint32)
+        for i in range(count):
+            raw[i] = np.uint32(np.uint16(bits[first + i])) << np.uint32(16)
 
     @njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
-    def _expert_into(x, tokens, weight, gq, gs_bits, uq, us_bits, dq, ds_bits, gb, ub, db, act, alpha, limit, y):
-        inter, hidden = gq.shape
-        n = tokens.shape[0]
-        gs, us, ds = _bf16_to_f32(gs_bits), _bf16_to_f32(us_bits), _bf16_to_f32(ds_bits)
-        xs = np.empty((n, hidden), np.float32)        # the rows routed here, gathered
-        for j in range(n):
+    def _experts_into(x, tokens, weight, starts, blocks, off, inter, hidden, bias, act, alpha, limit, y):
+        """Experts e = 0..E-1 (blocks[e], the rows tokens[starts[e]:starts[e + 1]] of x with their weights):
+        every expert's gate and up rows in one parallel loop, then the down rows in a second, each output
+        column adding the experts in order (so y's sums do not depend on the threads)."""
+        num = starts.shape[0] - 1
+        total = starts[num]
+        xs = np.empty((total, hidden), np.float32)    # the rows routed to each expert, gathered
+        for j in range(total):
             xs[j] = x[tokens[j]]
-        h = np.empty((n, inter), np.float32)
+        h = np.empty((total, inter), np.float32)
         chunks = (inter + ROWS - 1) // ROWS
-        for c in prange(chunks):                      # gate and up rows, then the activation
+        for it in prange(num * chunks):               # gate and up rows, then the activation
+            e = it // chunks
+            c = it - e * chunks
+            b, first, n = blocks[e], starts[e], starts[e + 1] - starts[e]
+            gq = b[off[0]:off[0] + inter * hidden].view(np.int8).reshape((inter, hidden))
+            uq = b[off[2]:off[2] + inter * hidden].view(np.int8).reshape((inter, hidden))
+            rows = min(ROWS, inter - c * ROWS)
+            gs = np.empty(ROWS, np.float32)
+            us = np.empty(ROWS, np.float32)
+            _scales(b[off[1]:off[1] + 2 * inter].view(np.int16), c * ROWS, rows, gs)
+            _scales(b[off[3]:off[3] + 2 * inter].view(np.int16), c * ROWS, rows, us)
+            gb = b[off[6]:off[6] + 4 * inter].view(np.float32)    # (the biases: read only where the block has them)
+            ub = b[off[7]:off[7] + 4 * inter].view(np.float32)
             wg = np.empty(hidden, np.float32)         # a row dequantised once, then used by every token
             wu = np.empty(hidden, np.float32)
             g = np.empty(n, np.float32)
             u = np.empty(n, np.float32)
-            for r in range(c * ROWS, min((c + 1) * ROWS, inter)):
+            for i in range(rows):
+                r = c * ROWS + i
                 if n == 1:
-                    g[0] = _row_dot(xs[0], gq, r, gs[r])
-                    u[0] = _row_dot(xs[0], uq, r, us[r])
+                    g[0] = _row_dot(xs[first], gq, r, gs[i])
+                    u[0] = _row_dot(xs[first], uq, r, us[i])
                 else:
-                    _row(gq, r, gs[r], wg)
-                    _row(uq, r, us[r], wu)
-                    _dots(xs, wg, g)
-                    _dots(xs, wu, u)
+                    _row(gq, r, gs[i], wg)
+                    _row(uq, r, us[i], wu)
+                    _dots(xs[first:first + n], wg, g)
+                    _dots(xs[first:first + n], wu, u)
                 for j in range(n):
                     gj, uj = g[j], u[j]
-                    if gb.shape[0]:
+                    if bias:
                         gj += gb[r]
                         uj += ub[r]
-                    h[j, r] = _activate(gj, uj, act, np.float32(alpha), np.float32(limit))
+                    h[first + j, r] = _activate(gj, uj, act, np.float32(alpha), np.float32(limit))
         chunks = (hidden + ROWS - 1) // ROWS
-        for c in prange(chunks):                      # down rows, weighted into y
+        for c in prange(chunks):                      # down rows, weighted into y, expert by expert
+            rows = min(ROWS, hidden - c * ROWS)
+            ds = np.empty(ROWS, np.float32)
             wd = np.empty(inter, np.float32)
-            d = np.empty(n, np.float32)
-            for o in range(c * ROWS, min((c + 1) * ROWS, hidden)):
-                if n == 1:
-                    d[0] = _row_dot(h[0], dq, o, ds[o])
-                else:
-                    _row(dq, o, ds[o], wd)
-                    _dots(h, wd, d)
-                for j in range(n):
-                    acc = d[j]
-                    if db.shape[0]:
-                        acc += db[o]
-                    y[tokens[j], o] += weight[j] * acc
+            d = np.empty(total, np.float32)
+            for e in range(num):
+                b, first, n = blocks[e], starts[e], starts[e + 1] - starts[e]
+                dq = b[off[4]:off[4] + hidden * inter].view(np.int8).reshape((hidden, inter))
+                db = b[off[8]:off[8] + 4 * hidden].view(np.float32)
+                _scales(b[off[5]:off[5] + 2 * hidden].view(np.int16), c * ROWS, rows, ds)
+                for i in range(rows):
+                    o = c * ROWS + i
+                    if n == 1:
+                        d[0] = _row_dot(h[first], dq, o, ds[i])
+                    else:
+                        _row(dq, o, ds[i], wd)
+                        _dots(h[first:first + n], wd, d)
+                    for j in range(n):
+                        acc = d[j]
+                        if bias:
+                            acc += db[o]
+                        y[tokens[first + j], o] += weight[first + j] * acc
 
 
-_NO_BIAS = np.zeros(0, np.float32)
+MAX_BLOCKS = 8      # experts one call takes (the kernel's tuple of blocks; more go in further calls)
+FIELDS = ("gate.w", "gate.scale", "up.w", "up.scale", "down.w", "down.scale",
+          "gate_bias.b", "up_bias.b", "down_bias.b")
 
 
-def expert_into(y: torch.Tensor, x: torch.Tensor, parts: dict[str, dict[str, torch.Tensor]], tokens: torch.Tensor,
-                weight: torch.Tensor, activation: Activation) -> None:
-    """y[tokens] += weight[:, None] * expert(x[tokens]) for one int8 block's parts (see the module doc).
-    x, y float32 contiguous; tokens int64, weight float32, both [t]."""
-    def bits(name):
-        return parts[name]["scale"].view(torch.int16).numpy()
+class FusedExperts:
+    """int8 expert blocks of one layout (kernels.formats.block_fields), computed by the fused loops.
+    `offsets`: each field's byte offset in a block (the bias fields where the family has them)."""
 
-    def bias(name):
-        return parts[name]["b"].numpy() if name in parts else _NO_BIAS
+    def __init__(self, offsets: dict[str, int], intermediate: int, hidden: int, activation: Activation):
+        self.bias = "gate_bias.b" in offsets
+        self.off = np.array([offsets.get(name, 0) for name in FIELDS], np.int64)
+        self.intermediate, self.hidden, self.activation = intermediate, hidden, activation
+        self._pad = np.zeros(1, np.uint8)
 
-    _expert_into(x.numpy(), tokens.numpy(), weight.numpy(), parts["gate"]["w"].numpy(), bits("gate"),
-                 parts["up"]["w"].numpy(), bits("up"), parts["down"]["w"].numpy(), bits("down"),
-                 bias("gate_bias"), bias("up_bias"), bias("down_bias"),
-                 ACTIVATION_IDS[activation.name], activation.alpha, activation.limit, y.numpy())
+    def into(self, y: torch.Tensor, x: torch.Tensor, blocks: list[torch.Tensor], tokens: list[torch.Tensor],
+             weights: list[torch.Tensor]) -> None:
+        """y[tokens[e]] += weights[e][:, None] * expert e(x[tokens[e]]) for each block e (uint8 [block_bytes]);
+        x, y float32 contiguous [T, H]; tokens[e] int64 and weights[e] float32, both [t_e]. The experts add
+        into y in the order given."""
+        act = self.activation
+        for first in range(0, len(blocks), MAX_BLOCKS):
+            part = range(first, min(first + MAX_BLOCKS, len(blocks)))
+            arrays = tuple(blocks[e].numpy() for e in part)
+            arrays += (self._pad,) * (MAX_BLOCKS - len(arrays))
+            starts = np.zeros(len(part) + 1, np.int64)
+            np.cumsum([len(tokens[e]) for e in part], out=starts[1:])
+            _experts_into(x.numpy(), np.concatenate([tokens[e].numpy() for e in part]),
+                          np.concatenate([weights[e].numpy() for e in part]).astype(np.float32, copy=False),
+                          starts, arrays, self.off, self.intermediate, self.hidden, self.bias,
+                          ACTIVATION_IDS[act.name], act.alpha, act.limit, y.numpy())
 
 
 def set_threads(count: int) -> None:

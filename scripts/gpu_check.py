@@ -785,6 +785,14 @@ STAGES = {
           for regime, tag in (("fits-ram", "warmup"), ("fits-ram", "torch-1"), ("fits-ram", "fused-1"),
                               ("fits-vram-ram", "torch-1"), ("fits-vram-ram", "fused-1"), ("fits-ram", "torch-2"),
                               ("fits-ram", "fused-2"))]],
+    # a layer's CPU experts in one fused call (session 18): the CPU probe's fused rows (from DRAM, batched or not,
+    # after other work, from a worker), its tests on the box, then the CPU's share forced on (factor 0.5) against the
+    # default, fits-ram, alternated after a warm-up
+    "batched-cpu": lambda: [
+        print(subprocess.run([sys.executable, "scripts/probe_cpu_experts.py", "4", "fused"], cwd=ROOT,
+                             capture_output=True, text=True).stdout[-3000:]),
+        stage_tests(("tests/kernels/test_cpu_moe.py", "tests/streaming/test_fused_cpu_experts.py"), (), timeout=200),
+        STAGES["cpu-half-ab"]()],
     # reading RAM-resident experts in place from the decode kernel (pinned host memory over PCIe) against resident
     # and against a copy first (scripts/probe_in_place_reads.py), then the kernel tests that cover `bases`
     "in-place-reads": lambda: [

@@ -52,10 +52,76 @@ def per_expert(run_batch, blocks, batch: int, rounds: int = 3) -> float:
     return (time.perf_counter() - start) / (rounds * (NUM_BLOCKS // batch) * batch)
 
 
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def fused_rows(layout, blocks, batch: int, cores: int) -> list:
+    """The fused kernel's rows: per call, batched, with a gap of other work, from a worker thread."""
+    import threading
+
+    from kernels import cpu_moe
+    from kernels.activation import SILU
+    kernel = cpu_moe.FusedExperts({f.name: f.offset for f in layout.fields}, INTER, HIDDEN, SILU)
+    x, y = torch.randn(1, HIDDEN), torch.zeros(1, HIDDEN)
+    token, w = torch.zeros(1, dtype=torch.long), torch.ones(1)
+
+    def each(ids):
+        for i in ids:
+            kernel.into(y, x, [blocks[i]], [token], [w])
+
+    def one_call(ids):
+        kernel.into(y, x, [blocks[i] for i in ids], [token] * len(ids), [w] * len(ids))
+
+    def gapped(run):
+        def call(ids):
+            _busy(300e-6)
+            run(ids)
+        return call
+
+    rows = []
+    print(f"numba {cpu_moe.numba.__version__}, threading layer ", end="")
+    one_call([0])
+    print(cpu_moe.numba.threading_layer(), flush=True)
+    for threads in sorted({cores, cores - 1, max(1, cores * 3 // 4), max(1, cores // 2)}, reverse=True):
+        cpu_moe.set_threads(threads)
+        rows.append(("fused, a call an expert", threads, per_expert(each, blocks, batch)))
+        rows.append(("fused, the batch in one call", threads, per_expert(one_call, blocks, batch)))
+        gap = per_expert(gapped(one_call), blocks, batch) - 300e-6 / batch
+        rows.append(("fused, one call, after 300 us of other work", threads, gap))
+        gap = per_expert(gapped(each), blocks, batch) - 300e-6 / batch
+        rows.append(("fused, a call an expert, after 300 us", threads, gap))
+    cpu_moe.set_threads(cores - 1)
+    stop = threading.Event()
+    times = []
+
+    def worker():
+        cpu_moe.set_threads(cores - 1)
+        times.append(per_expert(one_call, blocks, batch))
+        stop.set()
+
+    thread = threading.Thread(target=worker)
+    thread.start()
+    spins = 0
+    while not stop.is_set():               # the main thread keeps the GIL busy meanwhile
+        spins += sum(range(50))
+    thread.join()
+    rows.append(("fused, one call from a worker, main thread in Python", cores - 1, times[0]))
+    return rows
+
+
 def main() -> None:
     batch = int(sys.argv[1]) if len(sys.argv) > 1 else 6
     cores = len(os.sched_getaffinity(0))
     layout, blocks = arena()
+    if "fused" in sys.argv[2:]:
+        torch.set_num_threads(cores - 1)
+        rows = [("read", cores - 1, per_expert(lambda ids: [blocks[i].view(torch.int64).sum() for i in ids], blocks,
+                                                batch))] + fused_rows(layout, blocks, batch, cores)
+        _print(rows, batch, cores, layout)
+        return
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     x = torch.randn(1, HIDDEN).bfloat16()
     weights = torch.rand(1, TOP_K)
@@ -87,6 +153,11 @@ def main() -> None:
                     return torch.stack(outs).sum(0)
             rows.append((f"pool {pool_size}x{per_thread}", pool_size * per_thread, per_expert(pooled, blocks, batch)))
 
+    rows += fused_rows(layout, blocks, batch, cores)
+    _print(rows, batch, cores, layout)
+
+
+def _print(rows, batch, cores, layout) -> None:
     print(f"\ncpu experts, OLMoE shapes, int8 blocks from DRAM, batch {batch}, {cores} cores")
     print("| path | threads | us/expert | GB/s of blocks |")
     for name, threads, s in rows:

@@ -55,6 +55,8 @@ class CpuExperts:
         self.fusable = (cpu_moe.available() and layout.fmt == "int8" and activation is not None
                         and fused_cpu_experts() != 0)
         self.fused = False
+        self.kernel = (cpu_moe.FusedExperts({f.name: f.offset for f in layout.fields}, layout.intermediate,
+                                            layout.hidden, activation) if self.fusable else None)
         if self.is_cuda:
             pinned = dict(pin_memory=True)
             self._x = torch.empty(MAX_TOKENS, layout.hidden, dtype=dtype, **pinned)
@@ -94,10 +96,10 @@ class CpuExperts:
             return {**found, "cpu_expert_s": torch_s}
         x32, y, one, w = x.float().contiguous(), torch.zeros(1, self.layout.hidden), torch.zeros(1, dtype=torch.long), torch.ones(1)
         cpu_moe.set_threads(torch.get_num_threads())
-        cpu_moe.expert_into(y, x32, self.parts(block), one, w, self.activation)
+        self.kernel.into(y, x32, [block], [one], [w])
         ref = self.expert_mlp(x32, self.weights(block, torch.float32)).float()
         error = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
-        fused_s = measure_cpu_s(lambda: cpu_moe.expert_into(y, x32, self.parts(block), one, w, self.activation))
+        fused_s = measure_cpu_s(lambda: self.kernel.into(y, x32, [block], [one], [w]))
         found.update(fused_expert_s=fused_s, fused_error=error)
         if error > FUSED_RTOL:
             warnings.warn(f"The fused CPU expert kernel is not used on this machine: its error {error:.2e} exceeds "
@@ -144,26 +146,28 @@ class CpuExperts:
                    weight: torch.Tensor) -> None:
         """y[tokens] += weight[:, None] * the expert in `block`(x[tokens]), through the fused kernel
         (y and x float32 on the host: the CPU device's slot experts)."""
-        cpu_moe.expert_into(y, x.contiguous(), self.parts(block), tokens, weight.float().contiguous(), self.activation)
+        self.kernel.into(y, x.contiguous(), [block], [tokens], [weight.float().contiguous()])
 
     def _fused(self, blocks, routed, top_k, x, weights, y) -> None:
-        """The fused kernel, one call an expert, each adding its weighted rows into y (float32); an expert
-        with more than FUSED_MAX_GROUP of a prompt's tokens goes through torch's expert instead."""
+        """The fused kernel, one call for the layer's experts (kernels.cpu_moe.MAX_BLOCKS a call), each adding
+        its weighted rows into y (float32); an expert with more than FUSED_MAX_GROUP of a prompt's tokens goes
+        through torch's expert instead."""
         x32, weights = x.float().contiguous(), weights.float().contiguous()
         if x.shape[0] == 1:
-            row, token = weights[0], torch.zeros(1, dtype=torch.long)
-            for expert, block in blocks.items():
-                k = routed.index(expert)
-                cpu_moe.expert_into(y, x32, self.parts(block), token, row[k:k + 1], self.activation)
+            token = torch.zeros(1, dtype=torch.long)
+            row = weights[0]
+            ks = [routed.index(expert) for expert in blocks]
+            self.kernel.into(y, x32, list(blocks.values()), [token] * len(ks), [row[k:k + 1] for k in ks])
             return
         groups = token_groups(routed, torch.tensor(routed), top_k)
+        fused = [expert for expert in blocks if len(groups[expert][0]) <= FUSED_MAX_GROUP]
+        self.kernel.into(y, x32, [blocks[e] for e in fused], [groups[e][0] for e in fused],
+                         [weights[groups[e][0], groups[e][1]] for e in fused])
         for expert, block in blocks.items():
             token_idx, k_idx = groups[expert]
             if len(token_idx) > FUSED_MAX_GROUP:
                 out = self.expert_mlp(x[token_idx], self.weights(block))
                 y.index_add_(0, token_idx, out.float() * weights[token_idx, k_idx, None])
-                continue
-            self.fused_into(y, x32, block, token_idx, weights[token_idx, k_idx])
 
     def add_into(self, y: torch.Tensor, out: torch.Tensor) -> None:
         """out [T, H] += the CPU's share y (on the device: stream-ordered after the GPU's share)."""

@@ -56,13 +56,13 @@ def test_fused_experts_can_be_switched_off(int8_model, monkeypatch):
 
 def test_a_kernel_that_misses_the_reference_is_refused(int8_model, monkeypatch):
     monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
-    real = cpu_moe.expert_into
+    real = cpu_moe.FusedExperts.into
 
-    def off_by_a_little(y, *args):
-        real(y, *args)
+    def off_by_a_little(self, y, *args):
+        real(self, y, *args)
         y.mul_(1.001)
 
-    monkeypatch.setattr(cpu_moe, "expert_into", off_by_a_little)
+    monkeypatch.setattr(cpu_moe.FusedExperts, "into", off_by_a_little)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         tokens, snap = _run(int8_model, PROMPTS[:1], cpu_experts="all")
