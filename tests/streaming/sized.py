@@ -23,10 +23,10 @@ def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: i
         assert plan.slots_per_bank >= slots_per_bank, plan
         return dataclasses.replace(plan, slots_per_bank=slots_per_bank)
 
-    probe = engine.load(path, device=DEVICE, dtype="float32", max_context=max_context)
+    kw = {"device": DEVICE, "dtype": "float32", "max_context": max_context, **kw}
+    probe = engine.load(path, device=kw["device"], dtype="float32", max_context=max_context)
     block_bytes = probe.plan.block_bytes
     probe.close()
-    kw = {"device": DEVICE, "dtype": "float32", "max_context": max_context, **kw}
     with mock.patch.object(runner, "plan_budgets", plan_with_slots):
         return engine.load(path, ram_cache=ram_blocks * block_bytes, **kw)
 

@@ -94,7 +94,7 @@ def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_
     monkeypatch.setattr(experts, "FUSED_MAX_GROUP", max_group)
     monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
     long_prompt = PROMPT * 2                                 # 20 tokens: past the GPU's share of 4
-    eng = engine_with_slots(int8_model, 3, 12, cpu_experts="all")
+    eng = engine_with_slots(int8_model, 3, 12, cpu_experts="all", device="cpu")   # (on a GPU box too)
     try:
         token_ids(eng, PROMPT, 4)                            # its experts now in RAM
         before = eng.telemetry()
@@ -103,7 +103,7 @@ def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_
     finally:
         eng.close()
     assert after["cpu"]["experts"] > before["cpu"]["experts"]
-    slot_tokens, _ = _run(int8_model, [(PROMPT, 4), (long_prompt, 1)], cpu_experts="off")
+    slot_tokens, _ = _run(int8_model, [(PROMPT, 4), (long_prompt, 1)], cpu_experts="off", device="cpu")
     assert ours == slot_tokens[1]
 
 
@@ -113,7 +113,7 @@ def test_a_prompt_in_place_leaves_a_small_ram_cache_room_for_its_reads(int8_mode
     long_prompt = PROMPT * 3
     outs = []
     for mode in ("all", "off"):
-        eng = engine_with_slots(int8_model, 3, 2, cpu_experts=mode)
+        eng = engine_with_slots(int8_model, 3, 2, cpu_experts=mode, device="cpu")
         try:
             outs.append((token_ids(eng, PROMPT, 4), token_ids(eng, long_prompt, 3)))
         finally:
