@@ -446,6 +446,36 @@ def stage_gpu_timeline(budgets=("4GB", "40GB"), tokens=48):
         eng.close()
 
 
+def stage_trace(budget="4GB", tokens=8):
+    """A few decode tokens through Engine.generate under torch.profiler (CPU and CUDA activity), OLMoE int8 (int8
+    dense), RAM free, each generation its own random prompt (a repeated one routes alike and hits more): the Chrome
+    trace, gzipped into $OUT, for scripts/trace_summary.py (host syncs, copies issued and run, idle gaps)."""
+    import gzip
+    import random
+    import shutil
+
+    import engine
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.tools.bench import _timed_generate
+    from engine.tools.presets import write_sluice_dir
+    path = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-int8", "int8")
+    eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache="16GB", max_context=1024, dense_quant="int8")
+    rng = random.Random(1)
+    prompt = lambda n: [rng.randrange(50000) for _ in range(n)]          # noqa: E731
+    _timed_generate(eng, prompt(512), _sampled(96))                     # fill RAM and banks
+    _timed_generate(eng, prompt(16), _sampled(64))                      # warm
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = _timed_generate(eng, prompt(8), _sampled(tokens))
+    print(f"--- trace, VRAM budget {budget}: {t.new_tokens} tokens, decode {t.decode_s / max(1, t.new_tokens - 1) * 1e3:.2f} "
+          f"ms/token under the profiler")
+    raw = WORK / f"trace-{budget}.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(OUT / f"trace-{budget}.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    eng.close()
+
+
 def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256, phase="decode"):
     """The decode thread sampled by py-spy (no tracing overhead) while decoding through Engine.generate,
     OLMoE int8 with RAM free: at a 4 GB VRAM budget (streaming) and at 40 GB (every expert resident).
@@ -582,6 +612,7 @@ STAGES = {
     "profile-stream": stage_profile_stream,
     "profile-decode": stage_profile_decode,
     "gpu-timeline": stage_gpu_timeline,
+    "trace": stage_trace,
     # warm prefills of 512 tokens sampled the same way (host-busy share against wall time: where prefill goes)
     "profile-prefill": lambda: stage_profile_decode(budgets=("3.7GB",), tokens=512, phase="prefill"),
     # int8 streaming at 4 GB against every expert resident (40 GB): the decode's floor without streaming
