@@ -824,9 +824,8 @@ STAGES = {
                              capture_output=True, text=True).stdout[-3000:]),
         stage_tests(("tests/kernels/test_cpu_moe.py", "tests/streaming/test_fused_cpu_experts.py"), (), timeout=200),
         STAGES["cpu-half-ab"]()],
-    # RAM hits copied ahead for the best 4 guesses (default), 6 or all 8, fits-ram, alternated after a warm-up (run 60
-    # found 8 slower, before the deferral and the piece kernels); then the floor (every expert resident) at a 512- and
-    # an 8-token prompt (the timeline's 3.6 ms a token against the bench's 5.1: context length?)
+    # RAM hits copied ahead for the best 4 guesses (default) or all 8, fits-ram, alternated after a warm-up (run 60
+    # found 8 slower, before the deferral and the piece kernels)
     "copies-ab2": lambda: [
         bench(f"olmoe-int8-{regime}-copies-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
                                                     "--prompt-tokens", str(prompt), "--new-tokens", str(tokens),
@@ -834,11 +833,8 @@ STAGES = {
               env={"SLUICE_PREFETCH_COPIES": copies} if copies else {})
         for regime, tag, copies, prompt, tokens, extra in (
             ("fits-ram", "warmup", None, 512, 16, []), ("fits-ram", "4-1", None, 512, 128, []),
-            ("fits-ram", "6-1", "6", 512, 128, []), ("fits-ram", "8-1", "8", 512, 128, []),
-            ("fits-ram", "4-2", None, 512, 128, []), ("fits-ram", "6-2", "6", 512, 128, []),
-            ("fits-ram", "8-2", "8", 512, 128, []),
-            ("fits-ram", "floor-512", None, 512, 128, ["--vram-budget", "40GB"]),
-            ("fits-ram", "floor-8", None, 8, 128, ["--vram-budget", "40GB"]))],
+            ("fits-ram", "8-1", "8", 512, 128, []), ("fits-ram", "4-2", None, 512, 128, []),
+            ("fits-ram", "8-2", "8", 512, 128, []))],
     # reading RAM-resident experts in place from the decode kernel (pinned host memory over PCIe) against resident
     # and against a copy first (scripts/probe_in_place_reads.py), then the kernel tests that cover `bases`
     "in-place-reads": lambda: [
