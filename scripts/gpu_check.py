@@ -835,6 +835,17 @@ STAGES = {
             ("fits-ram", "warmup", None, 512, 16, []), ("fits-ram", "4-1", None, 512, 128, []),
             ("fits-ram", "8-1", "8", 512, 128, []), ("fits-ram", "4-2", None, 512, 128, []),
             ("fits-ram", "8-2", "8", 512, 128, []))],
+    # the peer and Sluice on one machine in one call (a machine is given back 30 s after a call): llama.cpp built beside
+    # the Q8_0 conversion, llama-bench fits-ram at -ncmoe 9 and 10, then `sluice bench` fits-ram at the regime's
+    # VRAM and at 4.1 GiB (the peer's -ncmoe 9), after a warm-up
+    "peer-fits-ram": lambda: [
+        print(subprocess.run(["timeout", "400", sys.executable, "scripts/peer/llamacpp.py", "all", "--regime", "fits-ram",
+                              "--ncmoe", "9", "10"], cwd=ROOT, capture_output=True, text=True).stdout[-2500:], flush=True),
+        *[bench(f"olmoe-int8-fits-ram-beside-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", "fits-ram",
+                                                      "--prompt-tokens", "512", "--new-tokens", str(tokens),
+                                                      "--dense-quant", "int8"] + extra)
+          for tag, tokens, extra in (("warmup", 16, []), ("3.73GiB", 128, []),
+                                     ("4.1GiB", 128, ["--vram-budget", "4.1GiB"]), ("3.73GiB-2", 128, []))]],
     # reading RAM-resident experts in place from the decode kernel (pinned host memory over PCIe) against resident
     # and against a copy first (scripts/probe_in_place_reads.py), then the kernel tests that cover `bases`
     "in-place-reads": lambda: [
