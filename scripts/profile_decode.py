@@ -30,10 +30,13 @@ def run(model_dir: str, vram_budget: str = "4GB", tokens: int = 256) -> None:
 
     import engine
     device = os.environ.get("SLUICE_PROFILE_DEVICE", "cuda")     # cpu: to try the script without a GPU
-    eng = engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache="16GB", max_context=1024)
+    eng = engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache="16GB", max_context=1024,
+                      dense_quant=os.environ.get("SLUICE_PROFILE_DENSE", "int8") or None)     # as the bench
     rng = random.Random(0)
-    prompt = [rng.randrange(eng.spec.vocab_size) for _ in range(64)]
-    _generate(eng, prompt, 96)                     # fills the RAM cache and the slot banks
+    new_prompt = lambda n: [rng.randrange(eng.spec.vocab_size) for _ in range(n)]       # noqa: E731
+    _generate(eng, new_prompt(512), 128)           # fills the RAM cache (a prompt reads nearly every expert) and banks
+    _generate(eng, new_prompt(64), 64)
+    prompt = new_prompt(64)                        # the profiled one routes anew (a repeated prompt hits more)
     if PHASE == "prefill":
         prompts = [[rng.randrange(eng.spec.vocab_size) for _ in range(tokens)] for _ in range(5)]
         _generate(eng, prompts[0], 1)
