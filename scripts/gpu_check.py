@@ -824,7 +824,7 @@ STAGES = {
                              capture_output=True, text=True).stdout[-3000:]),
         stage_tests(("tests/kernels/test_cpu_moe.py", "tests/streaming/test_fused_cpu_experts.py"), (), timeout=200),
         STAGES["cpu-half-ab"]()],
-    # RAM hits copied ahead for the best 4 guesses (default) or all 8, fits-ram, alternated after a warm-up (run 60
+    # RAM hits copied ahead for the best 4 guesses (default), all 8 or 6, fits-ram, alternated after a warm-up (run 60
     # found 8 slower, before the deferral and the piece kernels)
     "copies-ab2": lambda: [
         bench(f"olmoe-int8-{regime}-copies-{tag}", ["--preset", "olmoe-1b-7b", "--quant", "int8", "--regime", regime,
@@ -833,8 +833,9 @@ STAGES = {
               env={"SLUICE_PREFETCH_COPIES": copies} if copies else {})
         for regime, tag, copies, prompt, tokens, extra in (
             ("fits-ram", "warmup", None, 512, 16, []), ("fits-ram", "4-1", None, 512, 128, []),
-            ("fits-ram", "8-1", "8", 512, 128, []), ("fits-ram", "4-2", None, 512, 128, []),
-            ("fits-ram", "8-2", "8", 512, 128, []))],
+            ("fits-ram", "8-1", "8", 512, 128, []), ("fits-ram", "6-1", "6", 512, 128, []),
+            ("fits-ram", "4-2", None, 512, 128, []), ("fits-ram", "8-2", "8", 512, 128, []),
+            ("fits-ram", "6-2", "6", 512, 128, []))],
     # the peer and Sluice on one machine in one call (a machine is given back 30 s after a call): llama.cpp built beside
     # the Q8_0 conversion, llama-bench fits-ram at -ncmoe 9 and 10, then `sluice bench` fits-ram at the regime's
     # VRAM and at 4.1 GiB (the peer's -ncmoe 9), after a warm-up
