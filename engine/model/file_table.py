@@ -23,8 +23,7 @@ from pathlib import Path
 import torch
 
 from engine.format.checkpoint import read_header
-from engine.format.quant import quantize
-from kernels.cpu_linear import dequantized
+from engine.format.quant import int8_round_trip
 
 EMBED_TABLE = "model.embed_tokens.weight"
 # POSIX maps take advice (Windows has none: there a fault reads what the OS chooses)
@@ -114,8 +113,7 @@ class FileTable:
             self._ask_for(flat)
         rows = self._table.index_select(0, flat).to(self.dtype)
         if self.quant == "int8":
-            parts = quantize(rows, "int8")
-            rows = dequantized(parts["w"], parts["scale"], self.dtype)
+            rows = int8_round_trip(rows).to(self.dtype)
         return rows.reshape(*token_ids.shape, -1)
 
 

@@ -109,3 +109,21 @@ def test_expert_biases_are_float32_fields_after_the_weights(fmt):
     parts.update({"gate_bias.b": bias[:64], "up_bias.b": -bias[:64], "down_bias.b": bias})
     views = layout.views(layout.pack(parts))
     assert torch.equal(dequantize({"b": views["down_bias.b"]}, fmt), bias)      # exact in every format
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_int8_round_trip_is_quantize_then_dequantize_bit_for_bit(dtype):
+    """The embedding row's numpy round trip (engine.model.file_table) gives torch's quantize / dequantize values:
+    random rows of many magnitudes, a zero row, a row of one value, and rows whose w / scale land on .5 (ties
+    round to even in both)."""
+    from engine.format.quant import int8_round_trip
+    from kernels.cpu_linear import dequantized
+    gen = torch.Generator().manual_seed(5)
+    rows = torch.randn(64, 512, generator=gen) * torch.logspace(-30, 30, 64)[:, None]
+    ties = (torch.arange(-126, 126, dtype=torch.float32) + 0.5).repeat(3)[:512]
+    ties[0] = 127.0                                          # amax 127: scale 1, every other value a tie
+    rows = torch.cat([rows, torch.zeros(1, 512), torch.full((1, 512), -3.25), ties[None]]).to(dtype)
+    parts = quantize(rows, "int8")
+    expected = dequantized(parts["w"], parts["scale"], dtype)
+    got = int8_round_trip(rows).to(dtype)
+    assert torch.equal(got, expected)
