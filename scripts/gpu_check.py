@@ -611,6 +611,9 @@ STAGES = {
     "logits": stage_logits,
     "profile-stream": stage_profile_stream,
     "profile-decode": stage_profile_decode,
+    # what each host call of a streaming decode layer costs (scripts/probe_host_calls.py), then py-spy at 4 GB
+    "host-calls": lambda: [subprocess.run([sys.executable, "scripts/probe_host_calls.py"], cwd=ROOT),
+                           stage_profile_decode(budgets=("4GB",))],
     "gpu-timeline": stage_gpu_timeline,
     "trace": stage_trace,
     # warm prefills of 512 tokens sampled the same way (host-busy share against wall time: where prefill goes)

@@ -38,6 +38,8 @@ from engine.runtime.budget import prefill_expert_bytes
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import FUSED_MAX_GROUP, MAX_TOKENS as CPU_MAX_TOKENS
 from engine.runtime.cpu_experts import CpuExperts
+from engine.runtime.cuda_driver import HostToDevice
+from engine.runtime.pinned import pinned_buffer
 from engine.runtime.slots import SlotBanks
 from engine.runtime.speculation import score
 from engine.runtime.switches import env_int
@@ -96,8 +98,13 @@ class Experts:
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
+        # a block's copy through the driver, not torch's copy_ (engine.runtime.cuda_driver), where it loads
+        self._h2d = HostToDevice.load() if self.is_cuda and banks.block_bytes == cache.block_bytes else None
+        self._copy_handle = self.copy_stream.cuda_stream if self.is_cuda else 0
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
-        self._bank_free: list[torch.cuda.Event | None] = [None, None]      # last compute reading the bank
+        # the last compute reading each bank: one event a bank, re-recorded (a copy's wait takes the record
+        # made before it; a new event a layer cost the decode thread 5-11% of a token, BENCHMARKS run 78)
+        self._bank_free = [torch.cuda.Event(), torch.cuda.Event()] if self.is_cuda else [None, None]
         self._inflight: list[tuple[torch.cuda.Event, Key]] = []             # (copy done, RAM block it reads/writes)
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
         self._reads: dict[Key, tuple[int, Future]] = {}                    # prefetch disk reads in flight
@@ -106,11 +113,14 @@ class Experts:
         self._prefetched: dict[int, set[int]] = {}
         self._pass_reads: Counter | None = None        # disk reads per (layer, expert) during a prefill
         # Index staging: pinned host rows -> device rows (stream-ordered, so reuse after the next
-        # layer's host sync is safe: that sync waits for every copy enqueued before it).
-        self._stage = [torch.empty(512, dtype=torch.int32, pin_memory=self.is_cuda) for _ in range(8)]
+        # layer's host sync is safe: that sync waits for every copy enqueued before it). Page-locked by
+        # runtime.pinned, not torch's pinned allocator, whose every non-blocking copy records an event.
+        self._stage_base = pinned_buffer(8 * 512 * 4)
+        self._stage = list(self._stage_base.view(torch.int32).view(8, 512).unbind())
+        self._stage_np = [row.numpy() for row in self._stage]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
-        self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], torch.Tensor]] = {}   # see capture
+        self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], list[torch.Tensor]]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if self.is_cuda else None   # set by `run`
         self._batch_copies = 0                         # copies issued in the current `_copy_batch`
@@ -143,7 +153,7 @@ class Experts:
         ids: [T*K (+ P)] device ints: the routed expert ids, then the speculated experts of
         `next_layer` (prefetched while this layer runs). static_inputs: x, weights and out are the
         same tensors at every call for this layer (CUDA-graph buffers), so launches are replayed.
-        defer: what the launches do not need (the next layer's prefetch, the copies' busy time, the use
+        defer: what the launches do not need (the next layer's prefetch, the use
         counts, telemetry and slot states) waits for `run_deferred`, which the decode calls once the next
         layer's mixer is enqueued: the GPU then computes that mixer while the decode thread does this work,
         instead of waiting for the thread. (A decode step's own misses are all protected while they are
@@ -156,7 +166,7 @@ class Experts:
         hybrid = self.cpu is not None and (num_tokens <= CPU_MAX_TOKENS or not self.is_cuda)
         if hybrid:
             self.cpu.stage(x, weights)
-        routed_dev = ids[:num_tokens * top_k]
+        ids_dev = ids
         waited = time.perf_counter()
         ids = ids.tolist()                                                   # the one host sync of the layer
         waited = time.perf_counter() - waited
@@ -203,6 +213,7 @@ class Experts:
                 self._set_ready(layer, slot_of)
         else:
             grouped = self.prefill_kernel is not None and num_tokens > KERNEL_MAX_TOKENS
+            routed_dev = ids_dev[:num_tokens * top_k]
             (self._kernel_layer if grouped else self._torch_layer)(layer, x, weights, routed, routed_dev, top_k,
                                                                    slot_of, late, out)
         if next_layer is not None and predicted and self.prefetch_first:
@@ -228,19 +239,21 @@ class Experts:
                 self.cache.unlock((layer, expert))
 
     def begin_step(self) -> None:
-        """A decode step starts: its layers' launches go to the stream current now (one lookup, not one a layer)."""
+        """A decode step starts: its layers' launches go to the stream current now (one lookup, not one a layer);
+        the copies' busy time of the steps before is counted (once a step, not once a layer)."""
         if self.is_cuda:
             self._compute_stream = torch.cuda.current_stream(self.device)
+            self._count_copy_time()
 
     def run_deferred(self) -> None:
-        """The work a `run(..., defer=True)` left: the copies' busy time and its next layer's prefetch."""
+        """The work a `run(..., defer=True)` left: its use counts, telemetry and next layer's prefetch (the
+        copies' busy time is counted by the next `begin_step`)."""
         if self._deferred is None:
             return
         (next_layer, predicted, layer, routed, counts, ready), self._deferred = self._deferred, None
         self.banks.note_used(layer, routed)
         self.telemetry.add(**counts)
         self._set_ready(layer, ready)
-        self._count_copy_time()
         if next_layer is not None:
             self._prefetch(next_layer, predicted)
 
@@ -353,9 +366,7 @@ class Experts:
 
     def _mark_bank_free(self, layer: int) -> None:
         if self.is_cuda:
-            done = torch.cuda.Event()
-            done.record(self._compute_stream)
-            self._bank_free[self.banks.bank_of(layer)] = done
+            self._bank_free[self.banks.bank_of(layer)].record(self._compute_stream)
 
     def _set_ready(self, layer: int, slot_of: dict[int, int]) -> None:
         for expert, slot in slot_of.items():
@@ -375,8 +386,8 @@ class Experts:
             rows.append([slot_of.get(e, -1) if members is None or e in members else -1 for e in routed])
         replay = static_inputs and num_tokens == 1 and layer in self._graphs
         if replay:                                   # both groups' slot rows in one upload
-            graphs, index = self._graphs[layer]
-            self._upload([s for row in rows for s in row], index[:len(rows)].view(-1))
+            graphs, flat_rows = self._graphs[layer]
+            self._upload([s for row in rows for s in row], flat_rows[len(rows) - 1])
         for i, group in enumerate(groups):
             self._wait_slots(bank, [slot_of[e] for e in group])
             if replay:
@@ -391,7 +402,7 @@ class Experts:
         i = self._stage_next
         self._stage_next = (i + 1) % len(self._stage)
         n = len(values)
-        self._stage[i].numpy()[:n] = values
+        self._stage_np[i][:n] = values
         dst = self._stage_dev[i][:n] if dst is None else dst
         return dst.copy_(self._stage[i][:n], non_blocking=True)
 
@@ -413,7 +424,7 @@ class Experts:
                 with torch.cuda.graph(graph, pool=self._graph_pool):
                     launch()
                 graphs.append(graph)
-            self._graphs[layer] = (graphs, index)       # [write, add] graphs, their slot rows
+            self._graphs[layer] = (graphs, [index[:1].view(-1), index.view(-1)])  # [write, add] graphs; 1 or 2 slot rows
         torch.cuda.synchronize(self.device)
 
     # ------------------------------------------------------------------ transfers
@@ -499,8 +510,7 @@ class Experts:
         torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         start = torch.cuda.Event(enable_timing=True)
         try:
-            if self._bank_free[bank] is not None:
-                self.copy_stream.wait_event(self._bank_free[bank])
+            self.copy_stream.wait_event(self._bank_free[bank])     # (none recorded yet: no wait)
             start.record(self.copy_stream)
             yield
         finally:        # also when a copy failed: the ones issued before it keep their done event and RAM locks
@@ -541,7 +551,10 @@ class Experts:
             return slot
         if write_back is not None:           # same stream: the victim's bytes leave before new ones land
             self.cache.block(write_back).copy_(dst, non_blocking=True)
-        dst.copy_(src, non_blocking=True)
+        if self._h2d is not None:
+            self._h2d(dst.data_ptr(), src.data_ptr(), self.cache.block_bytes, self._copy_handle)
+        else:
+            dst.copy_(src, non_blocking=True)
         done = [evicted[0], key] if write_back is not None else [key]
         if not self._batch_each:
             self._batch_ready.append((bank, slot))
