@@ -497,8 +497,10 @@ def stage_profile_decode(budgets=("4GB", "40GB"), tokens=256, phase="decode"):
         print(text.stdout[-6000:] + text.stderr[-2000:])
         with open(OUT / "profile.txt", "a") as log:
             log.write(f"===== {budget}\n{proc.stdout}\n{text.stdout}\n")
-        if raw.exists():                        # the stacks themselves, for a look by line afterwards
-            shutil.copy(raw, OUT / raw.name)
+        if raw.exists():                        # the decode's stacks, gzipped, for a look by line afterwards
+            import gzip
+            with open(raw) as src, gzip.open(OUT / f"{raw.name}.gz", "wt") as dst:
+                dst.writelines(line for line in src if "Runner." in line)
 
 
 def bench(name, argv, cgroup_bytes=None, env=None):
@@ -614,6 +616,7 @@ STAGES = {
     # what each host call of a streaming decode layer costs (scripts/probe_host_calls.py), then py-spy at 4 GB
     "host-calls": lambda: [subprocess.run([sys.executable, "scripts/probe_host_calls.py"], cwd=ROOT),
                            stage_profile_decode(budgets=("4GB",))],
+    "profile-4GB": lambda: stage_profile_decode(budgets=("4GB",)),
     "gpu-timeline": stage_gpu_timeline,
     "trace": stage_trace,
     # warm prefills of 512 tokens sampled the same way (host-busy share against wall time: where prefill goes)

@@ -18,7 +18,6 @@ import torch
 from engine.model.block import Step
 from engine.model.model import Model
 from engine.model.state import ModelState
-from engine.runtime.pinned import pinned_buffer
 
 
 class LayerOutputs:
@@ -34,16 +33,14 @@ class DecodeStep:
         # [token, position] of the step, written before each step (through a pinned row on CUDA)
         self.step_in = torch.zeros(2, dtype=torch.long, device=self.device)
         self.token_in, self.position = self.step_in[0:1], self.step_in[1:2]
-        # (pinned by runtime.pinned, not torch's pinned allocator, whose every non-blocking copy records an event)
-        self._stage_base = pinned_buffer(4096) if self.device.type == "cuda" else None
-        self._step_stage = self._stage_base[:16].view(torch.long) if self._stage_base is not None else None
+        self._step_stage = torch.zeros(2, dtype=torch.long).pin_memory() if self.device.type == "cuda" else None
         self._start: int | None = None        # the step's position on the host (eager, growing state only)
         # An embedding table left in the file: the step's row is read on the host and copied in (pinned).
         self.x_in = self._x_stage = None
         if model.embed_in_ram:
             self.x_in = torch.zeros(1, model.spec.hidden_size, dtype=model.embed_tokens.dtype, device=self.device)
-            self._x_base = pinned_buffer(self.x_in.numel() * self.x_in.element_size())
-            self._x_stage = self._x_base.view(self.x_in.dtype).view(self.x_in.shape)
+            self._x_stage = torch.zeros(self.x_in.shape, dtype=self.x_in.dtype,
+                                        pin_memory=self.device.type == "cuda")
         self.out = [LayerOutputs() for _ in self.blocks]
         moe = [i for i, b in enumerate(self.blocks) if b.is_moe]
         self.moe_out = {i: torch.zeros(1, model.spec.hidden_size, dtype=torch.float32, device=self.device) for i in moe}

@@ -10,6 +10,7 @@ import engine
 from engine import GenerationParams
 from engine.format.layout import block_layout
 from engine.format.repack import repack
+from engine.model.families.gpt_oss import SWIGLU_ALPHA
 from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert, sink_attention
 from engine.tools.demo import build_hf_model, write_mxfp4_checkpoint
 from tests.engine.reference import load_reference, reference_greedy
@@ -65,7 +66,7 @@ def test_router_and_clamped_swiglu_expert_equal_transformers():
     gate_up, gate_up_bias = experts.gate_up_proj[expert], experts.gate_up_proj_bias[expert]   # [H, 2I], [2I]
     w = {"gate": gate_up[:, 0::2].T, "up": gate_up[:, 1::2].T, "down": experts.down_proj[expert].T,
          "gate_bias": gate_up_bias[0::2], "up_bias": gate_up_bias[1::2], "down_bias": experts.down_proj_bias[expert]}
-    ours = clamped_swiglu_expert(h, w, cfg.swiglu_alpha, cfg.swiglu_limit)
+    ours = clamped_swiglu_expert(h, w, getattr(cfg, "swiglu_alpha", SWIGLU_ALPHA), cfg.swiglu_limit)
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
     assert (h @ w["gate"].T + w["gate_bias"]).max() > cfg.swiglu_limit          # the clamp really acts
 

@@ -18,6 +18,7 @@ from engine.model.families import standard
 from kernels.activation import clamped_swiglu
 
 FAMILY_NAMES = ("gpt_oss",)
+SWIGLU_ALPHA = 1.702     # the clamped SwiGLU's sigmoid scale where the config does not say
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the attention projections (their biases
 # stay in the compute dtype; `linear` adds them), the head and the embedding table. The router and the
 # sinks stay exact.
@@ -53,6 +54,7 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         attn, norms = standard.attention(spec, w, layer, rope)
         router = TopKSoftmaxRouter(w[p + "mlp.router.weight"], w[p + "mlp.router.bias"], spec.top_k)
         blocks.append(Block(attn, *norms, router=router))
-    alpha, limit = spec.cfg.swiglu_alpha, spec.cfg.swiglu_limit
+    # transformers before 5.2x wrote no swiglu_alpha in the config: its modeling code held 1.702, as real checkpoints do
+    alpha, limit = getattr(spec.cfg, "swiglu_alpha", SWIGLU_ALPHA), spec.cfg.swiglu_limit
     expert = partial(clamped_swiglu_expert, alpha=alpha, limit=limit)
     return standard.assemble(spec, w, blocks, expert_mlp=expert, expert_kernel=clamped_swiglu(alpha, limit))
