@@ -19,6 +19,20 @@ import pytest  # noqa: E402
 FAMILIES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
 
 
+def pytest_report_header(config):
+    """The reference's version: token-exact tests compare with the pinned transformers (pyproject.toml); another one
+    can differ by design (transformers 5.17's gpt-oss experts ignore the config's clamp limit)."""
+    import re
+    from pathlib import Path
+
+    import transformers
+    pinned = re.search(r'"transformers==([^"]+)"', (Path(__file__).parents[1] / "pyproject.toml").read_text())
+    if pinned and pinned.group(1) != transformers.__version__:
+        return (f"WARNING: transformers {transformers.__version__} is installed, {pinned.group(1)} is pinned: the "
+                "token-exact tests may fail for the version alone (scripts/device_wheels.sh)")
+    return f"transformers {transformers.__version__} (as pinned)"
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return
