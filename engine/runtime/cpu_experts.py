@@ -22,7 +22,6 @@ from typing import Callable
 
 import torch
 
-from kernels import cpu_moe
 from kernels.activation import Activation
 
 from engine.format.layout import Layout
@@ -52,10 +51,12 @@ class CpuExperts:
         # the fused kernel (kernels.cpu_moe) serves int8 blocks of the activations it knows; `choose_kernel`
         # turns it on where it matches the reference and is faster
         self.activation = activation
-        self.fusable = (cpu_moe.available() and layout.fmt == "int8" and activation is not None
-                        and fused_cpu_experts() != 0)
+        self.fusable = layout.fmt == "int8" and activation is not None and fused_cpu_experts() != 0
+        if self.fusable:         # numba is imported here, not with the engine: it holds ~35-130 MiB once loaded
+            from kernels import cpu_moe
+            self.fusable, self._cpu_moe = cpu_moe.available(), cpu_moe
         self.fused = False
-        self.kernel = (cpu_moe.FusedExperts({f.name: f.offset for f in layout.fields}, layout.intermediate,
+        self.kernel = (self._cpu_moe.FusedExperts({f.name: f.offset for f in layout.fields}, layout.intermediate,
                                             layout.hidden, activation) if self.fusable else None)
         if self.is_cuda:
             pinned = dict(pin_memory=True)
@@ -95,7 +96,7 @@ class CpuExperts:
         if not self.fusable:
             return {**found, "cpu_expert_s": torch_s}
         x32, y, one, w = x.float().contiguous(), torch.zeros(1, self.layout.hidden), torch.zeros(1, dtype=torch.long), torch.ones(1)
-        cpu_moe.set_threads(torch.get_num_threads())
+        self._cpu_moe.set_threads(torch.get_num_threads())
         self.kernel.into(y, x32, [block], [one], [w])
         ref = self.expert_mlp(x32, self.weights(block, torch.float32)).float()
         error = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))

@@ -32,6 +32,7 @@ from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.runtime.pinned import pinned_buffer
+from engine.runtime import load_speeds
 from engine.runtime.placement import MODES, Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
@@ -136,7 +137,9 @@ class Runner:
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
         """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts
         the placement gives it, at speeds measured here, on this machine, now; in mode "auto" only where
-        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report."""
+        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report. On CUDA the
+        speeds are kept per machine (load_speeds.py): where they said "copying is faster", nothing is measured again
+        and the fused kernel's numba never loads."""
         if mode not in MODES:
             raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
         if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
@@ -145,6 +148,16 @@ class Runner:
             mode = "all"
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
+        threads = torch.get_num_threads()
+        key = load_speeds.speeds_key(self.device, layout, self.model.expert_kernel, self.dtype, threads) if (
+            self.is_cuda and mode == "auto") else None
+        known = load_speeds.recall(key) if key else None
+        if known is not None and not Placement(cpu_s=known["cpu_expert_s"], copy_s=known["copy_s"], mode=mode,
+                                               cpu_load_s=known["cpu_expert_s"]).pays_off():
+            # copying was faster at an earlier load: no CPU share, and no fused kernel loaded (load_speeds.py)
+            self.telemetry.info["placement"] = {**known, "threads": threads, "mode": mode, "active": False,
+                                                "measured": "earlier"}
+            return None
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
         cpu = CpuExperts(layout, self.model.expert_mlp, self.dtype, self.device, self.spec.top_k, self.telemetry,
                          placement, activation=self.model.expert_kernel)
@@ -156,8 +169,10 @@ class Runner:
         if self.is_cuda:
             placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
         active = placement.pays_off()
+        if key:
+            load_speeds.remember(key, {**kernel, "copy_s": placement.copy_s})
         self.telemetry.info["placement"] = {**kernel, "copy_s": placement.copy_s,
-                                            "threads": torch.get_num_threads(), "mode": mode, "active": active}
+                                            "threads": threads, "mode": mode, "active": active, "measured": "now"}
         return cpu if active else None
 
     def _capture_decode(self, base_bytes: int, resident_bytes: int, work: int) -> tuple[int, int]:

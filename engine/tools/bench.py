@@ -278,7 +278,8 @@ def _placement_lines(r: dict) -> list[str]:
     if not p:
         return []
     if not p.get("active", True):
-        return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at load "
+        when = "an earlier load (kept for this machine)" if p.get("measured") == "earlier" else "load"
+        return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at {when} "
                 f"(decoding takes ~{live_factor():g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
     kernel = p.get("cpu_kernel", "torch")

@@ -1,0 +1,66 @@
+"""The speeds hybrid execution measures at load are kept per machine: a later load that finds "copying is
+faster" builds no CPU share and never loads the fused kernel's numba (35-130 MiB of the process)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.runtime import load_speeds
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "kernel_verdicts.json"))
+    return load_speeds.speeds_path()
+
+
+def test_speeds_are_kept_per_key_and_a_damaged_file_is_measured_again(cache):
+    assert load_speeds.recall("gpu|cpu|int8") is None
+    load_speeds.remember("gpu|cpu|int8", {"cpu_expert_s": 2e-4, "copy_s": 1.3e-4, "cpu_kernel": "fused"})
+    load_speeds.remember("gpu|cpu|fp8", {"cpu_expert_s": 9e-4, "copy_s": 1e-4, "cpu_kernel": "torch"})
+    assert load_speeds.recall("gpu|cpu|int8") == {"cpu_expert_s": 2e-4, "copy_s": 1.3e-4, "cpu_kernel": "fused"}
+    assert load_speeds.recall("gpu|cpu|fp8")["cpu_kernel"] == "torch"
+    assert load_speeds.recall("other gpu|cpu|int8") is None
+    assert cache.parent == Path(os.environ["SLUICE_KERNEL_CACHE"]).parent        # beside the kernel verdicts
+
+    cache.write_text('{"gpu|cpu|int8": {"cpu_expert_s": "fast"}, "truncated')        # a crash mid-write
+    assert load_speeds.recall("gpu|cpu|int8") is None
+    load_speeds.remember("gpu|cpu|int8", {"cpu_expert_s": 1e-4, "copy_s": 1e-4})
+    assert json.loads(cache.read_text()) == {"gpu|cpu|int8": {"cpu_expert_s": 1e-4, "copy_s": 1e-4}}
+    cache.write_text('{"gpu|cpu|int8": {"cpu_expert_s": 1e-4}}')                     # a field missing
+    assert load_speeds.recall("gpu|cpu|int8") is None
+
+
+def test_the_engine_loads_numba_only_when_it_builds_a_cpu_share():
+    code = "import sys, engine.engine, engine.tools.bench; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+LOAD = """
+import json, sys, engine
+eng = engine.load(sys.argv[1], device="cuda", vram_budget="64MB")
+p = eng.telemetry()["placement"]
+print(json.dumps({"measured": p.get("measured"), "active": p["active"], "numba": "numba" in sys.modules}))
+eng.close()
+"""
+
+
+@pytest.mark.gpu
+def test_a_later_load_reuses_the_speeds_and_leaves_numba_out(tmp_path, sluice_models):
+    path = sluice_models("olmoe", "int8")
+    env = {**os.environ, "SLUICE_KERNEL_CACHE": str(tmp_path / "kernel_verdicts.json"), "SLUICE_KERNEL_WARMUP": "0",
+           "SLUICE_CPU_LIVE_FACTOR": "1000"}           # whatever this machine measures, copying is faster
+    loads = [json.loads(subprocess.run([sys.executable, "-c", LOAD, str(path)], cwd=ROOT, env=env, capture_output=True,
+                                       text=True, check=True).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    assert loads[0] == {"measured": "now", "active": False, "numba": True}
+    assert loads[1] == {"measured": "earlier", "active": False, "numba": False}
+    env["SLUICE_CPU_LIVE_FACTOR"] = "0"                 # now the CPU wins: the kept speeds say so, it is built again
+    again = json.loads(subprocess.run([sys.executable, "-c", LOAD, str(path)], cwd=ROOT, env=env, capture_output=True,
+                                      text=True, check=True).stdout.strip().splitlines()[-1])
+    assert again == {"measured": "now", "active": True, "numba": True}
