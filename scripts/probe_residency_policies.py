@@ -1,0 +1,187 @@
+"""The slot banks' eviction policy on the bench model's own routing: copies a decode token and VRAM hits.
+
+    .venv/bin/python scripts/probe_residency_policies.py [--slots 209 ...] [--tree DIR]
+
+Records once (in /tmp/sluice-residency) the routing of `sluice bench`'s olmoe-1b-7b random model (int8) on
+the CPU device: a 512-token prompt and 128 sampled tokens, then a 64-token prompt and 128 more (every layer
+call's routed experts and the next layer's guesses). Then replays the decode steps through SlotBanks as
+Experts drives them in decode: the layer's experts found or brought in (protected), their uses noted, the
+better half of the next layer's guesses copied ahead. A prompt brings in its experts, most used first, as a
+sweep. The first 16 decode tokens warm the banks and are not counted. --tree: import SlotBanks from another
+checkout (the A/B of a policy change). Also prints plain LRU, and Belady's optimum (the block next used last
+goes, knowing the future) as the bound.
+"""
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORK = Path("/tmp/sluice-residency")
+WARM_TOKENS = 16
+
+
+def record() -> list:
+    import engine
+    from engine import GenerationParams
+    from engine.runtime import experts as experts_module
+    from engine.tools.presets import write_sluice_dir
+    model = write_sluice_dir("olmoe-1b-7b", WORK / "olmoe-1b-7b-int8", "int8", device="cpu", progress=print)
+    steps, real = [], experts_module.Experts.run
+
+    def run(self, layer, x, weights, ids, out, next_layer=None, **kw):
+        t, k = weights.shape
+        flat = ids.tolist()
+        steps.append([layer, t, flat[:t * k], flat[t * k:], next_layer])
+        return real(self, layer, x, weights, ids, out, next_layer=next_layer, **kw)
+
+    experts_module.Experts.run = run
+    eng = engine.load(model, device="cpu", dense_quant="int8", max_context=1024)
+    rng = random.Random(0)
+    try:
+        for prompt_tokens, new_tokens in ((512, 128), (64, 128)):
+            prompt = [rng.randrange(eng.spec.vocab_size) for _ in range(prompt_tokens)]
+            for _ in eng.generate(prompt, GenerationParams(max_new_tokens=new_tokens, temperature=1.0, seed=0,
+                                                           ignore_eos=True)):
+                pass
+    finally:
+        experts_module.Experts.run = real
+        eng.close()
+    return steps
+
+
+class Belady:
+    """The bound: a bank that evicts the unprotected block next routed to last (it knows the trace)."""
+    def __init__(self, slots: int, next_uses: dict):
+        self.slots, self.next_uses, self.resident, self.now = slots, next_uses, set(), 0
+
+    def find(self, key):
+        return 0 if key in self.resident else None
+
+    def acquire(self, key, protected):
+        if len(self.resident) >= self.slots:
+            def next_use(k):
+                uses = self.next_uses.get(k, [])
+                i = bisect.bisect_right(uses, self.now)
+                return uses[i] if i < len(uses) else float("inf")
+            self.resident.remove(max((k for k in self.resident if k not in protected), key=next_use))
+        self.resident.add(key)
+        return 0
+
+    def note_used(self, layer, routed):
+        pass
+
+    def begin_sweep(self):
+        pass
+
+    def end_sweep(self):
+        return []
+
+
+def replay(steps: list, make_banks, layers: int) -> tuple[float, float]:
+    """-> (blocks copied a decode token, VRAM hit rate of the routed experts)."""
+    banks = make_banks()
+    copies = hits = wanted_total = decoded = 0
+    for index, (layer, num_tokens, routed, guesses, next_layer) in enumerate(steps):
+        if hasattr(banks, "now"):
+            banks.now = index
+        wanted = list(dict.fromkeys(routed))
+        protected = {(layer, e) for e in wanted}
+        if num_tokens > 1:                                          # a prompt: a sweep, most used first
+            banks.begin_sweep()
+            banks.note_used(layer, routed)
+            for expert, _ in Counter(routed).most_common():
+                if banks.find((layer, expert)) is None:
+                    banks.acquire((layer, expert), protected)
+            banks.end_sweep()
+            continue
+        counting = decoded >= WARM_TOKENS * layers
+        decoded += 1
+        for expert in wanted:
+            if banks.find((layer, expert)) is not None:
+                hits += counting
+            else:
+                banks.acquire((layer, expert), protected)
+                copies += counting
+        wanted_total += len(wanted) * counting
+        banks.note_used(layer, routed)
+        predicted = list(dict.fromkeys(guesses))
+        if next_layer is not None and predicted:                   # Experts._prefetch: the better half
+            guarded = {(next_layer, e) for e in predicted}
+            for expert in predicted[:max(1, len(predicted) // 2)]:
+                if banks.find((next_layer, expert)) is None:
+                    banks.acquire((next_layer, expert), guarded)
+                    copies += counting
+    tokens = max(1, decoded / layers - WARM_TOKENS)
+    return copies / tokens, hits / max(1, wanted_total)
+
+
+class _TwoBanks:
+    """Belady's bound per bank, as SlotBanks splits layers."""
+    def __init__(self, slots, next_uses):
+        self.banks = [Belady(slots, next_uses), Belady(slots, next_uses)]
+        self.now = 0
+
+    def __setattr__(self, name, value):
+        if name == "now":
+            for bank in self.__dict__.get("banks", []):
+                bank.now = value
+        object.__setattr__(self, name, value)
+
+    def find(self, key):
+        return self.banks[key[0] % 2].find(key)
+
+    def acquire(self, key, protected):
+        return self.banks[key[0] % 2].acquire(key, protected)
+
+    def note_used(self, layer, routed):
+        pass
+
+    def begin_sweep(self):
+        pass
+
+    def end_sweep(self):
+        return []
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--slots", type=int, nargs="+", default=[209])
+    parser.add_argument("--tree", type=Path, default=ROOT)
+    args = parser.parse_args()
+    sys.path.insert(0, str(args.tree.resolve()))
+    trace = WORK / "trace.json"
+    if not trace.is_file():
+        WORK.mkdir(parents=True, exist_ok=True)
+        trace.write_text(json.dumps(record()))
+    steps = [s for s in json.loads(trace.read_text()) if s[0] != "end"]
+    import torch
+    from engine.runtime.slots import SlotBanks
+    from engine.runtime.telemetry import Telemetry
+    layers = len({s[0] for s in steps})
+    next_uses: dict = {}
+    for index, (layer, _, routed, _, _) in enumerate(steps):
+        for expert in set(routed):
+            next_uses.setdefault((layer, expert), []).append(index)
+    print(f"SlotBanks from {args.tree.resolve()}; {sum(s[1] == 1 for s in steps) // layers} decode tokens, "
+          f"the first {WARM_TOKENS} not counted")
+    for slots in args.slots:
+        def banks(lru=False):
+            made = SlotBanks(slots, 1, torch.device("cpu"), Telemetry())
+            if lru:
+                made.lru = True
+                made.window = 1            # (the policy before: window 1 was its LRU)
+            return made
+        for name, make in (("SlotBanks", banks), ("plain LRU", lambda: banks(lru=True)),
+                           ("Belady (bound)", lambda: _TwoBanks(slots, next_uses))):
+            copied, hit = replay(steps, make, layers)
+            print(f"{slots} slots a bank  {name:15s} {copied:5.1f} blocks copied a decode token, VRAM hits {hit:.1%}")
+
+
+if __name__ == "__main__":
+    main()
