@@ -153,9 +153,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", type=int, nargs="+", default=[209])
     parser.add_argument("--tree", type=Path, default=ROOT)
+    parser.add_argument("--trace", type=Path, default=WORK / "trace.json", help="a trace recorded elsewhere")
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
-    trace = WORK / "trace.json"
+    trace = args.trace
     if not trace.is_file():
         WORK.mkdir(parents=True, exist_ok=True)
         trace.write_text(json.dumps(record()))
