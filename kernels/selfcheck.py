@@ -93,15 +93,15 @@ def check(name: str, version: int, shape_key: str, device, run_kernel: Callable[
     key = f"{device_fingerprint(device)}|{name} v{version}|{shape_key}"
     path = cache_path()
     with _lock:
-        verdicts = _load(path)
+        verdicts = load_json(path)
     if key in verdicts:
         verdict = Verdict(verdicts[key]["ok"], verdicts[key]["reason"], cached=True)
     else:
         verdict = _run(name, run_kernel, run_ref, rtol, num_trials)
         with _lock:
-            verdicts = _load(path)
+            verdicts = load_json(path)
             verdicts[key] = {"ok": verdict.ok, "reason": verdict.reason}
-            _save(path, verdicts)
+            save_json(path, verdicts)
     if not verdict.ok:
         _warn(f"Kernel {name} ({shape_key}) is not used on this GPU: {verdict.reason} "
               f"Sluice runs the slower reference path instead.")
@@ -131,14 +131,14 @@ def _warn(message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
-def _load(path: Path) -> dict:
+def load_json(path: Path) -> dict:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
 
 
-def _save(path: Path, verdicts: Mapping) -> None:
+def save_json(path: Path, verdicts: Mapping) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")

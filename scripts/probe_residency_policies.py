@@ -56,21 +56,23 @@ def record() -> list:
 
 
 class Belady:
-    """The bound: a bank that evicts the unprotected block next routed to last (it knows the trace)."""
+    """The bound: banks (layer % 2, as SlotBanks) that evict the unprotected block next routed to last (they know
+    the trace)."""
     def __init__(self, slots: int, next_uses: dict):
-        self.slots, self.next_uses, self.resident, self.now = slots, next_uses, set(), 0
+        self.slots, self.next_uses, self.resident, self.now = slots, next_uses, [set(), set()], 0
 
     def find(self, key):
-        return 0 if key in self.resident else None
+        return 0 if key in self.resident[key[0] % 2] else None
 
     def acquire(self, key, protected):
-        if len(self.resident) >= self.slots:
+        resident = self.resident[key[0] % 2]
+        if len(resident) >= self.slots:
             def next_use(k):
                 uses = self.next_uses.get(k, [])
                 i = bisect.bisect_right(uses, self.now)
                 return uses[i] if i < len(uses) else float("inf")
-            self.resident.remove(max((k for k in self.resident if k not in protected), key=next_use))
-        self.resident.add(key)
+            resident.remove(max((k for k in resident if k not in protected), key=next_use))
+        resident.add(key)
         return 0
 
     def note_used(self, layer, routed):
@@ -88,7 +90,7 @@ def replay(steps: list, make_banks, layers: int) -> tuple[float, float]:
     banks = make_banks()
     copies = hits = wanted_total = decoded = 0
     for index, (layer, num_tokens, routed, guesses, next_layer) in enumerate(steps):
-        if hasattr(banks, "now"):
+        if isinstance(banks, Belady):
             banks.now = index
         wanted = list(dict.fromkeys(routed))
         protected = {(layer, e) for e in wanted}
@@ -121,34 +123,6 @@ def replay(steps: list, make_banks, layers: int) -> tuple[float, float]:
     return copies / tokens, hits / max(1, wanted_total)
 
 
-class _TwoBanks:
-    """Belady's bound per bank, as SlotBanks splits layers."""
-    def __init__(self, slots, next_uses):
-        self.banks = [Belady(slots, next_uses), Belady(slots, next_uses)]
-        self.now = 0
-
-    def __setattr__(self, name, value):
-        if name == "now":
-            for bank in self.__dict__.get("banks", []):
-                bank.now = value
-        object.__setattr__(self, name, value)
-
-    def find(self, key):
-        return self.banks[key[0] % 2].find(key)
-
-    def acquire(self, key, protected):
-        return self.banks[key[0] % 2].acquire(key, protected)
-
-    def note_used(self, layer, routed):
-        pass
-
-    def begin_sweep(self):
-        pass
-
-    def end_sweep(self):
-        return []
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", type=int, nargs="+", default=[209])
@@ -179,7 +153,7 @@ def main() -> None:
                 made.window = 1            # (the policy before: window 1 was its LRU)
             return made
         for name, make in (("SlotBanks", banks), ("plain LRU", lambda: banks(lru=True)),
-                           ("Belady (bound)", lambda: _TwoBanks(slots, next_uses))):
+                           ("Belady (bound)", lambda: Belady(slots, next_uses))):
             copied, hit = replay(steps, make, layers)
             print(f"{slots} slots a bank  {name:15s} {copied:5.1f} blocks copied a decode token, VRAM hits {hit:.1%}")
 

@@ -48,7 +48,7 @@ def probe(models_dir: str | Path | None = None, disk_test_bytes: int = 256 * MiB
     """Probe everything; measuring takes about a second (most of it the disk test)."""
     import psutil
     vm = psutil.virtual_memory()
-    hw = Hardware(cpu_name=_cpu_name(), num_cpus=os.cpu_count() or 1, performance_cores=performance_cores(),
+    hw = Hardware(cpu_name=cpu_name(), num_cpus=os.cpu_count() or 1, performance_cores=performance_cores(),
                   ram_total_bytes=vm.total, ram_available_bytes=available_memory(), mem_bw_bps=memory_bandwidth())
     if measure_gpu:
         hw.gpus, hw.pcie_bps, hw.gpu_mem_bw_bps = _probe_gpu()
@@ -141,7 +141,7 @@ def check_ram_cache_fits(ram_cache_bytes: int | None) -> None:
                           f"({format_size(limit)}); choose a smaller --ram-cache (or RAM cache in Settings).")
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):

@@ -10,58 +10,37 @@ depend on: the GPU, driver and libraries, the CPU and its threads, the block's f
 """
 from __future__ import annotations
 
-import json
 import os
-import platform
 from pathlib import Path
 
 import torch
 
+from engine.plan.hardware import cpu_name
+from kernels.selfcheck import cache_path, device_fingerprint, load_json, save_json
+
 
 def speeds_path() -> Path:
-    from kernels.selfcheck import cache_path
     return cache_path().with_name("placement_speeds.json")
 
 
 def speeds_key(device: torch.device, layout, activation, dtype: torch.dtype, threads: int) -> str:
-    from kernels.selfcheck import device_fingerprint
-    return "|".join([device_fingerprint(device), _cpu_name(), f"{threads} threads", layout.fmt,
+    return "|".join([device_fingerprint(device), cpu_name(), f"{threads} threads", layout.fmt,
                      f"{layout.intermediate}x{layout.hidden}", f"{layout.block_bytes} bytes",
                      getattr(activation, "name", "none"), str(dtype).removeprefix("torch."),
                      os.environ.get("SLUICE_FUSED_CPU_EXPERTS", "")])
 
 
 def recall(key: str) -> dict | None:
-    try:
-        found = json.loads(speeds_path().read_text()).get(key)
-    except (OSError, ValueError, AttributeError):
-        return None
+    found = _known().get(key)
     ok = isinstance(found, dict) and all(isinstance(found.get(k), (int, float)) for k in ("cpu_expert_s", "copy_s"))
     return found if ok else None
 
 
 def remember(key: str, speeds: dict) -> None:
-    path = speeds_path()
-    try:
-        known = json.loads(path.read_text())
-        known = known if isinstance(known, dict) else {}
-    except (OSError, ValueError):
-        known = {}
-    known[key] = speeds
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1, sort_keys=True))
-        tmp.replace(path)
-    except OSError:
-        pass           # an unwritable cache only means the speeds are measured again at the next load
+    """(An unwritable cache only means the speeds are measured again at the next load.)"""
+    save_json(speeds_path(), {**_known(), key: speeds})
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+def _known() -> dict:
+    known = load_json(speeds_path())            # {} when missing or damaged
+    return known if isinstance(known, dict) else {}

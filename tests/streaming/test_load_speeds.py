@@ -34,6 +34,10 @@ def test_speeds_are_kept_per_key_and_a_damaged_file_is_measured_again(cache):
     assert json.loads(cache.read_text()) == {"gpu|cpu|int8": {"cpu_expert_s": 1e-4, "copy_s": 1e-4}}
     cache.write_text('{"gpu|cpu|int8": {"cpu_expert_s": 1e-4}}')                     # a field missing
     assert load_speeds.recall("gpu|cpu|int8") is None
+    cache.write_text('["not", "a", "table"]')
+    assert load_speeds.recall("gpu|cpu|int8") is None
+    load_speeds.remember("gpu|cpu|int8", {"cpu_expert_s": 1e-4, "copy_s": 1e-4})
+    assert load_speeds.recall("gpu|cpu|int8") == {"cpu_expert_s": 1e-4, "copy_s": 1e-4}
 
 
 def test_the_engine_loads_numba_only_when_it_builds_a_cpu_share():
