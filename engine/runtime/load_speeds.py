@@ -10,12 +10,12 @@ depend on: the GPU, driver and libraries, the CPU and its threads, the block's f
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from engine.plan.hardware import cpu_name
+from engine.runtime.switches import fused_cpu_experts
 from kernels.selfcheck import cache_path, device_fingerprint, load_json, save_json
 
 
@@ -27,7 +27,7 @@ def speeds_key(device: torch.device, layout, activation, dtype: torch.dtype, thr
     return "|".join([device_fingerprint(device), cpu_name(), f"{threads} threads", layout.fmt,
                      f"{layout.intermediate}x{layout.hidden}", f"{layout.block_bytes} bytes",
                      getattr(activation, "name", "none"), str(dtype).removeprefix("torch."),
-                     os.environ.get("SLUICE_FUSED_CPU_EXPERTS", "")])
+                     f"fused switch {fused_cpu_experts()}"])
 
 
 def recall(key: str) -> dict | None:

@@ -31,8 +31,8 @@ from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
-from engine.runtime.pinned import pinned_buffer
 from engine.runtime import load_speeds
+from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import MODES, Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore

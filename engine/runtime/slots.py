@@ -91,8 +91,7 @@ class SlotBanks:
         """The experts a layer's tokens were routed to (resident or not; one id a routed pair): each pair adds
         one to its expert's decayed use count. Counted per distinct expert: a 512-token prefill routes 4096
         pairs a layer, which one by one took ~5 ms of host time a layer."""
-        if layer not in self._layers:
-            self._layers.add(layer)
+        self._layers.add(layer)
         if self._swept is None:                              # a token is one call a layer
             self._now += 1.0 / len(self._layers)
         now = self._now / HALF_LIFE
