@@ -1,12 +1,17 @@
-"""One decode token's attention in one Triton launch (its reference: kernels/attention_ref.attention_ref).
+"""One decode token's attention, split over the keys (its reference: kernels/attention_ref.attention_ref).
 
   Hq / Hkv = query / kv heads (a query head reads kv head h // (Hq / Hkv)), D = head dim, S = positions held
   q [1, Hq, D], k, v [S, Hkv, D], q_positions [1] (on the device) -> [1, Hq * D]
-One program a query head walks the keys it can see, 0..position (the last `window` of them with a sliding
-window), in blocks, with an online softmax in float32, and never reads the rest of a static KV buffer: the
-position is read on the device, so the kernel runs inside the decode step's CUDA graph. Why a kernel: the
-torch path's masked `scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host memory for
-the process's life (BENCHMARKS.md run 57). On by default since run 60 (SLUICE_ATTN_KERNEL=0: the torch path).
+The keys a query head can see, 0..position (the last `window` of them with a sliding window), are cut into
+splits of SPLIT keys: one program a (head, split) walks its split in blocks with an online softmax in float32
+and leaves its running max, sum and weighted values; a second launch, one program a head, merges the splits
+that hold visible keys. Walking every key in one program a head (16 programs for OLMoE) made a token's
+attention grow with the context: 36 us a layer at position 600, 228 us at 4000 on an H200; split, 7.5 and
+18.6 us (scripts/probe_decode_depth.py, BENCHMARKS.md run 87). Neither launch reads the rest of a static KV
+buffer or depends on the position on the host: the grid is the buffer's, so the step runs inside the decode's
+CUDA graph. Why a kernel: the torch path's masked `scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host
+memory for the process's life (BENCHMARKS.md run 57). On by default since run 60 (SLUICE_ATTN_KERNEL=0: the
+torch path).
 """
 from __future__ import annotations
 
@@ -16,49 +21,96 @@ import triton.language as tl
 
 from .attention_ref import attention_ref  # noqa: F401  (the kernel's reference, beside it)
 
-KERNEL_VERSION = 1     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+BLOCK_S = 64           # keys a program loads at once
+SPLIT = 64             # keys a program walks (a multiple of BLOCK_S): the fastest of 64-256 (BENCHMARKS run 87)
 
 
 @triton.jit
-def _decode_attention_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, out_ptr, num_kv_heads, group, head_dim, scale, window,
-                             HAS_WINDOW: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr):
-    head = tl.program_id(0)
-    kv_head = head // group
-    end = tl.load(pos_ptr).to(tl.int64) + 1                       # keys 0..position are visible
+def _visible(pos_ptr, window, HAS_WINDOW: tl.constexpr):
+    """[start, end) of the keys the step's query sees."""
+    end = tl.load(pos_ptr).to(tl.int64) + 1
     if HAS_WINDOW:
         start = tl.maximum(end - window, 0)
     else:
         start = end * 0
+    return start, end
+
+
+@triton.jit
+def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, stat_ptr, num_kv_heads, group, head_dim, scale, window,
+                  num_splits, HAS_WINDOW: tl.constexpr, SPLIT: tl.constexpr, BLOCK_S: tl.constexpr,
+                  BLOCK_D: tl.constexpr):
+    head = tl.program_id(0)
+    split = tl.program_id(1)
+    kv_head = head // group
+    start, end = _visible(pos_ptr, window, HAS_WINDOW)
+    lo = tl.maximum(start, split * SPLIT)
+    hi = tl.minimum(end, split * SPLIT + SPLIT)
+    if lo < hi:                                                     # a split with no visible key writes nothing
+        dims = tl.arange(0, BLOCK_D)
+        d_ok = dims < head_dim
+        q = tl.load(q_ptr + head * head_dim + dims, mask=d_ok, other=0.0).to(tl.float32)
+        best = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
+        total = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), axis=0)
+        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+        for s0 in range((lo // BLOCK_S) * BLOCK_S, hi, BLOCK_S):
+            keys = s0 + tl.arange(0, BLOCK_S)
+            s_ok = (keys >= lo) & (keys < hi)
+            rows = (keys[:, None] * num_kv_heads + kv_head) * head_dim + dims[None, :]
+            k = tl.load(k_ptr + rows, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            scores = tl.where(s_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
+            new_best = tl.maximum(best, tl.max(scores, axis=0))
+            weights = tl.exp(scores - new_best)
+            rescale = tl.exp(best - new_best)
+            v = tl.load(v_ptr + rows, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
+            total = total * rescale + tl.sum(weights, axis=0)
+            acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+            best = new_best
+        part = head * num_splits + split
+        tl.store(acc_ptr + part * BLOCK_D + dims, acc)
+        tl.store(stat_ptr + part * 2, best)
+        tl.store(stat_ptr + part * 2 + 1, total)
+
+
+@triton.jit
+def _merge_kernel(acc_ptr, stat_ptr, pos_ptr, out_ptr, head_dim, window, num_splits, HAS_WINDOW: tl.constexpr,
+                  SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
+    head = tl.program_id(0)
+    start, end = _visible(pos_ptr, window, HAS_WINDOW)
     dims = tl.arange(0, BLOCK_D)
-    d_ok = dims < head_dim
-    q = tl.load(q_ptr + head * head_dim + dims, mask=d_ok, other=0.0).to(tl.float32)
-    best = tl.max(tl.full([BLOCK_S], float("-inf"), tl.float32), axis=0)
-    total = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), axis=0)
+    best = tl.max(tl.full([2], float("-inf"), tl.float32), axis=0)
+    total = tl.sum(tl.zeros([2], dtype=tl.float32), axis=0)
     acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for s0 in range((start // BLOCK_S) * BLOCK_S, end, BLOCK_S):
-        keys = s0 + tl.arange(0, BLOCK_S)
-        s_ok = (keys >= start) & (keys < end)
-        rows = (keys[:, None] * num_kv_heads + kv_head) * head_dim + dims[None, :]
-        k = tl.load(k_ptr + rows, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        scores = tl.where(s_ok, tl.sum(k * q[None, :], axis=1) * scale, float("-inf"))
-        new_best = tl.maximum(best, tl.max(scores, axis=0))
-        weights = tl.exp(scores - new_best)
-        rescale = tl.exp(best - new_best)
-        v = tl.load(v_ptr + rows, mask=s_ok[:, None] & d_ok[None, :], other=0.0).to(tl.float32)
-        total = total * rescale + tl.sum(weights, axis=0)
-        acc = acc * rescale + tl.sum(weights[:, None] * v, axis=0)
+    for split in range(start // SPLIT, (end - 1) // SPLIT + 1):     # the splits with visible keys
+        part = head * num_splits + split
+        split_best = tl.load(stat_ptr + part * 2)
+        new_best = tl.maximum(best, split_best)
+        rescale, weight = tl.exp(best - new_best), tl.exp(split_best - new_best)
+        total = total * rescale + tl.load(stat_ptr + part * 2 + 1) * weight
+        acc = acc * rescale + tl.load(acc_ptr + part * BLOCK_D + dims) * weight
         best = new_best
-    tl.store(out_ptr + head * head_dim + dims, (acc / total).to(out_ptr.dtype.element_ty), mask=d_ok)
+    tl.store(out_ptr + head * head_dim + dims, (acc / total).to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                     window: int | None) -> torch.Tensor:
-    """k and v as the state holds them (contiguous [S, Hkv, D]): the kernel indexes them by row."""
+                     window: int | None, split: int | None = None) -> torch.Tensor:
+    """k and v as the state holds them (contiguous [S, Hkv, D]): the kernels index them by row. `split`: keys a
+    program walks (a multiple of BLOCK_S; default SPLIT, read at the call; the buffer's length or more walks every
+    key in one program a head)."""
+    split = split or SPLIT
     _, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[1]
+    held, num_kv_heads = k.shape[0], k.shape[1]
+    block_d = triton.next_power_of_2(head_dim)
+    num_splits = triton.cdiv(held, split)
+    acc = torch.empty(num_q_heads * num_splits * block_d, dtype=torch.float32, device=q.device)
+    stats = torch.empty(num_q_heads * num_splits * 2, dtype=torch.float32, device=q.device)
     out = torch.empty(1, num_q_heads * head_dim, dtype=q.dtype, device=q.device)
-    _decode_attention_kernel[(num_q_heads,)](q.contiguous(), k, v, q_positions, out, num_kv_heads,
-                                             num_q_heads // num_kv_heads, head_dim, head_dim ** -0.5,
-                                             window or 0, HAS_WINDOW=bool(window), BLOCK_S=64,
-                                             BLOCK_D=triton.next_power_of_2(head_dim), num_warps=4)
+    has_window = bool(window)
+    _split_kernel[(num_q_heads, num_splits)](q.contiguous(), k, v, q_positions, acc, stats, num_kv_heads,
+                                             num_q_heads // num_kv_heads, head_dim, head_dim ** -0.5, window or 0,
+                                             num_splits, HAS_WINDOW=has_window, SPLIT=split, BLOCK_S=BLOCK_S,
+                                             BLOCK_D=block_d, num_warps=4)
+    _merge_kernel[(num_q_heads,)](acc, stats, q_positions, out, head_dim, window or 0, num_splits,
+                                  HAS_WINDOW=has_window, SPLIT=split, BLOCK_D=block_d, num_warps=1)
     return out

@@ -30,13 +30,23 @@ def test_attends_as_the_torch_path(device, num_q_heads, num_kv_heads, head_dim, 
     assert torch.allclose(out, attention_ref(q, k, v, where, window), rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("split", [64, 128, 704])              # 704: every key in one program a head
+@pytest.mark.parametrize("window", [None, 200])                 # a window that starts inside a split
+@pytest.mark.parametrize("position", [127, 128, 383, 699])      # the last key of a split, the first of one
+def test_a_long_context_split_over_programs_attends_as_the_torch_path(device, split, window, position):
+    q, k, v = _case(device, 4, 2, 64, 700, seed=1)
+    where = torch.tensor([position], device=device)
+    out = decode_attention(q, k, v, where, window, split=split)
+    assert torch.allclose(out, attention_ref(q, k, v, where, window), rtol=1e-4, atol=1e-5)
+
+
 def test_keys_past_the_position_are_never_read(device):
-    q, k, v = _case(device, 4, 2, 32, 100)
-    k[11:], v[11:] = float("nan"), float("nan")                    # the buffer's unwritten rest
-    out = decode_attention(q, k, v, torch.tensor([10], device=device), None)
+    q, k, v = _case(device, 4, 2, 32, 400)
+    k[140:], v[140:] = float("nan"), float("nan")                  # the buffer's unwritten rest: two splits on
+    out = decode_attention(q, k, v, torch.tensor([139], device=device), None)
     assert torch.isfinite(out).all()
-    assert torch.allclose(out, attention_ref(q, k[:11], v[:11], torch.tensor([10], device=device), None), rtol=1e-4,
-                          atol=1e-5)
+    assert torch.allclose(out, attention_ref(q, k[:140], v[:140], torch.tensor([139], device=device), None),
+                          rtol=1e-4, atol=1e-5)
 
 
 def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
