@@ -15,6 +15,6 @@ for round in $(seq 1 "$rounds"); do
     (cd "$dir" && PYTHONPATH=/tmp/site:$dir timeout 200 python3 -m engine.tools.cli bench --preset olmoe-1b-7b --quant int8 \
        --dense-quant int8 --prompt-tokens 512 --new-tokens "$tokens" --regime "$regime" --work-dir "${SLUICE_BENCH_DIR:-/tmp/sb}" \
        "$@" > "$OUT/bench-$tag.txt" 2>&1)
-    echo "$tag: $(grep -E '^decode ' "$OUT/bench-$tag.txt" | head -1 | cut -c14-60) | waited$(grep -o 'waited [0-9.]* ms' "$OUT/bench-$tag.txt" | head -1 | cut -c7-) | $(grep -o '[0-9.]* MiB anonymous' "$OUT/bench-$tag.txt" | head -1) | $(grep -o '[0-9.]* pages a token' "$OUT/bench-$tag.txt" | head -1) | h2d$(grep -o 'h2d [0-9.]* [GMk]B' "$OUT/bench-$tag.txt" | head -1 | cut -c4-) | $(grep -o 'VRAM [0-9.]*%' "$OUT/bench-$tag.txt" | head -1)"
+    echo "$tag: $(grep -E '^decode ' "$OUT/bench-$tag.txt" | head -1 | cut -c14-60) | waited$(grep -o 'waited [0-9.]* ms' "$OUT/bench-$tag.txt" | head -1 | cut -c7-) | $(grep -o '[0-9.]* MiB anonymous' "$OUT/bench-$tag.txt" | head -1) | $(grep -o '[0-9.]* pages a token' "$OUT/bench-$tag.txt" | head -1) | h2d$(grep '^per token' "$OUT/bench-$tag.txt" | grep -o 'h2d [0-9.]* GB' | cut -c4-) a token | $(grep -o 'VRAM [0-9.]*%' "$OUT/bench-$tag.txt" | head -1)"
   done
 done
