@@ -27,6 +27,10 @@ from engine.runtime.kernel_warmup import ensure_warm
 from engine.runtime.runner import PrefillCancelled, Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
 
+FILL_IDLE_S = 1.0       # seconds without a generation before RAM is filled in the background
+FILL_POLL_S = 0.005     # how often the filler looks (a read takes ~3 ms at 2 GB/s)
+
+
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
                  vram_budget: int | None, ram_cache: int | None, progress=None, max_context: int | None = None,
@@ -40,6 +44,7 @@ class Engine:
                               if device.type == "cuda" and not eager else None)
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
+        self._closing = threading.Event()
         available = available_memory()
         is_cuda = device.type == "cuda"
         default_vram = torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4
@@ -52,6 +57,22 @@ class Engine:
         self.plan = self.runner.plan
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = set(self.spec.eos_token_ids) | self._generation_config_eos()
+        self._filler = None
+        if self.runner.fills:
+            self._filler = threading.Thread(target=self._fill_while_idle, name="sluice-ram-fill", daemon=True)
+            self._filler.start()
+
+    def _fill_while_idle(self) -> None:
+        """Once the runner has been idle for FILL_IDLE_S, the blocks no prompt has read yet go into free RAM slots,
+        a few reads at a time (Runner.fill): a model that fits in RAM is all there before the user's next prompt,
+        whose prefill then reads nothing from the disk. A pass or step that starts waits at most for one `fill`
+        call (microseconds), not for its reads. The thread ends when nothing is left to read or at `close`."""
+        try:
+            while not self._closing.wait(FILL_POLL_S):
+                if self.runner.idle_s() >= FILL_IDLE_S and not self.runner.fill():
+                    return
+        except Exception:      # noqa: BLE001 - filling is only ahead of need: a prompt's own read reports the error
+            return
 
     def _choose_context(self, requested: int | None, vram_budget: int) -> int:
         """The context (prompt + answer tokens) the model state is made for: as asked, or the model's own
@@ -165,6 +186,9 @@ class Engine:
         return snap
 
     def close(self) -> None:
+        self._closing.set()
+        if self._filler is not None:
+            self._filler.join()
         self.runner.close()
 
     # ---- generation loop ---------------------------------------------------------------------------

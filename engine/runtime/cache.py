@@ -80,6 +80,10 @@ class RamCache:
         return bool(self._free) or self._num_created < self.num_slots or \
             any(not self._locks.get(k) for k in self._entries)
 
+    def has_free(self) -> bool:
+        """Whether `insert` would evict nothing at all (a free slot, or one not yet created)."""
+        return bool(self._free) or self._num_created < self.num_slots
+
     def has_spare(self) -> bool:
         """Whether `insert` would evict nothing but a demoted block (or none): room for a read ahead."""
         if self._free or self._num_created < self.num_slots:

@@ -48,6 +48,7 @@ from engine.runtime.token_groups import token_groups
 
 Key = tuple[int, int]
 DEFAULT_BATCH = 32          # experts brought in per batch in prefill
+FILL_READS = 2              # reads in flight, of any kind, below which RAM is filled in the background (`fill`)
 KERNEL_MAX_TOKENS = 4       # above this many tokens the torch path (one matmul per expert) is faster
 # A slot's expert on the CPU device through the fused kernel for up to this many tokens: on the 2-core dev
 # machine, an OLMoE expert took 0.4 / 1.3 / 2.7 / 5.8 ms fused at 1 / 8 / 16 / 32 tokens, against 4.8-11.9 ms
@@ -126,6 +127,7 @@ class Experts:
         self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
         self._batch_keys: list[Key] = []
         self._deferred: tuple | None = None            # what `run(..., defer=True)` left for `run_deferred`
+        self._fill_keys: list[Key] = []                # blocks `fill` may still read, the next one last
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -693,6 +695,31 @@ class Experts:
             self.cache.unlock(key)
         except Exception:      # noqa: BLE001 - a failed speculative read only loses the prefetch
             pass
+
+    # ------------------------------------------------------------------ filling RAM in the background
+    def plan_fill(self, keys: list[Key]) -> None:
+        """The blocks `fill` reads, in this order (the model's, layer by layer: a prompt's pass starts at layer 0)."""
+        self._fill_keys = list(reversed(keys))
+
+    def fill(self, reads: int = FILL_READS) -> bool:
+        """Read blocks that neither tier holds into free RAM slots, never evicting one, while the disk has fewer
+        than `reads` reads in flight (a layer's own reads and guesses go first; the caller holds the engine, as a
+        layer does). A block read here is one the model will use later (a prompt's pass reads nearly every
+        expert; a decode keeps finding the few no prompt has used), and where RAM holds the whole model it then
+        never waits for the disk again. The reads settle as a wrong guess's do (`_settle_unused`). Returns
+        whether there may be more to read: False once every block has a place or RAM has no free slot left."""
+        self._settle_unused(wait=False)
+        while self._fill_keys and len(self._reads) < reads:
+            if not self.cache.has_free():
+                self._fill_keys = []
+                break
+            key = self._fill_keys.pop()
+            if key in self.cache or key in self._reads or self.banks.holds(key):
+                continue
+            self._reads[key] = self._start_read(key)
+            self._unused.add(key)
+            self.telemetry.add(ram_fill_reads=1)
+        return bool(self._fill_keys)
 
     def synchronize(self) -> None:
         """Wait for every copy and release every lock (end of a generation, before closing)."""

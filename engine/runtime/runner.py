@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+import time
 
 import torch
 from safetensors import safe_open
@@ -124,6 +126,12 @@ class Runner:
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
                                dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts),
                                prefill_kernel=prefill_kernel)
+        # RAM filled in the background with the blocks no prompt has read yet (Experts.fill); SLUICE_RAM_FILL=0: never
+        self.fills = env_int("SLUICE_RAM_FILL") != 0
+        self._lock = threading.Lock()             # a pass, a step or a fill at a time (the filler is another thread)
+        self._used_at = time.monotonic()
+        if self.fills:
+            self.experts.plan_fill([(layer, e) for layer in self.spec.moe_layers for e in range(self.spec.num_experts)])
         if not self.is_cuda:
             device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
             telemetry.set(vram_used_bytes=device_bytes)
@@ -270,9 +278,25 @@ class Runner:
         return PrefillKernel(default_config(self.dtype), self.model.expert_kernel)
 
     # ------------------------------------------------------------------ forward passes
+    def idle_s(self) -> float:
+        """Seconds since the last pass or step ended (or the load)."""
+        return 0.0 if self._lock.locked() else time.monotonic() - self._used_at
+
+    def fill(self) -> bool:
+        """A few more blocks read into free RAM slots (Experts.fill); False once nothing is left to read."""
+        with self._lock:
+            return self.fills and self.experts.fill()
+
     def prefill(self, token_ids: list[int], cancel=None) -> torch.Tensor:
         """A new conversation's prompt -> logits of its last token [V] float32. `cancel` (a threading.Event),
         when set, stops it between layers with PrefillCancelled."""
+        with self._lock:
+            try:
+                return self._prefill(token_ids, cancel)
+            finally:
+                self._used_at = time.monotonic()
+
+    def _prefill(self, token_ids: list[int], cancel) -> torch.Tensor:
         # T = tokens, H = hidden
         self.experts.synchronize()
         self.state.reset()
@@ -301,6 +325,13 @@ class Runner:
     def decode(self, token: int, position: int) -> torch.Tensor:
         """One token at `position` -> logits [V] float32, a static buffer: valid until the next step.
         The greedy token is in `self.step.token_out`."""
+        with self._lock:
+            try:
+                return self._decode(token, position)
+            finally:
+                self._used_at = time.monotonic()
+
+    def _decode(self, token: int, position: int) -> torch.Tensor:
         s = self.step
         s.set_step(token, position)
         self.experts.begin_step()
@@ -312,14 +343,17 @@ class Runner:
                                  static_inputs=s.use_graphs, defer=self.defer_prefetch)
         s.run_head()
         self.experts.run_deferred()
+        if self.fills:
+            self.experts.fill()
         if self.is_cuda and position % 16 == 0:   # a host-side counter (~60 us a read): a step's graphs allocate
             stats = torch.cuda.memory_stats_as_nested_dict(self.device)          # nothing, so now and then
             self.telemetry.set(vram_peak_bytes=stats["allocated_bytes"]["all"]["peak"])
         return s.logits
 
     def close(self) -> None:
-        self.experts.synchronize()
-        self.store.close()
+        with self._lock:
+            self.experts.synchronize()
+            self.store.close()
 
 
 def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress,

@@ -17,7 +17,7 @@ COUNTERS = frozenset({
     "vram_budget_bytes", "vram_peak_bytes", "vram_used_bytes", "vram_slot_bytes", "vram_graph_bytes", "kv_tokens",
     "vram_context_bytes",
     "vram_hits", "vram_misses",
-    "disk_bytes_read", "disk_reads", "disk_busy_s", "disk_active_s", "prefill_max_expert_reads",
+    "disk_bytes_read", "disk_reads", "disk_busy_s", "disk_active_s", "prefill_max_expert_reads", "ram_fill_reads",
     "h2d_bytes", "h2d_busy_s", "d2h_bytes",
     "spec_predicted", "spec_correct", "prefetch_issued", "prefetch_used",
     "cpu_experts", "cpu_expert_bytes", "cpu_busy_s", "sync_wait_s", "read_wait_s",
@@ -107,7 +107,8 @@ class Telemetry:
         gbps = lambda num, secs: ratio(v[num], v[secs]) / 1e9       # noqa: E731
         cache_held = max(i("ram_held_bytes"), i("ram_used_bytes"))
         ram = {"capacity_bytes": i("ram_capacity_bytes"), "used_bytes": i("ram_used_bytes"), "held_bytes": cache_held,
-               "hits": i("ram_hits"), "misses": i("ram_misses"), "evictions": i("ram_evictions")}
+               "hits": i("ram_hits"), "misses": i("ram_misses"), "evictions": i("ram_evictions"),
+               "fill_reads": i("ram_fill_reads")}       # blocks read ahead of need into free slots (Experts.fill)
         vram = {"budget_bytes": i("vram_budget_bytes"), "peak_bytes": i("vram_peak_bytes"),
                 "used_bytes": i("vram_used_bytes"), "slot_bytes": i("vram_slot_bytes"),
                 "graph_bytes": i("vram_graph_bytes"), "context_bytes": i("vram_context_bytes"),

@@ -207,6 +207,9 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
     decoded = max(t.new_tokens - 1, 1)
     d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
     tiers = _tier_bytes(end, before, decoded)
+    # blocks read ahead of need into free RAM slots (Experts.fill) are not a token's own reads
+    fill_tok = d("ram_cache", "fill_reads") * block_bytes / decoded
+    tiers["disk"] = max(tiers["disk"] - fill_tok, 0.0)
     disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
     dense_bytes = plan.dense_bytes - embed_bytes                     # embedding: one row is read
     # the GPU reads the dense weights, the KV cache and the active experts the CPU did not compute
@@ -232,6 +235,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         "prefill_max_reads_per_expert_per_layer": value_at(before, ("disk", "max_reads_per_expert_in_prefill")),
         "prefill_roofline_s": prefill["disk"] / disk_bps + prefill["h2d"] / h2d_bps,
         "decode_bytes_per_token": {**tiers, "gpu_reads": gpu_tok},
+        "decode_fill_bytes_per_token": fill_tok,
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "placement": end.get("placement"),
@@ -383,7 +387,10 @@ def report(r: dict) -> str:
         f"decode       {r['new_tokens']} tokens: {r['decode_tok_s']:.2f} tok/s "
         f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
         f"efficiency {r['decode_efficiency']:.2f})",
-        f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}, h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
+        f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}"
+        + (f" (and {gb(r['decode_fill_bytes_per_token'])} read ahead into free RAM)"
+           if r.get("decode_fill_bytes_per_token") else "")
+        + f", h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
         f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
         f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}; the decode thread waited "
         f"{r.get('decode_sync_wait_s_per_token', 0) * 1e3:.1f} ms of it at the layers' syncs (the GPU's side)"

@@ -1,0 +1,122 @@
+"""RAM filled in the background (Experts.fill, Engine._fill_while_idle): blocks no prompt has read yet go into free
+RAM slots while the engine is idle and between decode steps, never evicting one, never changing an answer, and
+never in the way of a generation or of closing."""
+import time
+
+import pytest
+
+import engine.engine as engine_module
+from engine.runtime import store as store_module
+from tests.streaming.sized import engine_with_slots, token_ids
+
+PROMPT = [5, 17, 42, 7]
+
+
+@pytest.fixture(autouse=True)
+def _filling(monkeypatch):
+    monkeypatch.setenv("SLUICE_RAM_FILL", "1")
+    monkeypatch.setattr(engine_module, "FILL_IDLE_S", 0.05)
+
+
+def _all_keys(eng):
+    return [(layer, e) for layer in eng.spec.moe_layers for e in range(eng.spec.num_experts)]
+
+
+def _finished_filling(eng, timeout=30.0):
+    eng._filler.join(timeout)
+    assert not eng._filler.is_alive()
+
+
+def _disk_bytes(eng) -> int:
+    return eng.telemetry()["disk"]["bytes_read"]
+
+
+def _fill_reads(eng) -> int:
+    return eng.telemetry()["ram_cache"]["fill_reads"]
+
+
+def _slow_reads(monkeypatch, seconds=0.01):
+    real = store_module.ExpertStore.read_into
+
+    def slow(self, layer, expert, buf):
+        time.sleep(seconds)
+        real(self, layer, expert, buf)
+    monkeypatch.setattr(store_module.ExpertStore, "read_into", slow)
+
+
+def test_an_idle_engine_reads_the_whole_model_into_ram_and_its_prompt_then_reads_nothing(sluice_models, monkeypatch):
+    path = sluice_models("qwen3_moe")
+    monkeypatch.setenv("SLUICE_RAM_FILL", "0")
+    plain = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
+    try:
+        expected = token_ids(plain, PROMPT, 6)
+    finally:
+        plain.close()
+    monkeypatch.setenv("SLUICE_RAM_FILL", "1")
+    eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=len(_all_keys(plain)))
+    try:
+        _finished_filling(eng)
+        eng.runner.experts.synchronize()                  # the last fill reads have landed
+        cache = eng.runner.cache
+        assert all(key in cache for key in _all_keys(eng))
+        before = _disk_bytes(eng)
+        assert token_ids(eng, PROMPT, 6) == expected      # the same answer, and not a byte from the disk for it
+        assert _disk_bytes(eng) == before
+    finally:
+        eng.close()
+
+
+def test_a_ram_cache_smaller_than_the_model_is_filled_without_evicting_and_the_filler_ends(sluice_models):
+    eng = engine_with_slots(sluice_models("qwen3_moe"), slots_per_bank=3, ram_blocks=10)
+    try:
+        _finished_filling(eng)
+        eng.runner.experts.synchronize()
+        ram = eng.telemetry()["ram_cache"]
+        assert ram["used_bytes"] == ram["capacity_bytes"] and ram["fill_reads"] == 10
+        assert ram["evictions"] == 0
+    finally:
+        eng.close()
+
+
+def test_a_decode_fills_free_ram_between_its_steps(sluice_models, monkeypatch):
+    monkeypatch.setattr(engine_module, "FILL_IDLE_S", 1e9)             # the idle filler never starts
+    eng = engine_with_slots(sluice_models("qwen3_moe"), slots_per_bank=3, ram_blocks=48)
+    try:
+        assert _fill_reads(eng) == 0
+        token_ids(eng, PROMPT, 8)
+        assert _fill_reads(eng) > 0
+    finally:
+        eng.close()
+
+
+def test_a_generation_that_starts_while_ram_fills_is_not_refused_and_answers_the_same(sluice_models, monkeypatch):
+    path = sluice_models("qwen3_moe")
+    monkeypatch.setenv("SLUICE_RAM_FILL", "0")
+    plain = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
+    try:
+        expected = token_ids(plain, PROMPT, 6)
+    finally:
+        plain.close()
+    monkeypatch.setenv("SLUICE_RAM_FILL", "1")
+    _slow_reads(monkeypatch)
+    eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
+    try:
+        deadline = time.monotonic() + 10
+        while _fill_reads(eng) == 0 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert _fill_reads(eng) > 0 and eng._filler.is_alive()   # filling now
+        assert token_ids(eng, PROMPT, 6) == expected
+    finally:
+        eng.close()
+
+
+def test_closing_stops_the_filler_at_once(sluice_models, monkeypatch):
+    _slow_reads(monkeypatch, seconds=0.05)
+    eng = engine_with_slots(sluice_models("qwen3_moe"), slots_per_bank=3, ram_blocks=64)
+    deadline = time.monotonic() + 10
+    while _fill_reads(eng) == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    start = time.monotonic()
+    eng.close()
+    assert time.monotonic() - start < 2.0
+    assert not eng._filler.is_alive()
