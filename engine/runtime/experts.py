@@ -98,9 +98,13 @@ class Experts:
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
+        # A layer's own misses on a stream of their own (SLUICE_DEMAND_STREAM=1, an A/B): they then share PCIe with
+        # the guesses' copies still in flight instead of queueing behind them.
+        self.demand_stream = torch.cuda.Stream(self.device) if self.is_cuda and env_int("SLUICE_DEMAND_STREAM") == 1 \
+            else self.copy_stream
+        self._batch_stream = self.copy_stream
         # a block's copy through the driver, not torch's copy_ (engine.runtime.cuda_driver), where it loads
         self._h2d = HostToDevice.load() if self.is_cuda and banks.block_bytes == cache.block_bytes else None
-        self._copy_handle = self.copy_stream.cuda_stream if self.is_cuda else 0
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
         # the last compute reading each bank: one event a bank, re-recorded (a copy's wait takes the record
         # made before it; a new event a layer cost the decode thread 5-11% of a token, BENCHMARKS run 78)
@@ -447,7 +451,7 @@ class Experts:
             else:
                 from_disk.append((expert, *self._start_read(key)))
         placed = {}
-        with self._copy_batch(layer, each):
+        with self._copy_batch(layer, each, self.demand_stream):
             for expert, ram_slot in in_ram:
                 placed[expert] = self._copy(layer, expert, ram_slot, protected, ram_hit=True)
         if from_disk and self._ahead is not None:     # queued behind this layer's reads: they go first
@@ -459,7 +463,7 @@ class Experts:
             except BaseException:
                 self._abandon_reads(layer, from_disk[i + 1:])
                 raise
-            with self._copy_batch(layer):
+            with self._copy_batch(layer, stream=self.demand_stream):
                 placed[expert] = self._copy(layer, expert, ram_slot, protected)
         return placed
 
@@ -493,8 +497,8 @@ class Experts:
             self.cache.discard((layer, expert))
 
     @contextmanager
-    def _copy_batch(self, layer: int, each: bool = False):
-        """Copies into layer's bank issued inside, on the copy stream after the last compute that read
+    def _copy_batch(self, layer: int, each: bool = False, stream: torch.cuda.Stream | None = None):
+        """Copies into layer's bank issued inside, on `stream` (the copy stream) after the last compute that read
         the bank; the batch is timed as a whole (h2d busy time) by one pair of events, whose end also
         marks every copy done unless `each` copy records its own."""
         self._batch_copies = 0
@@ -507,15 +511,16 @@ class Experts:
         bank = self.banks.bank_of(layer)
         issued, self._batch_each = time.perf_counter(), each
         self._batch_ready, self._batch_keys = [], []
-        torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
+        stream = self._batch_stream = stream or self.copy_stream
+        torch.cuda.set_stream(stream)                # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         start = torch.cuda.Event(enable_timing=True)
         try:
-            self.copy_stream.wait_event(self._bank_free[bank])     # (none recorded yet: no wait)
-            start.record(self.copy_stream)
+            stream.wait_event(self._bank_free[bank])     # (none recorded yet: no wait)
+            start.record(stream)
             yield
         finally:        # also when a copy failed: the ones issued before it keep their done event and RAM locks
             end = torch.cuda.Event(enable_timing=True)
-            end.record(self.copy_stream)
+            end.record(stream)
             torch.cuda.set_stream(self._compute_stream)
             self._timed.append((start, end))
             for bank_slot in self._batch_ready:
@@ -549,10 +554,15 @@ class Experts:
             self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
             self.cache.unlock(key)
             return slot
+        stream = self._batch_stream
+        if self.demand_stream is not self.copy_stream:     # the slot's last copy may still run on the other stream
+            landing = self._slot_ready.get((bank, slot))
+            if landing is not None:
+                stream.wait_event(landing)
         if write_back is not None:           # same stream: the victim's bytes leave before new ones land
             self.cache.block(write_back).copy_(dst, non_blocking=True)
         if self._h2d is not None:
-            self._h2d(dst.data_ptr(), src.data_ptr(), self.cache.block_bytes, self._copy_handle)
+            self._h2d(dst.data_ptr(), src.data_ptr(), self.cache.block_bytes, stream.cuda_stream)
         else:
             dst.copy_(src, non_blocking=True)
         done = [evicted[0], key] if write_back is not None else [key]
@@ -561,7 +571,7 @@ class Experts:
             self._batch_keys += done
             return slot
         end = torch.cuda.Event()
-        end.record(self.copy_stream)
+        end.record(stream)
         self._slot_ready[(bank, slot)] = end
         self._inflight += [(end, k) for k in done]
         return slot
@@ -726,6 +736,7 @@ class Experts:
         self._deferred = None              # a step cut short: its prefetch is moot, its guesses cleared below
         if self.is_cuda:
             self.copy_stream.synchronize()
+            self.demand_stream.synchronize()
         self._release_finished_copies()
         for key in list(self._reads):
             self._settle_read(key)
