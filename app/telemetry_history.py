@@ -83,6 +83,7 @@ class TelemetryHistory:
             "used_bytes": _get(s, "ram_cache", "used_bytes"),
             "capacity_bytes": _get(s, "ram_cache", "capacity_bytes"),
             "hits": hits, "misses": misses, "evictions": _get(s, "ram_cache", "evictions"),
+            "fill_reads": _get(s, "ram_cache", "fill_reads"),      # read ahead into free slots (Experts.fill)
             "hit_rate": hits / (hits + misses) if hits + misses else None,
         }
 

@@ -254,8 +254,10 @@ class LivePanels(QWidget):
         else:
             self.cache_bar.setValue(0)
             self.cache_bar.setFormat("—")
+        filled = cache["fill_reads"]
         self.cache_label.setText(f"hits {cache['hits']} · misses {cache['misses']} · evictions "
-                                 f"{cache['evictions']} · hit rate {_percent(cache['hit_rate'])}")
+                                 f"{cache['evictions']} · hit rate {_percent(cache['hit_rate'])}"
+                                 + (f" · {filled} filled ahead" if filled else ""))
         disk = snapshot.get("disk") or {}
         h2d = snapshot.get("h2d") or {}
         cpu = snapshot.get("cpu") or {}

@@ -55,3 +55,14 @@ def test_while_the_engine_works_the_plots_take_turns_and_each_moves_2_5_times_a_
     moved.clear()
     panels.set_busy(False)                                             # idle: one refresh moves them all
     assert set(moved) == set(plots)
+
+
+def test_the_ram_cache_line_says_how_many_blocks_were_filled_ahead_and_nothing_before(qtbot):
+    snapshot = {"ram_cache": {"hits": 3, "misses": 1, "evictions": 0, "used_bytes": 4, "capacity_bytes": 8}}
+    panels = LivePanels(lambda: snapshot)
+    qtbot.addWidget(panels)
+    panels.refresh()
+    assert "filled ahead" not in panels.cache_label.text()
+    snapshot["ram_cache"]["fill_reads"] = 12
+    panels.refresh()
+    assert panels.cache_label.text().endswith("· 12 filled ahead")
