@@ -80,9 +80,10 @@ class RamCache:
         return bool(self._free) or self._num_created < self.num_slots or \
             any(not self._locks.get(k) for k in self._entries)
 
-    def has_free(self) -> bool:
-        """Whether `insert` would evict nothing at all (a free slot, or one not yet created)."""
-        return bool(self._free) or self._num_created < self.num_slots
+    def has_free(self, grow: bool = True) -> bool:
+        """Whether `insert` would evict nothing at all: a free slot, or one not yet created (with `grow`), or one
+        not yet used in the chunks already allocated (without: no chunk is allocated and page-locked)."""
+        return bool(self._free) or self._num_created < (self.num_slots if grow else len(self._views))
 
     def has_spare(self) -> bool:
         """Whether `insert` would evict nothing but a demoted block (or none): room for a read ahead."""

@@ -711,17 +711,20 @@ class Experts:
         """The blocks `fill` reads, in this order (the model's, layer by layer: a prompt's pass starts at layer 0)."""
         self._fill_keys = list(reversed(keys))
 
-    def fill(self, reads: int = FILL_READS) -> bool:
+    def fill(self, reads: int = FILL_READS, grow: bool = True) -> bool:
         """Read blocks that neither tier holds into free RAM slots, never evicting one, while the disk has fewer
         than `reads` reads in flight (a layer's own reads and guesses go first; the caller holds the engine, as a
         layer does). A block read here is one the model will use later (a prompt's pass reads nearly every
         expert; a decode keeps finding the few no prompt has used), and where RAM holds the whole model it then
-        never waits for the disk again. The reads settle as a wrong guess's do (`_settle_unused`). Returns
-        whether there may be more to read: False once every block has a place or RAM has no free slot left."""
+        never waits for the disk again. The reads settle as a wrong guess's do (`_settle_unused`). Without
+        `grow`, only RAM slots already allocated are filled (a decode step must not wait while a new chunk of the
+        cache is page-locked: ~10 ms for 16 blocks). Returns whether there may be more to read: False once every
+        block has a place or RAM has no free slot left."""
         self._settle_unused(wait=False)
         while self._fill_keys and len(self._reads) < reads:
-            if not self.cache.has_free():
-                self._fill_keys = []
+            if not self.cache.has_free(grow):
+                if grow or not self.cache.has_free():
+                    self._fill_keys = []
                 break
             key = self._fill_keys.pop()
             if key in self.cache or key in self._reads or self.banks.holds(key):

@@ -235,7 +235,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         "prefill_max_reads_per_expert_per_layer": value_at(before, ("disk", "max_reads_per_expert_in_prefill")),
         "prefill_roofline_s": prefill["disk"] / disk_bps + prefill["h2d"] / h2d_bps,
         "decode_bytes_per_token": {**tiers, "gpu_reads": gpu_tok},
-        "decode_fill_bytes_per_token": fill_tok,
+        "decode_fill_bytes_per_token": fill_tok, "decode_fill_reads": d("ram_cache", "fill_reads"),
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "placement": end.get("placement"),
@@ -388,8 +388,8 @@ def report(r: dict) -> str:
         f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
         f"efficiency {r['decode_efficiency']:.2f})",
         f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}"
-        + (f" (and {gb(r['decode_fill_bytes_per_token'])} read ahead into free RAM)"
-           if r.get("decode_fill_bytes_per_token") else "")
+        + (f" (and {r['decode_fill_reads']:.0f} blocks read ahead into free RAM over the decode)"
+           if r.get("decode_fill_reads") else "")
         + f", h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
         f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
         f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}; the decode thread waited "
