@@ -123,8 +123,6 @@ class Experts:
         self._stage_np = [row.numpy() for row in self._stage]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
-        # the rows' copies through the driver as well (3.4 against 9.1 us of the decode thread, run 80)
-        self._h2d_rows = HostToDevice.load() if self.is_cuda else None
         self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], list[torch.Tensor]]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if self.is_cuda else None   # set by `run`
@@ -410,9 +408,6 @@ class Experts:
         n = len(values)
         self._stage_np[i][:n] = values
         dst = self._stage_dev[i][:n] if dst is None else dst
-        if self._h2d_rows is not None and dst.is_contiguous():     # on the compute stream, as copy_ would be
-            self._h2d_rows(dst.data_ptr(), self._stage[i].data_ptr(), 4 * n, self._compute_stream.cuda_stream)
-            return dst
         return dst.copy_(self._stage[i][:n], non_blocking=True)
 
     def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
