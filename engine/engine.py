@@ -66,7 +66,7 @@ class Engine:
         """Once the runner has been idle for FILL_IDLE_S, the blocks no prompt has read yet go into free RAM slots,
         a few reads at a time (Runner.fill): a model that fits in RAM is all there before the user's next prompt,
         whose prefill then reads nothing from the disk. A pass or step that starts waits at most for one `fill`
-        call (microseconds), not for its reads. The thread ends when nothing is left to read or at `close`."""
+        call (microseconds, or ~10 ms where it page-locks a new chunk of 16 blocks), not for its reads. The thread ends when nothing is left to read or at `close`."""
         try:
             while not self._closing.wait(FILL_POLL_S):
                 if self.runner.idle_s() >= FILL_IDLE_S and not self.runner.fill():
