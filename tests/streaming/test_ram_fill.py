@@ -6,6 +6,7 @@ import time
 import pytest
 
 import engine.engine as engine_module
+from engine.format.modeldir import open_model_dir
 from engine.runtime import store as store_module
 from tests.streaming.sized import engine_with_slots, token_ids
 
@@ -44,16 +45,21 @@ def _slow_reads(monkeypatch, seconds=0.01):
     monkeypatch.setattr(store_module.ExpertStore, "read_into", slow)
 
 
-def test_an_idle_engine_reads_the_whole_model_into_ram_and_its_prompt_then_reads_nothing(sluice_models, monkeypatch):
-    path = sluice_models("qwen3_moe")
+def _answer_without_filling(path, monkeypatch) -> list[int]:
     monkeypatch.setenv("SLUICE_RAM_FILL", "0")
     plain = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
     try:
-        expected = token_ids(plain, PROMPT, 6)
+        return token_ids(plain, PROMPT, 6)
     finally:
         plain.close()
-    monkeypatch.setenv("SLUICE_RAM_FILL", "1")
-    eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=len(_all_keys(plain)))
+        monkeypatch.setenv("SLUICE_RAM_FILL", "1")
+
+
+def test_an_idle_engine_reads_the_whole_model_into_ram_and_its_prompt_then_reads_nothing(sluice_models, monkeypatch):
+    path = sluice_models("qwen3_moe")
+    expected = _answer_without_filling(path, monkeypatch)
+    spec = open_model_dir(path).spec
+    eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=len(spec.moe_layers) * spec.num_experts)
     try:
         _finished_filling(eng)
         eng.runner.experts.synchronize()                  # the last fill reads have landed
@@ -91,13 +97,7 @@ def test_a_decode_fills_free_ram_between_its_steps(sluice_models, monkeypatch):
 
 def test_a_generation_that_starts_while_ram_fills_is_not_refused_and_answers_the_same(sluice_models, monkeypatch):
     path = sluice_models("qwen3_moe")
-    monkeypatch.setenv("SLUICE_RAM_FILL", "0")
-    plain = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
-    try:
-        expected = token_ids(plain, PROMPT, 6)
-    finally:
-        plain.close()
-    monkeypatch.setenv("SLUICE_RAM_FILL", "1")
+    expected = _answer_without_filling(path, monkeypatch)
     _slow_reads(monkeypatch)
     eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
     try:
