@@ -120,3 +120,28 @@ def test_closing_stops_the_filler_at_once(sluice_models, monkeypatch):
     eng.close()
     assert time.monotonic() - start < 2.0
     assert not eng._filler.is_alive()
+
+
+def test_a_corrupted_block_the_filler_meets_first_still_stops_the_prompt_that_needs_it_with_one_sentence(
+        sluice_models, tmp_path):
+    import json
+    import shutil
+
+    import engine
+    from engine import GenerationParams
+    from engine.errors import SluiceError
+    model = shutil.copytree(sluice_models("qwen3_moe"), tmp_path / "m")
+    layers = json.loads((model / "sluice.json").read_text())["experts"]["layers"]
+    with open(model / "experts.bin", "r+b") as f:            # one byte of expert 5 of layer 1
+        f.seek(layers["1"]["offset"] + 5 * layers["1"]["block_bytes"] + 100)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    eng = engine.load(model, device="cpu", dtype="float32", max_context=160)
+    try:
+        _finished_filling(eng)                               # it met the block, dropped it and ended quietly
+        assert (1, 4) in eng.runner.cache and (1, 5) not in eng.runner.cache
+        with pytest.raises(SluiceError, match="Expert 5 of layer 1 is corrupted"):
+            list(eng.generate(list(range(1, 120)), GenerationParams(max_new_tokens=2)))
+    finally:
+        eng.close()
