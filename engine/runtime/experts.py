@@ -717,8 +717,8 @@ class Experts:
         layer does). A block read here is one the model will use later (a prompt's pass reads nearly every
         expert; a decode keeps finding the few no prompt has used), and where RAM holds the whole model it then
         never waits for the disk again. The reads settle as a wrong guess's do (`_settle_unused`). Without
-        `grow`, only RAM slots already allocated are filled (a decode step must not wait while a new chunk of the
-        cache is page-locked: ~10 ms for 16 blocks). Returns whether there may be more to read: False once every
+        `grow`, only where no allocation waits (RamCache.has_free): a decode step must not wait while a chunk of
+        the cache is page-locked (~10 ms for 16 blocks). Returns whether there may be more to read: False once every
         block has a place or RAM has no free slot left."""
         self._settle_unused(wait=False)
         while self._fill_keys and len(self._reads) < reads:

@@ -343,7 +343,7 @@ class Runner:
                                  static_inputs=s.use_graphs, defer=self.defer_prefetch)
         s.run_head()
         self.experts.run_deferred()
-        if self.fills:                         # into RAM slots already allocated: the idle filler allocates
+        if self.fills:                         # where no allocation waits: the idle filler's may
             self.experts.fill(grow=False)
         if self.is_cuda and position % 16 == 0:   # a host-side counter (~60 us a read): a step's graphs allocate
             stats = torch.cuda.memory_stats_as_nested_dict(self.device)          # nothing, so now and then

@@ -114,8 +114,46 @@ def test_the_cache_holds_the_slots_it_wrote_and_its_pinned_chunks_whole():
             return True
     pinned = RamCache(40 * 4096, 4096, t, allocate=lambda n: torch.zeros(n, dtype=torch.uint8).as_subclass(Pinned))
     pinned.insert((0, 0))
-    assert t.snapshot()["ram_cache"]["held_bytes"] == CHUNK_SLOTS * 4096
+    pinned._ahead.result()                                            # the next chunk, made ahead, counts too
+    assert t.snapshot()["ram_cache"]["held_bytes"] == 2 * CHUNK_SLOTS * 4096
     assert t.snapshot()["vram"]["driver_bytes"] == 0                 # no GPU driver attached
+
+
+def test_the_cache_makes_its_next_chunk_ahead_on_another_thread_and_never_past_its_budget():
+    import threading
+
+    from engine.runtime.cache import CHUNK_SLOTS, RamCache
+    made = []
+
+    def allocate(n):
+        made.append((n // 4096, threading.current_thread().name))
+        return torch.zeros(n, dtype=torch.uint8)
+    cache = RamCache(40 * 4096, 4096, Telemetry(), allocate=allocate)     # 40 slots: chunks of 16, 16 and 8
+    assert made == []                                                     # nothing until it grows
+    for expert in range(40):
+        cache.insert((0, expert))
+        if cache._ahead is not None:
+            cache._ahead.result()
+    assert [count for count, _ in made] == [CHUNK_SLOTS, CHUNK_SLOTS, 40 - 2 * CHUNK_SLOTS]
+    assert made[0][1] == threading.current_thread().name                # the first when it was needed
+    assert {name for _, name in made[1:]} == {"sluice-ram-chunk"}         # the others ahead of need
+    assert cache._ahead is None and not cache.has_free()
+
+
+def test_a_chunk_that_cannot_be_made_ahead_fails_the_insert_that_needs_it():
+    from engine.runtime.cache import CHUNK_SLOTS, RamCache
+    calls = []
+
+    def allocate(n):
+        calls.append(n)
+        if len(calls) > 1:
+            raise MemoryError("cudaHostRegister of 65536 bytes failed (error 2)")
+        return torch.zeros(n, dtype=torch.uint8)
+    cache = RamCache(40 * 4096, 4096, Telemetry(), allocate=allocate)
+    for expert in range(CHUNK_SLOTS):                                     # the first chunk fills
+        cache.insert((0, expert))
+    with pytest.raises(MemoryError, match="cudaHostRegister"):
+        cache.insert((0, CHUNK_SLOTS))
 
 
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's heap keeps freed blocks; others differ")
@@ -165,3 +203,24 @@ def test_router_kernels_are_chosen_for_the_standard_routers_only(monkeypatch):
     runner = SimpleNamespace(model=SimpleNamespace(blocks=blocks), device="cpu", dtype=torch.float32, telemetry=None)
     Runner._choose_router_kernels(runner)
     assert asked == [(8, 4, 2, True)] and standard.kernel == "kernel"
+
+
+def test_without_growing_the_cache_has_room_only_where_no_allocation_would_wait():
+    import threading
+
+    from engine.runtime.cache import CHUNK_SLOTS, RamCache
+    release = threading.Event()
+
+    def allocate(n):
+        if threading.current_thread().name == "sluice-ram-chunk":
+            release.wait(10)                                  # the chunk made ahead takes its time
+        return torch.zeros(n, dtype=torch.uint8)
+    cache = RamCache(40 * 4096, 4096, Telemetry(), allocate=allocate)
+    assert cache.has_free() and not cache.has_free(grow=False)          # nothing allocated yet
+    for expert in range(CHUNK_SLOTS):
+        cache.insert((0, expert))
+        assert cache.has_free(grow=False) == (expert < CHUNK_SLOTS - 1)  # slots of the first chunk left
+    assert cache.has_free()                                               # the budget has room ...
+    release.set()
+    cache._ahead.result()
+    assert cache.has_free(grow=False)                                     # ... and the next chunk is ready
