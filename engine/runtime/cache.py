@@ -8,7 +8,8 @@ Memory is taken in chunks only when the cache grows, so a large budget costs not
 (and on CUDA, pinned memory is never taken past the budget). Once it grows, the next chunk is allocated
 ahead on a thread of its own: page-locking 16 blocks takes ~10 ms, which the thread filling the cache (a
 prompt's pass, a decode step) would otherwise spend instead of keeping the disk busy (py-spy had the chunks'
-pinning at 8-11% of the decode thread in a short run, BENCHMARKS run 61). Locked entries are never evicted.
+pinning at 8-11% of the decode thread in a short run, BENCHMARKS run 61; not yet measured on a GPU since:
+SLUICE_CHUNK_AHEAD=0 allocates each chunk when needed, for the A/B). Locked entries are never evicted.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from typing import Callable
 import torch
 
 from engine.runtime.slots import least_used
+from engine.runtime.switches import env_int
 from engine.runtime.telemetry import Telemetry
 
 Key = tuple[int, int]      # (layer, expert)
@@ -53,6 +55,7 @@ class RamCache:
         self._num_created = 0
         self._pinned_bytes = 0                    # chunks page-locked whole (resident before they are filled)
         self._ahead: Future | None = None         # the next chunk, being allocated on a thread of its own
+        self.ahead = env_int("SLUICE_CHUNK_AHEAD") != 0     # 0: each chunk allocated when needed (an A/B switch)
         self._held_lock = threading.Lock()        # the held bytes, counted by both threads
         self._ahead_pinned = 0                    # ... of which the chunk made ahead
         telemetry.set(ram_capacity_bytes=self.num_slots * block_bytes)
@@ -162,7 +165,7 @@ class RamCache:
             self._chunks.append(chunk)
             self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
             following = min(CHUNK_SLOTS, self.num_slots - len(self._views))
-            if following > 0:
+            if following > 0 and self.ahead:
                 self._ahead = Future()
                 threading.Thread(target=self._allocate_ahead, args=(self._ahead, following * self.block_bytes),
                                  name="sluice-ram-chunk", daemon=True).start()
