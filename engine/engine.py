@@ -66,11 +66,19 @@ class Engine:
         """Once the runner has been idle for FILL_IDLE_S, the blocks no prompt has read yet go into free RAM slots,
         a few reads at a time (Runner.fill): a model that fits in RAM is all there before the user's next prompt,
         whose prefill then reads nothing from the disk. A pass or step that starts waits at most for one `fill`
-        call (microseconds, or ~10 ms where it page-locks a new chunk of 16 blocks), not for its reads. The thread ends when nothing is left to read or at `close`."""
+        call (microseconds; longer only if it must wait for a chunk of the cache being page-locked), not for its
+        reads. While the runner works the thread sleeps until it could be idle long enough; it ends when nothing
+        is left to read or at `close`."""
+        pause = FILL_IDLE_S
         try:
-            while not self._closing.wait(FILL_POLL_S):
-                if self.runner.idle_s() >= FILL_IDLE_S and not self.runner.fill():
+            while not self._closing.wait(pause):
+                idle = self.runner.idle_s()
+                if idle < FILL_IDLE_S:
+                    pause = max(FILL_POLL_S, FILL_IDLE_S - idle)
+                    continue
+                if not self.runner.fill():
                     return
+                pause = FILL_POLL_S
         except Exception:      # noqa: BLE001 - filling is only ahead of need: a prompt's own read reports the error
             return
 
