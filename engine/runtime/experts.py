@@ -123,6 +123,9 @@ class Experts:
         self._stage_np = [row.numpy() for row in self._stage]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
+        # the rows' copies through the driver as the blocks' are (SLUICE_DRIVER_ROWS=1, an A/B not yet run on a GPU:
+        # 3.4 against 9.1 us of the decode thread a copy in run 80's probe)
+        self._h2d_rows = HostToDevice.load() if self.is_cuda and env_int("SLUICE_DRIVER_ROWS") == 1 else None
         self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], list[torch.Tensor]]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if self.is_cuda else None   # set by `run`
@@ -408,6 +411,9 @@ class Experts:
         n = len(values)
         self._stage_np[i][:n] = values
         dst = self._stage_dev[i][:n] if dst is None else dst
+        if self._h2d_rows is not None and dst.is_contiguous():     # on the compute stream, as copy_ would be
+            self._h2d_rows(dst.data_ptr(), self._stage[i].data_ptr(), 4 * n, self._compute_stream.cuda_stream)
+            return dst
         return dst.copy_(self._stage[i][:n], non_blocking=True)
 
     def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
