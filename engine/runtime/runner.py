@@ -283,9 +283,10 @@ class Runner:
         return 0.0 if self._lock.locked() else time.monotonic() - self._used_at
 
     def fill(self) -> bool:
-        """A few more blocks read into free RAM slots (Experts.fill); False once nothing is left to read."""
+        """A few more blocks read into free RAM slots (Experts.fill), as many in flight as there are reader threads
+        (the runner is idle: nothing else reads); False once nothing is left to read."""
         with self._lock:
-            return self.fills and self.experts.fill()
+            return self.fills and self.experts.fill(reads=self.store.num_threads)
 
     def prefill(self, token_ids: list[int], cancel=None) -> torch.Tensor:
         """A new conversation's prompt -> logits of its last token [V] float32. `cancel` (a threading.Event),

@@ -62,6 +62,7 @@ class ExpertStore:
         # once per reader thread), so active time / wall time says how busy the reads kept the disk.
         self._active_lock = threading.Lock()
         self._in_flight, self._active_since = 0, 0.0
+        self.num_threads = num_threads
         self._pool = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="sluice-reader")
         self.block_bytes = model.layout.block_bytes
 
