@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Alternated `sluice bench` runs of this tree under several environments (switches), on one machine:
 #   bash scripts/ab_env.sh REGIME TOKENS ROUNDS "A=1" "A=0 B=8" ... [-- extra bench flags...]
-# Each round runs every setting in turn ("-" for none); one line a run (scripts/bench_summary.sh), the whole
+# Each round runs every setting in turn ("-" for none); one line a run (bench_summary in scripts/bench_lib.sh), the whole
 # reports under $OUT/bench-*.txt.
 set -u
-source "$(dirname "$0")/bench_summary.sh"
+source "$(dirname "$0")/bench_lib.sh"
 regime=$1 tokens=$2 rounds=$3; shift 3
 settings=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do settings+=("$1"); shift; done
@@ -14,9 +14,7 @@ for round in $(seq 1 "$rounds"); do
     setting=${settings[$i]}
     tag=$regime-$i-$round
     env_args=(); [ "$setting" != "-" ] && read -ra env_args <<< "$setting"
-    env "${env_args[@]}" timeout 200 python3 -m engine.tools.cli bench --preset olmoe-1b-7b --quant int8 --dense-quant int8 \
-      --prompt-tokens 512 --new-tokens "$tokens" --regime "$regime" --work-dir "${SLUICE_BENCH_DIR:-/tmp/sb}" "$@" \
-      > "$OUT/bench-$tag.txt" 2>&1
+    ([ ${#env_args[@]} -eq 0 ] || export "${env_args[@]}"; bench_run "$regime" "$tokens" "$OUT/bench-$tag.txt" "$@")
     echo "$tag [$setting]: $(bench_summary "$OUT/bench-$tag.txt")"
   done
 done

@@ -159,8 +159,8 @@ class RamCache:
             ahead, self._ahead = self._ahead, None
             chunk = ahead.result() if ahead is not None else self._allocate(count * self.block_bytes)
             pinned = chunk.numel() if chunk.is_pinned() else 0
-            with self._held_lock:
-                self._ahead_pinned -= pinned if ahead is not None else 0
+            with self._held_lock:                         # (one chunk is made ahead at a time)
+                self._ahead_pinned = 0
                 self._pinned_bytes += pinned
             self._chunks.append(chunk)
             self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
@@ -180,7 +180,7 @@ class RamCache:
             future.set_exception(exc)
             return
         with self._held_lock:
-            self._ahead_pinned += chunk.numel() if chunk.is_pinned() else 0
+            self._ahead_pinned = chunk.numel() if chunk.is_pinned() else 0
         future.set_result(chunk)
         self._count_held()
 

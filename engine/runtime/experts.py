@@ -726,6 +726,8 @@ class Experts:
         `grow`, only where no allocation waits (RamCache.has_free): a decode step must not wait while a chunk of
         the cache is page-locked (~10 ms for 16 blocks). Returns whether there may be more to read: False once every
         block has a place or RAM has no free slot left."""
+        if not self._fill_keys:                    # (a decode step asks every token: nothing to do once done)
+            return False
         self._settle_unused(wait=False)
         while self._fill_keys and len(self._reads) < reads:
             if not self.cache.has_free(grow):

@@ -208,8 +208,8 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
     d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
     tiers = _tier_bytes(end, before, decoded)
     # blocks read ahead of need into free RAM slots (Experts.fill) are not a token's own reads
-    fill_tok = d("ram_cache", "fill_reads") * block_bytes / decoded
-    tiers["disk"] = max(tiers["disk"] - fill_tok, 0.0)
+    fill_reads = d("ram_cache", "fill_reads")
+    tiers["disk"] = max(tiers["disk"] - fill_reads * block_bytes / decoded, 0.0)
     disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
     dense_bytes = plan.dense_bytes - embed_bytes                     # embedding: one row is read
     # the GPU reads the dense weights, the KV cache and the active experts the CPU did not compute
@@ -235,7 +235,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         "prefill_max_reads_per_expert_per_layer": value_at(before, ("disk", "max_reads_per_expert_in_prefill")),
         "prefill_roofline_s": prefill["disk"] / disk_bps + prefill["h2d"] / h2d_bps,
         "decode_bytes_per_token": {**tiers, "gpu_reads": gpu_tok},
-        "decode_fill_bytes_per_token": fill_tok, "decode_fill_reads": d("ram_cache", "fill_reads"),
+        "decode_fill_reads": fill_reads,
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "placement": end.get("placement"),

@@ -36,6 +36,12 @@ def _fill_reads(eng) -> int:
     return eng.telemetry()["ram_cache"]["fill_reads"]
 
 
+def _until_filling(eng, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while _fill_reads(eng) == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
 def _slow_reads(monkeypatch, seconds=0.01):
     real = store_module.ExpertStore.read_into
 
@@ -101,9 +107,7 @@ def test_a_generation_that_starts_while_ram_fills_is_not_refused_and_answers_the
     _slow_reads(monkeypatch)
     eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
     try:
-        deadline = time.monotonic() + 10
-        while _fill_reads(eng) == 0 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        _until_filling(eng)
         assert _fill_reads(eng) > 0 and eng._filler.is_alive()   # filling now
         assert token_ids(eng, PROMPT, 6) == expected
     finally:
@@ -113,9 +117,7 @@ def test_a_generation_that_starts_while_ram_fills_is_not_refused_and_answers_the
 def test_closing_stops_the_filler_at_once(sluice_models, monkeypatch):
     _slow_reads(monkeypatch, seconds=0.05)
     eng = engine_with_slots(sluice_models("qwen3_moe"), slots_per_bank=3, ram_blocks=64)
-    deadline = time.monotonic() + 10
-    while _fill_reads(eng) == 0 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _until_filling(eng)
     start = time.monotonic()
     eng.close()
     assert time.monotonic() - start < 2.0
