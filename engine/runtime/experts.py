@@ -98,11 +98,6 @@ class Experts:
         # stays resident is decoded once, not once per token. CUDA reads blocks directly (kernels).
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] | None = None if self.is_cuda else {}
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
-        # A layer's own misses on a stream of their own (SLUICE_DEMAND_STREAM=1, an A/B): they then share PCIe with
-        # the guesses' copies still in flight instead of queueing behind them.
-        self.demand_stream = torch.cuda.Stream(self.device) if self.is_cuda and env_int("SLUICE_DEMAND_STREAM") == 1 \
-            else self.copy_stream
-        self._batch_stream = self.copy_stream
         # a block's copy through the driver, not torch's copy_ (engine.runtime.cuda_driver), where it loads
         self._h2d = HostToDevice.load() if self.is_cuda and banks.block_bytes == cache.block_bytes else None
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
@@ -123,9 +118,6 @@ class Experts:
         self._stage_np = [row.numpy() for row in self._stage]
         self._stage_dev = [torch.empty(512, dtype=torch.int32, device=self.device) for _ in range(8)]
         self._stage_next = 0
-        # the rows' copies through the driver as the blocks' are (SLUICE_DRIVER_ROWS=1, an A/B not yet run on a GPU:
-        # 3.4 against 9.1 us of the decode thread a copy in run 80's probe)
-        self._h2d_rows = HostToDevice.load() if self.is_cuda and env_int("SLUICE_DRIVER_ROWS") == 1 else None
         self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], list[torch.Tensor]]] = {}   # see capture
         self._graph_pool = torch.cuda.graph_pool_handle() if self.is_cuda else None
         self._compute_stream = torch.cuda.current_stream(self.device) if self.is_cuda else None   # set by `run`
@@ -411,9 +403,6 @@ class Experts:
         n = len(values)
         self._stage_np[i][:n] = values
         dst = self._stage_dev[i][:n] if dst is None else dst
-        if self._h2d_rows is not None and dst.is_contiguous():     # on the compute stream, as copy_ would be
-            self._h2d_rows(dst.data_ptr(), self._stage[i].data_ptr(), 4 * n, self._compute_stream.cuda_stream)
-            return dst
         return dst.copy_(self._stage[i][:n], non_blocking=True)
 
     def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
@@ -457,7 +446,7 @@ class Experts:
             else:
                 from_disk.append((expert, *self._start_read(key)))
         placed = {}
-        with self._copy_batch(layer, each, self.demand_stream):
+        with self._copy_batch(layer, each):
             for expert, ram_slot in in_ram:
                 placed[expert] = self._copy(layer, expert, ram_slot, protected, ram_hit=True)
         if from_disk and self._ahead is not None:     # queued behind this layer's reads: they go first
@@ -469,7 +458,7 @@ class Experts:
             except BaseException:
                 self._abandon_reads(layer, from_disk[i + 1:])
                 raise
-            with self._copy_batch(layer, stream=self.demand_stream):
+            with self._copy_batch(layer):
                 placed[expert] = self._copy(layer, expert, ram_slot, protected)
         return placed
 
@@ -503,8 +492,8 @@ class Experts:
             self.cache.discard((layer, expert))
 
     @contextmanager
-    def _copy_batch(self, layer: int, each: bool = False, stream: torch.cuda.Stream | None = None):
-        """Copies into layer's bank issued inside, on `stream` (the copy stream) after the last compute that read
+    def _copy_batch(self, layer: int, each: bool = False):
+        """Copies into layer's bank issued inside, on the copy stream after the last compute that read
         the bank; the batch is timed as a whole (h2d busy time) by one pair of events, whose end also
         marks every copy done unless `each` copy records its own."""
         self._batch_copies = 0
@@ -517,7 +506,7 @@ class Experts:
         bank = self.banks.bank_of(layer)
         issued, self._batch_each = time.perf_counter(), each
         self._batch_ready, self._batch_keys = [], []
-        stream = self._batch_stream = stream or self.copy_stream
+        stream = self.copy_stream
         torch.cuda.set_stream(stream)                # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         start = torch.cuda.Event(enable_timing=True)
         try:
@@ -560,11 +549,7 @@ class Experts:
             self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
             self.cache.unlock(key)
             return slot
-        stream = self._batch_stream
-        if self.demand_stream is not self.copy_stream:     # the slot's last copy may still run on the other stream
-            landing = self._slot_ready.get((bank, slot))
-            if landing is not None:
-                stream.wait_event(landing)
+        stream = self.copy_stream
         if write_back is not None:           # same stream: the victim's bytes leave before new ones land
             self.cache.block(write_back).copy_(dst, non_blocking=True)
         if self._h2d is not None:
@@ -747,7 +732,6 @@ class Experts:
         self._deferred = None              # a step cut short: its prefetch is moot, its guesses cleared below
         if self.is_cuda:
             self.copy_stream.synchronize()
-            self.demand_stream.synchronize()
         self._release_finished_copies()
         for key in list(self._reads):
             self._settle_read(key)

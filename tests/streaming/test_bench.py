@@ -83,3 +83,13 @@ def test_bench_samples_like_the_app_when_asked(tiny_preset, tmp_path, capsys, mo
     assert len(asked) == 2 and all((p.top_k, p.top_p) == (40, 0.95) for p in asked)     # the run, the warm prefill
     assert result["decode_tok_s"] > 0
     assert "sampled at temperature 1, top-k 40, top-p 0.95 (" in report(result)
+
+
+def test_bench_says_in_a_sentence_when_its_model_cannot_be_written(tiny_preset, tmp_path, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    rc = main(["bench", "--preset", tiny_preset, "--quant", "fp8", "--device", "cpu", "--prompt-tokens", "8",
+               "--new-tokens", "2", "--work-dir", str(blocker / "work")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "Traceback" not in err
+    assert "could not be written into" in err and "--work-dir" in err
