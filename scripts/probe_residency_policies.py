@@ -10,6 +10,10 @@ better half of the next layer's guesses copied ahead. A prompt brings in its exp
 sweep. The first 16 decode tokens warm the banks and are not counted. --tree: import SlotBanks from another
 checkout (the A/B of a policy change). Also prints plain LRU, and Belady's optimum (the block next used last
 goes, knowing the future) as the bound.
+--ram N: the decode through both tiers, N RAM-cache blocks beside the slots, as in the exceeds regime (exclusive:
+a block copied into a slot is demoted in RAM, a slot's victim goes back to RAM; the better half of the next
+layer's guesses copied ahead from RAM or read ahead from disk): blocks read from disk a decode token, with
+RamCache as it is, its victim from the 32 least recently used (the rule before) and plain LRU.
 """
 from __future__ import annotations
 
@@ -123,11 +127,84 @@ def replay(steps: list, make_banks, layers: int) -> tuple[float, float]:
     return copies / tokens, hits / max(1, wanted_total)
 
 
+class Tiers:
+    """SlotBanks and RamCache as Experts drives them in decode (exclusive tiers), counting disk reads."""
+    def __init__(self, slots: int, ram_blocks: int, window: int | None):
+        import torch
+        from engine.runtime.cache import RamCache
+        from engine.runtime.slots import SlotBanks
+        from engine.runtime.telemetry import Telemetry
+        self.banks = SlotBanks(slots, 1, torch.device("cpu"), Telemetry())
+        self.cache = RamCache(ram_blocks, 1, Telemetry(), allocate=lambda n: torch.empty(n, dtype=torch.uint8))
+        self.cache.uses = self.banks.uses if window != 0 else None        # 0: plain LRU
+        if window:
+            self.cache.window = window
+        self.reads = 0
+
+    def to_slot(self, key, protected, ram_hit: bool) -> None:
+        """Experts._copy: the slot's victim back to RAM, the copied block demoted there."""
+        self.banks.acquire(key, protected)
+        evicted, sweeping = self.banks.last_evicted, self.banks.sweeping
+        if evicted and not (sweeping and self.banks.last_evicted_swept):
+            if evicted[0] in self.cache:
+                self.cache.touch(evicted[0])
+            elif self.cache.can_insert():
+                self.cache.insert(evicted[0])
+        if not (sweeping and ram_hit):
+            self.cache.demote(key)
+
+    def bring_in(self, key, protected) -> None:
+        ram_hit = self.cache.lookup(key) is not None
+        if not ram_hit:
+            self.reads += 1
+            self.cache.insert(key)
+        self.to_slot(key, protected, ram_hit)
+
+
+def replay_tiers(steps: list, tiers: Tiers, layers: int) -> float:
+    """-> blocks read from disk a decode token."""
+    decoded = counted = 0
+    banks, cache = tiers.banks, tiers.cache
+    for layer, num_tokens, routed, guesses, next_layer in steps:
+        wanted = list(dict.fromkeys(routed))
+        protected = {(layer, e) for e in wanted}
+        if num_tokens > 1:                                          # a prompt: a sweep, most used first
+            banks.begin_sweep()
+            banks.note_used(layer, routed)
+            for expert, _ in Counter(routed).most_common():
+                if banks.find((layer, expert)) is None:
+                    tiers.bring_in((layer, expert), protected)
+            for key in banks.end_sweep():
+                cache.demote(key)
+            continue
+        counting, before = decoded >= WARM_TOKENS * layers, tiers.reads
+        decoded += 1
+        banks.note_used(layer, routed)
+        for expert in wanted:
+            if banks.find((layer, expert)) is None:
+                tiers.bring_in((layer, expert), protected)
+        predicted = list(dict.fromkeys(guesses))
+        if next_layer is not None and predicted:                   # Experts._prefetch: the better half
+            guarded = {(next_layer, e) for e in predicted}
+            better = [(next_layer, e) for e in predicted[:max(1, len(predicted) // 2)]]
+            for key in better:
+                if banks.find(key) is None and key in cache:
+                    cache.lookup(key)
+                    tiers.to_slot(key, guarded, ram_hit=True)
+            for key in better:
+                if banks.find(key) is None and key not in cache and cache.can_insert():
+                    tiers.reads += 1
+                    cache.insert(key)
+        counted += (tiers.reads - before) * counting
+    return counted / max(1, decoded / layers - WARM_TOKENS)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--slots", type=int, nargs="+", default=[209])
     parser.add_argument("--tree", type=Path, default=ROOT)
     parser.add_argument("--trace", type=Path, default=WORK / "trace.json", help="a trace recorded elsewhere")
+    parser.add_argument("--ram", type=int, help="RAM-cache blocks beside the slots: disk reads through both tiers")
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     trace = args.trace
@@ -146,6 +223,12 @@ def main() -> None:
     print(f"SlotBanks from {args.tree.resolve()}; {sum(s[1] == 1 for s in steps) // layers} decode tokens, "
           f"the first {WARM_TOKENS} not counted")
     for slots in args.slots:
+        if args.ram:
+            for name, window in (("RamCache", None), ("32 oldest (before)", 32), ("plain LRU", 0)):
+                read = replay_tiers(steps, Tiers(slots, args.ram, window), layers)
+                print(f"{slots} slots a bank, {args.ram} RAM blocks  {name:18s} {read:5.1f} blocks read from disk a token")
+            continue
+
         def banks(lru=False):
             made = SlotBanks(slots, 1, torch.device("cpu"), Telemetry())
             if lru:
