@@ -161,8 +161,9 @@ class Tiers:
         self.to_slot(key, protected, ram_hit)
 
 
-def replay_tiers(steps: list, tiers: Tiers, layers: int) -> float:
-    """-> blocks read from disk a decode token."""
+def replay_tiers(steps: list, tiers: Tiers, layers: int, reads_ahead: int | None = None) -> float:
+    """-> blocks read from disk a decode token. reads_ahead: of the next layer's guesses, how many that neither
+    tier holds are read ahead (default the better half, as Experts does; SLUICE_PREFETCH_READS on the GPU)."""
     decoded = counted = 0
     banks, cache = tiers.banks, tiers.cache
     for layer, num_tokens, routed, guesses, next_layer in steps:
@@ -191,7 +192,7 @@ def replay_tiers(steps: list, tiers: Tiers, layers: int) -> float:
                 if banks.find(key) is None and key in cache:
                     cache.lookup(key)
                     tiers.to_slot(key, guarded, ram_hit=True)
-            for key in better:
+            for key in better if reads_ahead is None else [(next_layer, e) for e in predicted[:reads_ahead]]:
                 if banks.find(key) is None and key not in cache and cache.can_insert():
                     tiers.reads += 1
                     cache.insert(key)
@@ -205,6 +206,8 @@ def main() -> None:
     parser.add_argument("--tree", type=Path, default=ROOT)
     parser.add_argument("--trace", type=Path, default=WORK / "trace.json", help="a trace recorded elsewhere")
     parser.add_argument("--ram", type=int, help="RAM-cache blocks beside the slots: disk reads through both tiers")
+    parser.add_argument("--reads-ahead", type=int, nargs="*", default=[],
+                        help="with --ram: also replay reading ahead this many of the next layer's guesses")
     args = parser.parse_args()
     sys.path.insert(0, str(args.tree.resolve()))
     trace = args.trace
@@ -227,6 +230,9 @@ def main() -> None:
             for name, window in (("RamCache", None), ("32 oldest (before)", 32), ("plain LRU", 0)):
                 read = replay_tiers(steps, Tiers(slots, args.ram, window), layers)
                 print(f"{slots} slots a bank, {args.ram} RAM blocks  {name:18s} {read:5.1f} blocks read from disk a token")
+            for ahead in args.reads_ahead:
+                read = replay_tiers(steps, Tiers(slots, args.ram, None), layers, ahead)
+                print(f"{slots} slots a bank, {args.ram} RAM blocks  {ahead} guesses read ahead {read:5.1f} blocks read from disk a token")
             continue
 
         def banks(lru=False):
