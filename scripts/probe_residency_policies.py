@@ -89,6 +89,17 @@ class Belady:
         return []
 
 
+def replay_prompt(banks, layer: int, routed: list, bring_in) -> list:
+    """A prompt's layer: a sweep, its experts brought in most used first; -> the blocks the sweep left resident."""
+    protected = {(layer, e) for e in routed}
+    banks.begin_sweep()
+    banks.note_used(layer, routed)
+    for expert, _ in Counter(routed).most_common():
+        if banks.find((layer, expert)) is None:
+            bring_in((layer, expert), protected)
+    return banks.end_sweep()
+
+
 def replay(steps: list, make_banks, layers: int) -> tuple[float, float]:
     """-> (blocks copied a decode token, VRAM hit rate of the routed experts)."""
     banks = make_banks()
@@ -98,13 +109,8 @@ def replay(steps: list, make_banks, layers: int) -> tuple[float, float]:
             banks.now = index
         wanted = list(dict.fromkeys(routed))
         protected = {(layer, e) for e in wanted}
-        if num_tokens > 1:                                          # a prompt: a sweep, most used first
-            banks.begin_sweep()
-            banks.note_used(layer, routed)
-            for expert, _ in Counter(routed).most_common():
-                if banks.find((layer, expert)) is None:
-                    banks.acquire((layer, expert), protected)
-            banks.end_sweep()
+        if num_tokens > 1:
+            replay_prompt(banks, layer, routed, banks.acquire)
             continue
         counting = decoded >= WARM_TOKENS * layers
         decoded += 1
@@ -169,13 +175,8 @@ def replay_tiers(steps: list, tiers: Tiers, layers: int, reads_ahead: int | None
     for layer, num_tokens, routed, guesses, next_layer in steps:
         wanted = list(dict.fromkeys(routed))
         protected = {(layer, e) for e in wanted}
-        if num_tokens > 1:                                          # a prompt: a sweep, most used first
-            banks.begin_sweep()
-            banks.note_used(layer, routed)
-            for expert, _ in Counter(routed).most_common():
-                if banks.find((layer, expert)) is None:
-                    tiers.bring_in((layer, expert), protected)
-            for key in banks.end_sweep():
+        if num_tokens > 1:
+            for key in replay_prompt(banks, layer, routed, tiers.bring_in):
                 cache.demote(key)
             continue
         counting, before = decoded >= WARM_TOKENS * layers, tiers.reads
