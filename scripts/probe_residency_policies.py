@@ -142,7 +142,7 @@ class Tiers:
         from engine.runtime.telemetry import Telemetry
         self.banks = SlotBanks(slots, 1, torch.device("cpu"), Telemetry())
         self.cache = RamCache(ram_blocks, 1, Telemetry(), allocate=lambda n: torch.empty(n, dtype=torch.uint8))
-        self.cache.uses = self.banks.uses if window != 0 else None        # 0: plain LRU
+        self.cache.uses = self.banks.rank if window != 0 else None        # 0: plain LRU
         if window:
             self.cache.window = window
         self.reads = 0

@@ -1,9 +1,10 @@
 """RAM cache of expert blocks: a fixed number of block-sized slots, allocated as it fills.
 
 Eviction: a block also held in a VRAM slot (demoted) goes first, as it costs nothing to lose; then the
-least used (`uses`: the routing use counts the slot banks keep) of the least recently used half of the
-cache, so hot experts stay in RAM while the newer half stays whatever its counts say: a block read ahead
-for a guess, or written back from a slot, is there before its next use. With no `uses` it is plain LRU.
+least used (`uses`: a key function ordering blocks by the routing use counts the slot banks keep,
+SlotBanks.rank) of the least recently used half of the cache, so hot experts stay in RAM while the newer
+half stays whatever its counts say: a block read ahead for a guess, or written back from a slot, is there
+before its next use. With no `uses` it is plain LRU.
 Replayed on the bench model's routing through both tiers as the decode drives them
 (`scripts/probe_residency_policies.py --ram 313 --slots 52 92`, the exceeds regime's sizes), the half
 reads 7-8% fewer blocks from the disk a token than the 32 oldest (42.6 -> 39.3, 31.8 -> 29.5), 5-11% at
@@ -23,12 +24,11 @@ import mmap
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from itertools import chain
+from itertools import islice
 from typing import Callable
 
 import torch
 
-from engine.runtime.slots import least_used
 from engine.runtime.switches import env_int
 from engine.runtime.telemetry import Telemetry
 
@@ -133,11 +133,12 @@ class RamCache:
     def _victim(self) -> Key | None:
         """A demoted block (oldest first), else the least used of the `window` least recently used
         unlocked ones (the oldest on ties)."""
-        unlocked = (key for key in self._entries if not self._locks.get(key))   # least recent first
-        first = next(unlocked, None)
+        locks = self._locks
+        first = next((key for key in self._entries if not locks.get(key)), None)   # least recent first
         if first is None or first in self._demoted or self.uses is None:     # demoted ones are moved first
             return first
-        return least_used(chain([first], unlocked), self.uses, self.window)
+        oldest = [key for key in islice(self._entries, self.window + len(locks)) if not locks.get(key)]
+        return min(oldest[:self.window], key=self.uses)
 
     def discard(self, key: Key) -> None:
         """Forget a block whose read failed."""

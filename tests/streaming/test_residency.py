@@ -64,7 +64,7 @@ def disk_reads_per_token(trace, ram_window: int | str | None, slots_per_bank: in
     "default" for the cache's own, or the number of least recent blocks its victim is chosen from."""
     banks = SlotBanks(slots_per_bank, 1, torch.device("cpu"), Telemetry())
     cache = RamCache(ram_blocks, 1, Telemetry(), allocate=lambda n: torch.empty(n, dtype=torch.uint8))
-    cache.uses = banks.uses if ram_window else None
+    cache.uses = banks.rank if ram_window else None
     if ram_window != "default":
         cache.window = ram_window or 1
     reads = 0
