@@ -113,7 +113,7 @@ class SlotBanks:
     def rank(self, key: Key) -> float:
         """A number that orders keys as `uses` does (the log of the decayed count plus the clock at the last use),
         without computing the count: the RAM cache's victim compares hundreds of keys (22 against 29 us an
-        eviction from 313 blocks, 169 against 233 from 3000, on the 2-core dev machine)."""
+        eviction from 313 blocks, 172 against 233 from 3000, on the 2-core dev machine)."""
         return self._score.get(key, NEVER_USED)
 
     def begin_sweep(self) -> None:

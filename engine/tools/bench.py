@@ -114,9 +114,8 @@ def _build_apart(preset: str, quant: str, work: Path, via_repack: bool, device: 
     import subprocess
 
     from engine.format.modeldir import MANIFEST
-    from engine.tools.presets import PRESETS, hf_checkpoint_dir
-    model_dir = work / (f"{preset}-{quant}-repacked" if via_repack else f"{preset}-{quant}")
-    hf_dir = hf_checkpoint_dir(work, preset) if via_repack else None
+    from engine.tools.presets import PRESETS
+    model_dir, hf_dir = _model_paths(preset, quant, work, via_repack)
     if (model_dir / MANIFEST).is_file() and (hf_dir is None or (hf_dir / "model.safetensors.index.json").is_file()):
         return model_dir, hf_dir
     job = json.dumps([preset, PRESETS[preset], quant, str(work), via_repack, device, to_stderr])
@@ -144,18 +143,25 @@ def _build_child(job: str) -> int:
     return 0
 
 
+def _model_paths(preset: str, quant: str, work: Path, via_repack: bool) -> tuple[Path, Path | None]:
+    """(the Sluice model folder, the HF checkpoint it is repacked from or None) the bench keeps in `work`."""
+    from engine.tools.presets import hf_checkpoint_dir
+    if via_repack:
+        return work / f"{preset}-{quant}-repacked", hf_checkpoint_dir(work, preset)
+    return work / f"{preset}-{quant}", None
+
+
 def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, log):
-    from engine.tools.presets import hf_checkpoint_dir, write_hf_checkpoint, write_sluice_dir
+    from engine.tools.presets import write_hf_checkpoint, write_sluice_dir
     from engine.format.repack import repack
     start = time.perf_counter()
-    hf_dir = None
+    model_dir, hf_dir = _model_paths(preset, quant, work, via_repack)
     if via_repack:
-        hf_dir = write_hf_checkpoint(preset, hf_checkpoint_dir(work, preset), device=device, progress=log)
-        model_dir = work / f"{preset}-{quant}-repacked"
+        write_hf_checkpoint(preset, hf_dir, device=device, progress=log)
         if not (model_dir / "sluice.json").is_file():
             repack(hf_dir, model_dir, quant=quant, progress=lambda d, t, m: log(f"repack {d}/{t}: {m}") if d % 8 == 0 else None)
     else:
-        model_dir = write_sluice_dir(preset, work / f"{preset}-{quant}", quant, device=device, progress=log)
+        write_sluice_dir(preset, model_dir, quant, device=device, progress=log)
     log(f"model ready in {time.perf_counter() - start:.1f} s: {model_dir}")
     return model_dir, hf_dir
 
