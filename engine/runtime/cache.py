@@ -14,9 +14,9 @@ Memory is taken in chunks only when the cache grows, so a large budget costs not
 (and on CUDA, pinned memory is never taken past the budget). Once it grows, the next chunk is allocated
 ahead on a thread of its own: page-locking 16 blocks takes ~10 ms, which the thread filling the cache (a
 prompt's pass, a decode step) would otherwise spend instead of keeping the disk busy (py-spy had the chunks'
-pinning at 8-11% of the decode thread in a short run, BENCHMARKS run 61; fits-ram decode 132 tok/s with each
-chunk allocated when needed, `SLUICE_CHUNK_AHEAD=0`, against 138-144 ahead: run 89). Locked entries are never
-evicted.
+pinning at 8-11% of the decode thread in a short run, BENCHMARKS run 61; fits-ram decode 132.0 / 132.2 tok/s
+with each chunk allocated when needed, `SLUICE_CHUNK_AHEAD=0`, against 143.8 ahead in the same alternation: run
+89). Locked entries are never evicted.
 """
 from __future__ import annotations
 
