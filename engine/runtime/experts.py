@@ -100,6 +100,7 @@ class Experts:
         self.copy_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
         # a block's copy through the driver, not torch's copy_ (engine.runtime.cuda_driver), where it loads
         self._h2d = HostToDevice.load() if self.is_cuda and banks.block_bytes == cache.block_bytes else None
+        self._copy_handle = self.copy_stream.cuda_stream if self.is_cuda else 0
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
         # the last compute reading each bank: one event a bank, re-recorded (a copy's wait takes the record
         # made before it; a new event a layer cost the decode thread 5-11% of a token, BENCHMARKS run 78)
@@ -506,16 +507,15 @@ class Experts:
         bank = self.banks.bank_of(layer)
         issued, self._batch_each = time.perf_counter(), each
         self._batch_ready, self._batch_keys = [], []
-        stream = self.copy_stream
-        torch.cuda.set_stream(stream)                # (cheaper than torch.cuda.stream's context: ~40 us a batch)
+        torch.cuda.set_stream(self.copy_stream)      # (cheaper than torch.cuda.stream's context: ~40 us a batch)
         start = torch.cuda.Event(enable_timing=True)
         try:
-            stream.wait_event(self._bank_free[bank])     # (none recorded yet: no wait)
-            start.record(stream)
+            self.copy_stream.wait_event(self._bank_free[bank])     # (none recorded yet: no wait)
+            start.record(self.copy_stream)
             yield
         finally:        # also when a copy failed: the ones issued before it keep their done event and RAM locks
             end = torch.cuda.Event(enable_timing=True)
-            end.record(stream)
+            end.record(self.copy_stream)
             torch.cuda.set_stream(self._compute_stream)
             self._timed.append((start, end))
             for bank_slot in self._batch_ready:
@@ -549,11 +549,10 @@ class Experts:
             self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
             self.cache.unlock(key)
             return slot
-        stream = self.copy_stream
         if write_back is not None:           # same stream: the victim's bytes leave before new ones land
             self.cache.block(write_back).copy_(dst, non_blocking=True)
         if self._h2d is not None:
-            self._h2d(dst.data_ptr(), src.data_ptr(), self.cache.block_bytes, stream.cuda_stream)
+            self._h2d(dst.data_ptr(), src.data_ptr(), self.cache.block_bytes, self._copy_handle)
         else:
             dst.copy_(src, non_blocking=True)
         done = [evicted[0], key] if write_back is not None else [key]
@@ -562,7 +561,7 @@ class Experts:
             self._batch_keys += done
             return slot
         end = torch.cuda.Event()
-        end.record(stream)
+        end.record(self.copy_stream)
         self._slot_ready[(bank, slot)] = end
         self._inflight += [(end, k) for k in done]
         return slot

@@ -114,9 +114,9 @@ def _build_apart(preset: str, quant: str, work: Path, via_repack: bool, device: 
     import subprocess
 
     from engine.format.modeldir import MANIFEST
-    from engine.tools.presets import PRESETS
+    from engine.tools.presets import HF_INDEX, PRESETS
     model_dir, hf_dir = _model_paths(preset, quant, work, via_repack)
-    if (model_dir / MANIFEST).is_file() and (hf_dir is None or (hf_dir / "model.safetensors.index.json").is_file()):
+    if (model_dir / MANIFEST).is_file() and (hf_dir is None or (hf_dir / HF_INDEX).is_file()):
         return model_dir, hf_dir
     job = json.dumps([preset, PRESETS[preset], quant, str(work), via_repack, device, to_stderr])
     path = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))      # the parent's imports, as a test has them

@@ -90,6 +90,7 @@ PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 
 FULL_MODEL = {"deepseek-v4-flash-4l": {"name": "DeepSeek-V4-Flash", "num_layers": 43,
                                        "reference_bytes_per_token": 4.2 * 2**30}}
 NUM_DISTINCT_BLOCKS = 16
+HF_INDEX = "model.safetensors.index.json"     # written after every shard: a checkpoint with it is complete
 
 
 def preset_config(name: str) -> dict:
@@ -180,7 +181,7 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
                         progress=print) -> Path:
     """A Hugging Face snapshot of `preset` (bf16, Hub layout: one tensor per expert projection)."""
     dst = Path(dst)
-    if (dst / "model.safetensors.index.json").is_file():
+    if (dst / HF_INDEX).is_file():
         return dst
     dst.mkdir(parents=True, exist_ok=True)
     config = preset_config(preset)
@@ -218,7 +219,7 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
         if layer % 8 == 7:
             progress(f"{preset}: HF checkpoint, layer {layer} written")
     flush()
-    (dst / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (dst / HF_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     (dst / "config.json").write_text(json.dumps({**config, "architectures": [_architecture(config)]}, indent=1))
     return dst
 
