@@ -1,8 +1,9 @@
 """Expert-block formats as the kernels see them: plain-torch views and dequantization of the bytes
 in a slot, and random valid blocks for self-checks.
 
-engine/quant.py takes its part layouts from here and adds the quantizers (kernels import no engine;
-a test checks that engine/layout.py places the fields where the kernels read them). A block is a uint8 buffer; `offsets` maps field names ("gate.w", "gate.scale", "gate.gscale",
+engine/format/quant.py takes its part layouts from here and adds the quantizers (kernels import no engine;
+a test checks that engine/format/layout.py places the fields where the kernels read them); each format's
+descriptor (group size, bytes a weight, the paths that take it) is in kernels/quant_formats.py. A block is a uint8 buffer; `offsets` maps field names ("gate.w", "gate.scale", "gate.gscale",
 "up.*", "down.*") to byte offsets from the block start, each 256-byte aligned.
   bf16 : w bf16 [out, in]
   fp8  : w float8_e4m3fn [out, in], scale fp32 [out]               W = w * scale[:, None]
@@ -25,10 +26,11 @@ from typing import Mapping
 
 import torch
 
-FORMATS = ("bf16", "fp8", "nvfp4", "mxfp4", "int8")
-FORMAT_IDS = {"bf16": 0, "fp8": 1, "nvfp4": 2, "mxfp4": 3, "int8": 4}     # the kernels' FMT constexpr
-NVFP4_GROUP = 16
-MXFP4_GROUP = 32
+from .quant_formats import FORMATS, QUANT_FORMATS, quant_format
+
+FORMAT_IDS = {name: f.kernel_id for name, f in QUANT_FORMATS.items()}     # the kernels' FMT constexpr
+NVFP4_GROUP = QUANT_FORMATS["nvfp4"].group_size
+MXFP4_GROUP = QUANT_FORMATS["mxfp4"].group_size
 E8M0_BIAS = 127
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
@@ -43,25 +45,30 @@ def bias_shapes(intermediate: int, hidden: int) -> dict[str, tuple[int]]:
     return {"gate_bias": (intermediate,), "up_bias": (intermediate,), "down_bias": (hidden,)}
 
 
+def _fp4_parts(scale_dtype: torch.dtype, global_scale: bool):
+    def parts(out_features: int, in_features: int, group: int):
+        specs = [("w", torch.uint8, (out_features, in_features // 2)),
+                 ("scale", scale_dtype, (out_features, in_features // group))]
+        return specs + [("gscale", torch.float32, (1,))] if global_scale else specs
+    return parts
+
+
+# format -> (out, in, group size) -> [(part name, dtype, shape)] in storage order
+_PARTS = {
+    "bf16": lambda o, i, g: [("w", torch.bfloat16, (o, i))],
+    "fp8": lambda o, i, g: [("w", torch.float8_e4m3fn, (o, i)), ("scale", torch.float32, (o,))],
+    "int8": lambda o, i, g: [("w", torch.int8, (o, i)), ("scale", torch.bfloat16, (o,))],
+    "nvfp4": _fp4_parts(torch.float8_e4m3fn, global_scale=True),
+    "mxfp4": _fp4_parts(torch.uint8, global_scale=False),
+}
+
+
 def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
-    if fmt == "bf16":
-        return [("w", torch.bfloat16, (out_features, in_features))]
-    if fmt == "fp8":
-        return [("w", torch.float8_e4m3fn, (out_features, in_features)), ("scale", torch.float32, (out_features,))]
-    if fmt == "int8":
-        return [("w", torch.int8, (out_features, in_features)), ("scale", torch.bfloat16, (out_features,))]
-    if fmt == "nvfp4":
-        if in_features % NVFP4_GROUP:
-            raise ValueError(f"nvfp4 needs in_features divisible by {NVFP4_GROUP}, got {in_features}")
-        return [("w", torch.uint8, (out_features, in_features // 2)),
-                ("scale", torch.float8_e4m3fn, (out_features, in_features // NVFP4_GROUP)),
-                ("gscale", torch.float32, (1,))]
-    if fmt == "mxfp4":
-        if in_features % MXFP4_GROUP:
-            raise ValueError(f"mxfp4 needs in_features divisible by {MXFP4_GROUP}, got {in_features}")
-        return [("w", torch.uint8, (out_features, in_features // 2)),
-                ("scale", torch.uint8, (out_features, in_features // MXFP4_GROUP))]
-    raise ValueError(f"unknown expert format {fmt!r}")
+    spec = quant_format(fmt)
+    problem = spec.width_problem(in_features)
+    if problem:
+        raise ValueError(problem)
+    return _PARTS[fmt](out_features, in_features, spec.group_size)
 
 
 def field_view(block: torch.Tensor, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -92,18 +99,27 @@ def e2m1_decode(packed: torch.Tensor) -> torch.Tensor:
     return table[codes & 7] * torch.where(codes >= 8, -1.0, 1.0)
 
 
+def _dequantize_nvfp4(parts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    scale = parts["scale"].float().repeat_interleave(NVFP4_GROUP, dim=1)                          # [O, in]
+    return e2m1_decode(parts["w"]) * scale * parts["gscale"].float()
+
+
+def _dequantize_mxfp4(parts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    exponent = parts["scale"].int().repeat_interleave(MXFP4_GROUP, dim=1) - E8M0_BIAS              # [O, in]
+    return torch.ldexp(e2m1_decode(parts["w"]), exponent)
+
+
+def _dequantize_row_scaled(parts: Mapping[str, torch.Tensor]) -> torch.Tensor:
+    return parts["w"].float() * parts["scale"].float()[:, None]
+
+
+_DEQUANTIZE = {"bf16": lambda parts: parts["w"].float(), "fp8": _dequantize_row_scaled,
+               "int8": _dequantize_row_scaled, "nvfp4": _dequantize_nvfp4, "mxfp4": _dequantize_mxfp4}
+
+
 def dequantize_parts(parts: Mapping[str, torch.Tensor], fmt: str) -> torch.Tensor:
     """float32 [out, in] weight of one projection from its parts ({"w", "scale", ...} of part_specs)."""
-    if fmt == "bf16":
-        return parts["w"].float()
-    if fmt in ("fp8", "int8"):
-        return parts["w"].float() * parts["scale"].float()[:, None]
-    values = e2m1_decode(parts["w"])                                                               # [O, in]
-    if fmt == "mxfp4":
-        exponent = parts["scale"].int().repeat_interleave(MXFP4_GROUP, dim=1) - E8M0_BIAS           # [O, in]
-        return torch.ldexp(values, exponent)
-    scale = parts["scale"].float().repeat_interleave(NVFP4_GROUP, dim=1)                          # [O, in]
-    return values * scale * parts["gscale"].float()
+    return _DEQUANTIZE[quant_format(fmt).name](parts)
 
 
 def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str, int], intermediate: int,

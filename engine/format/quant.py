@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels.formats import (E2M1_VALUES as _E2M1, E8M0_BIAS, FORMATS, MXFP4_GROUP, NVFP4_GROUP, e2m1_decode,
+from kernels.formats import (E2M1_VALUES as _E2M1, E8M0_BIAS, MXFP4_GROUP, NVFP4_GROUP, e2m1_decode,
                              part_specs as kernel_part_specs)
+from kernels.quant_formats import FORMATS, QUANT_FORMATS, QuantFormat
 
 from engine.errors import SluiceError
 
@@ -28,14 +29,18 @@ E2M1_VALUES = torch.tensor(_E2M1)
 _FP8_TABLE = torch.nan_to_num(torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float())
 
 
+def quant_format(fmt: str) -> QuantFormat:
+    """The descriptor of a quant format the user named (kernels.quant_formats), or a sentence saying what to choose."""
+    if fmt not in QUANT_FORMATS:
+        raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
+    return QUANT_FORMATS[fmt]
+
+
 def part_specs(fmt: str, out_features: int, in_features: int) -> list[tuple[str, torch.dtype, tuple[int, ...]]]:
     """(name, dtype, shape) of each part, in storage order: the kernels' own definition, with user-facing errors."""
-    if fmt not in FORMATS:
-        raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
-    if fmt == "nvfp4" and in_features % NVFP4_GROUP:
-        raise SluiceError(f"nvfp4 needs tensor widths divisible by {NVFP4_GROUP} (this model has {in_features}); choose fp8 or bf16.")
-    if fmt == "mxfp4" and in_features % MXFP4_GROUP:
-        raise SluiceError(f"mxfp4 needs tensor widths divisible by {MXFP4_GROUP} (this model has {in_features}); choose fp8 or bf16.")
+    problem = quant_format(fmt).width_problem(in_features)
+    if problem:
+        raise SluiceError(f"{problem}; choose fp8 or bf16.")
     return kernel_part_specs(fmt, out_features, in_features)
 
 
@@ -46,25 +51,22 @@ def _fp8_to_float(w: torch.Tensor) -> torch.Tensor:
 
 
 def quantize(weight: torch.Tensor, fmt: str) -> dict[str, torch.Tensor]:
-    w = weight.detach().float()
-    part_specs(fmt, *w.shape)  # validates fmt and shape
-    if fmt == "bf16":
-        return {"w": weight.detach().to(torch.bfloat16).contiguous()}
-    if fmt == "fp8":
-        scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)                  # [out]
-        w8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
-        return {"w": w8.contiguous(), "scale": scale.contiguous()}
-    if fmt == "int8":
-        return _quantize_int8(w)
-    if fmt == "mxfp4":
-        return quantize_mxfp4(w)
-    return _quantize_nvfp4(w)
+    part_specs(fmt, *weight.shape)  # validates fmt and shape
+    return _QUANTIZE[fmt](weight.detach())
+
+
+def _quantize_fp8(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    w = w.float()
+    scale = (w.abs().amax(dim=1) / FP8_MAX).clamp_min(1e-12)                      # [out]
+    w8 = (w / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return {"w": w8.contiguous(), "scale": scale.contiguous()}
 
 
 def _quantize_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
     """Symmetric per output row: scale = amax / 127 rounded to the nearest bf16, codes round(w / scale).
     The scale's rounding error is at most 2^-8 relative, so amax / scale lies in [126.51, 127.49] and
     the largest code is exactly 127 (the clamp never clips; the dequantized row is a fixed point)."""
+    w = w.float()
     amax = w.abs().amax(dim=1)                                                            # [out]
     # A zero row gets the smallest normal scale instead of 0: its codes are 0 and nothing divides by 0.
     scale = (amax / INT8_MAX).clamp_min(torch.finfo(torch.bfloat16).tiny).to(torch.bfloat16)
@@ -118,6 +120,7 @@ def quantize_mxfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
 
 
 def _quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    w = w.float()
     out_features, in_features = w.shape
     groups = w.reshape(out_features, in_features // NVFP4_GROUP, NVFP4_GROUP)   # [O, G, 16]
     gscale = (w.abs().amax() / (FP8_MAX * E2M1_MAX)).clamp_min(1e-12).reshape(1)
@@ -128,23 +131,37 @@ def _quantize_nvfp4(w: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"w": _pack_pairs(codes).contiguous(), "scale": scale.contiguous(), "gscale": gscale.float().contiguous()}
 
 
+def _dequantize_mxfp4(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    values = e2m1_decode(parts["w"])                                              # [O, in]
+    exponent = parts["scale"].int() - E8M0_BIAS                                   # [O, in/32]
+    return torch.ldexp(values.view(*exponent.shape, MXFP4_GROUP), exponent[..., None]).reshape(values.shape)
+
+
+def _dequantize_nvfp4(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    values = e2m1_decode(parts["w"])                                              # [O, in]
+    scale = _fp8_to_float(parts["scale"])                                         # [O, in/16]
+    grouped = values.view(*scale.shape, NVFP4_GROUP) * scale[..., None]           # [O, in/16, 16]
+    return grouped.reshape(values.shape) * parts["gscale"].float()
+
+
+# format -> parts -> float32 [out, in]: the reference the kernels are judged against
+_DEQUANTIZE = {
+    "bf16": lambda parts: parts["w"],
+    "fp8": lambda parts: _fp8_to_float(parts["w"]) * parts["scale"].float()[:, None],
+    "int8": lambda parts: parts["w"].float() * parts["scale"].float()[:, None],
+    "mxfp4": _dequantize_mxfp4,
+    "nvfp4": _dequantize_nvfp4,
+}
+_QUANTIZE = {
+    "bf16": lambda w: {"w": w.to(torch.bfloat16).contiguous()},
+    "fp8": _quantize_fp8,
+    "int8": _quantize_int8,
+    "mxfp4": lambda w: quantize_mxfp4(w.float()),
+    "nvfp4": _quantize_nvfp4,
+}
+
+
 def dequantize(parts: dict[str, torch.Tensor], fmt: str, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if "b" in parts:                  # an expert bias: float32 in every format
         return parts["b"].to(dtype)
-    if fmt == "bf16":
-        return parts["w"].to(dtype)
-    if fmt == "fp8":
-        return (_fp8_to_float(parts["w"]) * parts["scale"].float()[:, None]).to(dtype)
-    if fmt == "int8":
-        return (parts["w"].float() * parts["scale"].float()[:, None]).to(dtype)
-    if fmt == "mxfp4":
-        values = e2m1_decode(parts["w"])                                          # [O, in]
-        exponent = parts["scale"].int() - E8M0_BIAS                               # [O, in/32]
-        grouped = torch.ldexp(values.view(*exponent.shape, MXFP4_GROUP), exponent[..., None])
-        return grouped.reshape(values.shape).to(dtype)
-    if fmt == "nvfp4":
-        values = e2m1_decode(parts["w"])                                          # [O, in]
-        scale = _fp8_to_float(parts["scale"])                                     # [O, in/16]
-        grouped = values.view(*scale.shape, NVFP4_GROUP) * scale[..., None]       # [O, in/16, 16]
-        return (grouped.reshape(values.shape) * parts["gscale"].float()).to(dtype)
-    raise SluiceError(f"Unknown quant format '{fmt}': choose one of {', '.join(FORMATS)}.")
+    return _DEQUANTIZE[quant_format(fmt).name](parts).to(dtype)
