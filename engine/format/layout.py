@@ -11,7 +11,10 @@ from kernels.formats import block_fields
 
 from engine.format.quant import part_specs
 
-FAMILIES_WITH_EXPERT_BIAS = ("gpt_oss",)    # their blocks carry gate/up/down bias fields
+from engine.model.families import FAMILIES
+
+# their blocks carry gate/up/down bias fields (the family descriptors' has_expert_bias)
+FAMILIES_WITH_EXPERT_BIAS = tuple(name for name, family in FAMILIES.items() if family.has_expert_bias)
 BLOCK_ALIGN = 4096
 FIELD_ALIGN = 256
 

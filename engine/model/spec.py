@@ -16,15 +16,9 @@ import torch
 
 from engine.errors import SluiceError
 
-from engine.model.dsv4 import names as dsv4_names
-from engine.model.families import FAMILIES, family_module
+from engine.model.families import FAMILIES, UNHANDLED_VARIANTS, family_module
 
 SUPPORTED_FAMILIES = tuple(FAMILIES)
-_EXPERT_PREFIX = {"mixtral": "block_sparse_moe", "minimax_m2": "block_sparse_moe",     # checkpoint module name of the MoE block
-                  "deepseek_v4": dsv4_names.EXPERT_PREFIX}
-_EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}, "minimax_m2": {"gate": "w1", "up": "w3", "down": "w2"},
-                "deepseek_v4": dsv4_names.EXPERT_PROJ}
-_TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
 
 
 @dataclass(frozen=True)
@@ -60,18 +54,17 @@ class ModelSpec:
     @property
     def has_expert_bias(self) -> bool:
         """gpt-oss experts add a bias to gate, up and down (block layouts then carry bias fields)."""
-        from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS
-        return self.family in FAMILIES_WITH_EXPERT_BIAS
+        return FAMILIES[self.family].has_expert_bias
 
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
-        block = _EXPERT_PREFIX.get(self.family, "mlp")
-        name = _EXPERT_PROJ.get(self.family, {}).get(proj, f"{proj}_proj")
-        return f"{_TEXT_PREFIX.get(self.family, 'model.')}layers.{layer}.{block}.experts.{expert}.{name}.weight"
+        family = FAMILIES[self.family]
+        return (f"{family.text_prefix}layers.{layer}.{family.expert_prefix}.experts.{expert}."
+                f"{family.expert_proj[proj]}.weight")
 
     def fused_expert_names(self, layer: int) -> tuple[str, str]:
         """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
-        p = f"{_TEXT_PREFIX.get(self.family, 'model.')}layers.{layer}.mlp.experts."
+        p = f"{FAMILIES[self.family].text_prefix}layers.{layer}.mlp.experts."
         return p + "gate_up_proj", p + "down_proj"
 
 
@@ -79,11 +72,11 @@ def canonical_dense_name(family: str, name: str) -> str:
     """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`,
     Qwen3.5's `model.language_model.` -> `model.`)."""
     if family == "deepseek_v4":
-        return dsv4_names.canonical_name(name)
-    prefix = _EXPERT_PREFIX.get(family)
-    if family in _TEXT_PREFIX and name.startswith(_TEXT_PREFIX[family]):
-        name = "model." + name[len(_TEXT_PREFIX[family]):]
-    return name.replace(f".{prefix}.", ".mlp.") if prefix else name
+        from engine.model.dsv4.names import canonical_name
+        return canonical_name(name)
+    descriptor = FAMILIES[family]
+    name = "model." + name.removeprefix(descriptor.text_prefix) if name.startswith(descriptor.text_prefix) else name
+    return name.replace(f".{descriptor.expert_prefix}.", ".mlp.")
 
 
 def is_text_model_tensor(family: str, name: str) -> bool:
@@ -105,10 +98,13 @@ def load_config_dict(path: str | Path) -> dict:
 def hf_config(config: dict):
     """The transformers config object for a config dict (refuses unsupported families)."""
     model_type = config.get("model_type")
-    from engine.model.families.deepseek_style import refuse_unhandled
-    refuse_unhandled(config)
+    if model_type in UNHANDLED_VARIANTS:
+        raise SluiceError(UNHANDLED_VARIANTS[model_type])
     if model_type not in SUPPORTED_FAMILIES:
         raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    refuse_unhandled = getattr(family_module(model_type), "refuse_unhandled", None)   # the family's own refusals
+    if refuse_unhandled:
+        refuse_unhandled(config)
     from huggingface_hub.errors import StrictDataclassClassValidationError
     from transformers import AutoConfig
     fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}

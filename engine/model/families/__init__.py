@@ -1,25 +1,54 @@
-"""Model families. Each module here provides
+"""Model families: one descriptor each (checkpoint naming, expert layout, the module that runs it).
+
+Each family module provides
     read_spec(cfg) -> ModelSpec                      its config quirks (cfg: the transformers config)
     state_specs(spec) -> [ {name: StateSpec} ]       per-layer state, from the config alone (estimate)
     build(spec, weights, dtype, device) -> Model     its blocks over the dense weights
-A new family is one module, registered in FAMILIES (imported on first use: this file imports
-nothing of the model, so engine.model.spec can list the families)."""
+    refuse_unhandled(config) (optional)              one sentence for a variant it cannot run exactly
+A new family is one module plus one Family here (modules are imported on first use: this file imports
+nothing of the model, so engine.model.spec and engine.format can read the descriptors).
+
+    family = FAMILIES["mixtral"]
+    family.expert_prefix, family.expert_proj["gate"], family.has_expert_bias     # "block_sparse_moe", "w1", False
+"""
 from __future__ import annotations
 
 import importlib
+from dataclasses import dataclass, field
 from types import ModuleType
 
-# model_type (config.json) -> module in this package
-FAMILIES: dict[str, str] = {
-    "qwen3_moe": "standard", "mixtral": "standard", "olmoe": "standard", "qwen2_moe": "standard",
-    "qwen3_next": "hybrid", "qwen3_5_moe": "hybrid",          # Gated-DeltaNet hybrids
+_W123 = {"gate": "w1", "up": "w3", "down": "w2"}     # Mixtral-style checkpoint names of gate, up, down
+
+
+@dataclass(frozen=True)
+class Family:
+    model_type: str                      # config.json's model_type
+    module: str                          # engine.model.families.<module> runs it
+    expert_prefix: str = "mlp"           # checkpoint module name of the MoE block
+    expert_proj: dict[str, str] = field(default_factory=lambda: {p: f"{p}_proj" for p in ("gate", "up", "down")})
+    text_prefix: str = "model."          # checkpoint prefix of the text model
+    has_expert_bias: bool = False        # experts add a bias to gate, up and down (blocks carry bias fields)
+
+
+FAMILIES: dict[str, Family] = {f.model_type: f for f in (
+    Family("qwen3_moe", "standard"), Family("mixtral", "standard", "block_sparse_moe", _W123),
+    Family("olmoe", "standard"), Family("qwen2_moe", "standard"),
+    # Gated-DeltaNet hybrids
+    Family("qwen3_next", "hybrid"), Family("qwen3_5_moe", "hybrid", text_prefix="model.language_model."),
     # DeepSeek-style: MLA or GQA, grouped sigmoid/softmax routers, shared experts, leading dense layers
-    "deepseek_v2": "deepseek_style", "deepseek_v3": "deepseek_style", "glm4_moe": "deepseek_style",
-    "glm4_moe_lite": "deepseek_style", "minimax_m2": "deepseek_style",
-    "gpt_oss": "gpt_oss",
-    "deepseek_v4": "deepseek_v4",
+    Family("deepseek_v2", "deepseek_style"), Family("deepseek_v3", "deepseek_style"),
+    Family("glm4_moe", "deepseek_style"), Family("glm4_moe_lite", "deepseek_style"),
+    Family("minimax_m2", "deepseek_style", "block_sparse_moe", _W123),
+    Family("gpt_oss", "gpt_oss", has_expert_bias=True),
+    Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
+)}
+# Neighbours of supported families whose extra machinery Sluice does not run: refused before any download.
+UNHANDLED_VARIANTS = {
+    "deepseek_v32": "DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
+                    "DeepSeek-V3, V3.1 and R1 are.",
+    "glm_moe_dsa": "GLM-5's sparse attention (its indexer) is not supported yet; GLM-4.5 to 4.7 are.",
 }
 
 
 def family_module(model_type: str) -> ModuleType:
-    return importlib.import_module(f"engine.model.families.{FAMILIES[model_type]}")
+    return importlib.import_module(f"engine.model.families.{FAMILIES[model_type].module}")

@@ -17,6 +17,7 @@ import re
 import torch
 
 from engine.errors import SluiceError
+from engine.model.families import UNHANDLED_VARIANTS
 from engine.model.block import Attention, Block, Mlp, Rope, Step
 from engine.model.mla import MlaAttention, MlaShape
 from engine.model.model import Model
@@ -32,12 +33,6 @@ DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$"
               r"|\.self_attn\.([qkvo]|q_a|q_b|kv_a)_proj(_with_mqa)?\.weight$"
               r"|\.mlp\.(shared_experts\.)?(gate|up|down)_proj\.weight$")
 MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
-# Neighbours of these families whose extra machinery Sluice does not run: refused before any download.
-UNHANDLED_VARIANTS = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
-                    "DeepSeek-V3, V3.1 and R1 are.",
-    "glm_moe_dsa": "GLM-5's sparse attention (its indexer) is not supported yet; GLM-4.5 to 4.7 are.",
-}
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
