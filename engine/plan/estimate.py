@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from engine.errors import SluiceError
 from engine.model.spec import read_spec
 from engine.runtime.budget import MAX_CONTEXT_TOKENS
-
-QUANTS = ("bf16", "fp8", "int8", "nvfp4", "mxfp4")
+from kernels.quant_formats import FORMATS as QUANTS, QUANT_FORMATS
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 on CUDA, float32 on the CPU
 COMPUTE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
@@ -342,8 +341,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     (None, the sentence saying why the budgets cannot hold the model)."""
     import torch
     from engine.format.layout import block_layout
-    from engine.runtime.budget import (CUDA_CONTEXT_BYTES, computes_in_place, default_context, in_place_defaults,
-                                       plan_budgets, prefill_workspace_bytes)
+    from engine.runtime.budget import (CUDA_CONTEXT_BYTES, computes_in_place, default_budgets, default_context,
+                                       in_place_defaults, plan_budgets, prefill_workspace_bytes)
     from engine.runtime.experts import decoded_expert_bytes
     on_gpu = machine.device == "cuda"
     elem = COMPUTE_DTYPE_BYTES[machine.device]
@@ -353,14 +352,13 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
                                                     torch.float32)
     spec = read_spec(config)
-    default_vram = machine.vram_bytes * 9 // 10 if on_gpu else available // 4
+    default_vram, default_ram = default_budgets(machine.device, machine.vram_bytes, available)
     compute_dtype = getattr(torch, COMPUTE_DTYPE[machine.device])
     context = default_context(spec, compute_dtype, machine.device, vram_budget or default_vram,
                               dense, block + decoded)             # the engine's own choice
     kv_bytes = _state_bytes(config, compute_dtype, context)
     workspace = prefill_workspace_bytes(spec, context, elem) + CUDA_CONTEXT_BYTES if on_gpu else 0
 
-    default_ram = available // 2
     if computes_in_place(machine.device, quant):
         default_vram, default_ram = in_place_defaults(default_vram, default_ram, dense + kv_bytes, block + decoded)
 
@@ -388,14 +386,13 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
     decode speed they bound: (disk_bytes, h2d_bytes, compute_s, tok_s). With a format the CPU computes in
     place, hybrid execution splits the RAM-resident misses between PCIe and the CPU, both at once, where
     the CPU computes an expert faster than PCIe copies it (engine.runtime.placement.Placement.pays_off)."""
-    from engine.runtime.cpu_experts import CPU_FAST_FORMATS
     on_gpu = machine.device == "cuda"
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
     disk = h2d * (1 - ram_hit)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
     cpu_bps = CPU_EXPERT_SHARE_OF_MEM_BW * machine.mem_bw_bps
-    if on_gpu and quant in CPU_FAST_FORMATS and cpu_bps > pcie_bps:     # as "auto" decides: the CPU beats a copy
+    if on_gpu and QUANT_FORMATS[quant].cpu_kernel and cpu_bps > pcie_bps:     # as "auto" decides: the CPU beats a copy
         pcie_bps += cpu_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
     elem = COMPUTE_DTYPE_BYTES[machine.device]

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import SluiceError
+from engine.sizes import format_size
+from kernels.quant_formats import QUANT_FORMATS
 
 # The longest context a model gets by default (the user may ask for up to the model's own limit): on
 # CUDA the state is static at full size, and a decode step attends over the whole buffer.
@@ -16,7 +18,14 @@ MAX_CONTEXT_TOKENS = 16384
 # The driver's CUDA context (kernel modules, library handles) before the runner measures it through
 # NVML: what an H200 showed with torch 2.11 (0.85 GB). The default context and the estimate plan with it.
 CUDA_CONTEXT_BYTES = 850 * 10**6
-from engine.sizes import format_size
+
+
+def default_budgets(device_type: str, free_vram_bytes: int, available_ram_bytes: int) -> tuple[int, int]:
+    """(VRAM budget, RAM cache) a model gets unless the user sets them; the engine and the estimate both ask.
+    CUDA: 90% of the free VRAM (the rest for the allocator's fragments and other processes). The CPU device's
+    slot banks live in RAM: a quarter of the available memory, and the RAM cache half of it."""
+    vram = free_vram_bytes * 9 // 10 if device_type == "cuda" else available_ram_bytes // 4
+    return vram, available_ram_bytes // 2
 
 
 @dataclass(frozen=True)
@@ -68,8 +77,8 @@ def computes_in_place(device_type: str, fmt: str, cpu_experts: str = "auto") -> 
     """Whether the CPU device computes the model's RAM-resident experts where they sit: int8 blocks, unless
     hybrid execution is off. A slot costs a copy, a float copy of the expert and a matmul over 4x the bytes,
     in place the matmul alone (OLMoE-1B-7B dims, 2 cores: decode 1.04 -> 2.66 tok/s, 3.57 with the slot tier
-    cut to a prefill batch, BENCHMARKS.md "Session 10"). bf16 blocks would need a float copy each."""
-    return device_type != "cuda" and fmt == "int8" and cpu_experts in ("auto", "all")
+    cut to a prefill batch). bf16 blocks would need a float copy each (QuantFormat.cpu_in_place)."""
+    return device_type != "cuda" and QUANT_FORMATS[fmt].cpu_in_place and cpu_experts in ("auto", "all")
 
 
 def in_place_defaults(default_vram: int, default_ram: int, fixed_bytes: int, device_slot_bytes: int) -> tuple[int, int]:
