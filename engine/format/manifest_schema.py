@@ -11,6 +11,7 @@ from pathlib import Path
 
 from engine.errors import SluiceError
 
+FORMAT_VERSION = 1      # of sluice.json and its files: bumped when an older reader would misread them
 _INT, _STR, _DICT, _NUMBER = int, str, dict, (int, float)
 
 FIELD_SCHEMA = {"name": _STR, "dtype": _STR, "shape": [_INT], "offset": _INT, "nbytes": _INT}
@@ -57,8 +58,7 @@ def _check(value, schema, key: str, where: Path) -> None:
 def check_manifest(manifest, where: Path) -> None:
     """Raise SluiceError (naming `where` and the bad field) unless `manifest` follows the schema."""
     from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
-    from engine.format.modeldir import FORMAT_VERSION
-    from engine.format.quant import FORMATS
+    from kernels.quant_formats import FORMATS
     _check(manifest, SCHEMA, "", where)
     if manifest["format"] != "sluice" or manifest["format_version"] != FORMAT_VERSION:
         raise SluiceError(f"'{where.parent}' was made by another Sluice version (format "

@@ -12,13 +12,12 @@ from engine.errors import SluiceError
 from engine.format import integrity
 from engine.format.config_check import checked_spec
 from engine.format.layout import Field, Layout
-from engine.format.manifest_schema import check_manifest
+from engine.format.manifest_schema import FORMAT_VERSION, check_manifest
 from engine.model.spec import ModelSpec
 
 MANIFEST = "sluice.json"
 DENSE_FILE = "dense.safetensors"
 EXPERTS_FILE = "experts.bin"
-FORMAT_VERSION = 1
 
 
 def build_manifest(name: str, spec: ModelSpec, config: dict, quant: str, layout: Layout,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from engine.plan.hardware import cpu_name
+from engine.host import cpu_name
 from engine.runtime.switches import fused_cpu_experts
 from kernels.selfcheck import cache_path, device_fingerprint, load_json, save_json
 

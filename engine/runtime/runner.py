@@ -26,7 +26,7 @@ from engine.model.layers import Packed
 from engine.model.families import family_module
 from engine.model.file_table import EMBED_TABLE, FileTable, can_map, keeps_table, table_in_file
 from engine.model.state import ModelState, state_bytes
-from engine.plan.hardware import available_memory, cgroup_capped
+from engine.host import available_memory, cgroup_capped
 from engine.runtime.budget import computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
