@@ -131,34 +131,36 @@ def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str
     g = generator or torch.Generator().manual_seed(0)
     for s in range(num_slots):
         for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
-            std = in_f ** -0.5
             for name, dt, shape in part_specs(fmt, out_f, in_f):
-                numel = torch.Size(shape).numel()
-                if dt == torch.uint8 and name == "scale":              # mxfp4 e8m0: 2^-2 .. 2^1 times ~std/3
-                    center = E8M0_BIAS + round(math.log2(std / 3))
-                    part = torch.randint(center - 2, center + 2, shape, generator=g).to(torch.uint8)
-                elif dt == torch.uint8:                                 # packed e2m1: every byte is valid
-                    part = torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
-                elif name == "w" and dt == torch.int8:                  # int8 weights: every value but -128
-                    part = torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
-                elif name == "w":                                       # bf16 / fp8 weights
-                    part = (torch.randn(shape, generator=g) * (std if dt == torch.bfloat16 else 64.0)).clamp(-448, 448).to(dt)
-                elif name == "scale" and dt == torch.float32:           # fp8 row scales
-                    part = torch.rand(shape, generator=g) * std / 32 + std / 128
-                elif name == "scale" and dt == torch.bfloat16:          # int8 row scales (uniform codes: std ~ 73 scale)
-                    part = (torch.rand(shape, generator=g) * std / 64 + std / 128).to(dt)
-                elif name == "scale":                                   # nvfp4 e4m3 group scales in [1, 8)
-                    part = (1 + 7 * torch.rand(shape, generator=g)).to(dt)
-                else:                                                   # nvfp4 global scale
-                    part = torch.full(shape, std / 12)
+                part = _random_part(name, dt, shape, in_f ** -0.5, g)
                 off = offsets[f"{proj}.{name}"]
-                bank[s, off:off + numel * part.element_size()] = part.contiguous().view(-1).view(torch.uint8)
+                bank[s, off:off + part.numel() * part.element_size()] = part.contiguous().view(-1).view(torch.uint8)
         for name, shape in bias_shapes(intermediate, hidden).items():
             if f"{name}.b" in offsets:
                 off = offsets[f"{name}.b"]
                 bias = (0.1 * torch.randn(shape, generator=g)).view(torch.uint8)
                 bank[s, off:off + bias.numel()] = bias
     return bank.to(device)
+
+
+def _random_part(name: str, dt: torch.dtype, shape: tuple[int, ...], std: float, g: torch.Generator) -> torch.Tensor:
+    """One valid random part of a projection whose weights should have magnitude ~ std."""
+    if dt == torch.uint8 and name == "scale":              # mxfp4 e8m0: 2^-2 .. 2^1 times ~std/3
+        center = E8M0_BIAS + round(math.log2(std / 3))
+        return torch.randint(center - 2, center + 2, shape, generator=g).to(torch.uint8)
+    if dt == torch.uint8:                                 # packed e2m1: every byte is valid
+        return torch.randint(0, 256, shape, generator=g, dtype=torch.uint8)
+    if name == "w" and dt == torch.int8:                  # int8 weights: every value but -128
+        return torch.randint(-127, 128, shape, generator=g, dtype=torch.int8)
+    if name == "w":                                       # bf16 / fp8 weights
+        return (torch.randn(shape, generator=g) * (std if dt == torch.bfloat16 else 64.0)).clamp(-448, 448).to(dt)
+    if name == "scale" and dt == torch.float32:           # fp8 row scales
+        return torch.rand(shape, generator=g) * std / 32 + std / 128
+    if name == "scale" and dt == torch.bfloat16:          # int8 row scales (uniform codes: std ~ 73 scale)
+        return (torch.rand(shape, generator=g) * std / 64 + std / 128).to(dt)
+    if name == "scale":                                   # nvfp4 e4m3 group scales in [1, 8)
+        return (1 + 7 * torch.rand(shape, generator=g)).to(dt)
+    return torch.full(shape, std / 12)                    # nvfp4 global scale
 
 
 def block_fields(fmt: str, intermediate: int, hidden: int, bias: bool = False, field_align: int = 256
