@@ -27,7 +27,6 @@ from kernels.activation import Activation
 from engine.format.layout import Layout
 from engine.model.layers import Packed
 from engine.runtime.placement import Placement, measure_cpu_s
-from engine.runtime.switches import fused_cpu_experts
 from engine.runtime.telemetry import Telemetry
 from engine.runtime.token_groups import token_groups
 
@@ -42,7 +41,10 @@ CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (
 
 class CpuExperts:
     def __init__(self, layout: Layout, expert_mlp: Callable, dtype: torch.dtype, device: torch.device, top_k: int,
-                 telemetry: Telemetry, placement: Placement, activation: Activation | None = None):
+                 telemetry: Telemetry, placement: Placement, activation: Activation | None = None,
+                 cpu_kernel: str = "auto"):
+        """cpu_kernel (Options.cpu_kernel): "auto" takes the fused kernel where it matches the reference and is
+        faster (`choose_kernel`), "fused" wherever it matches, "torch" never."""
         self.layout, self.expert_mlp, self.dtype, self.telemetry = layout, expert_mlp, dtype, telemetry
         self.placement = placement
         self.is_cuda = torch.device(device).type == "cuda"
@@ -51,7 +53,8 @@ class CpuExperts:
         # the fused kernel (kernels.cpu_moe) serves int8 blocks of the activations it knows; `choose_kernel`
         # turns it on where it matches the reference and is faster
         self.activation = activation
-        self.fusable = layout.fmt == "int8" and activation is not None and fused_cpu_experts() != 0
+        self.cpu_kernel = cpu_kernel
+        self.fusable = layout.fmt == "int8" and activation is not None and cpu_kernel != "torch"
         if self.fusable:         # numba is imported here, not with the engine: it holds ~35-130 MiB once loaded
             from kernels import cpu_moe
             self.fusable, self._cpu_moe = cpu_moe.available(), cpu_moe
@@ -105,9 +108,14 @@ class CpuExperts:
         if error > FUSED_RTOL:
             warnings.warn(f"The fused CPU expert kernel is not used on this machine: its error {error:.2e} exceeds "
                           f"{FUSED_RTOL:.0e}. Sluice computes the CPU's experts in torch instead.", RuntimeWarning)
-        self.fused = error <= FUSED_RTOL and (fused_s < torch_s or fused_cpu_experts() == 1)
+        self.fused = error <= FUSED_RTOL and (fused_s < torch_s or self.cpu_kernel == "fused")
         found["cpu_kernel"] = "fused" if self.fused else "torch"
         return {**found, "cpu_expert_s": fused_s if self.fused else torch_s}
+
+    def takes(self, num_tokens: int) -> bool:
+        """Whether the CPU takes a share of a step this size: on a GPU only small ones (decode), on the CPU
+        device any (its RAM-resident experts are computed in place, not copied into a slot first)."""
+        return num_tokens <= MAX_TOKENS or not self.is_cuda
 
     def stage(self, x: torch.Tensor, weights: torch.Tensor) -> None:
         """Before the layer's host sync: start copying its input [T, H] and routing weights [T, K]."""

@@ -76,7 +76,7 @@ def test_new_kernel_version_is_checked_again(device, monkeypatch):
 def test_unwritable_cache_still_checks(device, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(blocker / "sub" / "verdicts.json"))   # parent is a file
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(blocker / "sub"))                   # a parent is a file
     fn, verdict = _select(device)
     assert verdict.ok and fn is moe_decode
 
