@@ -3,14 +3,12 @@
 The block stays in its stored format, nothing is dequantised or copied first: int8 blocks go through
 the fused kernel (kernels.cpu_moe: the expert's three projections, activation and weighted add in one
 call) where it matches the float32 reference and is faster than the family's torch expert at load
-(`choose_kernel`; on the 2-core dev machine 0.35 against 2.1 ms an OLMoE expert in float32, 0.32 against
-0.37 in bf16); otherwise `Packed` weights go through kernels.cpu_linear (torch's packed int8 kernel). The decode thread
-itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
-the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into
-the layer's output, the one place the two devices' results meet. (A worker thread measured 4-6x
-slower per expert on the H200 box: it waits for the GIL while the decode thread launches work. A pool
-of 2-8 workers sharing the cores measured 267-391 us an expert against 235 us for the decode thread
-alone (scripts/probe_cpu_experts.py), and 687-823 us while decoding: torch's int8 kernel is the limit.)
+(`choose_kernel`); otherwise `Packed` weights go through kernels.cpu_linear (torch's packed int8 kernel). The
+decode thread itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
+the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into the
+layer's output, the one place the two devices' results meet. (Not a worker thread: it waits for the GIL while
+the decode thread launches work, and a pool sharing the cores gained nothing, torch's int8 kernel being the
+limit.)
 On CUDA the layer's input and routing weights reach the host through pinned rows copied before the
 layer's host sync, so they cost no extra wait.
 """
@@ -31,9 +29,8 @@ from engine.runtime.telemetry import Telemetry
 from engine.runtime.token_groups import token_groups
 
 MAX_TOKENS = 4      # on a GPU the CPU takes a share only in steps this small (decode); larger ones are the GPU's
-# An expert's tokens up to which the fused kernel beats dequantising the block and multiplying in torch (one
-# OLMoE expert, float32, 2 cores: 3.1 / 5.8 / 9.8 ms fused at 16 / 32 / 64 tokens against 5.7 / 9.7 / 6.2 ms):
-# a prompt's larger groups take torch's path, which computes the slot path's very values.
+# An expert's tokens up to which the fused kernel beats dequantising the block and multiplying in torch: a
+# prompt's larger groups take torch's path, which computes the slot path's very values.
 FUSED_MAX_GROUP = 32
 FUSED_RTOL = 1e-4   # the fused kernel's largest error against the float32 reference, relative to its largest value
 CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (kernels.cpu_linear); others dequantise

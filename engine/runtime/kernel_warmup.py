@@ -3,11 +3,10 @@
 Before a fast kernel runs, kernels.selfcheck compares it with its torch reference on random data of the
 model's shapes, and Triton compiles it. Both leave the process bigger for its whole life: the references'
 CUDA operator modules (float64 norms, `index_add_`, `sort`, `unique`...) stay loaded, and the compiler's
-heap stays fragmented. On the H200 box a first start held ~300 MiB more than later ones (1.07 against
-0.75 GiB anonymous under a 4 GiB cap), and the RAM cache sized after it was 0.34 GiB smaller, for the
-whole session. The verdicts and compiled kernels are cached on disk, so a child
-that loads the model, runs one prompt and exits leaves the parent only cache hits: its first start is as
-lean as every later one.
+heap stays fragmented: a first start held ~300 MiB more than later ones, and a RAM cache sized under a memory
+cap after it was that much smaller for the process's life. The verdicts and compiled kernels are cached on
+disk, so a child that loads the model, runs one prompt and exits leaves the parent only cache hits: its first
+start is as lean as every later one.
 
 One marker per machine, model and setting (kernel_warmups.json beside the verdicts) says it was done. A
 child that fails (no memory, a crash, a timeout) costs nothing but its time: the parent checks in-process

@@ -26,13 +26,12 @@ from typing import Callable
 import torch
 
 
-MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resident miss on the CPU (tests)
 SMOOTHING = 0.1                     # weight of a new timing in a running estimate
 MAX_STEP = 2.0                      # one sample moves an estimate at most this factor up (or down)
 CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these factors of the one measured at load
 # An expert computed while decoding takes 2-5x what the same expert took at load (DRAM instead of cache, threads
 # waking, the decode thread's other work): "auto" turns the CPU's share on only where even that slower CPU beats
-# a copy (a share forced on where it does not cost decode speed in fits-ram: BENCHMARKS.md).
+# a copy (a share forced on where it does not pay for itself costs decode speed).
 LIVE_FACTOR = 3.0
 
 

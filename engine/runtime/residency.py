@@ -9,9 +9,9 @@ L computes in the other. Within a bank, slots are a cache across tokens. Evictio
 time (LRFU): each routed pair adds one to its expert's score, and scores halve every HALF_LIFE tokens; the
 victim is the resident block with the lowest score (never used: the oldest of those). Routing has both
 kinds of locality: a few experts per layer are hot for a while, and an expert used by this token is often
-used by the next. Replayed on the bench model's recorded routing, a 16-token half-life copies 13% fewer
-blocks a decode token than the least used of the 32 least recently used (scripts/probe_residency_policies.py);
-on a Zipf trace it keeps more hits than plain LRU, and on uniform routing it is no worse.
+used by the next. On recorded routing a 16-token half-life copies fewer blocks a token than the rules tried
+before it; on a Zipf trace it keeps more hits than plain LRU, and on uniform routing it is no worse
+(tests/streaming/test_residency.py).
 
 A prompt's prefill is a sweep: it asks for nearly every expert of every layer once, in layer order, so
 recency would let each layer's misses evict the very blocks the later layers (and the next prompt) hit.

@@ -18,7 +18,6 @@ import time
 import torch
 from safetensors import safe_open
 
-from engine.errors import SluiceError
 from engine.format.modeldir import DENSE_FILE, ModelDir
 from engine.model import dense_quant as dense_quant_
 from engine.model.block import Router, Step
@@ -36,7 +35,7 @@ from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.runtime import load_speeds
 from engine.runtime.pinned import pinned_buffer
-from engine.runtime.placement import MODES, Placement, measure_copy_s
+from engine.runtime.placement import Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.switches import cublas_free
@@ -163,8 +162,6 @@ class Runner:
         the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report. On CUDA the
         speeds are kept per machine (load_speeds.py): where they said "copying is faster", nothing is measured again
         and the fused kernel's numba never loads."""
-        if mode not in MODES:
-            raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
         if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
             return None           # auto: only formats the CPU multiplies without dequantising first
         if computes_in_place(self.device.type, layout.fmt, mode):
