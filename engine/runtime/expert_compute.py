@@ -36,18 +36,23 @@ BringIn = Callable[..., dict[int, int]]      # Experts._bring_in(layer, experts,
 
 @dataclass
 class LayerCall:
-    """One layer's inputs: x [T, H], weights [T, K], the routed ids flat [T*K] on the host and on the
-    device, and `out` [T, H] that receives the weighted sum."""
+    """One layer's inputs: x [T, H], weights [T, K], the routed ids flat [T*K] on the host (`routed`) and
+    first in `ids` on the device, and `out` [T, H] that receives the weighted sum."""
     layer: int
     x: torch.Tensor
     weights: torch.Tensor
     routed: list[int]
-    routed_dev: torch.Tensor
+    ids: torch.Tensor
     out: torch.Tensor
 
     @property
     def top_k(self) -> int:
         return self.weights.shape[1]
+
+    @property
+    def routed_dev(self) -> torch.Tensor:
+        """The routed ids on the device (a view: made only where a path needs it, not on the decode kernel's)."""
+        return self.ids[:len(self.routed)]
 
 
 class LayerCompute:

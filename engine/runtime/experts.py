@@ -98,7 +98,7 @@ class Experts:
         wanted, slot_of, late, counts = self._find(layer, routed, waited, defer)
         if next_layer is not None and predicted:   # read ahead as soon as this layer's own reads are queued
             self._ahead = (next_layer, predicted)
-        call = LayerCall(layer, x, weights, routed, ids[:num_tokens * top_k], out)
+        call = LayerCall(layer, x, weights, routed, ids, out)
         share = self._cpu_share(call, late) if hybrid and late else None
         if share is not None:
             late = [e for e in late if e not in share.blocks]
