@@ -15,15 +15,17 @@ from engine.params import GenerationParams, TokenEvent
 
 
 def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
-         max_context: int | None = None, cpu_experts: str = "auto", dense_quant: str | None = None):
+         max_context: int | None = None, cpu_experts: str | None = None, dense_quant: str | None = None,
+         options=None):
     """Open a Sluice model dir (or a Hugging Face snapshot, repacked on the fly) and return an Engine.
     max_context: prompt + answer tokens; default the model's own limit cut to what the VRAM budget holds.
     cpu_experts: "auto" (GPU: the CPU computes the RAM-resident experts the cost model gives it), "all"
-    or "off". dense_quant: "int8" keeps the dense weights as int8 (half their VRAM goes to expert slots)."""
+    or "off"; given, it wins over options.cpu_experts. dense_quant: "int8" keeps the dense weights as int8
+    (half their VRAM goes to expert slots). options: engine.options.Options, the tunables (eager, ...)."""
     from engine.engine import Engine
     return Engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache=ram_cache,
                        dtype=dtype, progress=progress, max_context=max_context, cpu_experts=cpu_experts,
-                       dense_quant=dense_quant)
+                       dense_quant=dense_quant, options=options)
 
 
 __all__ = ["load", "GenerationParams", "TokenEvent", "SluiceError"]

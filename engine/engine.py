@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -17,12 +16,14 @@ from engine.format import modeldir
 from engine.model import dense_quant as dense_quant_
 from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
-from engine.plan.hardware import available_memory, check_ram_cache_fits
+from engine.options import Options
+from engine.host import available_memory
+from engine.plan.hardware import check_ram_cache_fits
 from engine.params import GenerationParams, TokenEvent
 from engine.runtime.sampling import make_generator, sample
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
-from engine.runtime.budget import default_context
+from engine.runtime.budget import default_budgets, default_context
 from engine.runtime.kernel_warmup import ensure_warm
 from engine.runtime.runner import PrefillCancelled, Runner
 from engine.runtime.telemetry import Telemetry, current_cpu
@@ -34,26 +35,22 @@ FILL_POLL_S = 0.005     # how often the filler looks (a read takes ~3 ms at 2 GB
 class Engine:
     def __init__(self, model: modeldir.ModelDir, device: torch.device, dtype: torch.dtype,
                  vram_budget: int | None, ram_cache: int | None, progress=None, max_context: int | None = None,
-                 cpu_experts: str = "auto", dense_quant: str | None = None):
-        self.model, self.spec, self.device, self.dtype = model, model.spec, device, dtype
+                 dense_quant: str | None = None, options: Options = Options()):
+        self.model, self.spec, self.device, self.dtype, self.options = model, model.spec, device, dtype, options
         self.dense_quant = dense_quant_.check(dense_quant, self.spec.family)
         self.telemetry_source = Telemetry()
-        eager = os.environ.get("SLUICE_EAGER", "") not in ("", "0")    # the one switch: no CUDA graphs, no Triton
         # the first load on this machine and setting: kernels checked and compiled in a child (kernel_warmup.py)
-        self.kernel_warmup = (ensure_warm(model.path, device, dtype, self.dense_quant, progress)
-                              if device.type == "cuda" and not eager else None)
+        self.kernel_warmup = (ensure_warm(model.path, device, dtype, self.dense_quant, options, progress)
+                              if device.type == "cuda" and not options.eager else None)
         self._cancel = threading.Event()
         self._lock = threading.Lock()           # one generation at a time
         self._closing = threading.Event()
-        available = available_memory()
-        is_cuda = device.type == "cuda"
-        default_vram = torch.cuda.mem_get_info(device)[0] * 9 // 10 if is_cuda else available // 4
+        free_vram = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else 0
+        default_vram, default_ram = default_budgets(device.type, free_vram, available_memory())
         self.max_context = self._choose_context(max_context, vram_budget or default_vram)
-        cpu_experts = os.environ.get("SLUICE_CPU_EXPERTS", cpu_experts)  # A/B of hybrid execution from any command
         self.runner = Runner(model, device, dtype, self.telemetry_source, vram_budget=vram_budget, ram_cache=ram_cache,
-                             max_tokens=self.max_context, use_graphs=not eager, use_kernels=not eager,
-                             cpu_experts=cpu_experts, dense_quant=self.dense_quant,
-                             default_vram=default_vram, default_ram=available // 2, progress=progress)
+                             max_tokens=self.max_context, dense_quant=self.dense_quant, options=options,
+                             default_vram=default_vram, default_ram=default_ram, progress=progress)
         self.plan = self.runner.plan
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = set(self.spec.eos_token_ids) | self._generation_config_eos()
@@ -101,10 +98,15 @@ class Engine:
 
     @classmethod
     def load(cls, model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
-             max_context: int | None = None, cpu_experts: str = "auto", dense_quant: str | None = None) -> "Engine":
+             max_context: int | None = None, cpu_experts: str | None = None, dense_quant: str | None = None,
+             options: Options | None = None) -> "Engine":
         """cpu_experts: "auto" (the placement cost model decides, CUDA only), "all" (every RAM-resident
-        expert of a decode step is computed by the CPU; also on the CPU device, for tests) or "off".
-        dense_quant: None (dense weights in the compute dtype) or "int8" (engine.model.dense_quant)."""
+        expert of a decode step is computed by the CPU; also on the CPU device, for tests) or "off"; given, it
+        wins over options.cpu_experts. dense_quant: None (dense weights in the compute dtype) or "int8"
+        (engine.model.dense_quant). options: the tunables (engine.options.Options; the defaults when None)."""
+        options = options or Options()
+        if cpu_experts is not None:
+            options = options.replace(cpu_experts=cpu_experts)
         dev = _pick_device(device)
         check_ram_cache_fits(parse_size(ram_cache))
         path = resolve_model_dir(Path(model_dir).expanduser(), progress)
@@ -116,7 +118,7 @@ class Engine:
             if not isinstance(compute, torch.dtype) or not compute.is_floating_point:
                 raise SluiceError(f"Unknown compute dtype '{dtype}': use float32, bfloat16 or float16.")
         return cls(model, dev, compute, parse_size(vram_budget), parse_size(ram_cache), progress, max_context,
-                   cpu_experts, dense_quant)
+                   dense_quant, options)
 
     @property
     def info(self) -> dict:
@@ -210,17 +212,10 @@ class Engine:
             eos.add(self.tokenizer.eos_token_id)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         t.set(prompt_tokens=len(prompt_ids), generated_tokens=0, decode_tok_s=0.0, ttft_s=0.0)
-
-        start = time.perf_counter()
-        try:
-            with torch.inference_mode():
-                logits = self.runner.prefill(prompt_ids, self._cancel)     # cancel() stops it between layers
-        except PrefillCancelled:
+        logits = self._prefill(prompt_ids)
+        if logits is None:
             yield TokenEvent(None, "", True, "cancelled")
             return
-        prefill_s = time.perf_counter() - start
-        t.set(prefill_tok_s=len(prompt_ids) / prefill_s, ttft_s=prefill_s, decode_thread_core=current_cpu())
-
         position, generated, decode_start = len(prompt_ids), 0, time.perf_counter()
         while True:
             if self._cancel.is_set():
@@ -233,20 +228,39 @@ class Engine:
                 t.set(decode_tok_s=(generated - 1) / (time.perf_counter() - decode_start))
             else:
                 decode_start = time.perf_counter()
-            if token in eos and not params.ignore_eos:
-                yield TokenEvent(token, detok.flush() if detok else "", True, "eos")
+            event = _token_event(token, generated, params, eos, detok)
+            yield event
+            if event.finished:
                 return
-            text = detok.push(token) if detok else ""
-            if detok and detok.stopped:
-                yield TokenEvent(token, text, True, "stop")
-                return
-            if generated >= params.max_new_tokens:
-                yield TokenEvent(token, text + (detok.flush() if detok else ""), True, "length")
-                return
-            yield TokenEvent(token, text)
             with torch.inference_mode():
                 logits = self.runner.decode(token, position)
             position += 1
+
+    def _prefill(self, prompt_ids: list[int]) -> torch.Tensor | None:
+        """The prompt's pass -> its last token's logits, or None when cancel() stopped it (between layers)."""
+        start = time.perf_counter()
+        try:
+            with torch.inference_mode():
+                logits = self.runner.prefill(prompt_ids, self._cancel)
+        except PrefillCancelled:
+            return None
+        prefill_s = time.perf_counter() - start
+        self.telemetry_source.set(prefill_tok_s=len(prompt_ids) / prefill_s, ttft_s=prefill_s,
+                                  decode_thread_core=current_cpu())
+        return logits
+
+
+def _token_event(token: int, generated: int, params: GenerationParams, eos: set[int],
+                 detok: IncrementalDetokenizer | None) -> TokenEvent:
+    """The event of a sampled token: the last one at an end-of-sequence token, a stop string or the length."""
+    if token in eos and not params.ignore_eos:
+        return TokenEvent(token, detok.flush() if detok else "", True, "eos")
+    text = detok.push(token) if detok else ""
+    if detok and detok.stopped:
+        return TokenEvent(token, text, True, "stop")
+    if generated >= params.max_new_tokens:
+        return TokenEvent(token, text + (detok.flush() if detok else ""), True, "length")
+    return TokenEvent(token, text)
 
 
 def _refuse_images(messages) -> None:

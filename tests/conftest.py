@@ -5,8 +5,6 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# tests load hundreds of throwaway models: no kernel warm-up child for each (tests/engine/test_kernel_warmup.py)
-os.environ.setdefault("SLUICE_KERNEL_WARMUP", "0")
 
 import torch  # noqa: E402
 
@@ -40,6 +38,15 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_kernel_warmup(request, monkeypatch):
+    """Tests load hundreds of throwaway models on a GPU: no kernel warm-up child for each, as with
+    Options(kernel_warmup=False) (tests/engine/test_kernel_warmup.py runs the child)."""
+    if torch.cuda.is_available() and "warmup_on" not in request.fixturenames:
+        import engine.engine
+        monkeypatch.setattr(engine.engine, "ensure_warm", lambda *args, **kw: None)
 
 
 @pytest.fixture

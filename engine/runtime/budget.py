@@ -16,7 +16,7 @@ from kernels.quant_formats import QUANT_FORMATS
 # CUDA the state is static at full size, and a decode step attends over the whole buffer.
 MAX_CONTEXT_TOKENS = 16384
 # The driver's CUDA context (kernel modules, library handles) before the runner measures it through
-# NVML: what an H200 showed with torch 2.11 (0.85 GB). The default context and the estimate plan with it.
+# NVML: about what a data-centre GPU shows. The default context and the estimate plan with it.
 CUDA_CONTEXT_BYTES = 850 * 10**6
 
 
@@ -76,8 +76,8 @@ IN_PLACE_SLOTS = 32     # a bank's slots on the CPU device when experts are comp
 def computes_in_place(device_type: str, fmt: str, cpu_experts: str = "auto") -> bool:
     """Whether the CPU device computes the model's RAM-resident experts where they sit: int8 blocks, unless
     hybrid execution is off. A slot costs a copy, a float copy of the expert and a matmul over 4x the bytes,
-    in place the matmul alone (OLMoE-1B-7B dims, 2 cores: decode 1.04 -> 2.66 tok/s, 3.57 with the slot tier
-    cut to a prefill batch). bf16 blocks would need a float copy each (QuantFormat.cpu_in_place)."""
+    in place the matmul alone (decode more than twice as fast, faster still with the slot tier cut to a
+    prefill batch). bf16 blocks would need a float copy each (QuantFormat.cpu_in_place)."""
     return device_type != "cuda" and QUANT_FORMATS[fmt].cpu_in_place and cpu_experts in ("auto", "all")
 
 

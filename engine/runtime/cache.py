@@ -1,22 +1,15 @@
 """RAM cache of expert blocks: a fixed number of block-sized slots, allocated as it fills.
 
-Eviction: a block also held in a VRAM slot (demoted) goes first, as it costs nothing to lose; then the
-least used (`uses`: a key function ordering blocks by the routing use counts the slot banks keep,
-SlotBanks.rank) of the least recently used half of the cache, so hot experts stay in RAM while the newer
-half stays whatever its counts say: a block read ahead for a guess, or written back from a slot, is there
-before its next use. With no `uses` it is plain LRU.
-Replayed on the bench model's routing through both tiers as the decode drives them
-(`scripts/probe_residency_policies.py --ram 313 --slots 52 92`, the exceeds regime's sizes), the half
-reads 7-8% fewer blocks from the disk a token than the 32 oldest (42.6 -> 39.3, 31.8 -> 29.5), 5-11% at
-other sizes; the whole cache reads more than either (44.1 and 32.2: blocks read ahead go before their use).
+Eviction (residency.ram_victim): a block also held in a VRAM slot (demoted) goes first, as it costs nothing to
+lose; then the least used (`uses`: the slot banks' routing counts, SlotPolicy.rank) of the least recently used
+half of the cache, so hot experts stay in RAM while the newer half stays whatever its counts say: a block read
+ahead for a guess, or written back from a slot, is there before its next use. With no `uses` it is plain LRU.
+Locked entries are never evicted.
 
-Memory is taken in chunks only when the cache grows, so a large budget costs nothing until used
-(and on CUDA, pinned memory is never taken past the budget). Once it grows, the next chunk is allocated
-ahead on a thread of its own: page-locking 16 blocks takes ~10 ms, which the thread filling the cache (a
-prompt's pass, a decode step) would otherwise spend instead of keeping the disk busy (py-spy had the chunks'
-pinning at 8-11% of the decode thread in a short run, BENCHMARKS run 61; fits-ram decode 132.0 / 132.2 tok/s
-with each chunk allocated when needed, `SLUICE_CHUNK_AHEAD=0`, against 143.8 ahead in the same alternation: run
-89). Locked entries are never evicted.
+Memory is taken in chunks only when the cache grows, so a large budget costs nothing until used (and on CUDA,
+pinned memory is never taken past the budget). Once it grows, the next chunk is allocated ahead on a thread of
+its own: page-locking 16 blocks takes ~10 ms, which the thread filling the cache (a prompt's pass, a decode
+step) would otherwise spend instead of keeping the disk busy.
 """
 from __future__ import annotations
 
@@ -24,12 +17,11 @@ import mmap
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
-from itertools import islice
 from typing import Callable
 
 import torch
 
-from engine.runtime.switches import env_int
+from engine.runtime.residency import ram_victim
 from engine.runtime.telemetry import Telemetry
 
 Key = tuple[int, int]      # (layer, expert)
@@ -61,7 +53,6 @@ class RamCache:
         self._num_created = 0
         self._pinned_bytes = 0                    # chunks page-locked whole (resident before they are filled)
         self._ahead: Future | None = None         # the next chunk, being allocated on a thread of its own
-        self.ahead = env_int("SLUICE_CHUNK_AHEAD") != 0     # 0: each chunk allocated when needed (an A/B switch)
         self._held_lock = threading.Lock()        # the held bytes, counted by both threads
         self._ahead_pinned = 0                    # ... of which the chunk made ahead
         telemetry.set(ram_capacity_bytes=self.num_slots * block_bytes)
@@ -131,14 +122,8 @@ class RamCache:
         return slot
 
     def _victim(self) -> Key | None:
-        """A demoted block (oldest first), else the least used of the `window` least recently used
-        unlocked ones (the oldest on ties)."""
         locks = self._locks
-        first = next((key for key in self._entries if not locks.get(key)), None)   # least recent first
-        if first is None or first in self._demoted or self.uses is None:     # demoted ones are moved first
-            return first
-        oldest = [key for key in islice(self._entries, self.window + len(locks)) if not locks.get(key)]
-        return min(oldest[:self.window], key=self.uses)
+        return ram_victim(self._entries, locks.get, self._demoted, self.uses, self.window, len(locks))
 
     def discard(self, key: Key) -> None:
         """Forget a block whose read failed."""
@@ -172,7 +157,7 @@ class RamCache:
             self._chunks.append(chunk)
             self._views += chunk[:count * self.block_bytes].view(count, self.block_bytes).unbind()
             following = min(CHUNK_SLOTS, self.num_slots - len(self._views))
-            if following > 0 and self.ahead:
+            if following > 0:
                 self._ahead = Future()
                 threading.Thread(target=self._allocate_ahead, args=(self._ahead, following * self.block_bytes),
                                  name="sluice-ram-chunk", daemon=True).start()

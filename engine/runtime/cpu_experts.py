@@ -3,14 +3,12 @@
 The block stays in its stored format, nothing is dequantised or copied first: int8 blocks go through
 the fused kernel (kernels.cpu_moe: the expert's three projections, activation and weighted add in one
 call) where it matches the float32 reference and is faster than the family's torch expert at load
-(`choose_kernel`; on the 2-core dev machine 0.35 against 2.1 ms an OLMoE expert in float32, 0.32 against
-0.37 in bf16); otherwise `Packed` weights go through kernels.cpu_linear (torch's packed int8 kernel). The decode thread
-itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
-the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into
-the layer's output, the one place the two devices' results meet. (A worker thread measured 4-6x
-slower per expert on the H200 box: it waits for the GIL while the decode thread launches work. A pool
-of 2-8 workers sharing the cores measured 267-391 us an expert against 235 us for the decode thread
-alone (scripts/probe_cpu_experts.py), and 687-823 us while decoding: torch's int8 kernel is the limit.)
+(`choose_kernel`); otherwise `Packed` weights go through kernels.cpu_linear (torch's packed int8 kernel). The
+decode thread itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
+the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into the
+layer's output, the one place the two devices' results meet. (Not a worker thread: it waits for the GIL while
+the decode thread launches work, and a pool sharing the cores gained nothing, torch's int8 kernel being the
+limit.)
 On CUDA the layer's input and routing weights reach the host through pinned rows copied before the
 layer's host sync, so they cost no extra wait.
 """
@@ -27,14 +25,12 @@ from kernels.activation import Activation
 from engine.format.layout import Layout
 from engine.model.layers import Packed
 from engine.runtime.placement import Placement, measure_cpu_s
-from engine.runtime.switches import fused_cpu_experts
 from engine.runtime.telemetry import Telemetry
 from engine.runtime.token_groups import token_groups
 
 MAX_TOKENS = 4      # on a GPU the CPU takes a share only in steps this small (decode); larger ones are the GPU's
-# An expert's tokens up to which the fused kernel beats dequantising the block and multiplying in torch (one
-# OLMoE expert, float32, 2 cores: 3.1 / 5.8 / 9.8 ms fused at 16 / 32 / 64 tokens against 5.7 / 9.7 / 6.2 ms):
-# a prompt's larger groups take torch's path, which computes the slot path's very values.
+# An expert's tokens up to which the fused kernel beats dequantising the block and multiplying in torch: a
+# prompt's larger groups take torch's path, which computes the slot path's very values.
 FUSED_MAX_GROUP = 32
 FUSED_RTOL = 1e-4   # the fused kernel's largest error against the float32 reference, relative to its largest value
 CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (kernels.cpu_linear); others dequantise
@@ -42,7 +38,10 @@ CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (
 
 class CpuExperts:
     def __init__(self, layout: Layout, expert_mlp: Callable, dtype: torch.dtype, device: torch.device, top_k: int,
-                 telemetry: Telemetry, placement: Placement, activation: Activation | None = None):
+                 telemetry: Telemetry, placement: Placement, activation: Activation | None = None,
+                 cpu_kernel: str = "auto"):
+        """cpu_kernel (Options.cpu_kernel): "auto" takes the fused kernel where it matches the reference and is
+        faster (`choose_kernel`), "fused" wherever it matches, "torch" never."""
         self.layout, self.expert_mlp, self.dtype, self.telemetry = layout, expert_mlp, dtype, telemetry
         self.placement = placement
         self.is_cuda = torch.device(device).type == "cuda"
@@ -51,7 +50,8 @@ class CpuExperts:
         # the fused kernel (kernels.cpu_moe) serves int8 blocks of the activations it knows; `choose_kernel`
         # turns it on where it matches the reference and is faster
         self.activation = activation
-        self.fusable = layout.fmt == "int8" and activation is not None and fused_cpu_experts() != 0
+        self.cpu_kernel = cpu_kernel
+        self.fusable = layout.fmt == "int8" and activation is not None and cpu_kernel != "torch"
         if self.fusable:         # numba is imported here, not with the engine: it holds ~35-130 MiB once loaded
             from kernels import cpu_moe
             self.fusable, self._cpu_moe = cpu_moe.available(), cpu_moe
@@ -105,9 +105,14 @@ class CpuExperts:
         if error > FUSED_RTOL:
             warnings.warn(f"The fused CPU expert kernel is not used on this machine: its error {error:.2e} exceeds "
                           f"{FUSED_RTOL:.0e}. Sluice computes the CPU's experts in torch instead.", RuntimeWarning)
-        self.fused = error <= FUSED_RTOL and (fused_s < torch_s or fused_cpu_experts() == 1)
+        self.fused = error <= FUSED_RTOL and (fused_s < torch_s or self.cpu_kernel == "fused")
         found["cpu_kernel"] = "fused" if self.fused else "torch"
         return {**found, "cpu_expert_s": fused_s if self.fused else torch_s}
+
+    def takes(self, num_tokens: int) -> bool:
+        """Whether the CPU takes a share of a step this size: on a GPU only small ones (decode), on the CPU
+        device any (its RAM-resident experts are computed in place, not copied into a slot first)."""
+        return num_tokens <= MAX_TOKENS or not self.is_cuda
 
     def stage(self, x: torch.Tensor, weights: torch.Tensor) -> None:
         """Before the layer's host sync: start copying its input [T, H] and routing weights [T, K]."""

@@ -1,18 +1,15 @@
 """An expert block's host-to-device copy issued straight through the CUDA driver (ctypes), for the decode thread.
 
-In fits-ram decoding the decode thread is the bottleneck (BENCHMARKS run 78), and each expert copy went
-through torch's `copy_`: its dispatch, checks and a lookup in torch's pinned-memory allocator cost ~4 us
-of host time a copy on the H200 box against ~3 us for cuMemcpyHtoDAsync itself
-(scripts/probe_host_calls.py). Both enqueue the same asynchronous copy on the same stream. Where the
+Where RAM holds the model, the decode thread is the bottleneck, and torch's `copy_` (its dispatch, checks and a
+lookup in torch's pinned-memory allocator) costs more host time a copy than cuMemcpyHtoDAsync itself. Both enqueue the same asynchronous copy on the same stream. Where the
 driver library cannot be loaded (no NVIDIA driver, another platform), `HostToDevice.load()` gives None
-and the caller keeps torch's copy. SLUICE_DRIVER_COPIES=0 keeps torch's copy too (an A/B switch).
+and the caller keeps torch's copy.
 """
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 
-from engine.runtime.switches import env_int
 
 
 class HostToDevice:
@@ -23,8 +20,6 @@ class HostToDevice:
 
     @classmethod
     def load(cls) -> HostToDevice | None:
-        if env_int("SLUICE_DRIVER_COPIES") == 0:
-            return None
         for name in ("libcuda.so.1", ctypes.util.find_library("cuda"), "nvcuda.dll"):
             if not name:
                 continue

@@ -3,11 +3,10 @@
 Before a fast kernel runs, kernels.selfcheck compares it with its torch reference on random data of the
 model's shapes, and Triton compiles it. Both leave the process bigger for its whole life: the references'
 CUDA operator modules (float64 norms, `index_add_`, `sort`, `unique`...) stay loaded, and the compiler's
-heap stays fragmented. On the H200 box a first start held ~300 MiB more than later ones (1.07 against
-0.75 GiB anonymous under a 4 GiB cap), and the RAM cache sized after it was 0.34 GiB smaller, for the
-whole session (BENCHMARKS.md run 50). The verdicts and compiled kernels are cached on disk, so a child
-that loads the model, runs one prompt and exits leaves the parent only cache hits: its first start is as
-lean as every later one.
+heap stays fragmented: a first start held ~300 MiB more than later ones, and a RAM cache sized under a memory
+cap after it was that much smaller for the process's life. The verdicts and compiled kernels are cached on
+disk, so a child that loads the model, runs one prompt and exits leaves the parent only cache hits: its first
+start is as lean as every later one.
 
 One marker per machine, model and setting (kernel_warmups.json beside the verdicts) says it was done. A
 child that fails (no memory, a crash, a timeout) costs nothing but its time: the parent checks in-process
@@ -16,8 +15,8 @@ as before, and the marker is written either way, so a failing child is not retri
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from engine.runtime.switches import cublas_free, env_int, piece_kernels
+from engine.options import Options
+from engine.runtime.switches import cublas_free, piece_kernels
 
 PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
 TIMEOUT_S = 900
@@ -75,27 +75,33 @@ def _mark(key: str, outcome: str) -> None:
 
 
 def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dense_quant: str | None,
-                progress=None) -> str | None:
-    """Run the child once per key (SLUICE_KERNEL_WARMUP=0: never). Returns what happened: "warmed",
+                options: Options = Options(), progress=None) -> str | None:
+    """Run the child once per key (never with options.kernel_warmup off). Returns what happened: "warmed",
     "failed: ..." or None when nothing was run. `progress` is called every half second while the child
     runs; whatever it raises (the app's load cancelled) stops the child and goes on up, nothing marked."""
-    if env_int("SLUICE_KERNEL_WARMUP") == 0:
+    if not options.kernel_warmup:
         return None
     key = warmup_key(model_path, device, dtype, dense_quant)
     if key in _marked():
         return None
     cmd = [sys.executable, "-m", "engine.runtime.kernel_warmup", str(model_path), "--device", str(device),
            "--dtype", str(dtype).removeprefix("torch.")] + (["--dense-quant", dense_quant] if dense_quant else [])
-    env = {**os.environ, "SLUICE_KERNEL_WARMUP": "0"}
+    cmd += child_settings(options)
     with tempfile.TemporaryFile("w+") as errors:          # a file, not a pipe: a chatty child cannot block on it
         try:
-            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors, text=True, env=env)
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=errors, text=True)
         except OSError as exc:
             outcome = f"failed: {exc}"
         else:
             outcome = _wait(proc, errors, progress)
     _mark(key, outcome)
     return outcome
+
+
+def child_settings(options: Options) -> list[str]:
+    """The child's argv for the parent's options (`--set KEY=VALUE` each), its own warm-up off."""
+    child = options.replace(kernel_warmup=False)
+    return [arg for f in dataclasses.fields(child) for arg in ("--set", f"{f.name}={getattr(child, f.name)}")]
 
 
 def _wait(proc: subprocess.Popen, errors, progress) -> str:
@@ -131,12 +137,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default=None)
     parser.add_argument("--dense-quant", default=None)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine option")
     args = parser.parse_args(argv)
+    options = Options.parse(args.set, base=Options(kernel_warmup=False))
     from engine.params import GenerationParams
     from engine.format import modeldir
     model = modeldir.open_model_dir(args.model_dir)
     eng = engine.load(args.model_dir, device=args.device, dtype=args.dtype, dense_quant=args.dense_quant,
-                      max_context=PROMPT_TOKENS + 4, ram_cache=4 * model.spec.top_k * model.layout.block_bytes)
+                      max_context=PROMPT_TOKENS + 4, ram_cache=4 * model.spec.top_k * model.layout.block_bytes,
+                      options=options)
     ids = [i % model.spec.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
     try:
         for _ in eng.generate(ids, GenerationParams(max_new_tokens=2, temperature=0.0)):

@@ -2,7 +2,7 @@
 
 Measuring the CPU's expert means loading its fused kernel (kernels.cpu_moe), and numba then holds 35-130 MiB
 of the process for its whole life (its import, the compiled loops, LLVM's heap) even where the measurement
-says copying is faster and the CPU computes nothing (the H200 box: BENCHMARKS.md session 20). So the speeds
+says copying is faster and the CPU computes nothing. So the speeds
 are kept on disk beside the kernel verdicts, and a later load that finds them saying "copying is faster" does
 not build the CPU's share at all. The first load on a machine measures in the kernel warm-up child
 (engine/runtime/kernel_warmup.py), so even the app's first start stays lean. The key holds what the speeds
@@ -15,7 +15,6 @@ from pathlib import Path
 import torch
 
 from engine.host import cpu_name
-from engine.runtime.switches import fused_cpu_experts
 from kernels.selfcheck import cache_path, device_fingerprint, load_json, save_json
 
 
@@ -23,11 +22,11 @@ def speeds_path() -> Path:
     return cache_path().with_name("placement_speeds.json")
 
 
-def speeds_key(device: torch.device, layout, activation, dtype: torch.dtype, threads: int) -> str:
+def speeds_key(device: torch.device, layout, activation, dtype: torch.dtype, threads: int, cpu_kernel: str) -> str:
     return "|".join([device_fingerprint(device), cpu_name(), f"{threads} threads", layout.fmt,
                      f"{layout.intermediate}x{layout.hidden}", f"{layout.block_bytes} bytes",
                      getattr(activation, "name", "none"), str(dtype).removeprefix("torch."),
-                     f"fused switch {fused_cpu_experts()}"])
+                     f"cpu kernel {cpu_kernel}"])
 
 
 def recall(key: str) -> dict | None:

@@ -25,25 +25,14 @@ from typing import Callable
 
 import torch
 
-from engine.runtime.switches import cpu_live_factor
 
-MODES = ("auto", "all", "off")      # auto: the cost model; all: every RAM-resident miss on the CPU (tests)
 SMOOTHING = 0.1                     # weight of a new timing in a running estimate
 MAX_STEP = 2.0                      # one sample moves an estimate at most this factor up (or down)
 CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these factors of the one measured at load
-# An expert computed while decoding took 2.2-5x what the same expert took at load (H200 box, OLMoE int8:
-# 309-715 us against 111-155 us; DRAM instead of cache, threads waking, the decode thread's other work).
-# "auto" turns the CPU's share on only where even that slower CPU beats a copy: there (141 us at load
-# against a 138 us copy) it cost 12-16 tok/s in alternated runs (59-60 on, 71-74 off; BENCHMARKS run 34).
-# The same with the fused kernel (kernels/cpu_moe.py): 289-297 us decoding against 114-165 us at load; forced on
-# (factor 0.5) the share cost 18% in fits-ram (91.6 / 93.7 against 112.0 / 114.3 tok/s, BENCHMARKS run 75).
+# An expert computed while decoding takes 2-5x what the same expert took at load (DRAM instead of cache, threads
+# waking, the decode thread's other work): "auto" turns the CPU's share on only where even that slower CPU beats
+# a copy (a share forced on where it does not pay for itself costs decode speed).
 LIVE_FACTOR = 3.0
-
-
-def live_factor() -> float:
-    """LIVE_FACTOR, or SLUICE_CPU_LIVE_FACTOR where set (an A/B)."""
-    factor = cpu_live_factor()
-    return LIVE_FACTOR if factor is None else factor
 
 
 @dataclass
@@ -57,7 +46,7 @@ class Placement:
     def pays_off(self) -> bool:
         """Whether the CPU's share is worth having at all: mode "all" always, "auto" where an expert
         computed while decoding (LIVE_FACTOR x what it took at load) is faster than copying its block."""
-        return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * live_factor() < self.copy_s)
+        return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * LIVE_FACTOR < self.copy_s)
 
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies

@@ -18,7 +18,6 @@ import time
 import torch
 from safetensors import safe_open
 
-from engine.errors import SluiceError
 from engine.format.modeldir import DENSE_FILE, ModelDir
 from engine.model import dense_quant as dense_quant_
 from engine.model.block import Router, Step
@@ -27,7 +26,8 @@ from engine.model.families import family_module
 from engine.model.file_table import EMBED_TABLE, FileTable, can_map, keeps_table, table_in_file
 from engine.model.state import ModelState, state_bytes
 from engine.host import available_memory, cgroup_capped
-from engine.runtime.budget import computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
+from engine.options import Options
+from engine.runtime.budget import Plan, computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
 from engine.runtime.decode_step import DecodeStep
@@ -35,20 +35,18 @@ from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.runtime import load_speeds
 from engine.runtime.pinned import pinned_buffer
-from engine.runtime.placement import MODES, Placement, measure_copy_s
+from engine.runtime.placement import Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
-from engine.runtime.switches import cublas_free, env_int
+from engine.runtime.switches import cublas_free
 from kernels.vocab_chunks import MAX_K
 from engine.runtime.telemetry import Telemetry
 from kernels.formats import random_bank
 
 
 _CONTEXT_BYTES: dict[int, int] = {}    # device index -> driver-view bytes outside torch's allocator
-# Under a memory cap, what the cache leaves: the page cache of the code being run (the libraries' hot pages) and
-# what the process still grows by after loading (measured: +13 MiB over two prompts). Under a 4 GiB cgroup on the
-# H200 box a 3.0 GiB cache (100 MiB left beside the process) still read back no pages while decoding (0.02 a token):
-# BENCHMARKS.md "Session 10".
+# Under a memory cap, what the RAM cache leaves: the page cache of the code being run (the libraries' hot pages)
+# and what the process still grows by after loading.
 RAM_RESERVE = 192 << 20
 TOP_K_AT_LOAD = 40          # the app's top-k (app/store.py): its sampling kernel is checked at load
 
@@ -60,14 +58,14 @@ class PrefillCancelled(Exception):
 class Runner:
     def __init__(self, model_dir: ModelDir, device: torch.device, dtype: torch.dtype, telemetry: Telemetry, *,
                  vram_budget: int | None, ram_cache: int | None, max_tokens: int, default_vram: int, default_ram: int,
-                 use_graphs: bool = True, use_kernels: bool = True, max_prompt_tokens: int | None = None,
-                 cpu_experts: str = "auto", dense_quant: str | None = None, progress=None):
-        self.device, self.dtype, self.telemetry = torch.device(device), dtype, telemetry
+                 max_prompt_tokens: int | None = None, dense_quant: str | None = None, progress=None,
+                 options: Options = Options()):
+        self.device, self.dtype, self.telemetry, self.options = torch.device(device), dtype, telemetry, options
         self.is_cuda = self.device.type == "cuda"
+        use_kernels = not options.eager            # eager: no Triton kernel and no CUDA graph anywhere
         # On a GPU a decode step's prefetch waits until the next layer's mixer is enqueued (Experts.run's
         # `defer`); on the CPU device nothing runs meanwhile, so the reads start as early as they can.
-        # SLUICE_DEFER_PREFETCH=0: right after the layer's launches, as before (an A/B switch).
-        self.defer_prefetch = self.is_cuda and env_int("SLUICE_DEFER_PREFETCH") != 0
+        self.defer_prefetch = self.is_cuda
         spec, layout = model_dir.spec, model_dir.layout
         self.spec = spec
         if self.is_cuda:
@@ -82,39 +80,59 @@ class Runner:
         # the table left in the file takes neither the device's memory nor the process's
         dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values() if not isinstance(t, FileTable))
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
+        budgets = self._budgets(layout, dense_bytes, kv_bytes, vram_budget, ram_cache, default_vram, default_ram)
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
-        budgets = dict(block_bytes=layout.block_bytes, top_k=spec.top_k, num_experts=spec.num_experts,
-                       num_moe_layers=len(spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
-                       vram_budget=vram_budget, ram_cache=ram_cache, default_vram=default_vram, default_ram=default_ram,
-                       device_slot_bytes=layout.block_bytes + (0 if self.is_cuda else decoded_expert_bytes(layout, dtype)))
-        if vram_budget is None and computes_in_place(self.device.type, layout.fmt, cpu_experts):
-            budgets["default_vram"], budgets["default_ram"] = in_place_defaults(
-                default_vram, default_ram, dense_bytes + kv_bytes, budgets["device_slot_bytes"])
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
         self.kernel_verdict = None
         self._candidates: dict[int, object] | None = {} if use_kernels and self.is_cuda else None
         self.top_candidates(TOP_K_AT_LOAD)          # the app's top-k: checked (and compiled) in the warm-up child
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
-        kernel = self._choose_kernel(layout) if use_kernels and self.is_cuda and self.model.expert_kernel else None
-        # Prefill's experts through the grouped-GEMM kernel (warm 512-token prefill on the H200 box: 1257 / 1478
-        # tok/s against 501 / 634 through the per-expert torch loop); SLUICE_PREFILL_KERNEL=0: the torch loop
-        prefill_kernel = self._choose_prefill_kernel(layout) if kernel and env_int("SLUICE_PREFILL_KERNEL") != 0 else None
+        kernel, prefill_kernel = self._choose_expert_kernels(layout) if use_kernels and self.is_cuda else (None, None)
         self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
-        self.step = DecodeStep(self.model, self.state, self.device, use_graphs and self.model.graph_safe)
-        graph_bytes, work = self._capture_decode(base_bytes, dense_bytes + kv_bytes, work)
+        self.step = DecodeStep(self.model, self.state, self.device, use_kernels and self.model.graph_safe)
+        self.plan = self._final_plan(budgets, base_bytes, dense_bytes + kv_bytes, work, ram_cache, max_tokens)
+        self._make_experts(model_dir, kernel, prefill_kernel, dense_bytes + kv_bytes)
+
+    def _budgets(self, layout, dense_bytes: int, kv_bytes: int, vram_budget: int | None, ram_cache: int | None,
+                 default_vram: int, default_ram: int) -> dict:
+        """plan_budgets' arguments but the workspace: where the CPU computes experts in place, the defaults
+        leave VRAM (the host's memory here) to the RAM cache."""
+        slot_bytes = layout.block_bytes + (0 if self.is_cuda else decoded_expert_bytes(layout, self.dtype))
+        budgets = dict(block_bytes=layout.block_bytes, top_k=self.spec.top_k, num_experts=self.spec.num_experts,
+                       num_moe_layers=len(self.spec.moe_layers), dense_bytes=dense_bytes, kv_bytes=kv_bytes,
+                       vram_budget=vram_budget, ram_cache=ram_cache, default_vram=default_vram,
+                       default_ram=default_ram, device_slot_bytes=slot_bytes)
+        if vram_budget is None and computes_in_place(self.device.type, layout.fmt, self.options.cpu_experts):
+            budgets["default_vram"], budgets["default_ram"] = in_place_defaults(
+                default_vram, default_ram, dense_bytes + kv_bytes, slot_bytes)
+        return budgets
+
+    def _final_plan(self, budgets: dict, base_bytes: int, resident_bytes: int, work: int, ram_cache: int | None,
+                    max_tokens: int) -> Plan:
+        """The plan once the decode graphs and the driver's context are measured (CUDA) and, under a memory
+        cap, the RAM cache sized by what the cap leaves now that the rest is loaded."""
+        graph_bytes, work = self._capture_decode(base_bytes, resident_bytes, work)
         context_bytes = self._driver_overhead() if self.is_cuda else 0
         release_free_heap()       # what loading left free in the heap: room for the RAM cache under a cap
         if ram_cache is None and cgroup_capped():
-            # Under a memory cap the cache takes what the cap leaves now that the rest is loaded.
-            reserve = (env_int("SLUICE_RAM_RESERVE_MIB") or RAM_RESERVE >> 20) << 20     # A/B switch
-            budgets["default_ram"] = max(available_memory() - reserve, 0)
-        self.plan = plan_budgets(workspace_bytes=work + graph_bytes + context_bytes, **budgets)
-        telemetry.set(vram_budget_bytes=self.plan.vram_budget_bytes, vram_slot_bytes=self.plan.slot_bytes,
-                      kv_tokens=max_tokens, vram_graph_bytes=graph_bytes, vram_context_bytes=context_bytes)
-        telemetry.info["device"] = str(self.device)
+            budgets["default_ram"] = max(available_memory() - RAM_RESERVE, 0)
+        plan = plan_budgets(workspace_bytes=work + graph_bytes + context_bytes, **budgets)
+        self.telemetry.set(vram_budget_bytes=plan.vram_budget_bytes, vram_slot_bytes=plan.slot_bytes,
+                           kv_tokens=max_tokens, vram_graph_bytes=graph_bytes, vram_context_bytes=context_bytes)
+        self.telemetry.info["device"] = str(self.device)
         if self.is_cuda:
-            telemetry.attach_driver_vram(DriverMemory(self.device.index or 0).used_bytes)
+            self.telemetry.attach_driver_vram(DriverMemory(self.device.index or 0).used_bytes)
+        else:
+            device_bytes = resident_bytes + plan.slot_bytes
+            self.telemetry.set(vram_used_bytes=device_bytes)
+            self.telemetry.set_max(vram_peak_bytes=device_bytes)
+        return plan
+
+    def _make_experts(self, model_dir: ModelDir, kernel, prefill_kernel, resident_bytes: int) -> None:
+        """The store, the two tiers and the experts over them; the idle fill planned, the decode graphs'
+        expert launches captured."""
+        layout, telemetry = model_dir.layout, self.telemetry
         self.store = ExpertStore(model_dir, telemetry)
         self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
@@ -124,18 +142,14 @@ class Runner:
         if isinstance(table, FileTable) and keeps_table(available_memory(), self.plan.ram_cache_bytes, table.nbytes):
             table.keep_cached()
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
-                               dtype, self.device, kernel, cpu=self._cpu_experts(layout, cpu_experts),
-                               prefill_kernel=prefill_kernel)
-        # RAM filled in the background with the blocks no prompt has read yet (Experts.fill); SLUICE_RAM_FILL=0: never
-        self.fills = env_int("SLUICE_RAM_FILL") != 0
+                               self.dtype, self.device, kernel, cpu=self._cpu_experts(layout, self.options.cpu_experts),
+                               prefill_kernel=prefill_kernel, prefetch_reads=self.options.prefetch_reads,
+                               prefetch_copies=self.options.prefetch_copies)
+        self.fills = self.options.ram_fill          # RAM filled in the background with blocks no prompt has read
         self._lock = threading.Lock()             # a pass, a step or a fill at a time (the filler is another thread)
         self._used_at = time.monotonic()
         if self.fills:
             self.experts.plan_fill([(layer, e) for layer in self.spec.moe_layers for e in range(self.spec.num_experts)])
-        if not self.is_cuda:
-            device_bytes = dense_bytes + self.plan.slot_bytes + kv_bytes
-            telemetry.set(vram_used_bytes=device_bytes)
-            telemetry.set_max(vram_peak_bytes=device_bytes)
         if self.step.use_graphs and kernel is not None:
             s = self.step
             with torch.inference_mode():
@@ -148,8 +162,6 @@ class Runner:
         the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report. On CUDA the
         speeds are kept per machine (load_speeds.py): where they said "copying is faster", nothing is measured again
         and the fused kernel's numba never loads."""
-        if mode not in MODES:
-            raise SluiceError(f"cpu_experts must be one of {', '.join(MODES)}, not {mode!r}.")
         if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
             return None           # auto: only formats the CPU multiplies without dequantising first
         if computes_in_place(self.device.type, layout.fmt, mode):
@@ -157,18 +169,13 @@ class Runner:
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
         threads = torch.get_num_threads()
-        key = load_speeds.speeds_key(self.device, layout, self.model.expert_kernel, self.dtype, threads) if (
-            self.is_cuda and mode == "auto") else None
-        known = load_speeds.recall(key) if key else None
-        if known is not None and not Placement(cpu_s=known["cpu_expert_s"], copy_s=known["copy_s"], mode=mode,
-                                               cpu_load_s=known["cpu_expert_s"]).pays_off():
-            # copying was faster at an earlier load: no CPU share, and no fused kernel loaded (load_speeds.py)
-            self.telemetry.info["placement"] = {**known, "threads": threads, "mode": mode, "active": False,
-                                                "measured": "earlier"}
+        key = load_speeds.speeds_key(self.device, layout, self.model.expert_kernel, self.dtype, threads,
+                                     self.options.cpu_kernel) if self.is_cuda and mode == "auto" else None
+        if key and self._copies_were_faster(key, threads, mode):
             return None
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
         cpu = CpuExperts(layout, self.model.expert_mlp, self.dtype, self.device, self.spec.top_k, self.telemetry,
-                         placement, activation=self.model.expert_kernel)
+                         placement, activation=self.model.expert_kernel, cpu_kernel=self.options.cpu_kernel)
         offsets = {f.name: f.offset for f in layout.fields}
         block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
         x = torch.randn(1, layout.hidden).to(self.dtype)
@@ -182,6 +189,17 @@ class Runner:
         self.telemetry.info["placement"] = {**kernel, "copy_s": placement.copy_s,
                                             "threads": threads, "mode": mode, "active": active, "measured": "now"}
         return cpu if active else None
+
+    def _copies_were_faster(self, key: str, threads: int, mode: str) -> bool:
+        """Whether an earlier load on this machine found copying faster than the CPU (load_speeds.py): then no
+        CPU share, and no fused kernel loaded."""
+        known = load_speeds.recall(key)
+        if known is None or Placement(cpu_s=known["cpu_expert_s"], copy_s=known["copy_s"], mode=mode,
+                                      cpu_load_s=known["cpu_expert_s"]).pays_off():
+            return False
+        self.telemetry.info["placement"] = {**known, "threads": threads, "mode": mode, "active": False,
+                                            "measured": "earlier"}
+        return True
 
     def _capture_decode(self, base_bytes: int, resident_bytes: int, work: int) -> tuple[int, int]:
         """Capture the decode graphs (CUDA) before the slot banks exist -> (bytes they hold: pool and
@@ -251,6 +269,14 @@ class Runner:
                 self.telemetry.warn(f"Top-k sampling kernel disabled for k up to {block} on this GPU: {verdict.reason}")
         return self._candidates[block]
 
+    def _choose_expert_kernels(self, layout) -> tuple:
+        """(the decode kernel, the prefill kernel) for the routed experts, each None where it fails its check or
+        the family has no kernel activation; the prefill kernel only beside the decode kernel."""
+        if not self.model.expert_kernel:
+            return None, None
+        kernel = self._choose_kernel(layout)
+        return kernel, self._choose_prefill_kernel(layout) if kernel else None
+
     def _choose_kernel(self, layout):
         from kernels.selfcheck import select_moe_decode
         offsets = {f.name: f.offset for f in layout.fields}
@@ -304,7 +330,7 @@ class Runner:
         ids = torch.tensor(token_ids, device=self.device)
         step = Step(torch.arange(len(token_ids), device=self.device), 0, self.state)
         self.experts.begin_pass()
-        try:                                  # a pass changes the eviction policy (slots.py): end it always
+        try:                                  # a pass changes the eviction policy (residency.py): end it always
             x = self.model.embed(ids)                                                 # [T, H]
             for layer, block in enumerate(self.model.blocks):
                 if cancel is not None and cancel.is_set():
@@ -313,11 +339,8 @@ class Runner:
                 moe_out = None
                 if block.is_moe:
                     weights, expert_ids = block.route(h)                              # [T, K], [T, K]
-                    ids, nxt = expert_ids.flatten(), self.step.next_moe[layer]
-                    if nxt is not None and self.experts.pass_reads:   # the next layer's router here: reads ahead
-                        ids = torch.cat([ids, self.model.blocks[nxt].route(h)[1].flatten()])
                     moe_out = torch.empty(h.shape, dtype=torch.float32, device=self.device)
-                    self.experts.run(layer, h, weights, ids, moe_out, nxt)
+                    self.experts.run(layer, h, weights, expert_ids.flatten(), moe_out)
                 x = block.combine(x, h, moe_out)
         finally:
             self.experts.end_pass()

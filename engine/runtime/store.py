@@ -4,11 +4,9 @@ O_DIRECT where the file system allows it (page-cache bypass: what the user's NVM
 buffered reads with posix_fadvise(DONTNEED) otherwise. Each block's CRC32 is checked the first
 time it is read in a session.
 
-SLUICE_READ_PIECES=N reads each block as N page-aligned pieces in parallel (on 2N threads) instead of
-whole (on 4): a decode layer has a few misses, and at the end of its batch one or two reads are left in
-flight, where a whole-block read may get less than the disk gives. Off until measured on an NVMe
-(scripts/probe_disk_reads.py, gpu_check.py probe-disk reads-ab): the dev machine's virtual disk gave
-1.1-1.7 GB/s either way, within its noise.
+`pieces`=N reads each block as N page-aligned pieces in parallel (on 2N threads) instead of whole (on 4): a
+decode layer has a few misses, and at the end of its batch one or two reads are left in flight, where a
+whole-block read may get less than the disk gives. Whole blocks by default: pieces gained nothing measured.
 """
 from __future__ import annotations
 
@@ -22,7 +20,6 @@ import numpy as np
 
 from engine.errors import SluiceError
 from engine.format.modeldir import EXPERTS_FILE, ModelDir
-from engine.runtime.switches import env_int
 from engine.runtime.telemetry import Telemetry
 
 
@@ -46,7 +43,7 @@ class ExpertStore:
                  pieces: int | None = None):
         """num_threads: reader threads (default: reader_threads(pieces))."""
         self.model, self.telemetry = model, telemetry
-        self.pieces = max(1, pieces or env_int("SLUICE_READ_PIECES") or READ_PIECES)
+        self.pieces = max(1, pieces or READ_PIECES)
         num_threads = num_threads or reader_threads(self.pieces)
         path = model.path / EXPERTS_FILE
         self._fd = os.open(path, os.O_RDONLY)

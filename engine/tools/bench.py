@@ -20,7 +20,7 @@ from pathlib import Path
 from engine.errors import SluiceError
 from engine.model import dense_quant
 from engine.runtime.memory import anonymous_by_mapping
-from engine.runtime.placement import live_factor
+from engine.runtime.placement import LIVE_FACTOR
 from engine.runtime.store import READ_PIECES, reader_threads
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
@@ -183,10 +183,10 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     if is_cuda:
         import torch
         torch.cuda.empty_cache()      # the probes' buffers: the driver-view VRAM below is the engine's own
-    if opts.eager:
-        os.environ["SLUICE_EAGER"] = "1"
+    from engine.options import Options
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=opts.dtype, max_context=max_tokens, dense_quant=opts.dense_quant)
+                      dtype=opts.dtype, max_context=max_tokens, dense_quant=opts.dense_quant,
+                      options=Options(eager=opts.eager))
     rng = random.Random(0)
     prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
     # Sampled at temperature 1 (a random model's logits are nearly flat): varied tokens route to varied
@@ -328,7 +328,7 @@ def _placement_lines(r: dict) -> list[str]:
     if not p.get("active", True):
         when = "an earlier load (kept for this machine)" if p.get("measured") == "earlier" else "load"
         return [f"placement    CPU share off ({p['mode']}): an expert took {p['cpu_expert_s'] * 1e6:.0f} us at {when} "
-                f"(decoding takes ~{live_factor():g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
+                f"(decoding takes ~{LIVE_FACTOR:g}x that), a block copy {p['copy_s'] * 1e6:.0f} us: copying is faster here"]
     busy = r["decode_cpu_per_token"]["busy_s"] / max(r["decode_cpu_per_token"]["experts"], 1e-9)
     kernel = p.get("cpu_kernel", "torch")
     other = (f" (torch {p['torch_expert_s'] * 1e6:.0f} us)" if kernel == "fused"

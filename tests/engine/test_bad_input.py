@@ -9,6 +9,7 @@ import engine
 import engine.format.repack
 from engine.tools.cli import main
 from engine.errors import SluiceError
+from engine.runtime import store
 from engine.format.repack import repack
 
 
@@ -51,7 +52,7 @@ def test_truncated_safetensors(capsys, hf_models, tmp_path):
 
 @pytest.mark.parametrize("pieces", ["1", "4"])
 def test_corrupted_expert_block_names_layer_and_expert(capsys, sluice_models, tmp_path, monkeypatch, pieces):
-    monkeypatch.setenv("SLUICE_READ_PIECES", pieces)          # read whole, or in parallel pieces
+    monkeypatch.setattr(store, "READ_PIECES", int(pieces))    # read whole, or in parallel pieces
     model = shutil.copytree(sluice_models("qwen3_moe", "bf16"), tmp_path / "m")
     manifest = json.loads((model / "sluice.json").read_text())
     offset = manifest["experts"]["layers"]["1"]["offset"] + 5 * manifest["experts"]["layers"]["1"]["block_bytes"] + 100

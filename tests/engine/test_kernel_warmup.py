@@ -7,21 +7,22 @@ import pytest
 import torch
 
 import engine
+from engine.options import Options
 from engine.runtime import kernel_warmup
 from engine.runtime.kernel_warmup import ensure_warm, marker_path
 
 
 @pytest.fixture
 def warmup_on(tmp_path, monkeypatch):
-    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "cache" / "kernel_verdicts.json"))
-    monkeypatch.setenv("SLUICE_KERNEL_WARMUP", "1")
+    """The warm-up's marker (and the child's verdicts) in a fresh data folder."""
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
     return tmp_path
 
 
 def test_the_child_runs_once_per_model_and_setting(warmup_on, sluice_models):
     path = sluice_models("olmoe")
     steps = []
-    assert ensure_warm(path, torch.device("cpu"), torch.float32, None, lambda *a: steps.append(a)) == "warmed"
+    assert ensure_warm(path, torch.device("cpu"), torch.float32, None, progress=lambda *a: steps.append(a)) == "warmed"
     assert steps and set(steps) == {(0, 0, "checking the GPU kernels on this machine (once)")}   # a busy bar
     assert list(json.loads(marker_path().read_text()).values()) == ["warmed"]
     assert ensure_warm(path, torch.device("cpu"), torch.float32, None) is None               # done: no child
@@ -56,7 +57,7 @@ def test_a_cancelled_load_stops_the_child_and_marks_nothing(warmup_on, sluice_mo
         progress.calls.append(1)
     progress.calls = []
     with pytest.raises(Cancelled):
-        ensure_warm(sluice_models("olmoe"), torch.device("cpu"), torch.float32, None, progress)
+        ensure_warm(sluice_models("olmoe"), torch.device("cpu"), torch.float32, None, progress=progress)
     assert len(started) == 1 and started[0].returncode not in (None, 0)      # stopped mid-way and reaped
     assert not marker_path().exists()                                        # the next load tries again
 
@@ -67,10 +68,17 @@ def test_a_child_past_its_time_is_stopped(warmup_on, sluice_models, monkeypatch)
         "failed: it took longer than 0 s"
 
 
-def test_switched_off(warmup_on, sluice_models, monkeypatch):
-    monkeypatch.setenv("SLUICE_KERNEL_WARMUP", "0")
-    assert ensure_warm(sluice_models("olmoe"), torch.device("cpu"), torch.float32, None) is None
+def test_switched_off(warmup_on, sluice_models):
+    off = Options(kernel_warmup=False)
+    assert ensure_warm(sluice_models("olmoe"), torch.device("cpu"), torch.float32, None, off) is None
     assert not marker_path().exists()
+
+
+def test_the_child_gets_the_parents_options_through_its_argv_with_its_own_warmup_off():
+    options = Options(cpu_kernel="torch", prefetch_reads=2, ram_fill=False)
+    argv = kernel_warmup.child_settings(options)
+    assert argv[::2] == ["--set"] * (len(argv) // 2)
+    assert Options.parse(argv[1::2]) == options.replace(kernel_warmup=False)
 
 
 @pytest.mark.gpu

@@ -38,7 +38,7 @@ def test_greedy_tokens_equal_transformers_on_the_gpu(hf_dir, tmp_path):
     (decode runs eagerly: no graphs)."""
     from engine.format.repack import repack
     eng = streaming_engine(repack(hf_dir, tmp_path / "bf16", quant="bf16"), device="cuda", dtype="float32")
-    assert eng.runner.experts.kernel is not None and eng.runner.experts.prefill_kernel is not None
+    assert eng.runner.experts.compute.kernel is not None and eng.runner.experts.compute.prefill_kernel is not None
     tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     assert tokens == reference_greedy(load_reference(hf_dir), PROMPT, NEW_TOKENS)
     assert eng.telemetry()["ram_cache"]["evictions"] > 0

@@ -140,7 +140,7 @@ def test_greedy_tokens_match_transformers_on_the_gpu(quant, hf_dir, mxfp4_dir, t
     src = hf_dir if quant == "bf16" else mxfp4_dir
     model_dir = repack(src, tmp_path / quant, quant=quant)
     eng = engine.load(model_dir, device="cuda", dtype="float32")
-    assert eng.runner.experts.kernel is not None and eng.runner.experts.prefill_kernel is not None
+    assert eng.runner.experts.compute.kernel is not None and eng.runner.experts.compute.prefill_kernel is not None
     ours = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     eng.close()
     assert ours == reference_greedy(load_reference(src), PROMPT, NEW_TOKENS)

@@ -28,7 +28,7 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
         assert token_ids(eng, PROMPT_IDS, NEW_TOKENS) == expected        # DeltaNet states start fresh each time
         snap = eng.telemetry()
         if torch.cuda.is_available():
-            assert eng.runner.step.use_graphs and eng.runner.experts.kernel is not None
+            assert eng.runner.step.use_graphs and eng.runner.experts.compute.kernel is not None
     finally:
         eng.close()
     assert snap["ram_cache"]["misses"] > 0 and snap["disk"]["bytes_read"] > 0

@@ -21,4 +21,4 @@ def device():
 @pytest.fixture(autouse=True)
 def _private_kernel_cache(tmp_path, monkeypatch):
     """Self-check verdicts go to a per-test file, never to the user's cache."""
-    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "verdicts.json"))
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))

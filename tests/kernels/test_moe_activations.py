@@ -144,7 +144,7 @@ def test_selfchecks_pass_the_kernel_and_refuse_a_missing_down_bias(device, monke
 
     fn, verdict = select(decode)
     assert verdict.ok and fn is decode
-    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "fresh.json"))      # not the pass cached above
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "fresh"))              # not the pass cached above
     with pytest.warns(RuntimeWarning, match="reference path"):
         fn, verdict = select(dropping_down_bias(decode))
     assert not verdict.ok and fn is moe_decode_ref

@@ -76,7 +76,7 @@ def test_new_kernel_version_is_checked_again(device, monkeypatch):
 def test_unwritable_cache_still_checks(device, monkeypatch, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(blocker / "sub" / "verdicts.json"))   # parent is a file
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(blocker / "sub"))                   # a parent is a file
     fn, verdict = _select(device)
     assert verdict.ok and fn is moe_decode
 
@@ -106,3 +106,15 @@ def test_int8_kernel_is_checked_in_bf16_and_a_misread_scale_is_caught(device):
     with pytest.warns(RuntimeWarning, match="reference path"):
         fn, verdict = select(unit_scales)
     assert fn is moe_decode_ref and "exceeds" in verdict.reason
+
+
+def test_the_verdicts_live_in_the_data_folder_or_where_they_are_told(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
+    assert selfcheck.cache_path() == tmp_path / "data" / "cache" / "kernel_verdicts.json"
+    selfcheck.use_cache_dir(tmp_path / "bench")
+    try:
+        assert selfcheck.cache_path() == tmp_path / "bench" / "kernel_verdicts.json"
+    finally:
+        selfcheck.use_cache_dir(None)
+    monkeypatch.delenv("SLUICE_DATA_DIR")
+    assert selfcheck.cache_path().name == "kernel_verdicts.json" and "data" not in selfcheck.cache_path().parts[-3:]

@@ -49,13 +49,12 @@ def checkpoints(tmp_path_factory):
 def _kernel_tokens(path, monkeypatch, activation_name="clamped_swiglu", wrap=None) -> list[int]:
     """Greedy tokens of the streaming engine with both MoE kernels, whose model declares `activation_name`;
     `wrap` replaces the decode kernel by a variant of it (a deliberately wrong one)."""
-    monkeypatch.setenv("SLUICE_PREFILL_KERNEL", "1")
     eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=4)
     try:
-        experts, activation = eng.runner.experts, eng.runner.model.expert_kernel
+        experts, activation = eng.runner.experts.compute, eng.runner.model.expert_kernel
         assert activation is not None and activation.name == activation_name
         graphs = eng.runner.step.use_graphs     # one-token decode replays the kernel captured at load, not experts.kernel
-        if experts.is_cuda:
+        if eng.runner.is_cuda:
             assert experts.kernel is not None and experts.prefill_kernel is not None, "the runner kept the torch path"
             if wrap and graphs:
                 pytest.skip("the decode kernel runs from CUDA graphs captured at load: a variant cannot be put in")

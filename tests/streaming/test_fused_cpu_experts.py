@@ -9,6 +9,7 @@ import torch
 
 from engine.format.repack import repack
 from engine.tools.demo import build_hf_model
+from engine.options import Options
 from kernels import cpu_moe
 
 from tests.streaming.sized import engine_with_slots, token_ids
@@ -26,8 +27,8 @@ def int8_model(request, tmp_path_factory):
     return repack(tmp / "hf", tmp / "int8", quant="int8")
 
 
-def _run(path, prompts, **kw):
-    eng = engine_with_slots(path, 3, 12, **kw)
+def _run(path, prompts, cpu_kernel="auto", **kw):
+    eng = engine_with_slots(path, 3, 12, options=Options(cpu_kernel=cpu_kernel), **kw)
     try:
         return [token_ids(eng, prompt, n) for prompt, n in prompts], eng.telemetry()
     finally:
@@ -39,9 +40,8 @@ PROMPTS = [(PROMPT, 12), (PROMPT[:3], 6)]
 
 
 def test_fused_experts_give_the_slot_paths_tokens(int8_model, monkeypatch):
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
-    tokens, snap = _run(int8_model, PROMPTS, cpu_experts="all")
-    slot_tokens, _ = _run(int8_model, PROMPTS, cpu_experts="off")
+    tokens, snap = _run(int8_model, PROMPTS, "fused", cpu_experts="all")
+    slot_tokens, _ = _run(int8_model, PROMPTS, "fused", cpu_experts="off")
     assert tokens == slot_tokens
     placement = snap["placement"]
     assert placement["cpu_kernel"] == "fused" and placement["fused_error"] < 1e-5
@@ -49,13 +49,11 @@ def test_fused_experts_give_the_slot_paths_tokens(int8_model, monkeypatch):
 
 
 def test_fused_experts_can_be_switched_off(int8_model, monkeypatch):
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
-    _, snap = _run(int8_model, PROMPTS[:1], cpu_experts="all")
+    _, snap = _run(int8_model, PROMPTS[:1], "torch", cpu_experts="all")
     assert snap["placement"]["cpu_kernel"] == "torch" and "fused_expert_s" not in snap["placement"]
 
 
 def test_a_kernel_that_misses_the_reference_is_refused(int8_model, monkeypatch):
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
     real = cpu_moe.FusedExperts.into
 
     def off_by_a_little(self, y, *args):
@@ -65,23 +63,20 @@ def test_a_kernel_that_misses_the_reference_is_refused(int8_model, monkeypatch):
     monkeypatch.setattr(cpu_moe.FusedExperts, "into", off_by_a_little)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tokens, snap = _run(int8_model, PROMPTS[:1], cpu_experts="all")
+        tokens, snap = _run(int8_model, PROMPTS[:1], "fused", cpu_experts="all")
     assert snap["placement"]["cpu_kernel"] == "torch" and snap["placement"]["fused_error"] > 1e-4
     assert any("fused CPU expert kernel is not used" in str(w.message) for w in caught)
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
-    assert tokens == _run(int8_model, PROMPTS[:1], cpu_experts="all")[0]
+    assert tokens == _run(int8_model, PROMPTS[:1], "torch", cpu_experts="all")[0]
 
 
 def test_bfloat16_runs_with_the_fused_kernel_chosen(int8_model, monkeypatch):
     """In bfloat16 the CPU's share is fused (float32 inside) while slot experts keep torch's bf16 path:
     a prompt through the slots and a decode with the share both run, and the slot-only tokens are the
     ones the engine gives with the fused kernel off."""
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
-    tokens, snap = _run(int8_model, PROMPTS, cpu_experts="all", dtype="bfloat16")
+    tokens, snap = _run(int8_model, PROMPTS, "fused", cpu_experts="all", dtype="bfloat16")
     assert snap["placement"]["cpu_kernel"] == "fused" and snap["cpu"]["experts"] > 0
-    slot_fused, _ = _run(int8_model, PROMPTS[:1], cpu_experts="off", dtype="bfloat16")
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "0")
-    assert slot_fused == _run(int8_model, PROMPTS[:1], cpu_experts="off", dtype="bfloat16")[0]
+    slot_fused, _ = _run(int8_model, PROMPTS[:1], "fused", cpu_experts="off", dtype="bfloat16")
+    assert slot_fused == _run(int8_model, PROMPTS[:1], "torch", cpu_experts="off", dtype="bfloat16")[0]
     assert len(tokens[0]) == 12
 
 
@@ -89,12 +84,12 @@ def test_bfloat16_runs_with_the_fused_kernel_chosen(int8_model, monkeypatch):
 def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_model, monkeypatch, max_group):
     """The CPU device computes a prompt's RAM-resident experts where they sit (no copy into a slot), the fused
     kernel for small groups and torch's expert for larger ones; the tokens are the slot path's."""
-    from engine.runtime import cpu_experts, experts
+    from engine.runtime import cpu_experts, expert_compute
     monkeypatch.setattr(cpu_experts, "FUSED_MAX_GROUP", max_group)
-    monkeypatch.setattr(experts, "FUSED_MAX_GROUP", max_group)
-    monkeypatch.setenv("SLUICE_FUSED_CPU_EXPERTS", "1")
+    monkeypatch.setattr(expert_compute, "FUSED_MAX_GROUP", max_group)
     long_prompt = PROMPT * 2                                 # 20 tokens: past the GPU's share of 4
-    eng = engine_with_slots(int8_model, 3, 12, cpu_experts="all", device="cpu")   # (on a GPU box too)
+    eng = engine_with_slots(int8_model, 3, 12, cpu_experts="all", device="cpu",   # (on a GPU box too)
+                            options=Options(cpu_kernel="fused"))
     try:
         token_ids(eng, PROMPT, 4)                            # its experts now in RAM
         before = eng.telemetry()
@@ -103,7 +98,7 @@ def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_
     finally:
         eng.close()
     assert after["cpu"]["experts"] > before["cpu"]["experts"]
-    slot_tokens, _ = _run(int8_model, [(PROMPT, 4), (long_prompt, 1)], cpu_experts="off", device="cpu")
+    slot_tokens, _ = _run(int8_model, [(PROMPT, 4), (long_prompt, 1)], "fused", cpu_experts="off", device="cpu")
     assert ours == slot_tokens[1]
 
 

@@ -4,18 +4,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from engine.runtime import load_speeds
+from kernels import selfcheck
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("SLUICE_KERNEL_CACHE", str(tmp_path / "kernel_verdicts.json"))
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))
     return load_speeds.speeds_path()
 
 
@@ -26,7 +26,7 @@ def test_speeds_are_kept_per_key_and_a_damaged_file_is_measured_again(cache):
     assert load_speeds.recall("gpu|cpu|int8") == {"cpu_expert_s": 2e-4, "copy_s": 1.3e-4, "cpu_kernel": "fused"}
     assert load_speeds.recall("gpu|cpu|fp8")["cpu_kernel"] == "torch"
     assert load_speeds.recall("other gpu|cpu|int8") is None
-    assert cache.parent == Path(os.environ["SLUICE_KERNEL_CACHE"]).parent        # beside the kernel verdicts
+    assert cache.parent == selfcheck.cache_path().parent                          # beside the kernel verdicts
 
     cache.write_text('{"gpu|cpu|int8": {"cpu_expert_s": "fast"}, "truncated')        # a crash mid-write
     assert load_speeds.recall("gpu|cpu|int8") is None
@@ -48,15 +48,20 @@ def test_the_engine_loads_numba_only_when_it_builds_a_cpu_share():
 
 LOAD = """
 import json, sys, engine
-eng = engine.load(sys.argv[1], device="cuda")      # (a VRAM budget under the CUDA context fails)
+from engine.options import Options
+from engine.runtime import placement
+placement.LIVE_FACTOR = float(sys.argv[2])          # what decoding is taken to cost the CPU, in load times
+eng = engine.load(sys.argv[1], device="cuda", options=Options(kernel_warmup=False))   # (no VRAM budget: the
+                                                    # CUDA context alone is more than a small one)
 p = eng.telemetry()["placement"]
 print(json.dumps({"measured": p.get("measured"), "active": p["active"], "numba": "numba" in sys.modules}))
 eng.close()
 """
 
 
-def _load(path, env) -> dict:
-    done = subprocess.run([sys.executable, "-c", LOAD, str(path)], cwd=ROOT, env=env, capture_output=True, text=True)
+def _load(path, env, live_factor: float) -> dict:
+    done = subprocess.run([sys.executable, "-c", LOAD, str(path), str(live_factor)], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -64,9 +69,9 @@ def _load(path, env) -> dict:
 @pytest.mark.gpu
 def test_a_later_load_reuses_the_speeds_and_leaves_numba_out(tmp_path, sluice_models):
     path = sluice_models("olmoe", "int8")
-    env = {**os.environ, "SLUICE_KERNEL_CACHE": str(tmp_path / "kernel_verdicts.json"), "SLUICE_KERNEL_WARMUP": "0",
-           "SLUICE_CPU_LIVE_FACTOR": "1000"}           # whatever this machine measures, copying is faster
-    assert _load(path, env) == {"measured": "now", "active": False, "numba": True}
-    assert _load(path, env) == {"measured": "earlier", "active": False, "numba": False}
-    env["SLUICE_CPU_LIVE_FACTOR"] = "0"                 # now the CPU wins: the kept speeds say so, it is built again
-    assert _load(path, env) == {"measured": "now", "active": True, "numba": True}
+    env = {**os.environ, "SLUICE_DATA_DIR": str(tmp_path)}
+    slow_cpu = 1000.0                                   # whatever this machine measures, copying is faster
+    assert _load(path, env, slow_cpu) == {"measured": "now", "active": False, "numba": True}
+    assert _load(path, env, slow_cpu) == {"measured": "earlier", "active": False, "numba": False}
+    # now the CPU wins: the kept speeds say so, it is built again
+    assert _load(path, env, 0.0) == {"measured": "now", "active": True, "numba": True}

@@ -82,7 +82,7 @@ def test_pinned_buffer_pins_exactly_what_is_asked():
 def test_copies_finish_in_stream_order_so_the_scan_stops_at_the_first_unfinished():
     """Copies run in order on one copy stream: once one has not finished, no later one has (a later
     event that says it has is not asked, so its RAM block stays locked until the earlier ones land)."""
-    from engine.runtime.experts import _finished_prefix
+    from engine.runtime.movers import _finished_prefix
 
     class Event:
         def __init__(self, done):

@@ -1,4 +1,5 @@
 """The placement cost model: how many RAM-resident misses the CPU takes, and which."""
+from engine.runtime import placement
 from engine.runtime.placement import Placement
 
 
@@ -66,10 +67,10 @@ def test_auto_keeps_the_cpu_share_only_where_the_cpu_beats_a_copy():
     assert not Placement(cpu_s=0.0, copy_s=1.0, mode="off").pays_off()
 
 
-def test_the_live_factor_can_be_set_for_an_ab(monkeypatch):
-    """SLUICE_CPU_LIVE_FACTOR replaces the factor: at 0.5 the H200 box's fused expert (160 us at load against a
-    130 us copy) gets a share; unset, the measured 3x keeps it off."""
+def test_the_live_factor_decides_where_a_cpu_share_pays_off(monkeypatch):
+    """What decoding is taken to cost the CPU (LIVE_FACTOR x its load time) decides: a fused expert of 160 us at
+    load against a 130 us copy gets no share at 3x, and would at 0.5x."""
     box = Placement(cpu_s=160e-6, copy_s=130e-6, cpu_load_s=160e-6)
     assert not box.pays_off()
-    monkeypatch.setenv("SLUICE_CPU_LIVE_FACTOR", "0.5")
+    monkeypatch.setattr(placement, "LIVE_FACTOR", 0.5)
     assert box.pays_off()

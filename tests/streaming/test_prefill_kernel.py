@@ -1,6 +1,6 @@
-"""The prefill kernel (SLUICE_PREFILL_KERNEL=1) in the streaming runtime: a prompt's experts computed one
-kernel call per batch (the resident ones, then each batch brought in) while the experts stream through
-3 slots a bank. On a GPU the runner picks the kernel from the switch (after its self-check); on the
+"""The prefill kernel in the streaming runtime: a prompt's experts computed one kernel call per batch (the
+resident ones, then each batch brought in) while the experts stream through 3 slots a bank, against the
+torch loop. On a GPU the runner picks the kernel (after its self-check); on the
 CPU, where the runner picks kernels for CUDA only, it is put in place by hand and runs in Triton's
 interpreter (float32 compute both ways)."""
 import pytest
@@ -45,17 +45,16 @@ def olmoe(tmp_path_factory):
 
 
 def _tokens(path, monkeypatch, kernel: bool) -> tuple[list[int], Counting | None]:
-    monkeypatch.setenv("SLUICE_PREFILL_KERNEL", "1" if kernel else "0")
     eng = engine_with_slots(path, slots_per_bank=3, ram_blocks=4)
     try:
-        experts = eng.runner.experts
+        experts = eng.runner.experts.compute
         counting = None
         if kernel:
-            chosen = experts.prefill_kernel if experts.is_cuda else PrefillKernel(CPU_CONFIG)
+            chosen = experts.prefill_kernel if eng.runner.is_cuda else PrefillKernel(CPU_CONFIG)
             assert chosen is not None, "the runner did not pick the prefill kernel on this GPU"
             experts.prefill_kernel = counting = Counting(chosen)
         else:
-            assert experts.prefill_kernel is None
+            experts.prefill_kernel = None                       # the torch loop
         return token_ids(eng, PROMPT, NEW_TOKENS), counting
     finally:
         eng.close()

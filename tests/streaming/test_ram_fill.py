@@ -7,6 +7,7 @@ import pytest
 
 import engine.engine as engine_module
 from engine.format.modeldir import open_model_dir
+from engine.options import Options
 from engine.runtime import store as store_module
 from tests.streaming.sized import engine_with_slots, token_ids
 
@@ -15,7 +16,6 @@ PROMPT = [5, 17, 42, 7]
 
 @pytest.fixture(autouse=True)
 def _filling(monkeypatch):
-    monkeypatch.setenv("SLUICE_RAM_FILL", "1")
     monkeypatch.setattr(engine_module, "FILL_IDLE_S", 0.05)
 
 
@@ -52,13 +52,12 @@ def _slow_reads(monkeypatch, seconds=0.01):
 
 
 def _answer_without_filling(path, monkeypatch) -> list[int]:
-    monkeypatch.setenv("SLUICE_RAM_FILL", "0")
-    plain = engine_with_slots(path, slots_per_bank=3, ram_blocks=64)
+    plain = engine_with_slots(path, slots_per_bank=3, ram_blocks=64, options=Options(ram_fill=False))
     try:
+        assert plain._filler is None and not plain.runner.fills
         return token_ids(plain, PROMPT, 6)
     finally:
         plain.close()
-        monkeypatch.setenv("SLUICE_RAM_FILL", "1")
 
 
 def test_an_idle_engine_reads_the_whole_model_into_ram_and_its_prompt_then_reads_nothing(sluice_models, monkeypatch):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from engine.runtime.cache import RamCache
-from engine.runtime.slots import HALF_LIFE, SlotBanks
+from engine.runtime.residency import HALF_LIFE
+from engine.runtime.slots import SlotBanks
 from engine.runtime.telemetry import Telemetry
 
 LAYERS, EXPERTS, TOP_K, SLOTS_PER_BANK, TOKENS = 16, 64, 8, 160, 600

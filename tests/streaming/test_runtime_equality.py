@@ -7,6 +7,7 @@ import torch
 
 from engine.model.file_table import FileTable
 from engine.model.model import Model
+from engine.options import Options
 from engine.tools.demo import build_hf_model
 from engine.format.repack import repack
 
@@ -49,13 +50,12 @@ def test_greedy_tokens_equal_transformers_while_streaming(family_model):
     assert snap["speculation"]["predicted"] > 0 and snap["prefetch"]["issued"] > 0
 
 
-def _prefetch_ab(path, expected, monkeypatch, switch: str, ram_blocks: int) -> tuple[dict, dict]:
-    """Telemetry of the same generation with the prefetch A/B `switch` at the best guess only, then at
-    every guess; the tokens must stay transformers' in both."""
+def _prefetch_ab(path, expected, option: str, ram_blocks: int) -> tuple[dict, dict]:
+    """Telemetry of the same generation with the prefetch `option` at the best guess only, then at every guess;
+    the tokens must stay transformers' in both."""
     snaps = []
-    for value in ("1", "1000"):
-        monkeypatch.setenv(switch, value)
-        eng = _streaming_model(path, ram_blocks=ram_blocks)
+    for value in (1, 1000):
+        eng = _streaming_model(path, ram_blocks=ram_blocks, options=Options(**{option: value}))
         try:
             assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
             snaps.append(eng.telemetry())
@@ -64,18 +64,18 @@ def _prefetch_ab(path, expected, monkeypatch, switch: str, ram_blocks: int) -> t
     return snaps[0], snaps[1]
 
 
-def test_reading_ahead_for_fewer_guesses_reads_less_from_disk(family_model, monkeypatch):
+def test_reading_ahead_for_fewer_guesses_reads_less_from_disk(family_model):
     """Reading ahead for every guess of the next layer reads more from the disk (the wrong guesses)
     than for the best one only (a GPU's default is the better half)."""
-    best, every = _prefetch_ab(*family_model, monkeypatch, "SLUICE_PREFETCH_READS", ram_blocks=6)
+    best, every = _prefetch_ab(*family_model, "prefetch_reads", ram_blocks=6)
     assert best["prefetch"]["issued"] < every["prefetch"]["issued"]
     assert best["disk"]["reads"] <= every["disk"]["reads"]
 
 
-def test_copying_ahead_for_fewer_guesses_copies_less(family_model, monkeypatch):
+def test_copying_ahead_for_fewer_guesses_copies_less(family_model):
     """RAM hits copied ahead into the other bank for every guess of the next layer copy more over the
     link (the wrong guesses) than for the best one (the default is the better half)."""
-    best, every = _prefetch_ab(*family_model, monkeypatch, "SLUICE_PREFETCH_COPIES", ram_blocks=12)
+    best, every = _prefetch_ab(*family_model, "prefetch_copies", ram_blocks=12)
     assert best["prefetch"]["issued"] < every["prefetch"]["issued"]
     assert best["h2d"]["bytes"] < every["h2d"]["bytes"]
 
@@ -162,12 +162,12 @@ def test_embedding_table_read_from_the_file_gives_the_same_tokens(family_model, 
         eng.close()
 
 
-def test_eager_switch_gives_the_same_tokens(family_model, monkeypatch):
+def test_eager_switch_gives_the_same_tokens(family_model):
     path, expected = family_model
-    monkeypatch.setenv("SLUICE_EAGER", "1")
-    eng = _streaming_model(path, slots_per_bank=2, ram_blocks=2)
+    eng = _streaming_model(path, slots_per_bank=2, ram_blocks=2, options=Options(eager=True))
     try:
-        assert not eng.runner.step.use_graphs and eng.runner.experts.kernel is None
+        compute = eng.runner.experts.compute
+        assert not eng.runner.step.use_graphs and compute.kernel is None and compute.prefill_kernel is None
         assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
     finally:
         eng.close()
@@ -187,7 +187,7 @@ def test_engine_on_cuda_uses_the_gpu_path_and_matches_transformers(family_model)
     try:
         assert eng.runner.step.use_graphs
         # the Triton kernels cover the families that declare their experts' activation (gpt-oss's clamped SwiGLU too)
-        assert (eng.runner.experts.kernel is not None) == (eng.runner.model.expert_kernel is not None)
+        assert (eng.runner.experts.compute.kernel is not None) == (eng.runner.model.expert_kernel is not None)
         ids = [ev.token_id for ev in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
         assert ids == expected
         assert eng.telemetry()["vram"]["peak_bytes"] - before <= eng.plan.vram_budget_bytes
@@ -231,39 +231,17 @@ def _reads_ahead_before_the_layer_waited(eng) -> int:
     return early
 
 
-def test_early_read_ahead_starts_before_the_layer_waits_and_gives_the_same_tokens(family_model, monkeypatch):
-    """SLUICE_EARLY_READS=1: the next layer's read-ahead is queued right behind the running layer's own
-    reads, before the decode thread waits for them (the disk is not left idle at the layer's end);
-    without it, only after. The tokens stay transformers'."""
+def test_early_read_ahead_starts_before_the_layer_waits_and_gives_the_same_tokens(family_model):
+    """The next layer's read-ahead is queued right behind the running layer's own reads, before the decode
+    thread waits for them (the disk is not left idle at the layer's end); a prompt reads no layer ahead. The
+    tokens stay transformers'."""
     path, expected = family_model
-    counts = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("SLUICE_EARLY_READS", switch)
-        eng = _streaming_model(path, ram_blocks=6)
-        early = _reads_ahead_before_the_layer_waited(eng)
-        try:
-            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
-            counts[switch] = early[0]
-        finally:
-            eng.close()
-    assert counts["0"] == 0 and counts["1"] > 0
-
-
-def test_prefill_reads_ahead_for_the_next_layer_and_gives_the_same_tokens(family_model, monkeypatch):
-    """SLUICE_PASS_READS=1: a prefill queues every read of the running layer at its start and, behind
-    them, reads for the experts the next MoE layer's router picks on this layer's input, before the
-    running layer waits for its own. The prompt's tokens (and the ones after) stay transformers'."""
-    path, expected = family_model
-    monkeypatch.setenv("SLUICE_EARLY_READS", "0")             # decode's own read-ahead: not counted here
-    counts = {}
-    for switch in ("0", "1"):
-        monkeypatch.setenv("SLUICE_PASS_READS", switch)
-        eng = _streaming_model(path, ram_blocks=40)   # room for reads ahead
-        early = _reads_ahead_before_the_layer_waited(eng)
-        try:
-            assert token_ids(eng, PROMPT, 1) == expected[:1]
-            counts[switch] = early[0]
-            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
-        finally:
-            eng.close()
-    assert counts["0"] == 0 and counts["1"] > 0, counts
+    eng = _streaming_model(path, ram_blocks=6)
+    early = _reads_ahead_before_the_layer_waited(eng)
+    try:
+        assert token_ids(eng, PROMPT, 1) == expected[:1]
+        assert early[0] == 0                                    # a prompt's pass: no guesses, no reads ahead
+        assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+        assert early[0] > 0
+    finally:
+        eng.close()

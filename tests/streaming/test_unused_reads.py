@@ -8,12 +8,12 @@ from tests.streaming.sized import engine_with_slots, token_ids
 
 
 def _pending_read(experts, key) -> Future:
-    """A read of `key` that the test lands by hand: its RAM block inserted and locked as _start_read does."""
+    """A read of `key` that the test lands by hand: its RAM block inserted and locked as DiskReads.start does."""
     future = Future()
     future.set_running_or_notify_cancel()
     ram_slot = experts.cache.insert(key)
     experts.cache.lock(key)
-    experts._reads[key] = (ram_slot, future)
+    experts.reads.pending[key] = (ram_slot, future)
     return future
 
 
@@ -29,10 +29,10 @@ def test_a_wrong_guess_read_in_flight_is_not_waited_for(sluice_models):
         start = time.perf_counter()
         experts._score_speculation(layer, actual={0})       # the layer used expert 0, not the guess
         assert time.perf_counter() - start < 0.05
-        assert unused in experts._reads and experts.cache._locks.get(unused)   # still reading: locked
+        assert unused in experts.reads and experts.cache._locks.get(unused)    # still reading: locked
         future.set_result(None)                             # the read lands
         experts._score_speculation(layer, actual={0})       # the next time the layer runs
-        assert unused not in experts._reads and not experts.cache._locks.get(unused)
+        assert unused not in experts.reads and not experts.cache._locks.get(unused)
         assert unused in experts.cache                      # the block stays cached for a later use
     finally:
         eng.close()
@@ -55,12 +55,12 @@ def test_a_full_ram_cache_waits_for_wrong_guess_reads_instead_of_failing(sluice_
                 futures.append(_pending_read(experts, key))
                 ours.add(key)
         experts._score_speculation(layer, actual={wanted[1]})    # none of them was used
-        assert not experts.cache.can_insert() and experts._unused == ours
+        assert not experts.cache.can_insert() and experts.reads.unused == ours
         threading.Timer(0.1, lambda: [f.set_result(None) for f in futures]).start()
-        ram_slot, read = experts._start_read(wanted)            # waits for them to land, does not fail
-        experts._finish_read(wanted, read)
+        ram_slot, read = experts.reads.start(wanted)            # waits for them to land, does not fail
+        experts.reads.finish(wanted, read)
         experts.cache.unlock(wanted)
-        assert not experts._unused and wanted in experts.cache
+        assert not experts.reads.unused and wanted in experts.cache
     finally:
         for f in futures:
             if not f.done():
