@@ -324,8 +324,7 @@ class Runner:
         return self.model.head(x)
 
     def decode(self, token: int, position: int) -> torch.Tensor:
-        """One token at `position` -> logits [V] float32, a static buffer: valid until the next step.
-        The greedy token is in `self.step.token_out`."""
+        """One token at `position` -> logits [V] float32, a static buffer: valid until the next step."""
         with self._lock:
             try:
                 return self._decode(token, position)
