@@ -39,11 +39,10 @@ class DecodeConfig:
 
 
 def default_config(fmt: str) -> DecodeConfig:
-    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (BENCHMARKS.md)."""
-    if fmt in ("fp8", "int8"):   # fp8, session 2 sweep: 16.0-16.9 us at qwen3 shapes vs 19.1-19.3 for 8/16/512/w4;
-                                 # int8: fp8's (same bytes an element), not yet swept on the H200 itself
+    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes."""
+    if fmt in ("fp8", "int8"):   # int8: fp8's (same bytes an element), not yet swept on its own
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on the H200 itself
+    if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on its own
         return DecodeConfig(block_i=4, block_h=8, block_k=512, num_warps=2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
