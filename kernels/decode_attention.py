@@ -5,7 +5,7 @@
 The keys a query head can see, 0..position (the last `window` of them with a sliding window), are cut into
 splits of SPLIT keys: one program a (head, split) walks its split in blocks with an online softmax in float32
 and leaves its running max, sum and weighted values; a second launch, one program a head, merges the splits
-that hold visible keys. Split, a token's attention no longer grows with one program's walk of the context.
+that hold visible keys, so a token's attention costs about the same deep in a long context as near its start.
 Neither launch reads the rest of a static KV buffer or depends on the position on the host: the grid is the
 buffer's, so the step runs inside the decode's CUDA graph. Why a kernel: the torch path's masked
 `scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host memory for the process's life.
