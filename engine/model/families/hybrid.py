@@ -105,7 +105,8 @@ class GatedAttention:
         self.layer, self.rope = layer, rope
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
-        self.q_norm, self.k_norm = (OffsetRmsNorm(w[prefix + n], spec.rms_eps) for n in ("q_norm.weight", "k_norm.weight"))
+        self.q_norm, self.k_norm = (OffsetRmsNorm(w[prefix + n], spec.rms_eps)
+                                    for n in ("q_norm.weight", "k_norm.weight"))
         self.rope_kernel = self.attention_kernel = None
 
     def state_specs(self) -> dict[str, StateSpec]:
