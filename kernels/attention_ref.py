@@ -1,48 +1,82 @@
-"""Attention in plain torch (no Triton: the CPU app imports it): the models' path (engine.model.layers.attention)
-and the reference of the one-token decode kernel (kernels/decode_attention.py).
+"""Attention in plain torch (no Triton: the CPU app imports it): every family's attention and the reference of
+the one-token decode kernel (kernels/decode_attention.py). One core, `attend`: grouped KV heads, a visibility
+mask (causal, sliding window, or the caller's own), a scale, and optionally a sink logit per head.
+
+  T = query tokens, S = keys held (position s at row s), Hq / Hkv = query / kv heads, Dk / Dv = key / value width
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
+QUERY_CHUNK = 256      # query rows a call: bounds the [Hq, rows, S] scores a long prompt materialises
 
-def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                  window: int | None) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention with grouped KV heads.
 
-    q [T, Hq, D]; k, v [S, Hkv, D] hold positions 0..S-1; q_positions [T]. Returns [T, Hq * D].
-    """
-    num_q_heads, head_dim = q.shape[1], q.shape[2]
-    if q.is_cuda:
-        # Fused attention: never materialises the [Hq, T, S] scores. Prompts (T > 1) expand grouped KV
-        # heads first (SDPA with enable_gqa may take the math kernel); one decode token (T = 1, the
-        # CUDA-graphed step) keeps enable_gqa: its scores are one row.
-        group = num_q_heads // k.shape[1]
-        if q.shape[0] > 1 and group > 1:
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        # 4-D [1, heads, tokens, D]: with 3-D inputs SDPA silently takes the math kernel, which
-        # materialises the scores (measured: +0.37 GB at 2048 tokens on OLMoE, +1 GB on Qwen3-30B).
-        qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        gqa = k.shape[1] != num_q_heads
-        if q.shape[0] == k.shape[0] and not window:
-            # A prompt from position 0: plain causal (flash kernel, no mask tensor at all).
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
-        else:
-            key_positions = torch.arange(k.shape[0], device=q.device)
-            visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
-            if window:
-                visible &= key_positions[None, :] > q_positions[:, None] - window
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, enable_gqa=gqa)   # [Hq, T, D]
-        return out[0].transpose(0, 1).reshape(q.shape[0], num_q_heads * head_dim)
-    group = num_q_heads // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)                           # [S, Hq, D]
-    v = v.repeat_interleave(group, dim=1)
-    scores = torch.einsum("thd,shd->hts", q, k) * head_dim ** -0.5  # [Hq, T, S]
-    key_positions = torch.arange(k.shape[0], device=q.device)
-    visible = key_positions[None, :] <= q_positions[:, None]        # [T, S]
+def visible_keys(q_positions: torch.Tensor, num_keys: int, window: int | None = None) -> torch.Tensor:
+    """[T, S] bool: the query at position p sees key s when s <= p (and s > p - window with a sliding window)."""
+    key_positions = torch.arange(num_keys, device=q_positions.device)
+    visible = key_positions[None, :] <= q_positions[:, None]
     if window:
         visible &= key_positions[None, :] > q_positions[:, None] - window
+    return visible
+
+
+def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """scores [H, T, S], visible [T, S] -> probabilities [H, T, S]. Without sinks in float32; with a sink logit
+    per head (sinks [H]: one more column, dropped after the softmax, so a row may sum to less than one) in the
+    scores' dtype, after subtracting the row's max, as gpt-oss and DeepSeek-V4 compute it."""
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.einsum("hts,shd->thd", probs, v).reshape(q.shape[0], num_q_heads * head_dim)
+    if sinks is None:
+        return torch.softmax(scores, dim=-1, dtype=torch.float32)
+    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)            # [H, T, 1]
+    logits = torch.cat([scores, sink], dim=-1)
+    logits = logits - logits.amax(dim=-1, keepdim=True)
+    return torch.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+           sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """q [T, Hq, Dk], k [S, Hkv, Dk], v [S, Hkv, Dv], visible [T, S] -> [T, Hq * Dv] (a query head reads kv
+    head h // (Hq / Hkv))."""
+    shared = k.shape[1] == 1 < q.shape[1]       # one K/V head for all (DeepSeek-V4): plain matmuls, no copies
+    if shared:
+        scores = torch.matmul(q.transpose(0, 1), k[:, 0].T)                              # [Hq, T, S]
+    else:
+        group = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)       # [S, Hq, D]
+        scores = torch.einsum("thd,shd->hts", q, k)
+    probs = masked_softmax(scores * scale, visible, sinks).to(v.dtype)
+    out = torch.matmul(probs, v[:, 0]).transpose(0, 1) if shared else torch.einsum("hts,shd->thd", probs, v)
+    return out.reshape(q.shape[0], -1)
+
+
+def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+                  window: int | None = None, *, scale: float | None = None,
+                  sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal (optionally sliding-window) attention of the queries at q_positions [T] -> [T, Hq * Dv].
+    `scale` defaults to Dk^-0.5; `sinks` [Hq]: a sink logit per head (masked_softmax)."""
+    if q.is_cuda and sinks is None:
+        return _fused_attention(q, k, v, q_positions, window, scale)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    outs = [attend(q[rows], k, v, visible_keys(q_positions[rows], k.shape[0], window), scale, sinks)
+            for rows in (slice(r, r + QUERY_CHUNK) for r in range(0, q.shape[0], QUERY_CHUNK))]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def _fused_attention(q, k, v, q_positions, window, scale) -> torch.Tensor:
+    """The CUDA path: SDPA never materialises the [Hq, T, S] scores (scale None: its own Dk^-0.5)."""
+    num_tokens, num_q_heads = q.shape[0], q.shape[1]
+    group = num_q_heads // k.shape[1]
+    # Prompts expand grouped KV heads first (SDPA with enable_gqa may take the math kernel); one decode token
+    # (the CUDA-graphed step) keeps enable_gqa: its scores are one row.
+    if num_tokens > 1 and group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # 4-D [1, heads, tokens, D]: with 3-D inputs SDPA silently takes the math kernel, which materialises the scores
+    qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    gqa = k.shape[1] != num_q_heads
+    if num_tokens == k.shape[0] and not window:          # a prompt from position 0: the flash kernel, no mask
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible_keys(q_positions, k.shape[0], window),
+                                             scale=scale, enable_gqa=gqa)              # [1, Hq, T, Dv]
+    return out[0].transpose(0, 1).reshape(num_tokens, -1)

@@ -5,13 +5,10 @@
 The keys a query head can see, 0..position (the last `window` of them with a sliding window), are cut into
 splits of SPLIT keys: one program a (head, split) walks its split in blocks with an online softmax in float32
 and leaves its running max, sum and weighted values; a second launch, one program a head, merges the splits
-that hold visible keys. Walking every key in one program a head (16 programs for OLMoE) made a token's
-attention grow with the context: 36 us a layer at position 600, 228 us at 4000 on an H200; split, 7.5 and
-18.6 us (scripts/probe_decode_depth.py, BENCHMARKS.md run 87). Neither launch reads the rest of a static KV
-buffer or depends on the position on the host: the grid is the buffer's, so the step runs inside the decode's
-CUDA graph. Why a kernel: the torch path's masked `scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host
-memory for the process's life (BENCHMARKS.md run 57). On by default since run 60 (SLUICE_ATTN_KERNEL=0: the
-torch path).
+that hold visible keys, so a token's attention costs about the same deep in a long context as near its start.
+Neither launch reads the rest of a static KV buffer or depends on the position on the host: the grid is the
+buffer's, so the step runs inside the decode's CUDA graph. Why a kernel: the torch path's masked
+`scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host memory for the process's life.
 """
 from __future__ import annotations
 
@@ -19,11 +16,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .attention_ref import attention_ref  # noqa: F401  (the kernel's reference, beside it)
+from .attention_ref import attention_ref
 
 KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 BLOCK_S = 64           # keys a program loads at once
-SPLIT = 64             # keys a program walks (a multiple of BLOCK_S): the fastest of 64-256 (BENCHMARKS run 87)
+SPLIT = 64             # keys a program walks (a multiple of BLOCK_S): the fastest of 64-256 measured
 
 
 @triton.jit
@@ -114,3 +111,12 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positi
     _merge_kernel[(num_q_heads,)](acc, stats, q_positions, out, head_dim, window or 0, num_splits,
                                   HAS_WINDOW=has_window, SPLIT=split, BLOCK_D=block_d, num_warps=1)
     return out
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
+              window: int | None) -> torch.Tensor:
+    """attention_ref's signature: one token through decode_attention (KV contiguous, as the state holds it),
+    a prompt through the reference."""
+    if q.shape[0] == 1 and k.is_contiguous() and v.is_contiguous():
+        return decode_attention(q, k, v, q_positions, window)
+    return attention_ref(q, k, v, q_positions, window)

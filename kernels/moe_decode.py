@@ -1,5 +1,5 @@
 """One MoE layer at decode (a few tokens): every active expert of the layer, read straight from the
-VRAM slot bank it sits in, in two launches or (config.fused) one.
+VRAM slot bank it sits in, in two launches.
 
   T = tokens, K = experts per token, H = hidden, I = expert intermediate, S = slots in the bank
   x [T, H]  slots [T, K] int32 (bank row of the expert of token t, choice k)  weights [T, K] fp32
@@ -11,8 +11,6 @@ launch, so nothing but h (T*K*I floats) goes through memory between the two. act
 activation (kernels.activation: silu, gpt-oss's clamped SwiGLU, DeepSeek-V4's clamped silu); the
 biases b*_e (fp32 fields of the block, gpt-oss) are added after the row scale, the down bias before
 the routing weight.
-
-The single-launch variant (config.fused) is in moe_decode_fused.py.
 """
 from __future__ import annotations
 
@@ -25,7 +23,6 @@ import triton.language as tl
 
 from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
-from .moe_decode_fused import checked_counters, launch_fused
 from .tiles import bias_rows, block_base, check_bank_inputs, field_offsets, gate_up_rows, partial_dot, row_scale
 
 KERNEL_VERSION = 8     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
@@ -38,18 +35,14 @@ class DecodeConfig:
     block_k: int = 256      # reduction tile (input elements)
     num_warps: int = 4
     split_down: bool = False  # down grid over (token, expert) with atomic adds instead of a loop over experts
-    fused: bool = False       # one launch: gate_up producers, then split-down consumers that wait on counters
-                              # (always a split down pass: split_down is ignored)
     num_stages: int | None = None   # Triton software pipelining depth (None: Triton's default)
-    preload: int = 256        # fused: down weight bytes a thread loads before its wait (0: wait first)
 
 
 def default_config(fmt: str) -> DecodeConfig:
-    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (BENCHMARKS.md)."""
-    if fmt in ("fp8", "int8"):   # fp8, session 2 sweep: 16.0-16.9 us at qwen3 shapes vs 19.1-19.3 for 8/16/512/w4;
-                                 # int8: fp8's (same bytes an element), not yet swept on the H200 itself
+    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes."""
+    if fmt in ("fp8", "int8"):   # int8: fp8's (same bytes an element), not yet swept on its own
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on the H200 itself
+    if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on its own
         return DecodeConfig(block_i=4, block_h=8, block_k=512, num_warps=2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
@@ -129,32 +122,26 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
 
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
-               out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
-               counters: torch.Tensor | None = None, accumulate: bool = False,
+               out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None, accumulate: bool = False,
                activation: Activation = SILU, bases: torch.Tensor | None = None) -> torch.Tensor:
     """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] float32 (the caller adds it to its
     residual). A negative slot skips that (token, choice): no bytes are read for it (a launch over
     the experts that are resident while the others are still copying). `out` ([T, H] fp32) and
     `h_buf` ([T*K, I] fp32) may be given so that the call allocates nothing (CUDA graphs);
-    accumulate=True adds into `out` instead of overwriting it. `counters` (fused only): a zeroed
-    int32 buffer of >= T*K elements that the kernel leaves zeroed; default the shared per-device
-    one (moe_decode_fused.fused_counters). `activation`: the experts' (kernels.activation); biases are
-    added where `offsets` has their fields. `bases` (int64 [T, K], two-launch configs only): each pair's
+    accumulate=True adds into `out` instead of overwriting it. `activation`: the experts' (kernels.activation);
+    biases are added where `offsets` has their fields. `bases` (int64 [T, K]): each pair's
     block read at that byte offset from the bank's start instead of its slot's (a slot still >= 0; with
     unified addressing, `host_address - bank.data_ptr()` reads a pinned host block in place, over PCIe)."""
     _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate)
     if accumulate and out is None:
         raise ValueError("moe_decode(accumulate=True) needs the out= tensor to add into")
     cfg = config or default_config(fmt)
-    if bases is not None and (bases.shape != slots.shape or bases.dtype != torch.int64 or cfg.fused):
-        raise ValueError(f"bases: int64 [T, K] like the slots, for a two-launch config (got {bases.dtype} "
-                         f"{tuple(bases.shape)}, fused={cfg.fused})")
+    if bases is not None and (bases.shape != slots.shape or bases.dtype != torch.int64):
+        raise ValueError(f"bases: int64 [T, K] like the slots (got {bases.dtype} {tuple(bases.shape)})")
     num_tokens, hidden = x.shape
     top_k = slots.shape[1]
     pairs = num_tokens * top_k
     fmt_id = FORMAT_IDS[fmt]
-    if cfg.fused:
-        counters = checked_counters(counters, x.device, pairs)
     if h_buf is None:
         h_buf = torch.empty(pairs, intermediate, device=x.device, dtype=torch.float32)
     if out is None:
@@ -166,9 +153,6 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     launch = {"num_warps": cfg.num_warps}
     if cfg.num_stages is not None:
         launch["num_stages"] = cfg.num_stages
-    if cfg.fused:
-        launch_fused(x, h_buf, out, slots, weights, counters, views, off, fmt, intermediate, cfg, accumulate, act, launch)
-        return out
     base_arg = slots if bases is None else bases              # (unread without bases)
     _gate_up_kernel[(pairs, triton.cdiv(intermediate, cfg.block_i))](
         x, h_buf, out, slots, base_arg, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
@@ -184,12 +168,11 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
 
 def moe_decode_ref(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                    offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
-                   out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None,
-                   counters: torch.Tensor | None = None, accumulate: bool = False,
+                   out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None, accumulate: bool = False,
                    activation: Activation = SILU) -> torch.Tensor:
     """Plain-torch specification (and fallback, same signature): float32 math and result, each
     distinct expert dequantized once (with its biases, if any); negative slots are skipped; accumulate adds into `out`.
-    `config`, `h_buf` and `counters` are accepted and ignored."""
+    `config` and `h_buf` are accepted and ignored."""
     if accumulate and out is None:
         raise ValueError("moe_decode_ref(accumulate=True) needs the out= tensor to add into")
     hidden = x.shape[1]

@@ -1,7 +1,8 @@
-"""RMS norm in plain torch (no Triton: the CPU app imports it): the models' path (engine.model.layers.rms_norm)
-and the reference of its Triton kernel (kernels/rms_norm.py).
+"""RMS norm in plain torch (no Triton: the CPU app imports it): the core every family's RMS norm is built on, the
+models' plain norm and the reference of its Triton kernel (kernels/rms_norm.py).
 
-  x [..., N] -> x / sqrt(mean(x^2) + eps), computed in float32, rounded to x's dtype, times weight [N]
+  x [..., N] -> x / sqrt(mean(x^2) + eps), computed in float32; each variant applies its weight and rounds
+  as its reference does (here: rounded to x's dtype, then times weight [N])
 """
 from __future__ import annotations
 
@@ -10,9 +11,19 @@ import torch
 MAX_N = 16384          # kernels/rms_norm.py keeps a row in registers; wider rows keep this torch path
 
 
-def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def inverse_rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """1 / sqrt(mean(x^2) + eps) over the last dim, in float32 [..., 1]."""
     # x * x, not pow(2): the same values (torch squares by a product on both devices), and one torch CUDA
     # module fewer (each one's first launch holds host memory for the process's life: pow's is 47 MiB)
     x32 = x.float()
-    x32 = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    return torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
+
+
+def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """x divided by its root mean square, in float32."""
+    x32 = x.float()
+    return x32 * inverse_rms(x32, eps)
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return weight * rms_normalized(x, eps).to(x.dtype)

@@ -4,7 +4,7 @@
 The row's mean square in float32 (the sum times 1/N, as torch's mean), rsqrt, the product rounded to x's
 dtype, then times the weight in float32 and rounded once more (what torch's bf16 product computes). Why a
 kernel: the torch path's `rsqrt` and `mean` each load a CUDA module that holds host memory for the
-process's life (26.3 + 11.5 MiB, BENCHMARKS.md run 57). On by default since run 60 (SLUICE_NORM_KERNEL=0: the torch path).
+process's life (26.3 + 11.5 MiB).
 """
 from __future__ import annotations
 

@@ -3,9 +3,9 @@ models' torch path).
 
   q [T, Hq, D], k [T, Hkv, D], cos / sin [T, 1, R] -> (q', k'), each head row by one program
 The torch path launches five kernels a tensor (the negation, the cat, two products, the sum), ten a layer
-for a decode token's few hundred values (BENCHMARKS.md run 65: ~600 launches of 1-2 us a token besides the
-linears, experts and router). The kernel rounds as torch does: each product to x's dtype, then their sum,
-and never fuses a product into the sum (`enable_fp_fusion=False`: an FMA would round once, not twice).
+for a decode token's few hundred values. The kernel rounds as torch does: each product to x's dtype, then
+their sum, and never fuses a product into the sum (`enable_fp_fusion=False`: an FMA would round once, not
+twice).
 """
 from __future__ import annotations
 

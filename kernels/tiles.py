@@ -5,9 +5,9 @@ byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-
 and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4, 3 mxfp4 (e2m1
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
-Also the pieces both decode kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias)
-for a block of rows) and raw_tile / raw_dot (a tile loaded as stored words, decoded later); the prefill
-kernel reads fp4 tiles with raw_tile and decodes them whole with fp4_tile. All three MoE kernels take
+Also the pieces the MoE kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias) for a
+block of rows) and raw_tile (a tile loaded as stored words): the prefill kernel reads fp4 tiles with it and
+decodes them whole with fp4_tile. Both MoE kernels take
 the expert activation (kernels.activation: ACT, alpha, limit) through `activate` and the biases through
 `bias_rows` (bias field byte offsets as constexprs, -1 where a block has none).
 """
@@ -219,9 +219,8 @@ def raw_tile(bank_u8, bank_bf16, w_off, s_off, rows, c0, n_rows, row_len,
               FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
     """The stored words of W[rows, c0:c0+NCOLS] (zero outside the matrix), not yet decoded: bf16 as
     bf16, fp8 and int8 as uint8, nvfp4 as (packed uint8 [BLOCK_R, NCOLS/2], e4m3 group scales as uint8
-    [BLOCK_R, NCOLS/16]). Decoding to float32 is left to `raw_dot`, so that a tile loaded ahead of
-    a wait holds 1 (fp8, int8), 2 (bf16) or 9/16 (nvfp4) bytes an element in registers, not 4.
-    Returns (words, scales); `scales` is `words` again (unused) for bf16 / fp8 / int8."""
+    [BLOCK_R, NCOLS/16]), decoded by the caller. Returns (words, scales); `scales` is `words` again
+    (unused) for bf16 / fp8 / int8."""
     row_ok = rows[:, None] < n_rows
     if FMT == 2 or FMT == 3:
         half = row_len // 2                                   # bytes per row
@@ -237,28 +236,6 @@ def raw_tile(bank_u8, bank_bf16, w_off, s_off, rows, c0, n_rows, row_len,
             ptr = bank_u8 + w_off + rows[:, None] * row_len + cols[None, :]
         words = tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0)
         return words, words
-
-
-@triton.jit
-def raw_dot(words, scales, vec_ptr, c0, row_len, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
-    """[BLOCK_R] float32: sum over c in [c0, c0+NCOLS) of W[rows, c] * vec[c] for a `raw_tile`
-    (before `row_scale`). vec is read through L2 only (.cg): it was written by other programs of
-    this launch, and the L1 of this multiprocessor is not coherent with their stores."""
-    if FMT == 2 or FMT == 3:
-        j = c0 + 2 * tl.arange(0, NCOLS // 2)
-        x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
-        x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
-        code = words.to(tl.int32)
-        prod = _e2m1(code & 15) * x_even[None, :] + _e2m1(code >> 4) * x_odd[None, :]      # [R, NCOLS/2]
-        return fp4_group_dot(prod, scales, FMT, BLOCK_R, NCOLS)
-    else:
-        cols = c0 + tl.arange(0, NCOLS)
-        vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0, cache_modifier=".cg").to(tl.float32)
-        if FMT == 0:
-            w = words.to(tl.float32)
-        else:
-            w = byte_weights(words, FMT)
-        return tl.sum(w * vec[None, :], axis=1)
 
 
 def field_offsets(offsets) -> dict[str, int]:

@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from engine.model.gptoss import sink_attention
-from engine.model.layers import attention, linear, rms_norm, rope_cos_sin, rope_pair, swiglu_mlp
+from engine.model.layers import RmsNorm, attention, linear, rope_cos_sin, rope_pair, swiglu_mlp
 from kernels.softmax_topk import router_ref
 from engine.model.state import ModelState, StateSpec
 
@@ -48,17 +47,20 @@ class Rope:
 class Attention:
     """Grouped-query attention with RoPE; optional q/k norm (per head or over the projection),
     qkv clipping, biases, a sliding window and sinks (gpt-oss: `sinks` [Hq] in the checkpoint).
-    KV goes to the step's state as "k" and "v"."""
+    KV goes to the step's state as "k" and "v". `rope_kernel` / `attention_kernel`: GPU kernels of rope_pair's /
+    attention's signature, attached at load (engine/runtime/attach.py; never with sinks)."""
 
     def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, *, num_heads: int, num_kv_heads: int,
                  head_dim: int, rope: Rope, eps: float, qk_norm: str = "none", clip_qkv: float | None = None,
                  window: int | None = None):
-        self.layer, self.rope, self.eps = layer, rope, eps
+        self.layer, self.rope = layer, rope
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.qk_norm, self.clip_qkv, self.window = qk_norm, clip_qkv, window
         self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
-        self.q_norm, self.k_norm = w.get(prefix + "q_norm.weight"), w.get(prefix + "k_norm.weight")
+        self.q_norm, self.k_norm = (RmsNorm(w[prefix + n], eps) if prefix + n in w else None
+                                    for n in ("q_norm.weight", "k_norm.weight"))
         self.sinks = w.get(prefix + "sinks")
+        self.rope_kernel = self.attention_kernel = None
 
     @staticmethod
     def specs(num_kv_heads: int, head_dim: int) -> dict[str, StateSpec]:
@@ -72,21 +74,22 @@ class Attention:
         # T = tokens, Hq / Hkv = query / kv heads, D = head dim, S = positions held
         q, k, v = linear(x, *self.q), linear(x, *self.k), linear(x, *self.v)       # [T, Hq*D], [T, Hkv*D] x2
         if self.qk_norm == "full":
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:
             q, k, v = (t.clamp(-self.clip_qkv, self.clip_qkv) for t in (q, k, v))
         q = q.view(-1, self.num_heads, self.head_dim)                                 # [T, Hq, D]
         k = k.view(-1, self.num_kv_heads, self.head_dim)                              # [T, Hkv, D]
         v = v.view(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm == "head":
-            q, k = rms_norm(q, self.q_norm, self.eps), rms_norm(k, self.k_norm, self.eps)
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rope.cos_sin(step)
-        q, k = rope_pair(q, k, cos, sin)
+        q, k = (self.rope_kernel or rope_pair)(q, k, cos, sin)
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)     # [S, Hkv, D]
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
         if self.sinks is not None:
-            return linear(sink_attention(q, keys, values, step.positions, self.window, self.sinks), *self.o)
-        return linear(attention(q, keys, values, step.positions, self.window), *self.o)   # [T, H]
+            return linear(attention(q, keys, values, step.positions, self.window, sinks=self.sinks), *self.o)
+        attend = self.attention_kernel or attention
+        return linear(attend(q, keys, values, step.positions, self.window), *self.o)   # [T, H]
 
 
 class Router:
@@ -96,7 +99,7 @@ class Router:
 
     def __init__(self, weight: torch.Tensor, top_k: int, renormalize: bool):
         self.weight, self.top_k, self.renormalize = weight, top_k, renormalize
-        self.kernel = None          # kernels.router, where the runner chose it (unless SLUICE_CUBLAS_FREE=0)
+        self.kernel = None          # kernels.router, attached at load
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # h [T, H] -> weights [T, K] (compute dtype), expert ids [T, K]
@@ -119,9 +122,12 @@ class Mlp:
 class Block:
     """Pre-norm decoder layer: x + mixer(norm(x)), then x + MoE(h) (+ shared experts) or x + MLP(h)."""
 
+    norm_type = RmsNorm         # what the norm weights become (a family's own: (1 + w) norms)
+
     def __init__(self, mixer, input_norm: torch.Tensor, post_norm: torch.Tensor, eps: float, *,
                  router=None, shared=None, mlp=None):
-        self.mixer, self.input_norm, self.post_norm, self.eps = mixer, input_norm, post_norm, eps
+        self.mixer = mixer
+        self.input_norm, self.post_norm = self.norm_type(input_norm, eps), self.norm_type(post_norm, eps)
         self.router, self.shared, self.mlp = router, shared, mlp
         self.is_moe = router is not None
 
@@ -129,8 +135,8 @@ class Block:
         return self.mixer.state_specs()
 
     def mix(self, x: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x + self.mixer(rms_norm(x, self.input_norm, self.eps), step)
-        return x, rms_norm(x, self.post_norm, self.eps)
+        x = x + self.mixer(self.input_norm(x), step)
+        return x, self.post_norm(x)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.router(h)

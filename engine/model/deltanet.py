@@ -15,6 +15,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from kernels.norms import rms_normalized
+
 CHUNK_TOKENS = 64
 
 
@@ -102,6 +104,4 @@ def chunked_delta_rule(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK
 
 def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim (plain weight, not 1 + w), then times SiLU(gate)."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
-    return (weight * x32.to(x.dtype) * F.silu(gate.float())).to(x.dtype)
+    return (weight * rms_normalized(x, eps).to(x.dtype) * F.silu(gate.float())).to(x.dtype)

@@ -10,13 +10,12 @@ quantised and dequantised as the whole table's would be (rows are quantised inde
 
 Under a memory cap the table's pages are soon dropped, so a prompt's rows are read from disk: the map is
 marked random (a fault reads its page, not the 128 KB around it, which pushed the libraries' pages out of a
-4 GiB cap and halved warm prefill: BENCHMARKS.md run 51), and a prompt's pages are asked for all at once
+4 GiB cap and halved warm prefill), and a prompt's pages are asked for all at once
 before they are touched, so their reads are in flight together rather than one fault at a time.
 """
 from __future__ import annotations
 
 import mmap
-import os
 import threading
 from pathlib import Path
 
@@ -32,11 +31,10 @@ _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
 def table_in_file(family: str, tied: bool) -> bool:
-    """Whether the embedding table stays in the file (the default where the head has its own weight and the
-    family embeds by a plain row lookup; SLUICE_EMBED_IN_RAM=0 loads it). The runner and both planners ask."""
+    """Whether the embedding table stays in the file: where the head has its own weight and the family embeds
+    by a plain row lookup. The runner and both planners ask."""
     from engine.model.families import family_module
-    return (not tied and os.environ.get("SLUICE_EMBED_IN_RAM", "1") != "0"
-            and not getattr(family_module(family), "EMBEDS_ITSELF", False))
+    return not tied and not getattr(family_module(family), "EMBEDS_ITSELF", False)
 
 
 def keeps_table(available: int, ram_cache: int, table_bytes: int) -> bool:

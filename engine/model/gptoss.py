@@ -1,7 +1,8 @@
 """The math gpt-oss adds to the standard pieces, written as transformers' `gpt_oss` computes it.
 
 - Attention sinks: one learned logit per head joins each query's softmax as an extra column and is
-  dropped afterwards, so a query may attend to "nothing" (its weights sum to less than 1).
+  dropped afterwards, so a query may attend to "nothing" (its weights sum to less than 1):
+  the one attention core's `sinks` (kernels/attention_ref.py).
 - Router: top-k on the raw logits (+ bias), then a softmax over those k values only.
 - Experts: biased gate/up/down and a clamped SwiGLU,
       glu = min(g, limit) * sigmoid(alpha * min(g, limit)),  out = (clamp(u, -limit, limit) + 1) * glu.
@@ -14,38 +15,6 @@ from __future__ import annotations
 import torch
 
 from engine.model.layers import linear
-
-# Query rows per chunk of the sink attention: bounds the [Hq, rows, S] scores a long prompt materialises.
-SINK_ATTENTION_ROWS = 256
-
-
-def sink_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                   window: int | None, sinks: torch.Tensor) -> torch.Tensor:
-    """Causal (optionally sliding-window) grouped-query attention with a sink logit per head.
-
-    q [T, Hq, D]; k, v [S, Hkv, D] hold positions 0..S-1 (a static buffer may hold more: keys past
-    each query's position are masked); q_positions [T]; sinks [Hq]. Returns [T, Hq * D].
-    """
-    num_tokens, num_q_heads, head_dim = q.shape
-    group = num_q_heads // k.shape[1]
-    k = k.repeat_interleave(group, dim=1)                               # [S, Hq, D]
-    v = v.repeat_interleave(group, dim=1)
-    key_positions = torch.arange(k.shape[0], device=q.device)
-    sink_column = sinks.to(q.dtype)[:, None, None]                       # [Hq, 1, 1]
-    outputs = []
-    for r0 in range(0, num_tokens, SINK_ATTENTION_ROWS):
-        rows = slice(r0, r0 + SINK_ATTENTION_ROWS)
-        scores = torch.einsum("thd,shd->hts", q[rows], k) * head_dim ** -0.5        # [Hq, t, S]
-        visible = key_positions[None, :] <= q_positions[rows, None]                 # [t, S]
-        if window:
-            visible &= key_positions[None, :] > q_positions[rows, None] - window
-        scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-        logits = torch.cat([scores, sink_column.expand(-1, scores.shape[1], 1)], dim=-1)   # [Hq, t, S+1]
-        logits = logits - logits.amax(dim=-1, keepdim=True)
-        probs = torch.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1]          # the sink column dropped
-        outputs.append(torch.einsum("hts,shd->thd", probs.to(v.dtype), v))
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs)
-    return out.reshape(num_tokens, num_q_heads * head_dim)
 
 
 class TopKSoftmaxRouter:

@@ -1,49 +1,36 @@
-"""Plain-torch building blocks shared by the model families (tensor in, tensor out)."""
+"""Plain-torch building blocks shared by the model families (tensor in, tensor out). Nothing here chooses a
+kernel: the pieces that hold one (a norm, a packed weight, a router, an attention) call it where it was attached
+at load (engine/runtime/attach.py), else these."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from engine.runtime.switches import ATTN_KERNEL, NORM_KERNEL, ROPE_KERNEL, piece_on
+from kernels.attention_ref import attention_ref as attention
 from kernels.cpu_linear import dequantized, packed_linear
-from kernels.attention_ref import attention_ref
-from kernels.norms import MAX_N as MAX_NORM_WIDTH, rms_norm_ref
-from kernels.rope_ref import apply_rope_ref as apply_rope, rope_pair_ref  # noqa: F401  (apply_rope: the MLA and hybrid mixers)
+from kernels.norms import rms_norm_ref as rms_norm
+from kernels.rope_ref import apply_rope_ref as apply_rope, rope_pair_ref as rope_pair
+
+__all__ = ["Packed", "RmsNorm", "apply_rope", "attention", "embedding", "linear", "rms_norm", "rope_cos_sin",
+           "rope_pair", "swiglu_mlp"]
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    kernel = None
-    if x.is_cuda and x.shape[-1] <= MAX_NORM_WIDTH:
-        key = ("rms_norm", x.shape[-1], x.dtype, weight.dtype, x.device)
-        kernel = checked_kernel(NORM_KERNEL, key, lambda: _select("select_rms_norm", *key[1:]))
-    return (kernel or rms_norm_ref)(x, weight, eps)
+class RmsNorm:
+    """A norm's weight [N] and eps: x [..., N] -> rms_norm(x). `kernel`: a GPU kernel of rms_norm's signature,
+    attached at load (engine/runtime/attach.py)."""
 
+    def __init__(self, weight: torch.Tensor, eps: float):
+        self.weight, self.eps = weight, eps
+        self.kernel = None
 
-_CHECKED: dict[tuple, object] = {}
-
-
-def checked_kernel(switch: str, key: tuple, select):
-    """A model piece's GPU kernel for `key` (its shapes, dtypes, device) unless its switch is 0: chosen by
-    `select` (a kernels.selfcheck check, its verdict cached per machine) at its first use outside a CUDA
-    graph's capture (the graphs' warm-up runs each piece first); None: the torch path."""
-    if not piece_on(switch):
-        return None
-    if key not in _CHECKED:
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            return None
-        _CHECKED[key] = select()
-    return _CHECKED[key]
-
-
-def _select(name: str, *args):
-    from kernels import selfcheck
-    return getattr(selfcheck, name)(*args)[0]
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.kernel or rms_norm)(x, self.weight, self.eps)
 
 
 class Packed:
     """A quantised [out, in] weight left in its block's format: `linear` multiplies by it without a
     dequantised copy (the CPU computing experts where they sit in the RAM cache; int8 dense weights).
-    `kernel`: a GPU kernel verified on this weight's shape (kernels.int8_linear)."""
+    `kernel`: a GPU kernel checked on this weight's shape (kernels.int8_linear), attached at load."""
 
     def __init__(self, parts: dict[str, torch.Tensor], fmt: str, dtype: torch.dtype | None = None):
         self.parts, self.fmt = parts, fmt
@@ -94,26 +81,3 @@ def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, scaling: float
     freqs = positions[:, None].float() * inv_freq[None, :]
     emb = torch.cat((freqs, freqs), dim=-1)
     return (emb.cos() * scaling).to(dtype)[:, None, :], (emb.sin() * scaling).to(dtype)[:, None, :]
-
-
-def rope_pair(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """A step's queries [T, Hq, D] and keys [T, Hkv, D] rotated (kernels/rope_ref.py): on a GPU in one launch
-    (kernels/rope.py) where it passed its check (SLUICE_ROPE_KERNEL=0: never)."""
-    if q.is_cuda:
-        key = ("rope", q.shape[1], k.shape[1], q.shape[2], cos.shape[-1], q.dtype, q.device)
-        kernel = checked_kernel(ROPE_KERNEL, key, lambda: _select("select_rope", *key[1:]))
-        if kernel is not None and cos.dtype == q.dtype == k.dtype:
-            return kernel(q, k, cos, sin)
-    return rope_pair_ref(q, k, cos, sin)
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-              window: int | None) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention with grouped KV heads (kernels/attention_ref.py).
-    One query token on a GPU: kernels/decode_attention.py where it passed its check (SLUICE_ATTN_KERNEL=0: never)."""
-    if q.is_cuda and q.shape[0] == 1 and k.is_contiguous() and v.is_contiguous():
-        key = ("decode_attention", q.shape[1], k.shape[1], q.shape[2], q.dtype, window, q.device)
-        kernel = checked_kernel(ATTN_KERNEL, key, lambda: _select("select_decode_attention", *key[1:]))
-        if kernel is not None:
-            return kernel(q, k, v, q_positions, window)
-    return attention_ref(q, k, v, q_positions, window)

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from engine.model.layers import apply_rope, linear, rms_norm
+from engine.model.layers import RmsNorm, apply_rope, attention, linear
 from engine.model.rotary import apply_rope_interleaved
+from kernels.attention_ref import masked_softmax, visible_keys
 
 # q_a_layernorm and kv_a_layernorm are built without the config's rms_norm_eps in every reference
 # implementation (DeepseekV2RMSNorm(rank) -> eps 1e-6), also where rms_norm_eps is 1e-5 (GLM-4.7-Flash).
@@ -74,6 +74,8 @@ class MlaAttention:
 
     def __init__(self, shape: MlaShape, weights: dict[str, torch.Tensor]):
         self.shape, self.w = shape, weights
+        self.q_a_norm = RmsNorm(weights["q_a_layernorm.weight"], LATENT_NORM_EPS) if shape.q_lora_rank else None
+        self.kv_a_norm = RmsNorm(weights["kv_a_layernorm.weight"], LATENT_NORM_EPS)
 
     def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> q [T, H, nope + rope], rope part rotated."""
@@ -82,7 +84,7 @@ class MlaAttention:
             q = linear(x, w["q_proj.weight"])
         else:
             q_a = linear(x, w["q_a_proj.weight"], w.get("q_a_proj.bias"))                 # [T, q_lora]
-            q = linear(rms_norm(q_a, w["q_a_layernorm.weight"], LATENT_NORM_EPS), w["q_b_proj.weight"])
+            q = linear(self.q_a_norm(q_a), w["q_b_proj.weight"])
         q = q.view(x.shape[0], s.num_heads, s.qk_head_dim)                                 # [T, H, nope+rope]
         q_nope, q_rope = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
         return torch.cat((q_nope, self._rope(q_rope, cos, sin)), dim=-1)
@@ -92,7 +94,7 @@ class MlaAttention:
         s, w = self.shape, self.w
         compressed = linear(x, w["kv_a_proj_with_mqa.weight"], w.get("kv_a_proj_with_mqa.bias"))   # [T, r + dr]
         kv_latent, k_rope = compressed.split([s.kv_lora_rank, s.qk_rope_head_dim], dim=-1)
-        kv_latent = rms_norm(kv_latent, w["kv_a_layernorm.weight"], LATENT_NORM_EPS)
+        kv_latent = self.kv_a_norm(kv_latent)
         k_rope = self._rope(k_rope[:, None, :], cos, sin)[:, 0, :]                          # one head shared by all
         return kv_latent, k_rope
 
@@ -106,7 +108,7 @@ class MlaAttention:
         kv = linear(kv_latent, self.w["kv_b_proj.weight"]).view(-1, s.num_heads, s.qk_nope_head_dim + s.v_head_dim)
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)                   # [S, H, nope], [S, H, v]
         k = torch.cat((k_nope, k_rope[:, None, :].expand(-1, s.num_heads, -1)), dim=-1)     # [S, H, nope+rope]
-        return causal_attention(q, k, v, q_positions, s.softmax_scale)
+        return attention(q, k, v, q_positions, None, scale=s.softmax_scale)                 # [T, H * v]
 
     def _attend_absorbed(self, q: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
                          q_positions: torch.Tensor) -> torch.Tensor:
@@ -122,9 +124,8 @@ class MlaAttention:
         q_nope, q_rope = q[0].split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)   # [H, n], [H, dr]
         q_latent = torch.einsum("hn,hnr->hr", q_nope, w_k)                              # [H, r]
         scores = (q_latent @ kv_latent.T + q_rope @ k_rope.T).float() * s.softmax_scale  # [H, S]
-        visible = torch.arange(kv_latent.shape[0], device=q.device) <= q_positions[0]
-        scores = scores.masked_fill(~visible, float("-inf"))
-        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        visible = visible_keys(q_positions, kv_latent.shape[0])                          # [1, S]
+        probs = masked_softmax(scores[:, None, :], visible)[:, 0].to(q.dtype)
         out_latent = probs @ kv_latent                                                   # [H, r]
         return torch.einsum("hr,hvr->hv", out_latent, w_v).reshape(1, s.num_heads * s.v_head_dim)
 
@@ -142,26 +143,3 @@ class MlaAttention:
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return apply_rope_interleaved(x, cos, sin) if self.shape.rope_interleave else apply_rope(x, cos, sin)
-
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """Causal attention, one KV head per query head, value width may differ from the key width.
-
-    q [T, H, Dk], k [S, H, Dk], v [S, H, Dv] (positions 0..S-1) -> [T, H * Dv].
-    """
-    num_tokens, num_heads = q.shape[0], q.shape[1]
-    key_positions = torch.arange(k.shape[0], device=q.device)
-    visible = key_positions[None, :] <= q_positions[:, None]                               # [T, S]
-    if q.is_cuda:
-        # 4-D [1, H, tokens, D]: with 3-D inputs SDPA takes the math kernel (see layers.attention)
-        qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-        if num_tokens == k.shape[0]:
-            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale)
-        else:
-            out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible, scale=scale)
-        return out[0].transpose(0, 1).reshape(num_tokens, num_heads * v.shape[-1])
-    scores = torch.einsum("thd,shd->hts", q, k) * scale                                  # [H, T, S]
-    scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.einsum("hts,shd->thd", probs, v).reshape(num_tokens, num_heads * v.shape[-1])

@@ -5,10 +5,9 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from engine.model.file_table import FileTable
-from engine.model.layers import embedding, linear, rms_norm, swiglu_mlp
+from engine.model.layers import RmsNorm, embedding, linear, swiglu_mlp
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
 from kernels.activation import SILU, Activation
@@ -21,12 +20,13 @@ def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
 
 class Model:
     graph_safe = True        # False: the family's blocks need host-known positions (decode runs eagerly)
+    norm_type = RmsNorm      # what the final norm's weight becomes (a family's own: (1 + w) norms)
 
     def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,
                  lm_head: torch.Tensor, eps: float, expert_mlp: Callable = swiglu_expert,
                  expert_kernel: Activation | None = SILU):
         self.spec, self.blocks = spec, blocks
-        self.embed_tokens, self.final_norm, self.lm_head, self.eps = embed_tokens, final_norm, lm_head, eps
+        self.embed_tokens, self.final_norm, self.lm_head = embed_tokens, self.norm_type(final_norm, eps), lm_head
         self.expert_mlp = expert_mlp
         self.expert_kernel = expert_kernel      # the Triton MoE kernels' activation for expert_mlp, None: torch only
 
@@ -45,4 +45,4 @@ class Model:
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream [T, H] -> logits of its last token [V], float32."""
-        return linear(rms_norm(x[-1:], self.final_norm, self.eps), self.lm_head)[0].float()
+        return linear(self.final_norm(x[-1:]), self.lm_head)[0].float()

@@ -17,16 +17,20 @@ import torch
 
 from engine.errors import SluiceError
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn", "llama3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional")
 
 
-def rope_frequencies(cfg) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [R/2] and the cos/sin scaling (YaRN's mscale ratio), exactly as transformers computes them.
+def rope_frequencies(cfg, layer_type: str | None = None) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [R/2] and the cos/sin scaling (YaRN's mscale ratio), exactly as transformers computes
+    them: the one reader of a config's rope for every family.
 
     `cfg.head_dim` is the head size the rope covers (DeepSeek configs set it to qk_rope_head_dim);
-    `partial_rotary_factor` (GLM-4.5, MiniMax-M2's `rotary_dim`) shrinks it.
+    `partial_rotary_factor` (GLM-4.5, Qwen3-Next, MiniMax-M2's `rotary_dim`) shrinks it. `layer_type`: the entry
+    of a config whose rope_parameters hold one rope per kind of layer (DeepSeek-V4's "main" and "compress").
     """
     params = dict(getattr(cfg, "rope_parameters", None) or {})
+    if layer_type is not None:
+        params = dict(params[layer_type])
     rope_type = params.get("rope_type", "default")
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise SluiceError(f"RoPE type '{rope_type}' is not supported yet; Sluice supports {', '.join(SUPPORTED_ROPE_TYPES)}.")
@@ -36,7 +40,8 @@ def rope_frequencies(cfg) -> tuple[torch.Tensor, float]:
         base = float(params.get("rope_theta", 10000.0))
         return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu")
+    extra = {} if layer_type is None else {"layer_type": layer_type}
+    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", **extra)
     return inv_freq.float(), float(scaling)
 
 

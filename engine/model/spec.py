@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from pathlib import Path
 
-import torch
-
 from engine.errors import SluiceError
 
 from engine.model.families import FAMILIES, UNHANDLED_VARIANTS, family_module
@@ -126,15 +124,3 @@ def as_ids(value) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, (list, tuple)) else (int(value),)
-
-
-def rope_inv_freq(spec: ModelSpec) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim/2] and attention scaling, exactly as the reference computes them."""
-    if spec.rope_type == "default":
-        dim = spec.head_dim
-        return 1.0 / (spec.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float) / dim)), 1.0
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-    if spec.rope_type not in ROPE_INIT_FUNCTIONS or spec.rope_type in ("dynamic", "longrope"):
-        raise SluiceError(f"RoPE type '{spec.rope_type}' is not supported yet; Sluice supports default, linear, yarn and llama3.")
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](spec.cfg, "cpu")
-    return inv_freq.float(), float(scaling)

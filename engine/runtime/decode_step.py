@@ -4,8 +4,7 @@ Piece L starts from the previous layer's results (layer 0: the embedding of the 
 residual add after a MoE block (and its shared expert) happens inside the next piece: per MoE layer
 the host does one graph replay, one read of the expert ids and the expert launch(es). Piece L runs
 the block's mixer and, for a MoE layer, its router, with the speculated ids of the next MoE layer
-(that layer's own router on this layer's input, best guess first) appended. A last piece gives the logits and the
-greedy token. The routed experts of layer L write the static `moe_out[L]`. What every layer computes
+(that layer's own router on this layer's input, best guess first) appended. A last piece gives the logits. The routed experts of layer L write the static `moe_out[L]`. What every layer computes
 alike from the step's position (rope cos/sin, `Step.memo`) is computed by the first layer that asks and
 read by the others, as in a prompt's pass (in graphs: the first graph's buffers).
 On CUDA the state is static (allocated at full size, graph-safe); elsewhere, and with
@@ -45,7 +44,7 @@ class DecodeStep:
         moe = [i for i, b in enumerate(self.blocks) if b.is_moe]
         self.moe_out = {i: torch.zeros(1, model.spec.hidden_size, dtype=torch.float32, device=self.device) for i in moe}
         self.next_moe = {i: next((m for m in moe if m > i), None) for i in range(len(self.blocks))}
-        self.logits = self.token_out = None
+        self.logits = None
         self._graphs: list[torch.cuda.CUDAGraph] | None = None
         # The step's values every layer shares (Step.memo: rope cos/sin): the first layer that asks computes
         # them, the others read them. Eagerly a new Step each token; in graphs one Step made before capture,
@@ -96,7 +95,6 @@ class DecodeStep:
 
     def _head(self) -> None:
         self.logits = self.model.head(self._residual(len(self.blocks) - 1))
-        self.token_out = torch.argmax(self.logits)
 
     # ---------------------------------------------------------------- driving
     def _pieces(self) -> list:
@@ -131,7 +129,7 @@ class DecodeStep:
         return self.out[layer]
 
     def run_head(self) -> None:
-        """logits [V] float32 and token_out (the greedy token, on the device) of the step."""
+        """The step's logits [V] float32."""
         if self._graphs is not None:
             self._graphs[-1].replay()
         else:

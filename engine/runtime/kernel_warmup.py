@@ -26,7 +26,6 @@ from pathlib import Path
 import torch
 
 from engine.options import Options
-from engine.runtime.switches import cublas_free, piece_kernels
 
 PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
 TIMEOUT_S = 900
@@ -50,8 +49,7 @@ def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense
         except ImportError:                       # no Triton: no kernels to warm
             versions.append("none")
     return "|".join([device_fingerprint(device), str(Path(model_path).resolve()), str(dtype).removeprefix("torch."),
-                     dense_quant or "none", ".".join(versions)] + (["cublas-free"] if cublas_free() else [])
-                    + piece_kernels())
+                     dense_quant or "none", ".".join(versions)])
 
 
 def _marked() -> dict:

@@ -10,7 +10,6 @@ layer); decode runs the one-token step (CUDA graphs where available) and the rou
 """
 from __future__ import annotations
 
-import functools
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from safetensors import safe_open
 
 from engine.format.modeldir import DENSE_FILE, ModelDir
 from engine.model import dense_quant as dense_quant_
-from engine.model.block import Router, Step
+from engine.model.block import Step
 from engine.model.layers import Packed
 from engine.model.families import family_module
 from engine.model.file_table import EMBED_TABLE, FileTable, can_map, keeps_table, table_in_file
@@ -38,8 +37,7 @@ from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
-from engine.runtime.switches import cublas_free
-from kernels.vocab_chunks import MAX_K
+from engine.runtime.attach import CandidateKernels, attach_kernels, expert_kernels
 from engine.runtime.telemetry import Telemetry
 from kernels.formats import random_bank
 
@@ -62,7 +60,6 @@ class Runner:
                  options: Options = Options()):
         self.device, self.dtype, self.telemetry, self.options = torch.device(device), dtype, telemetry, options
         self.is_cuda = self.device.type == "cuda"
-        use_kernels = not options.eager            # eager: no Triton kernel and no CUDA graph anywhere
         # On a GPU a decode step's prefetch waits until the next layer's mixer is enqueued (Experts.run's
         # `defer`); on the CPU device nothing runs meanwhile, so the reads start as early as they can.
         self.defer_prefetch = self.is_cuda
@@ -73,10 +70,8 @@ class Runner:
         base_bytes = self._allocated()                # not ours (e.g. other models in a test process)
         weights = _load_dense(model_dir, self.device, dtype, progress, dense_quant=dense_quant)
         self.model = family_module(spec.family).build(spec, weights, dtype, self.device)
-        if use_kernels and self.is_cuda:       # after build: a family may split a fused int8 weight (Qwen3-Next)
-            self._choose_linear_kernels(weights)
-            if cublas_free():
-                self._choose_router_kernels()
+        # after the build: a family may split a fused int8 weight (Qwen3-Next)
+        attach_kernels(self.model, weights, self.device, dtype, self.options, telemetry.warn)
         # the table left in the file takes neither the device's memory nor the process's
         dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values() if not isinstance(t, FileTable))
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
@@ -84,13 +79,13 @@ class Runner:
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
-        self.kernel_verdict = None
-        self._candidates: dict[int, object] | None = {} if use_kernels and self.is_cuda else None
+        self.top_candidates = CandidateKernels(spec.vocab_size, self.device, self.options, telemetry.warn)
         self.top_candidates(TOP_K_AT_LOAD)          # the app's top-k: checked (and compiled) in the warm-up child
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
-        kernel, prefill_kernel = self._choose_expert_kernels(layout) if use_kernels and self.is_cuda else (None, None)
+        kernel, prefill_kernel, self.kernel_verdict = expert_kernels(self.model, layout, spec.top_k, self.device,
+                                                                     dtype, self.options, telemetry.warn)
         self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
-        self.step = DecodeStep(self.model, self.state, self.device, use_kernels and self.model.graph_safe)
+        self.step = DecodeStep(self.model, self.state, self.device, not options.eager and self.model.graph_safe)
         self.plan = self._final_plan(budgets, base_bytes, dense_bytes + kv_bytes, work, ram_cache, max_tokens)
         self._make_experts(model_dir, kernel, prefill_kernel, dense_bytes + kv_bytes)
 
@@ -230,79 +225,6 @@ class Runner:
     def _allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.is_cuda else 0
 
-    def _choose_linear_kernels(self, weights: dict) -> None:
-        """The int8 dense weights' GPU kernel, checked once per distinct shape; a shape that fails keeps
-        the torch reference (and a warning says so)."""
-        from kernels.selfcheck import select_int8_linear
-        chosen: dict[tuple[int, int], object] = {}
-        for w in [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]:
-            if w.shape not in chosen:
-                fn, verdict = select_int8_linear(*w.shape, self.device, dtype=self.dtype, prompts=cublas_free())
-                chosen[w.shape] = fn
-                if not verdict.ok:
-                    self.telemetry.warn(f"int8 dense kernel disabled for {tuple(w.shape)} on this GPU: {verdict.reason}")
-            w.kernel = chosen[w.shape]
-
-    def _choose_router_kernels(self) -> None:
-        """The softmax top-k routers through kernels.router, checked once per shape (unless SLUICE_CUBLAS_FREE=0)."""
-        from kernels.selfcheck import select_router
-        chosen: dict[tuple, object] = {}
-        # getattr: a family's own block (DeepSeek-V4's) may route without a `router`
-        for router in [r for r in (getattr(b, "router", None) for b in self.model.blocks) if type(r) is Router]:
-            key = (*router.weight.shape, router.top_k, router.renormalize)
-            if key not in chosen:
-                chosen[key], verdict = select_router(*key, self.device, dtype=self.dtype)
-                if not verdict.ok:
-                    self.telemetry.warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
-            router.kernel = chosen[key]
-
-    def top_candidates(self, k: int):
-        """Top-k sampling's candidates kernel for k's block size (kernels/top_candidates.py), checked at its
-        first use in this process (a cached verdict after a machine's first); None: the host takes the row."""
-        if self._candidates is None or not 0 < k <= MAX_K:
-            return None
-        block = 1 << (k - 1).bit_length()
-        if block not in self._candidates:
-            from kernels.selfcheck import select_top_candidates
-            self._candidates[block], verdict = select_top_candidates(self.spec.vocab_size, k, self.device)
-            if not verdict.ok:
-                self.telemetry.warn(f"Top-k sampling kernel disabled for k up to {block} on this GPU: {verdict.reason}")
-        return self._candidates[block]
-
-    def _choose_expert_kernels(self, layout) -> tuple:
-        """(the decode kernel, the prefill kernel) for the routed experts, each None where it fails its check or
-        the family has no kernel activation; the prefill kernel only beside the decode kernel."""
-        if not self.model.expert_kernel:
-            return None, None
-        kernel = self._choose_kernel(layout)
-        return kernel, self._choose_prefill_kernel(layout) if kernel else None
-
-    def _choose_kernel(self, layout):
-        from kernels.selfcheck import select_moe_decode
-        offsets = {f.name: f.offset for f in layout.fields}
-        activation = self.model.expert_kernel
-        fn, verdict = select_moe_decode(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
-                                        self.spec.top_k, self.device, dtype=self.dtype, activation=activation)
-        self.kernel_verdict = verdict
-        if not verdict.ok:
-            self.telemetry.warn(f"Fused expert kernel disabled on this GPU: {verdict.reason}")
-            return None
-        return functools.partial(fn, activation=activation)
-
-    def _choose_prefill_kernel(self, layout):
-        """The prefill kernel where the expert format has one and it passes its check on this GPU, else None."""
-        from kernels.moe_prefill import PREFILL_FORMATS, PrefillKernel, default_config
-        from kernels.selfcheck import check_moe_prefill
-        if layout.fmt not in PREFILL_FORMATS:
-            return None
-        offsets = {f.name: f.offset for f in layout.fields}
-        verdict = check_moe_prefill(layout.fmt, offsets, layout.block_bytes, layout.intermediate, layout.hidden,
-                                    self.spec.top_k, self.device, dtype=self.dtype, activation=self.model.expert_kernel)
-        if not verdict.ok:
-            self.telemetry.warn(f"Prefill expert kernel disabled on this GPU: {verdict.reason}")
-            return None
-        return PrefillKernel(default_config(self.dtype), self.model.expert_kernel)
-
     # ------------------------------------------------------------------ forward passes
     def idle_s(self) -> float:
         """Seconds since the last pass or step ended (or the load)."""
@@ -347,8 +269,7 @@ class Runner:
         return self.model.head(x)
 
     def decode(self, token: int, position: int) -> torch.Tensor:
-        """One token at `position` -> logits [V] float32, a static buffer: valid until the next step.
-        The greedy token is in `self.step.token_out`."""
+        """One token at `position` -> logits [V] float32, a static buffer: valid until the next step."""
         with self._lock:
             try:
                 return self._decode(token, position)

@@ -187,24 +187,6 @@ def test_anonymous_memory_is_broken_down_by_mapping():
     shared.close()
 
 
-def test_router_kernels_are_chosen_for_the_standard_routers_only(monkeypatch):
-    """A GPU load picks the softmax top-k router kernel per shape; a family's own block (DeepSeek-V4's has
-    no `router`) and other routers are left alone (run 57: V4 failed to load on the GPU before this)."""
-    from types import SimpleNamespace
-
-    from engine.model.block import Router
-    from engine.runtime.runner import Runner
-    from kernels import selfcheck
-    asked = []
-    monkeypatch.setattr(selfcheck, "select_router",
-                        lambda *key, dtype: (asked.append(key[:4]) or "kernel", SimpleNamespace(ok=True)))
-    standard = Router(torch.zeros(8, 4), top_k=2, renormalize=True)
-    blocks = [SimpleNamespace(router=standard), SimpleNamespace(route=None), SimpleNamespace(router=object())]
-    runner = SimpleNamespace(model=SimpleNamespace(blocks=blocks), device="cpu", dtype=torch.float32, telemetry=None)
-    Runner._choose_router_kernels(runner)
-    assert asked == [(8, 4, 2, True)] and standard.kernel == "kernel"
-
-
 def test_without_growing_the_cache_has_room_only_where_no_allocation_would_wait():
     import threading
 

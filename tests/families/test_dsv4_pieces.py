@@ -9,7 +9,8 @@ from engine.model.dsv4.config import read_dsv4_config
 from engine.model.dsv4.hyper import HyperWeights, hyper_collapse, hyper_expand, hyper_head
 from engine.model.dsv4.layer import Dsv4Layer, attention_weights, rope_for
 from engine.model.dsv4.moe import clamped_swiglu, route_hash, route_topk
-from engine.model.dsv4.rope import apply_tail_rope, rope_cos_sin, rope_tables
+from engine.model.dsv4.rope import apply_tail_rope, rope_cos_sin
+from engine.model.rotary import rope_frequencies
 from tests.families.dsv4_checkpoint import CSA, HCA, SLIDING, tiny_config, tiny_model
 from tests.families.dsv4_runner import KeyList, PieceModel, layer_weights, routed_experts
 
@@ -70,7 +71,7 @@ def test_rope_matches_reference(model, label):
     positions = torch.tensor([0, 1, 5, 17, 130])                     # past original_max_position_embeddings
     x = torch.randn(1, 4, 5, 32)                                       # [B, heads, T, D]
     cos_ref, sin_ref = rotary(x, positions[None], layer_type=label)
-    cos, sin = rope_cos_sin(positions, *rope_tables(model.config, label), torch.float32)
+    cos, sin = rope_cos_sin(positions, *rope_frequencies(model.config, label), torch.float32)
     torch.testing.assert_close(cos, cos_ref[0], rtol=0, atol=0)
     torch.testing.assert_close(sin, sin_ref[0], rtol=0, atol=0)
     expected = apply_rotary_pos_emb(x, cos_ref, sin_ref)[0].transpose(0, 1)

@@ -11,7 +11,8 @@ from engine import GenerationParams
 from engine.format.layout import block_layout
 from engine.format.repack import repack
 from engine.model.families.gpt_oss import SWIGLU_ALPHA
-from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert, sink_attention
+from engine.model.gptoss import TopKSoftmaxRouter, clamped_swiglu_expert
+from kernels.attention_ref import attention_ref
 from engine.tools.demo import build_hf_model, write_mxfp4_checkpoint
 from tests.engine.reference import load_reference, reference_greedy
 from tests.streaming.sized import streaming_engine
@@ -38,11 +39,12 @@ def test_sink_attention_equals_transformers_eager_attention():
     visible = (pos[None, :] <= pos[:, None]) & (pos[None, :] > pos[:, None] - window)
     mask = torch.zeros(T, T).masked_fill(~visible, torch.finfo(torch.float32).min)[None, None]
     theirs, _ = eager_attention_forward(module, q, k, v, mask, scaling=16 ** -0.5)     # [1, T, Hq, D]
-    ours = sink_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), pos, window, module.sinks)
+    ours = attention_ref(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), pos, window,
+                         sinks=module.sinks)
     torch.testing.assert_close(ours, theirs.reshape(T, -1), rtol=1e-5, atol=1e-6)
     # a query may attend to "nothing": with a huge sink the output vanishes
-    nothing = sink_attention(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), pos, None,
-                             torch.full((4,), 80.0))
+    nothing = attention_ref(q[0].transpose(0, 1), k[0].transpose(0, 1), v[0].transpose(0, 1), pos, None,
+                            sinks=torch.full((4,), 80.0))
     assert nothing.abs().max() < 1e-20
 
 

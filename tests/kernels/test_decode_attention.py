@@ -1,9 +1,8 @@
-"""One decode token's attention kernel (kernels/decode_attention.py) against the models' torch path, its
-self-check, and the switch that puts it on the models' path (SLUICE_ATTN_KERNEL=1)."""
+"""One decode token's attention kernel (kernels/decode_attention.py) against the models' torch path and its
+self-check (the kernel on the models' path: tests/engine/test_attach.py)."""
 import pytest
 import torch
 
-from engine.model import layers
 from kernels import selfcheck
 from kernels.decode_attention import attention_ref, decode_attention
 from kernels.selfcheck import select_decode_attention
@@ -58,18 +57,16 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
     assert not verdict.ok and fn is None
 
 
-def test_the_models_attention_takes_the_kernel_unless_switched_off(monkeypatch):
-    asked = []
-
-    def select(*key):
-        asked.append(key[:3])
-        return (lambda q, k, v, where, window: torch.full((1, 8), 7.0)), None
-    monkeypatch.setattr(selfcheck, "select_decode_attention", select)
-    monkeypatch.setattr(layers, "_CHECKED", {})
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
-    q, k, v = torch.randn(1, 2, 4), torch.randn(5, 1, 4), torch.randn(5, 1, 4)
-    where = torch.tensor([3])
-    monkeypatch.setenv("SLUICE_ATTN_KERNEL", "0")
-    assert not (layers.attention(q, k, v, where, None) == 7.0).all() and asked == []
-    monkeypatch.delenv("SLUICE_ATTN_KERNEL", raising=False)                 # the default: on
-    assert (layers.attention(q, k, v, where, None) == 7.0).all() and asked == [(2, 1, 4)]
+def test_the_models_attention_takes_the_kernel_for_one_token_only(device, monkeypatch):
+    """kernels.decode_attention.attention (what engine/runtime/attach.py sets on an attention): one token whose
+    keys lie as the state holds them through the kernel; a prompt, or keys in another layout, the reference."""
+    import kernels.decode_attention as module
+    ran = []
+    monkeypatch.setattr(module, "decode_attention", lambda *args: ran.append(args[0].shape[0]) or attention_ref(*args))
+    q, k, v = _case(device, 4, 2, 16, 9)
+    module.attention(q, k, v, torch.tensor([8], device=device), None)
+    prompt = torch.randn(9, 4, 16).to(device)
+    module.attention(prompt, k, v, torch.arange(9, device=device), None)
+    strided = torch.randn(2, 9, 16).to(device).transpose(0, 1)                    # [S, Hkv, D], not contiguous
+    module.attention(q, strided, strided, torch.tensor([8], device=device), None)
+    assert ran == [1]

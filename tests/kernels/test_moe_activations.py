@@ -1,5 +1,5 @@
 """gpt-oss and DeepSeek-V4 experts in the MoE kernels: gpt-oss's gate/up/down biases and clamped SwiGLU,
-DeepSeek-V4's clamped silu, in both decode kernels (two launches, split down, fused) and the prefill kernel,
+DeepSeek-V4's clamped silu, in the decode kernel (two launches, split down) and the prefill kernel,
 against their torch references, and the references against the engine's own experts (engine.model.gptoss,
 engine.model.dsv4.moe). The clamp limits are small so that many gate and up values pass them. On the CPU
 these run in Triton's interpreter, at small shapes."""
@@ -20,8 +20,7 @@ DSV4_ACT = clamped_silu(limit=0.3)                  # DeepSeek-V4's experts: no 
 CASES = {"gpt_oss": (ACT, True), "deepseek_v4": (DSV4_ACT, False)}     # activation, bias fields
 I, H = 64, 64                                       # mxfp4: whole 32-value groups
 DECODE_CONFIGS = {"loop": DecodeConfig(block_i=16, block_h=16, block_k=32),
-                  "split": DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True),
-                  "fused": DecodeConfig(block_i=16, block_h=16, block_k=32, fused=True)}
+                  "split": DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)}
 PREFILL = PrefillConfig(block_m=16, block_n=32, block_k=32)
 
 
@@ -169,14 +168,14 @@ def _real_case(fmt, num_tokens, x_dtype, seed):
 @pytest.mark.parametrize("fmt", ["mxfp4", "bf16"])
 @pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
 def test_real_shapes_on_gpu(fmt, x_dtype):
-    """Decode (shipped config, split and fused) and prefill (shipped config, 512 tokens) at gpt-oss-120b's
+    """Decode (shipped config and split) and prefill (shipped config, 512 tokens) at gpt-oss-120b's
     expert shapes with biases and its clamped SwiGLU; the self-checks the runner runs pass."""
     from kernels.moe_decode import default_config
     tol = 1e-5 if x_dtype == torch.float32 else 1e-2
     for num_tokens in (1, 4):
         args = _real_case(fmt, num_tokens, x_dtype, seed=num_tokens)
         ref = moe_decode_ref(*args, activation=GPT_OSS_ACT)
-        for config in (default_config(fmt), DecodeConfig(block_i=16, block_h=32, block_k=512, fused=True)):
+        for config in (default_config(fmt), DecodeConfig(block_i=16, block_h=32, block_k=512, split_down=True)):
             assert _rel(moe_decode(*args, config=config, activation=GPT_OSS_ACT), ref) < tol, (num_tokens, config)
     args = _real_case(fmt, 512, x_dtype, seed=7)
     assert _rel(moe_prefill_bank(*args, activation=GPT_OSS_ACT), moe_prefill_ref(*args, activation=GPT_OSS_ACT)) < tol

@@ -1,6 +1,5 @@
 """moe_decode (Triton) against moe_decode_ref (torch) and against plain expert math on weights
 quantized by engine/quant.py. On the CPU these run in Triton's interpreter, so shapes are small."""
-import dataclasses
 
 import pytest
 import torch
@@ -8,12 +7,10 @@ import torch
 from engine.format.layout import block_layout
 from engine.format.quant import dequantize, quantize
 from kernels.moe_decode import DecodeConfig, default_config, moe_decode, moe_decode_ref
-from kernels.moe_decode_fused import fused_counters
 from tests.kernels.cases import moe_case as _case
 
 SMALL = DecodeConfig(block_i=16, block_h=16, block_k=32)    # many loop trips and masked tails at small shapes
 SMALL_SPLIT = DecodeConfig(block_i=16, block_h=16, block_k=32, split_down=True)   # down pass with atomic adds
-SMALL_FUSED = DecodeConfig(block_i=16, block_h=16, block_k=32, fused=True)        # one launch, all of I preloaded
 FMTS = ["bf16", "fp8", "nvfp4", "mxfp4", "int8"]
 # int8 runs fp8's code paths with its own loads: in the interpreter it is checked on the decode shapes
 # and every config, not again on the tests of format-independent logic (routing, accumulation).
@@ -36,7 +33,7 @@ def _rel(out, ref):
     return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT, SMALL_FUSED], ids=["loop", "split", "fused"])
+@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT], ids=["loop", "split"])
 @pytest.mark.parametrize("fmt,num_tokens,top_k,num_slots,intermediate,hidden",
                          [(fmt, *shape) for fmt in LOGIC_FMTS for shape in SHAPES]
                          + [("int8", *shape) for shape in SHAPES[:2]])
@@ -56,24 +53,22 @@ def test_all_tokens_on_one_expert(fmt, device):
     x, bank, slots, weights, *rest = _case(fmt, device, 5, 2, 4, intermediate, hidden, seed=3)
     slots[:, 0] = 2                         # every token's first choice is slot 2, second choice varies
     slots[:, 1] = torch.tensor([0, 1, 3, 0, 1], dtype=torch.int32)
-    for config in (SMALL, SMALL_SPLIT, SMALL_FUSED):
+    for config in (SMALL, SMALL_SPLIT):
         out = moe_decode(x, bank, slots, weights, *rest, config=config)
         assert _rel(out, moe_decode_ref(x, bank, slots, weights, *rest)) < 1e-5
 
 
 @pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("fused", [False, True], ids=["shipped", "shipped_fused"])
-def test_default_config_and_bf16_activations(fmt, fused, device):
+def test_default_config_and_bf16_activations(fmt, device):
     """The shipped block sizes (larger than these dims: all-masked tails) with bf16 x; fp32 out."""
     intermediate, hidden = _dims(fmt, 40, 72)
-    num_tokens = 1 if fused else 2          # the fused launch has more programs: keep the interpreter quick
-    args = _case(fmt, device, num_tokens, 3, 6, intermediate, hidden, seed=11, x_dtype=torch.bfloat16)
-    out = moe_decode(*args, config=dataclasses.replace(default_config(fmt), fused=fused))
+    args = _case(fmt, device, 2, 3, 6, intermediate, hidden, seed=11, x_dtype=torch.bfloat16)
+    out = moe_decode(*args, config=default_config(fmt))
     assert out.dtype == torch.float32
     assert _rel(out, moe_decode_ref(*args)) < 1e-5
 
 
-@pytest.mark.parametrize("config", [SMALL, SMALL_FUSED], ids=["loop", "fused"])
+@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT], ids=["loop", "split"])
 def test_writes_into_given_buffers(device, config):
     """Graph-capture use: results land in `out` (poisoned first) and nothing else is allocated for them."""
     args = _case("fp8", device, 2, 2, 3, 37, 53, seed=5)
@@ -110,46 +105,8 @@ def test_reference_is_plain_expert_math_on_engine_quantized_weights(fmt, device)
             expected[t] += weights[t, k] * (e["down"] @ (torch.nn.functional.silu(e["gate"] @ x[t]) * (e["up"] @ x[t])))
     args = (x.to(device), bank, slots.to(device), weights.to(device), fmt, offsets, intermediate)
     torch.testing.assert_close(moe_decode_ref(*args).cpu(), expected, rtol=1e-5, atol=1e-5)
-    for config in (SMALL, SMALL_SPLIT, SMALL_FUSED):
+    for config in (SMALL, SMALL_SPLIT):
         torch.testing.assert_close(moe_decode(*args, config=config).cpu(), expected, rtol=1e-4, atol=1e-4)
-
-
-@pytest.mark.parametrize("fmt", FMTS)
-@pytest.mark.parametrize("config", [
-    dataclasses.replace(SMALL_FUSED, preload=1),                  # 16 columns before the wait, the rest after
-    dataclasses.replace(SMALL_FUSED, preload=0, num_stages=2),    # wait first, all of I after it
-], ids=["fused_part_preload", "fused_wait_first"])
-def test_fused_preload_variants(fmt, config, device):
-    intermediate, hidden = _dims(fmt, 61, 23)
-    args = _case(fmt, device, 2, 2, 5, intermediate, hidden, seed=21)
-    assert _rel(moe_decode(*args, config=config), moe_decode_ref(*args)) < 1e-5
-
-
-@pytest.mark.parametrize("own_counters", [False, True], ids=["shared_counters", "given_counters"])
-def test_fused_counters_clean_themselves(device, own_counters):
-    """Back-to-back fused launches (no memset between them), then a larger and a smaller T*K: each
-    result is right, and the counters are all zero again afterwards."""
-    counters = torch.zeros(64, dtype=torch.int32, device=device) if own_counters else None
-    for seed, (num_tokens, top_k) in enumerate([(2, 2), (2, 2), (3, 4), (1, 3)]):
-        args = _case("fp8", device, num_tokens, top_k, 5, 19, 23, seed=40 + seed)
-        out = moe_decode(*args, config=SMALL_FUSED, counters=counters)
-        assert _rel(out, moe_decode_ref(*args)) < 1e-5
-    used = counters if own_counters else fused_counters(device)
-    assert not used.any()
-
-
-def test_fused_refuses_too_many_pairs(device):
-    args = _case("fp8", device, 2, 2, 3, 37, 53, seed=1)
-    with pytest.raises(ValueError, match="counters"):
-        moe_decode(*args, config=SMALL_FUSED, counters=torch.zeros(3, dtype=torch.int32, device=device))
-    with pytest.raises(ValueError, match="int32"):
-        moe_decode(*args, config=SMALL_FUSED, counters=torch.zeros(8, dtype=torch.int64, device=device))
-    x, bank, _, _, fmt, offsets, intermediate = args
-    num_tokens = fused_counters(device).numel() + 1               # one pair more than the shared buffer holds
-    slots = torch.zeros(num_tokens, 1, dtype=torch.int32, device=device)
-    with pytest.raises(ValueError, match="pairs"):
-        moe_decode(x[:1].expand(num_tokens, -1).contiguous(), bank, slots, torch.ones(num_tokens, 1, device=device),
-                   fmt, offsets, intermediate, config=SMALL_FUSED)
 
 
 @pytest.mark.parametrize("change,error", [
@@ -177,41 +134,13 @@ def test_launcher_refuses_bad_inputs(device, change, error):
 def test_real_shapes_on_gpu(fmt, intermediate, hidden, top_k, num_tokens):
     for seed in range(3):                      # fresh random data each time
         args = _case(fmt, "cuda", num_tokens, top_k, 16, intermediate, hidden, seed=seed)
-        for config in (None, DecodeConfig(8, 4, 1024, 4, split_down=True),
-                       dataclasses.replace(default_config(fmt), fused=True),
-                       DecodeConfig(8, 16, 512, 4, fused=True, preload=0)):
+        for config in (None, DecodeConfig(8, 4, 1024, 4, split_down=True), DecodeConfig(8, 16, 512, 4)):
             out = moe_decode(*args, config=config)
             assert _rel(out, moe_decode_ref(*args)) < 1e-4
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("fmt", FMTS)
-def test_fused_in_cuda_graph_replays(fmt):
-    """The fused launch captured once and replayed with new slots each time: the counters clean
-    themselves between replays (a stale counter would hang or give a wrong answer)."""
-    intermediate, hidden, top_k = 768, 2048, 8
-    args = _case(fmt, "cuda", 2, top_k, 16, intermediate, hidden, seed=0)
-    x, bank, slots, weights, *rest = args
-    config = dataclasses.replace(default_config(fmt), fused=True)
-    out = torch.empty(2, hidden, device="cuda")
-    h_buf = torch.empty(2 * top_k, intermediate, device="cuda")
-    moe_decode(*args, config=config, out=out, h_buf=h_buf)          # compiles, makes the counters
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        moe_decode(*args, config=config, out=out, h_buf=h_buf)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(5):
-        slots.copy_(torch.stack([torch.randperm(16, generator=gen)[:top_k] for _ in range(2)]).int())
-        graph.replay()
-        torch.cuda.synchronize()
-        assert _rel(out, moe_decode_ref(*args)) < 1e-4
-    assert not fused_counters("cuda").any()
-
-
 @pytest.mark.parametrize("fmt", LOGIC_FMTS)
-@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT, SMALL_FUSED], ids=["loop", "split", "fused"])
+@pytest.mark.parametrize("config", [SMALL, SMALL_SPLIT], ids=["loop", "split"])
 def test_resident_first_then_late_experts_add_up_to_one_launch(fmt, config, device):
     """The streaming decode's split: a launch over the resident experts (the others' slots -1, no
     bytes read for them), then one over the late ones that adds into the same output."""
@@ -263,7 +192,7 @@ def test_bases_are_refused_where_they_cannot_apply(device):
     args = _case("int8", device, 1, 2, 4, 16, 32, seed=0)
     slots = args[2]
     with pytest.raises(ValueError, match="bases"):
-        moe_decode(*args, config=SMALL_FUSED, bases=slots.long())
+        moe_decode(*args, config=SMALL, bases=slots[:, :1].long())      # not one offset a pair
     with pytest.raises(ValueError, match="bases"):
         moe_decode(*args, config=SMALL, bases=slots)                  # int32: not byte offsets
 

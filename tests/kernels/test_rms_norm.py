@@ -1,9 +1,8 @@
-"""The RMS norm kernel (kernels/rms_norm.py) against the models' torch path, its self-check, and the
-switch that puts it on the models' path (SLUICE_NORM_KERNEL=1)."""
+"""The RMS norm kernel (kernels/rms_norm.py) against the models' torch path and its self-check (the kernel on
+the models' path: tests/engine/test_attach.py)."""
 import pytest
 import torch
 
-from engine.model import layers
 from kernels import selfcheck
 from kernels.rms_norm import rms_norm_kernel, rms_norm_ref
 from kernels.selfcheck import select_rms_norm
@@ -37,20 +36,3 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
     fn, verdict = select_rms_norm(80, torch.float32, torch.float32, device,       # the weight forgotten
                                   kernel=lambda x, w, eps: rms_norm_kernel(x, torch.ones_like(w), eps))
     assert not verdict.ok and fn is None
-
-
-def test_the_models_norm_takes_the_checked_kernel_unless_switched_off(monkeypatch):
-    asked = []
-
-    def select(width, dtype, weight_dtype, device):
-        asked.append(width)
-        return (lambda x, w, eps: torch.full_like(x, 7.0)), None
-    monkeypatch.setattr(selfcheck, "select_rms_norm", select)
-    monkeypatch.setattr(layers, "_CHECKED", {})
-    x, w = torch.randn(2, 8), torch.ones(8)
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
-    monkeypatch.setenv("SLUICE_NORM_KERNEL", "0")
-    assert not (layers.rms_norm(x, w, 1e-6) == 7.0).all() and asked == []          # switched off
-    monkeypatch.delenv("SLUICE_NORM_KERNEL", raising=False)                         # the default: on
-    assert (layers.rms_norm(x, w, 1e-6) == 7.0).all() and (layers.rms_norm(x, w, 1e-6) == 7.0).all()
-    assert asked == [8]                                                            # checked once per width

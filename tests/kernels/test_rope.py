@@ -1,9 +1,8 @@
-"""The rotary kernel (kernels/rope.py) against the models' torch path, its self-check, and the switch that
-puts it on the models' path (SLUICE_ROPE_KERNEL, on unless 0)."""
+"""The rotary kernel (kernels/rope.py) against the models' torch path and its self-check (the kernel on the
+models' path: tests/engine/test_attach.py)."""
 import pytest
 import torch
 
-from engine.model import layers
 from engine.model.layers import rope_cos_sin
 from kernels import selfcheck
 from kernels.rope import rope_pair, rope_pair_ref
@@ -45,21 +44,3 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
     fn, verdict = select_rope(4, 2, 64, 32, torch.float32, device,          # sin's sign lost
                               kernel=lambda q, k, cos, sin: rope_pair(q, k, cos, -sin))
     assert not verdict.ok and fn is None
-
-
-def test_the_models_rope_takes_the_checked_kernel_unless_switched_off(monkeypatch):
-    asked = []
-
-    def select(num_q, num_kv, head_dim, rotary, dtype, device):
-        asked.append((num_q, num_kv, head_dim, rotary))
-        return (lambda q, k, cos, sin: (torch.full_like(q, 7.0), torch.full_like(k, 7.0))), None
-    monkeypatch.setattr(selfcheck, "select_rope", select)
-    monkeypatch.setattr(layers, "_CHECKED", {})
-    q, k, cos, sin = _inputs(1, 4, 2, 8, 8, torch.float32, "cpu")
-    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda self: True))      # as on a GPU
-    monkeypatch.setenv("SLUICE_ROPE_KERNEL", "0")
-    assert not (layers.rope_pair(q, k, cos, sin)[0] == 7.0).all() and asked == []  # switched off
-    monkeypatch.delenv("SLUICE_ROPE_KERNEL", raising=False)                         # the default: on
-    assert all((t == 7.0).all() for t in layers.rope_pair(q, k, cos, sin))
-    assert all((t == 7.0).all() for t in layers.rope_pair(q, k, cos, sin))
-    assert asked == [(4, 2, 8, 8)]                                                  # checked once per shape

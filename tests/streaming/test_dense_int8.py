@@ -97,45 +97,23 @@ def test_unknown_or_unavailable_dense_format_is_one_clear_sentence(sluice_models
 
 
 @pytest.mark.gpu
-def test_cublas_free_routers_and_prompt_gemms_give_transformers_tokens(int8_model, monkeypatch):
-    """The default (SLUICE_CUBLAS_FREE unset or 1): the softmax top-k routers (kernels.router) and the int8
-    prompt GEMM run instead of F.linear / softmax / topk and the reference's dequantised GEMM: transformers'
-    tokens all the same."""
-    from engine.format.modeldir import open_model_dir
-    from engine.model.block import Router
-    if open_model_dir(int8_model / "sluice").spec.family not in ROUTER_FAMILIES:
-        pytest.skip("the family routes through its own router")
-    monkeypatch.delenv("SLUICE_CUBLAS_FREE", raising=False)
+def test_attached_kernels_give_transformers_tokens(int8_model):
+    """The kernels attached at load (engine/runtime/attach.py): the softmax top-k routers, the int8 prompt GEMM,
+    the norms, the rotary and one token's attention through Triton instead of F.linear / softmax / topk and the
+    reference's dequantised GEMM: transformers' tokens all the same."""
+    from engine.runtime.attach import attached_kernels
     prompt = PROMPT * 2                                   # 20 tokens: past the decode kernel's 8, the GEMM's
     eng = engine_with_slots(int8_model / "sluice", slots_per_bank=3, ram_blocks=4, dense_quant="int8")
     try:
         ours = token_ids(eng, prompt, NEW_TOKENS)
-        routers = [b.router for b in eng.runner.model.blocks if type(b.router) is Router]
+        attached = attached_kernels(eng.runner.model)
     finally:
         eng.close()
-    assert routers and all(r.kernel is not None for r in routers)
-    reference = load_reference(int8_model / "hf", "int8", dense_quant="int8")
-    assert ours == reference_greedy(reference, prompt, NEW_TOKENS)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("switch", ["SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL", "SLUICE_ROPE_KERNEL"])
-def test_piece_kernels_give_transformers_tokens(int8_model, monkeypatch, switch):
-    """The models' norms (kernels/rms_norm.py) / one-token attention (kernels/decode_attention.py) / rotary
-    (kernels/rope.py) through a kernel checked at first use (inside the graphs after their warm-up), each
-    alone (the others switched off): transformers' tokens all the same."""
-    from engine.model import layers
-    for name in ("SLUICE_NORM_KERNEL", "SLUICE_ATTN_KERNEL", "SLUICE_ROPE_KERNEL"):
-        monkeypatch.setenv(name, "1" if name == switch else "0")
-    monkeypatch.setattr(layers, "_CHECKED", {})
-    prompt = PROMPT * 2
-    eng = engine_with_slots(int8_model / "sluice", slots_per_bank=3, ram_blocks=4, dense_quant="int8")
-    try:
-        ours = token_ids(eng, prompt, NEW_TOKENS)
-    finally:
-        eng.close()
-    if eng.spec.family == "olmoe":                # plain norms and attention: the kernel ran
-        assert any(fn is not None for fn in layers._CHECKED.values())
+    assert attached.get("Packed.kernel")                  # every family has int8 projections
+    if eng.spec.family in ROUTER_FAMILIES:
+        assert attached.get("Router.kernel")
+    if eng.spec.family == "olmoe":                        # plain norms and attention
+        assert {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel"} <= set(attached)
     reference = load_reference(int8_model / "hf", "int8", dense_quant="int8")
     assert ours == reference_greedy(reference, prompt, NEW_TOKENS)
 

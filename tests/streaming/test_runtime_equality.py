@@ -8,6 +8,7 @@ import torch
 from engine.model.file_table import FileTable
 from engine.model.model import Model
 from engine.options import Options
+from engine.runtime.attach import attached_kernels
 from engine.tools.demo import build_hf_model
 from engine.format.repack import repack
 
@@ -142,19 +143,15 @@ def test_hybrid_prefill_of_a_few_tokens_gives_the_same_tokens(family_model):
     assert tokens["all"] == tokens["off"] and cpu > 0
 
 
-@pytest.mark.parametrize("setting", ["default", "0"])
-def test_embedding_table_read_from_the_file_gives_the_same_tokens(family_model, monkeypatch, setting):
-    """By default an untied table stays in the model's file: the decode step starts from the row read there
-    (int8 dense weights: quantised row by row), prefill reads its rows there. SLUICE_EMBED_IN_RAM=0 loads
-    it as before. Tokens unchanged either way."""
+def test_embedding_table_read_from_the_file_gives_the_same_tokens(family_model):
+    """An untied table stays in the model's file: the decode step starts from the row read there (int8 dense
+    weights: quantised row by row), prefill reads its rows there. Tokens unchanged."""
     path, expected = family_model
-    if setting != "default":
-        monkeypatch.setenv("SLUICE_EMBED_IN_RAM", setting)
     eng = _streaming_model(path)
     try:
         model = eng.runner.model
         untied = model.lm_head is not model.embed_tokens
-        in_file = untied and setting == "default" and type(model).embed is Model.embed
+        in_file = untied and type(model).embed is Model.embed
         assert isinstance(model.embed_tokens, FileTable) == in_file == model.embed_in_ram
         assert (eng.runner.step.x_in is not None) == in_file
         assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
@@ -168,6 +165,7 @@ def test_eager_switch_gives_the_same_tokens(family_model):
     try:
         compute = eng.runner.experts.compute
         assert not eng.runner.step.use_graphs and compute.kernel is None and compute.prefill_kernel is None
+        assert not attached_kernels(eng.runner.model)               # no piece asks for a kernel on its own
         assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
     finally:
         eng.close()

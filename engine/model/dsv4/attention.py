@@ -15,6 +15,7 @@ from engine.model.dsv4.compressor import (CompressorState, CompressorWeights, In
 from engine.model.dsv4.norms import rms_norm, unweighted_rms_norm
 from engine.model.dsv4.rope import apply_tail_rope
 from engine.model.layers import Packed, linear
+from kernels.attention_ref import attend
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 
@@ -49,18 +50,6 @@ def project_query(h: torch.Tensor, w: AttentionWeights, eps: float, cos: torch.T
 def project_kv(h: torch.Tensor, w: AttentionWeights, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """h [T, H] -> the shared key/value [T, D]."""
     return apply_tail_rope(rms_norm(linear(h, w.kv), w.kv_norm, eps), cos, sin)
-
-
-def sink_attention(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
-    """q [T, h, D], keys (= values) [S, D], visible [T, S] bool, sinks [h] -> [T, h, D].
-    Every row sees at least its own key, so the masked softmax is well defined."""
-    scores = torch.matmul(q.transpose(0, 1), keys.T) * q.shape[-1] ** -0.5                    # [h, T, S]
-    scores = scores.masked_fill(~visible, float("-inf"))
-    sink = sinks.to(scores.dtype).view(-1, 1, 1).expand(-1, scores.shape[1], 1)                # [h, T, 1]
-    logits = torch.cat([scores, sink], dim=-1)
-    logits = logits - logits.max(dim=-1, keepdim=True).values
-    probs = torch.softmax(logits, dim=-1, dtype=logits.dtype)[..., :-1].to(keys.dtype)
-    return torch.matmul(probs, keys).transpose(0, 1)                                          # [T, h, D]
 
 
 def project_output(o: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -128,5 +117,6 @@ def attention(h: torch.Tensor, start: int, w: AttentionWeights, cache: LayerCach
         if entries is not None:
             chunk_keys = torch.cat([chunk_keys, entries])
             visible = torch.cat([visible, entry_visible[first:last]], dim=1)
-        outs.append(sink_attention(q[first:last], chunk_keys, visible, w.sinks))
-    return project_output(torch.cat(outs), w, cos, sin)
+        shared = chunk_keys[:, None, :]                                                        # one K = V head
+        outs.append(attend(q[first:last], shared, shared, visible, w.head_dim ** -0.5, w.sinks))   # [t, h * D]
+    return project_output(torch.cat(outs).view(num_tokens, -1, w.head_dim), w, cos, sin)

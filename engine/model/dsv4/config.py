@@ -8,9 +8,7 @@ import torch
 from engine.errors import SluiceError
 from engine.model.dsv4.attention import SLIDING
 from engine.model.dsv4.moe import SCORING_FUNCS
-from engine.model.dsv4.rope import rope_tables
-
-SUPPORTED_ROPE = ("default", "linear", "yarn", "llama3")
+from engine.model.rotary import rope_frequencies
 
 
 @dataclass(frozen=True)
@@ -43,10 +41,7 @@ def read_dsv4_config(cfg) -> Dsv4Config:
                           f"implementation cannot run either; Sluice runs {' and '.join(SCORING_FUNCS)}.")
     if cfg.hidden_act != "silu":
         raise SluiceError(f"This DeepSeek-V4 model's experts use '{cfg.hidden_act}'; Sluice runs the shipped 'silu' only.")
-    for label in ("main", "compress"):
-        rope_type = cfg.rope_parameters[label]["rope_type"]
-        if rope_type not in SUPPORTED_ROPE:
-            raise SluiceError(f"RoPE type '{rope_type}' is not supported yet; Sluice supports {', '.join(SUPPORTED_ROPE)}.")
+    main_rope, compress_rope = (rope_frequencies(cfg, label) for label in ("main", "compress"))
     for kind in set(cfg.layer_types) - {SLIDING}:
         if kind not in cfg.compress_rates:
             raise SluiceError(f"This DeepSeek-V4 config has {kind} layers but no compress rate for them; "
@@ -58,4 +53,4 @@ def read_dsv4_config(cfg) -> Dsv4Config:
         sliding_window=cfg.sliding_window, compress_rates=dict(cfg.compress_rates), scoring=cfg.scoring_func,
         top_k=cfg.num_experts_per_tok, routed_scaling=float(cfg.routed_scaling_factor),
         swiglu_limit=float(cfg.swiglu_limit), o_groups=cfg.o_groups, index_topk=cfg.index_topk,
-        main_rope=rope_tables(cfg, "main"), compress_rope=rope_tables(cfg, "compress"))
+        main_rope=main_rope, compress_rope=compress_rope)

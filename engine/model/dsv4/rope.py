@@ -23,17 +23,3 @@ def apply_tail_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> to
     rotated_half = torch.stack((rope[..., 1::2] * -1, rope[..., 0::2]), dim=-1).flatten(-2)
     rotated = (rope.float() * cos + rotated_half.float() * sin).to(x.dtype)
     return torch.cat([nope, rotated], dim=-1)
-
-
-def rope_tables(cfg, label: str) -> tuple[torch.Tensor, float]:
-    """inv_freq [R/2] and attention scaling of the `main` or `compress` rope, as the reference builds them."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    params = cfg.rope_parameters[label]
-    rope_type = params["rope_type"]
-    if rope_type == "default":
-        dim = int(cfg.head_dim * params.get("partial_rotary_factor", 1.0))
-        inv_freq = 1.0 / (params["rope_theta"] ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
-        return inv_freq, 1.0
-    inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](cfg, "cpu", layer_type=label)
-    return inv_freq.float(), float(scaling)

@@ -18,7 +18,7 @@ from engine.model.dsv4.config import read_dsv4_config
 from engine.model.dsv4.hyper import hyper_head
 from engine.model.dsv4.layer import Dsv4Layer, Mixed, rope_for
 from engine.model.dsv4.moe import clamped_swiglu
-from engine.model.dsv4.norms import rms_norm
+from engine.model.dsv4.norms import Dsv4RmsNorm
 from engine.model.layers import embedding, linear
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
@@ -88,6 +88,7 @@ class Dsv4Block:
 
 class Dsv4Model(Model):
     graph_safe = False                  # the compressors close windows on host-known positions
+    norm_type = Dsv4RmsNorm
 
     def __init__(self, spec: ModelSpec, blocks: list, token_ids: TokenIds, w: dict[str, torch.Tensor]):
         cfg = blocks[0].layer.cfg
@@ -105,7 +106,7 @@ class Dsv4Model(Model):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         x = hyper_head(x[-1:], *self.hc_head, self.cfg.hc_eps, self.cfg.eps)
-        return linear(rms_norm(x, self.final_norm, self.cfg.eps), self.lm_head)[0].float()
+        return linear(self.final_norm(x), self.lm_head)[0].float()
 
 
 def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], limit: float) -> torch.Tensor:

@@ -16,9 +16,11 @@ from engine.model import deltanet
 from engine.model.block import Attention, Block, Mlp, Rope, Router, Step
 from engine.model.dense_quant import take_rows
 from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
-from engine.model.layers import Packed, apply_rope, attention, linear
+from engine.model.layers import Packed, RmsNorm, attention, linear, rope_pair
 from engine.model.model import Model
-from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
+from engine.model.rotary import rope_frequencies
+from engine.model.spec import ModelSpec, as_ids
+from kernels.norms import rms_normalized
 from engine.model.state import StateSpec
 
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
@@ -69,17 +71,11 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
             for layer in range(spec.num_layers)]
 
 
-def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm scaled by (1 + w), computed in float32 and cast back (as the reference rounds)."""
-    x32 = x.float()
-    x32 = x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)
-    return (x32 * (1.0 + weight.float())).to(x.dtype)
+class OffsetRmsNorm(RmsNorm):
+    """RMSNorm scaled by (1 + w), computed in float32 and cast back (as the reference rounds); no kernel."""
 
-
-def partial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotary on the first R dims of each head (cos, sin [T, 1, R]); the rest passes through."""
-    rotary = cos.shape[-1]
-    return torch.cat((apply_rope(x[..., :rotary], cos, sin), x[..., rotary:]), dim=-1)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (rms_normalized(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
 
 
 def split_qwen3_next_projections(weights: dict[str, torch.Tensor | Packed], d: HybridDims) -> None:
@@ -103,13 +99,15 @@ def split_qwen3_next_projections(weights: dict[str, torch.Tensor | Packed], d: H
 
 class GatedAttention:
     """GQA with a sigmoid output gate per query head, (1 + w) q/k norm per head, partial rotary.
-    KV goes to the step's state as "k" and "v"."""
+    KV goes to the step's state as "k" and "v". `rope_kernel` / `attention_kernel`: as Attention's."""
 
     def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, spec: ModelSpec, rope: Rope):
-        self.layer, self.rope, self.eps = layer, rope, spec.rms_eps
+        self.layer, self.rope = layer, rope
         self.num_heads, self.num_kv_heads, self.head_dim = spec.num_heads, spec.num_kv_heads, spec.head_dim
         self.q, self.k, self.v, self.o = ((w[f"{prefix}{n}_proj.weight"], w.get(f"{prefix}{n}_proj.bias")) for n in "qkvo")
-        self.q_norm, self.k_norm = w[prefix + "q_norm.weight"], w[prefix + "k_norm.weight"]
+        self.q_norm, self.k_norm = (OffsetRmsNorm(w[prefix + n], spec.rms_eps)
+                                    for n in ("q_norm.weight", "k_norm.weight"))
+        self.rope_kernel = self.attention_kernel = None
 
     def state_specs(self) -> dict[str, StateSpec]:
         return Attention.specs(self.num_kv_heads, self.head_dim)
@@ -119,12 +117,12 @@ class GatedAttention:
         q, gate = linear(x, *self.q).view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)   # [T, Hq, D] x2
         k = linear(x, *self.k).view(-1, self.num_kv_heads, self.head_dim)
         v = linear(x, *self.v).view(-1, self.num_kv_heads, self.head_dim)
-        q, k = offset_rms_norm(q, self.q_norm, self.eps), offset_rms_norm(k, self.k_norm, self.eps)
+        q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rope.cos_sin(step)
-        q, k = partial_rope(q, cos, sin), partial_rope(k, cos, sin)
+        q, k = (self.rope_kernel or rope_pair)(q, k, cos, sin)              # the first R dims of a head rotate
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
-        out = attention(q, keys, values, step.positions, None)                         # [T, Hq*D]
+        out = (self.attention_kernel or attention)(q, keys, values, step.positions, None)    # [T, Hq*D]
         return linear(out * torch.sigmoid(gate.reshape(out.shape)), *self.o)
 
 
@@ -166,26 +164,18 @@ class GatedDeltaNet:
 
 class OffsetNormBlock(Block):
     """Block with (1 + w) pre- and post-norms."""
-
-    def mix(self, x: torch.Tensor, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x + self.mixer(offset_rms_norm(x, self.input_norm, self.eps), step)
-        return x, offset_rms_norm(x, self.post_norm, self.eps)
+    norm_type = OffsetRmsNorm
 
 
 class HybridModel(Model):
-    def head(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(offset_rms_norm(x[-1:], self.final_norm, self.eps), self.lm_head)[0].float()
+    norm_type = OffsetRmsNorm
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
     d = dims(spec)
     if spec.family == "qwen3_next":
         split_qwen3_next_projections(w, d)
-    if spec.rope_type == "default":     # partial rotary: the reference's default rope covers rotary_dim only
-        inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d.rotary_dim, 2, dtype=torch.float) / d.rotary_dim))
-        scaling = 1.0
-    else:
-        inv_freq, scaling = rope_inv_freq(spec)
+    inv_freq, scaling = rope_frequencies(spec.cfg)       # partial rotary: covers rotary_dim only
     rope = Rope(inv_freq.to(device), scaling, dtype)
     blocks = []
     for layer in range(spec.num_layers):

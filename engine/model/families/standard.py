@@ -11,7 +11,8 @@ import torch
 
 from engine.model.block import Attention, Block, Mlp, Rope, Router
 from engine.model.model import Model
-from engine.model.spec import ModelSpec, as_ids, rope_inv_freq
+from engine.model.rotary import rope_frequencies
+from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 
 FAMILY_NAMES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
@@ -86,7 +87,7 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
 
 
 def make_rope(spec: ModelSpec, dtype: torch.dtype, device: torch.device) -> Rope:
-    inv_freq, scaling = rope_inv_freq(spec)
+    inv_freq, scaling = rope_frequencies(spec.cfg)
     return Rope(inv_freq.to(device), scaling, dtype)
 
 

@@ -1,0 +1,179 @@
+"""GPU kernels attached to a loaded model once, at load, in this one place: each is checked against its torch
+reference on this device at the model's shapes (kernels/selfcheck.py: a verdict cached per machine, a failure
+warned about) and set on the pieces that call it. With `options.eager`, or off CUDA, nothing is attached: every
+piece runs its plain torch path (engine/model/layers.py), so a bug can be bisected against it.
+
+  piece                         kernel                          what it takes over
+  layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
+  attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
+  attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (none with sinks)
+  block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
+  layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
+  the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
+  top-k sampling                kernels/top_candidates.py                            (CandidateKernels)
+"""
+from __future__ import annotations
+
+import functools
+from typing import Callable, Iterator
+
+import torch
+
+from engine.model.block import Router
+from engine.model.layers import Packed, RmsNorm
+from engine.model.model import Model
+from engine.options import Options
+from kernels.norms import MAX_N as MAX_NORM_WIDTH
+from kernels.vocab_chunks import MAX_K
+
+Warn = Callable[[str], None]
+
+
+def attaches(options: Options, device: torch.device) -> bool:
+    return not options.eager and torch.device(device).type == "cuda"
+
+
+def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: torch.dtype, options: Options,
+                   warn: Warn) -> None:
+    """Every piece's kernel where it passes its check. `weights`: the dense weights the model was built from (its
+    int8 ones, row blocks included, get the int8 kernel); called after the build (a family may split a weight)."""
+    if not attaches(options, device):
+        return
+    chosen: dict[tuple, object] = {}                  # one check per distinct key
+    packed = [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]
+    for piece in packed + list(_pieces(model)):
+        if isinstance(piece, Packed):
+            piece.kernel = _once(chosen, ("int8", *piece.shape), lambda: _int8_linear(piece.shape, device, dtype, warn))
+        elif type(piece) is RmsNorm:
+            piece.kernel = _norm_kernel(chosen, piece, device, dtype)
+        elif type(piece) is Router:
+            key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize)
+            piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
+        elif hasattr(piece, "attention_kernel"):
+            _attach_attention(chosen, piece, device, dtype)
+
+
+def attached_kernels(model: Model) -> dict[str, int]:
+    """How many of the model's pieces run each kind of kernel, e.g. {"RmsNorm.kernel": 7, "Attention.rope_kernel": 3}
+    ({} with none attached)."""
+    counts: dict[str, int] = {}
+    for piece in _pieces(model):
+        for name in ("kernel", "rope_kernel", "attention_kernel"):
+            if getattr(piece, name, None) is not None:
+                key = f"{type(piece).__name__}.{name}"
+                counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def _pieces(root) -> Iterator[object]:
+    """Every object of the model's own classes reachable from `root`: blocks, mixers, norms, routers, weights..."""
+    seen, stack = set(), [root]
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, torch.Tensor):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (list, tuple)):
+            stack.extend(obj)
+        elif isinstance(obj, dict):
+            stack.extend(obj.values())
+        elif type(obj).__module__.startswith("engine.model"):
+            yield obj
+            stack.extend(getattr(obj, "__dict__", {}).values())
+
+
+def _once(chosen: dict, key: tuple, select: Callable[[], object]):
+    if key not in chosen:
+        chosen[key] = select()
+    return chosen[key]
+
+
+def _norm_kernel(chosen: dict, norm: RmsNorm, device, dtype):
+    from kernels.selfcheck import select_rms_norm
+    width = norm.weight.shape[-1]
+    if width > MAX_NORM_WIDTH:
+        return None
+    key = ("rms_norm", width, dtype, norm.weight.dtype)
+    return _once(chosen, key, lambda: select_rms_norm(width, dtype, norm.weight.dtype, device)[0])
+
+
+def _attach_attention(chosen: dict, attn, device, dtype) -> None:
+    """An attention's rope (its tables in the compute dtype) and, without sinks, its decode-token kernel."""
+    from kernels import decode_attention
+    from kernels.selfcheck import select_decode_attention, select_rope
+    heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
+    if attn.rope.dtype == dtype:
+        rotary = 2 * attn.rope.inv_freq.shape[0]
+        attn.rope_kernel = _once(chosen, ("rope", *heads, rotary),
+                                 lambda: select_rope(*heads, rotary, dtype, device)[0])
+    if getattr(attn, "sinks", None) is None:
+        window = getattr(attn, "window", None)
+        checked = _once(chosen, ("decode_attention", *heads, window),
+                        lambda: select_decode_attention(*heads, dtype, window, device)[0])
+        attn.attention_kernel = decode_attention.attention if checked is not None else None
+
+
+def _int8_linear(shape, device, dtype, warn: Warn):
+    from kernels.selfcheck import select_int8_linear
+    fn, verdict = select_int8_linear(*shape, device, dtype=dtype, prompts=True)
+    if not verdict.ok:
+        warn(f"int8 dense kernel disabled for {tuple(shape)} on this GPU: {verdict.reason}")
+    return fn
+
+
+def _router(key: tuple, device, dtype, warn: Warn):
+    from kernels.selfcheck import select_router
+    fn, verdict = select_router(*key, device, dtype=dtype)
+    if not verdict.ok:
+        warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
+    return fn
+
+
+def expert_kernels(model: Model, layout, top_k: int, device: torch.device, dtype: torch.dtype, options: Options,
+                   warn: Warn) -> tuple[Callable | None, object | None, object | None]:
+    """The routed experts' kernels -> (decode kernel, prefill kernel, the decode kernel's verdict): the decode
+    kernel where the family's experts have one and it passes its check, the prefill kernel beside it where the
+    format has one and it passes too; None where not."""
+    if not attaches(options, device) or model.expert_kernel is None:
+        return None, None, None
+    from kernels.selfcheck import select_moe_decode
+    activation = model.expert_kernel
+    shapes = (layout.fmt, {f.name: f.offset for f in layout.fields}, layout.block_bytes, layout.intermediate,
+              layout.hidden, top_k, device)
+    fn, verdict = select_moe_decode(*shapes, dtype=dtype, activation=activation)
+    if not verdict.ok:
+        warn(f"Fused expert kernel disabled on this GPU: {verdict.reason}")
+        return None, None, verdict
+    return functools.partial(fn, activation=activation), _prefill_kernel(shapes, dtype, activation, warn), verdict
+
+
+def _prefill_kernel(shapes: tuple, dtype: torch.dtype, activation, warn: Warn):
+    from kernels.moe_prefill import PREFILL_FORMATS, PrefillKernel, default_config
+    from kernels.selfcheck import check_moe_prefill
+    if shapes[0] not in PREFILL_FORMATS:
+        return None
+    verdict = check_moe_prefill(*shapes, dtype=dtype, activation=activation)
+    if not verdict.ok:
+        warn(f"Prefill expert kernel disabled on this GPU: {verdict.reason}")
+        return None
+    return PrefillKernel(default_config(dtype), activation)
+
+
+class CandidateKernels:
+    """Top-k sampling's candidates kernel for k's block size (kernels/top_candidates.py), checked at its first use
+    in this process (a cached verdict after a machine's first); None: the host takes the row."""
+
+    def __init__(self, vocab_size: int, device: torch.device, options: Options, warn: Warn):
+        self.vocab_size, self.device, self.warn = vocab_size, device, warn
+        self._chosen: dict[int, object] | None = {} if attaches(options, device) else None
+
+    def __call__(self, k: int):
+        if self._chosen is None or not 0 < k <= MAX_K:
+            return None
+        block = 1 << (k - 1).bit_length()
+        if block not in self._chosen:
+            from kernels.selfcheck import select_top_candidates
+            self._chosen[block], verdict = select_top_candidates(self.vocab_size, k, self.device)
+            if not verdict.ok:
+                self.warn(f"Top-k sampling kernel disabled for k up to {block} on this GPU: {verdict.reason}")
+        return self._chosen[block]
