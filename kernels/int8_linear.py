@@ -30,7 +30,7 @@ MAX_KERNEL_TOKENS = 8  # more tokens than this (prompts) take the reference
 @dataclass(frozen=True)
 class LinearConfig:
     """Defaults: the best or within 3% of it of 7 configs at OLMoE's and Qwen3's shapes on an H200
-    (BENCHMARKS.md run 41: 4.6 us at 2048 x 2048, 57 us for a 50304 x 2048 head, ~1.9 TB/s of codes)."""
+    (4.6 us at 2048 x 2048, 57 us for a 50304 x 2048 head, ~1.9 TB/s of codes: `python -m bench kernels --dense`)."""
     block_n: int = 4        # output rows per program
     block_k: int = 512      # reduction tile (input elements)
     num_warps: int = 4
@@ -70,7 +70,8 @@ def int8_linear_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
 
 @dataclass(frozen=True)
 class GemmConfig:
-    """A prompt's tiles (untuned; run 56: warm prefill 924 tok/s against the cuBLAS reference's 543 under the 4 GiB cap, where the freed memory went to the caches)."""
+    """A prompt's tiles: untuned; they still beat the cuBLAS path under a memory cap, where the host memory cuBLAS
+    would hold goes to the caches instead (warm prefill 924 against 543 tok/s at 4 GiB)."""
     block_t: int = 64       # tokens per program
     block_n: int = 64       # output rows per program
     block_k: int = 64       # reduction tile
@@ -106,7 +107,7 @@ def _int8_gemm_kernel(x_ptr, q_ptr, s_ptr, y_ptr, T, N, K, IEEE: tl.constexpr, B
 def int8_gemm_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, config: GemmConfig = GemmConfig()
                      ) -> torch.Tensor:
     """A prompt's tokens through int8 codes (one Triton launch, tensor cores): no dequantised copy and no
-    cuBLAS (whose CUDA module holds ~81 MiB of host memory once loaded: BENCHMARKS.md run 49)."""
+    cuBLAS (whose CUDA module holds ~81 MiB of host memory once loaded)."""
     flat = x.reshape(-1, x.shape[-1]).contiguous()                                   # [T, K]
     num_tokens, (n, k) = flat.shape[0], q.shape
     y = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)

@@ -9,8 +9,7 @@ gives them) and, for norm_topk_prob, their renormalisation. A decode step's few 
 programs instead, and a second launch adds them and picks the top K. Its reference, softmax_topk.router_ref,
 is the torch path engine.model.block.Router takes. Why a kernel for so little work: the torch path's
 F.linear, softmax and topk each load a CUDA module holding host memory for the process's life (cuBLAS alone
-~81 MiB, topk ~46: BENCHMARKS.md run 49); with the int8 prompt GEMM (int8_linear.py) no cuBLAS module loads.
-On by default (SLUICE_CUBLAS_FREE=0 keeps the torch path): BENCHMARKS.md run 56.
+~81 MiB, topk ~46); with the int8 prompt GEMM (int8_linear.py) no cuBLAS module loads.
 """
 from __future__ import annotations
 

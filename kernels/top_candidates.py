@@ -2,7 +2,7 @@
 largest, best first (a tie: the lower id first); the host finds the survivors among them and finishes
 the draw (kernels/vocab_chunks.py, engine.runtime.sampling). Why: torch's `topk`, `masked_fill`, `sort`,
 `softmax`, `cumsum` and `scatter` on the GPU each load a CUDA module that holds host memory for the
-process's life (174 MiB for a reply sampled with the app's defaults, BENCHMARKS.md run 56), for a few
+process's life (174 MiB for a reply sampled with the app's defaults), for a few
 dozen values a token. Layout and reference (numpy, so its self-check loads no CUDA operator): vocab_chunks.
 """
 from __future__ import annotations
