@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -108,41 +107,52 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["SLUICE_DATA_DIR"] = tempfile.mkdtemp(prefix="sluice-profile-")
-    from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
-
     from app.gui import create_application
-    from app.store import ChatSettings
-    from app.views.main_window import MainWindow
-
-    app = create_application()
+    app = create_application()                                  # noqa: F841 - the QApplication lives for the run
     tokens = answer_tokens(args.words)
     engine = StreamingFakeEngine(tokens, args.tok_s)
+    window = _open_window(engine, len(tokens), args.no_panels)
+    camera = _Camera(window, args.shots)
+    ticks, elapsed_s = _stream(window, engine, lambda: camera.halfway(engine.generated, len(tokens)))
+    print(f"{len(ticks)} ticks; {len(tokens)} tokens ({args.words} words) at {args.tok_s:.0f} tok/s asked, "
+          f"{len(tokens) / elapsed_s:.0f} tok/s shown; panels {'hidden' if args.no_panels else 'shown'}")
+    print("\n".join(fifth_lines(ticks, len(tokens))))
+    if args.shots:
+        camera.end_and_start()
+    window.shutdown()
+    return 0
+
+
+def _open_window(engine, num_tokens: int, no_panels: bool):
+    """The real main window with the fake engine loaded, its answers long enough for every token."""
+    from PySide6.QtCore import QEventLoop
+
+    from app.store import ChatSettings
+    from app.views.main_window import MainWindow
     window = MainWindow(autoload=False)
     window.host.worker._load_fn = lambda *_a, **_k: engine
     window.show()
-    window.panels_dock.setVisible(not args.no_panels)
+    window.panels_dock.setVisible(not no_panels)
     loop = QEventLoop()
     window.model_loaded.connect(loop.quit)
     window.load_model("/fake")
     loop.exec()
-    window.controller.set_chat_settings(ChatSettings(max_new_tokens=len(tokens) + 10))
+    window.controller.set_chat_settings(ChatSettings(max_new_tokens=num_tokens + 10))
+    return window
 
-    ticks: list[tuple[float, float, int]] = []        # (wall gap ms, GUI thread CPU ms in the gap, tokens so far)
-    clock, last_cpu = QElapsedTimer(), [time.thread_time()]
+
+def _stream(window, engine, on_tick) -> tuple[list[tuple[float, float, int]], float]:
+    """One answer streamed with a GUI-thread tick every 5 ms: (wall gap ms, GUI CPU ms in the gap, tokens so far)
+    a tick, and the answer's seconds."""
+    from PySide6.QtCore import QElapsedTimer, QEventLoop, QTimer
+    ticks, clock, last_cpu = [], QElapsedTimer(), [time.thread_time()]
 
     def tick():
         now = time.thread_time()
         ticks.append((clock.restart(), (now - last_cpu[0]) * 1e3, engine.generated))
         last_cpu[0] = now
-        if args.shots and len(shots_taken) == 0 and engine.generated >= len(tokens) // 2:
-            shots_taken.append(shoot("stream-half"))
-
-    def shoot(name: str) -> Path:
-        args.shots.mkdir(parents=True, exist_ok=True)
-        window.grab().save(str(args.shots / f"{name}.png"))
-        return args.shots / f"{name}.png"
-    shots_taken: list[Path] = []
-    probe = QTimer(interval=5)
+        on_tick()
+    loop, probe = QEventLoop(), QTimer(interval=5)
     probe.timeout.connect(tick)
     window.controller.message_finished.connect(lambda _message: loop.quit())
     clock.start()
@@ -150,24 +160,43 @@ def run(args) -> int:
     started = time.perf_counter()
     window.send("How does the engine move expert weights?")
     loop.exec()
-    elapsed_s = time.perf_counter() - started
     probe.stop()
+    return ticks, time.perf_counter() - started
 
-    print(f"{len(ticks)} ticks; {len(tokens)} tokens ({args.words} words) at {args.tok_s:.0f} tok/s asked, "
-          f"{len(tokens) / elapsed_s:.0f} tok/s shown; panels {'hidden' if args.no_panels else 'shown'}")
-    print("fifth  longest own work (ms)  longest gap (ms)  GUI CPU (s)")
+
+def fifth_lines(ticks: list[tuple[float, float, int]], num_tokens: int) -> list[str]:
+    """Per fifth of the answer: the longest stretch of the GUI thread's own work, the longest gap, its CPU time."""
+    lines = ["fifth  longest own work (ms)  longest gap (ms)  GUI CPU (s)"]
     for fifth in range(5):
-        part = [t for t in ticks[1:] if fifth * len(tokens) / 5 <= t[2] < (fifth + 1) * len(tokens) / 5]
+        part = [t for t in ticks[1:] if fifth * num_tokens / 5 <= t[2] < (fifth + 1) * num_tokens / 5]
         if part:
-            print(f"{fifth + 1:>5}  {max(t[1] for t in part):>22.1f}  {max(t[0] for t in part):>16.0f}  "
-                  f"{sum(t[1] for t in part) / 1e3:>11.2f}")
-    if args.shots:
+            lines.append(f"{fifth + 1:>5}  {max(t[1] for t in part):>22.1f}  {max(t[0] for t in part):>16.0f}  "
+                         f"{sum(t[1] for t in part) / 1e3:>11.2f}")
+    return lines
+
+
+class _Camera:
+    """Screenshots of the window (with --shots): halfway through the answer, at its end, scrolled to its start."""
+
+    def __init__(self, window, folder: Path | None):
+        self.window, self.folder, self.taken = window, folder, []
+
+    def shoot(self, name: str) -> None:
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.window.grab().save(str(self.folder / f"{name}.png"))
+        self.taken.append(self.folder / f"{name}.png")
+
+    def halfway(self, generated: int, num_tokens: int) -> None:
+        if self.folder and not self.taken and generated >= num_tokens // 2:
+            self.shoot("stream-half")
+
+    def end_and_start(self) -> None:
+        from PySide6.QtCore import QEventLoop, QTimer
+        loop = QEventLoop()
         QTimer.singleShot(500, loop.quit)           # let the last layout and the scroll to the end finish
         loop.exec()
-        shots_taken.append(shoot("stream-end"))
-        window.chat_view.verticalScrollBar().setValue(0)
-        window.chat_view.widget().layout().activate()
-        shots_taken.append(shoot("stream-start"))
-        print("wrote", *shots_taken)
-    window.shutdown()
-    return 0
+        self.shoot("stream-end")
+        self.window.chat_view.verticalScrollBar().setValue(0)
+        self.window.chat_view.widget().layout().activate()
+        self.shoot("stream-start")
+        print("wrote", *self.taken)
