@@ -27,7 +27,7 @@ def pytest_report_header(config):
     pinned = re.search(r'"transformers==([^"]+)"', (Path(__file__).parents[1] / "pyproject.toml").read_text())
     if pinned and pinned.group(1) != transformers.__version__:
         return (f"WARNING: transformers {transformers.__version__} is installed, {pinned.group(1)} is pinned: the "
-                "token-exact tests may fail for the version alone (scripts/device_wheels.sh)")
+                "token-exact tests may fail for the version alone (bench/device_wheels.sh)")
     return f"transformers {transformers.__version__} (as pinned)"
 
 

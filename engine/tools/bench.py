@@ -24,9 +24,7 @@ from engine.runtime.placement import LIVE_FACTOR
 from engine.runtime.store import READ_PIECES, reader_threads
 from engine.runtime.telemetry import delta, phase_hit_rate, ratio, value_at
 from engine.sizes import format_size
-from engine.tools.bench_regime import apply_regime, measure_capped, regime_lines, wants_cap
-from engine.tools.cgroup import own_cap_stat
-from engine.tools.regimes import REGIMES, regime
+from engine.options import Options
 
 
 def extra_parser() -> argparse.ArgumentParser:
@@ -34,20 +32,17 @@ def extra_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="sluice bench", add_help=False)
     p.add_argument("--work-dir", help="where preset models are built and kept (default: the user cache dir)")
     p.add_argument("--via-repack", action="store_true", help="build a bf16 HF checkpoint and repack it (product path)")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels (SLUICE_EAGER=1)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels")
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine option (engine/options.py), e.g. --set prefetch_reads=2; repeat for more")
     p.add_argument("--baseline-new-tokens", type=int, default=8)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--dense-quant", choices=["int8"], help="dense weights as int8 (llama.cpp's Q8_0 quantises them too)")
     p.add_argument("--top-k", type=int, default=0, help="sample the decode with top-k as well (the app's default: 40)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample the decode with top-p as well (the app's default: 0.95)")
-    p.add_argument("--regime", choices=list(REGIMES), help="; ".join(f"{r.name}: {r.summary}" for r in REGIMES.values()))
-    p.add_argument("--no-cgroup", action="store_true", help="a regime's cap as budgets only (no cgroup v2 memory.max)")
-    p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before a regime's runs")
-    p.add_argument("--llama-bench", help="llama.cpp's llama-bench binary: run it after Sluice in the same regime")
-    p.add_argument("--llama-gguf", help="the GGUF llama-bench runs (default: converted from the preset's HF checkpoint)")
-    p.add_argument("--llama-src", help="llama.cpp source with convert_hf_to_gguf.py (default: peer/llama.cpp)")
-    p.add_argument("--llama-ncmoe", type=int, nargs="+", help="llama-bench -ncmoe values (default: the regime's)")
-    p.add_argument("--llama-threads", type=int, default=16, help="llama-bench -t (default 16)")
+    # memory caps and the llama.cpp peer need the repository's bench tree, not the installed package
+    for flag in ("--regime", "--llama-bench"):
+        p.add_argument(flag, help=argparse.SUPPRESS)
     return p
 
 
@@ -60,45 +55,32 @@ def run(args) -> int:
 
     from engine.tools.presets import PRESETS
     opts = _extra_args(getattr(args, "extra", []) or [])
+    if opts.regime or opts.llama_bench:
+        raise SluiceError("Memory regimes and the llama.cpp peer run from the repository's bench tree: "
+                          "python -m bench regime --regime NAME -- [these sluice bench flags].")
     if args.preset not in PRESETS:
         raise SluiceError(f"Unknown preset '{args.preset}': choose one of {', '.join(PRESETS)}.")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise SluiceError("sluice bench needs a CUDA GPU (none is visible); run it on a machine with one.")
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
     work = Path(opts.work_dir) if opts.work_dir else _default_work_dir()
-    reg = regime(opts.regime) if opts.regime else None
-    if opts.llama_bench or opts.llama_gguf:
-        from engine.tools.bench_peer import check_llama_options
-        check_llama_options(opts)
-    # the peer runs a GGUF of the HF checkpoint, so Sluice runs that checkpoint's repack (the same weights)
-    opts.via_repack = opts.via_repack or args.baseline == "accelerate" or bool(opts.llama_bench)
-    model_dir, hf_dir = _build_apart(args.preset, args.quant, work, opts.via_repack, args.device, bool(args.json))
-    result, why_no_cap = measure_capped(args, opts, reg, work, log) if wants_cap(reg, opts) else (None, None)
-    if result is None:
-        result = _measure_here(model_dir, hf_dir, args, opts, reg, why_no_cap, work, log)
-    if opts.llama_bench:
-        from engine.tools.bench_peer import run_llama_side
-        result["llama_cpp"] = run_llama_side(result, args, opts, reg, work, log)
-    if args.json:
-        print(json.dumps(result, indent=1))
-    else:
-        print(report(result))
-    return 0
-
-
-def _measure_here(model_dir: Path, hf_dir, args, opts, reg, why_no_cap, work: Path, log) -> dict:
-    """The bench in this process (inside the regime's cap when started in one), and the accelerate baseline."""
-    regime_info = apply_regime(args, opts, reg, why_no_cap) if reg else None
+    opts.via_repack = opts.via_repack or args.baseline == "accelerate"
+    model_dir, hf_dir = build_apart(args.preset, args.quant, work, opts.via_repack, args.device, bool(args.json))
     result = measure(model_dir, args, opts, log)
-    if regime_info:
-        result["regime"] = regime_info
     if args.baseline == "accelerate":
         from engine.tools.baseline import run_accelerate
         result["baseline"] = run_accelerate(hf_dir, args.vram_budget, args.ram_cache, args.prompt_tokens,
                                             opts.baseline_new_tokens, work / "offload", log)
         base = result["baseline"]["decode_tok_s"]
         result["speedup_vs_baseline"] = result["decode_tok_s"] / base if base else None
-    return result
+    print(json.dumps(result, indent=1) if args.json else report(result))
+    return 0
+
+
+def engine_options(opts) -> Options:
+    """The engine's options from `--eager` and `--set KEY=VALUE` (a bad setting: one sentence)."""
+    return Options.parse(opts.settings, Options(eager=opts.eager))
+
 
 
 def _default_work_dir() -> Path:
@@ -106,11 +88,9 @@ def _default_work_dir() -> Path:
     return cache_path().parent / "bench"
 
 
-def _build_apart(preset: str, quant: str, work: Path, via_repack: bool, device: str, to_stderr: bool):
+def build_apart(preset: str, quant: str, work: Path, via_repack: bool, device: str, to_stderr: bool):
     """The bench's model, written in a child process where it does not exist yet: writing it leaves the writing
-    process ~110 MiB more anonymous memory even after a trim (this dev machine: 144 -> 258 MiB for OLMoE's
-    dims), which the bench would count as the engine's (a machine's first bench showed 645 against 531 MiB
-    besides the RAM cache: BENCHMARKS.md session 22)."""
+    process ~110 MiB more anonymous memory even after a trim, which the bench would count as the engine's."""
     import subprocess
 
     from engine.format.modeldir import MANIFEST
@@ -183,10 +163,9 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     if is_cuda:
         import torch
         torch.cuda.empty_cache()      # the probes' buffers: the driver-view VRAM below is the engine's own
-    from engine.options import Options
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
                       dtype=opts.dtype, max_context=max_tokens, dense_quant=opts.dense_quant,
-                      options=Options(eager=opts.eager))
+                      options=engine_options(opts))
     rng = random.Random(0)
     prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
     # Sampled at temperature 1 (a random model's logits are nearly flat): varied tokens route to varied
@@ -194,8 +173,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     params = GenerationParams(max_new_tokens=args.new_tokens, temperature=1.0, top_k=opts.top_k, top_p=opts.top_p,
                               seed=0, ignore_eos=True)
     try:
-        t = _timed_generate(eng, prompt, params)
-        t.cap_stat = own_cap_stat()
+        t = timed_generate(eng, prompt, params)
         end = eng.telemetry()
         warm = _warm_prefill(eng, [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)], end, params)
     finally:
@@ -203,7 +181,7 @@ def measure(model_dir: Path, args, opts, log) -> dict:
     return {**_summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
                        {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)),
             **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup,
-            "sampling": {"temperature": 1.0, "top_k": opts.top_k, "top_p": opts.top_p}}
+            "sampling": {"temperature": 1.0, "top_k": opts.top_k, "top_p": opts.top_p}, "settings": opts.settings}
 
 
 def _embed_bytes(model) -> int:
@@ -225,7 +203,7 @@ def _warm_prefill(eng, prompt: list[int], before: dict, params) -> dict:
     """A second prompt of the same length, after the first generation left its experts in the caches:
     prefill from RAM (and VRAM) where the model fits, beside the cold one (TTFT) from disk. Its first token is
     drawn as the generation's were (with top-k the host finishes the draw; plain sampling on the GPU loads
-    torch's sampling modules at its first use, which cost app-sampling runs ~0.2 s of warm TTFT: run 69)."""
+    torch's sampling modules at its first use, ~0.2 s that a warm TTFT would otherwise count)."""
     params = dataclasses.replace(params, max_new_tokens=1, seed=1)
     start = time.perf_counter()
     for _ in eng.generate(prompt, params):
@@ -255,13 +233,11 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
     fill_reads = d("ram_cache", "fill_reads")
     tiers["disk"] = max(tiers["disk"] - fill_reads * block_bytes / decoded, 0.0)
     disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
-    dense_bytes = plan.dense_bytes - embed_bytes                     # embedding: one row is read
-    # the GPU reads the dense weights, the KV cache and the active experts the CPU did not compute
-    gpu_tok = dense_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"] + plan.kv_bytes // 2
-    roofline_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps
-    measured_s = t.decode_s / decoded
-    prefill = _tier_bytes(before, {}, 1)                             # the whole prompt's prefill (cold)
-    expert_bytes = md.expert_bytes_total
+    # the GPU reads the dense weights (one embedding row), the KV cache and the active experts the CPU did not compute
+    gpu_tok = (plan.dense_bytes - embed_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"]
+               + plan.kv_bytes // 2)
+    roofline_s, measured_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps, t.decode_s / decoded
+    prefill, expert_bytes = _tier_bytes(before, {}, 1), md.expert_bytes_total     # prefill: the whole prompt, cold
     return {
         "preset": args.preset, "quant": md.quant, "model_dir": str(md.path), "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
         "expert_bytes": expert_bytes, "vram_budget_bytes": plan.vram_budget_bytes,
@@ -283,28 +259,35 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "placement": end.get("placement"),
-        "decode_cpu_per_token": {"experts": d("cpu", "experts") / decoded, "bytes": d("cpu", "bytes") / decoded,
-                                 "busy_s": d("cpu", "busy_s") / decoded},
-        "decode_sync_wait_s_per_token": d("host", "sync_wait_s") / decoded,
-        "decode_disk_active_s_per_token": d("disk", "active_s") / decoded,
-        "decode_read_wait_s_per_token": d("host", "read_wait_s") / decoded,
+        **_decode_times(lambda *path: d(*path) / decoded),
         "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
         "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
         "decode_roofline_s_per_token": roofline_s, "decode_s_per_token": measured_s,
         "decode_efficiency": roofline_s / measured_s,
-        "vram_peak_bytes": end["vram"]["peak_bytes"],
-        "vram_peak_within_budget": end["vram"]["peak_bytes"] <= plan.vram_budget_bytes,
-        "vram_driver_bytes": max(end["vram"]["driver_bytes"], before["vram"]["driver_bytes"]),
-        "process_rss_bytes": max(end["process"]["rss_bytes"], before["process"]["rss_bytes"]),
-        "process_non_cache_bytes": max(end["process"]["non_cache_bytes"], before["process"]["non_cache_bytes"]),
-        "process_non_cache_anon_bytes": max(end["process"]["non_cache_anon_bytes"],
-                                            before["process"]["non_cache_anon_bytes"]),
-        "process_anonymous_by_mapping": anonymous_by_mapping(),
+        **_memory_fields(end, before, plan.vram_budget_bytes),
         "decode_major_faults_per_token": t.decode_major_faults / decoded,
-        "cgroup_stat": t.cap_stat,
         "warnings": end["warnings"],
         **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
     }
+
+
+def _decode_times(per_token) -> dict:
+    """Where a decode token's time went, per token: the CPU's experts, the waits at syncs and for reads."""
+    return {"decode_cpu_per_token": {key: per_token("cpu", key) for key in ("experts", "bytes", "busy_s")},
+            "decode_sync_wait_s_per_token": per_token("host", "sync_wait_s"),
+            "decode_disk_active_s_per_token": per_token("disk", "active_s"),
+            "decode_read_wait_s_per_token": per_token("host", "read_wait_s")}
+
+
+def _memory_fields(end: dict, before: dict, vram_budget_bytes: int) -> dict:
+    """VRAM and process memory: the larger of the two snapshots (after prefill, at the end)."""
+    most = lambda tier, key: max(end[tier][key], before[tier][key])            # noqa: E731
+    return {"vram_peak_bytes": end["vram"]["peak_bytes"],
+            "vram_peak_within_budget": end["vram"]["peak_bytes"] <= vram_budget_bytes,
+            "vram_driver_bytes": most("vram", "driver_bytes"), "process_rss_bytes": most("process", "rss_bytes"),
+            "process_non_cache_bytes": most("process", "non_cache_bytes"),
+            "process_non_cache_anon_bytes": most("process", "non_cache_anon_bytes"),
+            "process_anonymous_by_mapping": anonymous_by_mapping()}
 
 
 def _mapping_lines(r: dict) -> list[str]:
@@ -312,13 +295,6 @@ def _mapping_lines(r: dict) -> list[str]:
     if not where:
         return []
     return ["anonymous    " + ", ".join(f"{name} {format_size(n)}" for name, n in where)]
-
-
-def _cap_stat_lines(r: dict) -> list[str]:
-    size = {key: format_size(n) for key, n in (r.get("cgroup_stat") or {}).items()}
-    return [f"cap holds    anonymous {size.get('anon')}, page cache {size.get('file')} (of which shared memory, the "
-            f"RAM cache: {size.get('shmem')}; active {size.get('active_file')}), kernel {size.get('kernel')} "
-            f"(after the decode)"] if size else []
 
 
 def _placement_lines(r: dict) -> list[str]:
@@ -356,7 +332,6 @@ class _Timings:
     prefill_s = decode_s = 0.0
     new_tokens = 0
     decode_major_faults = 0
-    cap_stat: dict | None = None
     after_prefill: dict = {}
 
 
@@ -371,7 +346,7 @@ def _major_faults() -> int:
         return 0
 
 
-def _timed_generate(eng, prompt: list[int], params) -> _Timings:
+def timed_generate(eng, prompt: list[int], params) -> _Timings:
     """Engine.generate (the path users run), timed: TTFT to the first token, decode from there on;
     the telemetry snapshot between the two phases separates their bytes."""
     t = _Timings()
@@ -415,7 +390,7 @@ def report(r: dict) -> str:
     gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
     from engine.tools.presets import PRESET_NOTES
     lines = [f"note: {PRESET_NOTES[r['preset']]}"] if r["preset"] in PRESET_NOTES else []
-    lines += [*regime_lines(r),
+    lines += [
         f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
         f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
         f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
@@ -453,14 +428,11 @@ def report(r: dict) -> str:
         f"anonymous, the rest the libraries' file pages); {r.get('decode_major_faults_per_token', 0):.1f} "
         f"pages a token read from files while decoding (evicted library pages; a new token's embedding row, 1-2)",
         *_mapping_lines(r),
-        *_cap_stat_lines(r),
     ]
     if "baseline" in r:
         b = r["baseline"]
         lines.append(f"accelerate   decode {b['decode_tok_s']:.3f} tok/s, TTFT {b['ttft_s']:.2f} s "
                      f"({b['prompt_tokens']} prompt tokens); Sluice / accelerate = {r['speedup_vs_baseline']:.1f}x")
-    from engine.tools.bench_peer import peer_lines
-    lines += peer_lines(r)
     lines += [f"warning      {w}" for w in r["warnings"]]
     return "\n".join(lines)
 

@@ -1,0 +1,44 @@
+"""llama.cpp's `convert_hf_to_gguf.py` for a checkpoint without a tokenizer (the bench's random presets).
+
+    python -m bench.gguf_convert LLAMA_CPP_SRC HF_DIR OUT.gguf [--outtype q8_0]
+
+The converter reads a tokenizer in `TextModel.set_vocab`; a random checkpoint has none, so before
+the script runs (runpy, in this process) that method is replaced by one that writes tokenizer model
+`no_vocab` and the vocabulary size: llama.cpp then makes that many dummy tokens, and `llama-bench`
+feeds random token ids, so nothing else needs a tokenizer. The tree's own gguf-py is imported (the
+GPU box has no internet to install `gguf`).
+"""
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+from pathlib import Path
+
+
+def _no_vocab(model) -> None:
+    model.gguf_writer.add_tokenizer_model("no_vocab")
+    model.gguf_writer.add_vocab_size(model.hparams["vocab_size"])
+
+
+def convert(src: Path, hf_dir: Path, out: Path, outtype: str = "q8_0") -> None:
+    sys.path[:0] = [str(src / "gguf-py"), str(src)]
+    from conversion.base import TextModel
+    TextModel.set_vocab = _no_vocab
+    sys.argv = [str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out), "--outtype", outtype]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.gguf_convert", description=__doc__.splitlines()[0])
+    p.add_argument("src", type=Path, help="llama.cpp source tree (bench/fetch_llamacpp.sh)")
+    p.add_argument("hf_dir", type=Path)
+    p.add_argument("out", type=Path)
+    p.add_argument("--outtype", default="q8_0")
+    a = p.parse_args(argv)
+    convert(a.src.resolve(), a.hf_dir, a.out, a.outtype)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

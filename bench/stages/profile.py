@@ -1,0 +1,123 @@
+"""Where a decode token's time goes, OLMoE int8 (int8 dense weights), RAM free, through Engine.generate:
+  py-spy    the decode thread sampled at 1000 Hz (no tracing overhead; --phase prefill: warm prefills)
+  trace     a few decode tokens under torch.profiler (CPU and CUDA), the Chrome trace gzipped into OUT and summed up
+  timeline  what the GPU runs in a decode token: kernels and copies by total time, GPU busy against wall time
+  host      per-token telemetry and cProfile of the host
+
+    python -m bench profile --mode py-spy [--budgets 4GB,40GB] [--tokens 256]
+"""
+from __future__ import annotations
+
+import argparse
+import gzip
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+from bench.common import ROOT, append_log, bench_model, sampled
+
+MODES = ("py-spy", "trace", "timeline", "host")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mode", choices=MODES, default="py-spy")
+    p.add_argument("--budgets", default="4GB,40GB", help="VRAM budgets, comma-separated (40GB: every expert resident)")
+    p.add_argument("--tokens", type=int, default=256, help="tokens decoded (py-spy: prompt tokens with --phase prefill)")
+    p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="py-spy: what is sampled")
+
+
+def run(args) -> int:
+    path = bench_model(args.work_dir)
+    for budget in args.budgets.split(","):
+        {"py-spy": py_spy, "trace": trace, "timeline": timeline, "host": host}[args.mode](args, path, budget)
+    return 0
+
+
+def _warm_engine(path, budget: str, seed: int = 0):
+    """The engine with its RAM cache and banks filled by a long prompt, then warmed by a short generation."""
+    import engine
+    from engine.tools.bench import timed_generate
+    eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache="16GB", max_context=1024, dense_quant="int8")
+    rng = random.Random(seed)
+    prompt = lambda n: [rng.randrange(50000) for _ in range(n)]          # noqa: E731 - a fresh prompt routes anew
+    timed_generate(eng, prompt(512), sampled(96))
+    timed_generate(eng, prompt(16), sampled(64))
+    return eng, prompt
+
+
+def py_spy(args, path, budget: str) -> None:
+    spy = shutil.which("py-spy") or "/tmp/site/bin/py-spy"
+    raw = args.work_dir / f"{args.phase}-{budget}.raw"
+    env = {**os.environ, "PROFILE_PHASE": args.phase}
+    proc = subprocess.run([spy, "record", "--nonblocking", "-r", "1000", "-f", "raw", "-o", str(raw), "--",
+                           sys.executable, "-m", "bench.profile_decode", "run", str(path), budget, str(args.tokens)],
+                          cwd=ROOT, capture_output=True, text=True, env=env)
+    text = subprocess.run([sys.executable, "-m", "bench.profile_decode", "summary", str(raw)], cwd=ROOT,
+                          capture_output=True, text=True, env=env)
+    print(f"--- {args.phase} profile, VRAM budget {budget}:\n{proc.stdout[-800:]}"
+          f"{proc.stderr[-1500:] if proc.returncode else ''}{text.stdout[-6000:]}{text.stderr[-2000:]}", flush=True)
+    append_log(args.out, "profile.txt", f"===== {budget}\n{proc.stdout}\n{text.stdout}\n")
+    if raw.exists():                        # the decode's stacks, gzipped, for a look by line afterwards
+        with open(raw) as src, gzip.open(args.out / f"{raw.name}.gz", "wt") as dst:
+            dst.writelines(line for line in src if "Runner." in line)
+
+
+def trace(args, path, budget: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench import trace_summary
+    from engine.tools.bench import timed_generate
+    eng, prompt = _warm_engine(path, budget, seed=1)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        t = timed_generate(eng, prompt(8), sampled(min(args.tokens, 8)))
+    eng.close()
+    print(f"--- trace, VRAM budget {budget}: {t.new_tokens} tokens, decode "
+          f"{t.decode_s / max(1, t.new_tokens - 1) * 1e3:.2f} ms/token under the profiler", flush=True)
+    raw = args.work_dir / f"trace-{budget}.json"
+    prof.export_chrome_trace(str(raw))
+    with open(raw, "rb") as src, gzip.open(args.out / f"trace-{budget}.json.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    subprocess.run([sys.executable, "-m", "bench.trace_summary", str(raw)], cwd=ROOT)
+
+
+def timeline(args, path, budget: str) -> None:
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine.tools.bench import timed_generate
+    eng, prompt = _warm_engine(path, budget)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        t = timed_generate(eng, prompt(8), sampled(args.tokens))
+    eng.close()
+    n = t.new_tokens
+    rows = [(e.key, e.count, e.self_device_time_total) for e in prof.key_averages() if e.self_device_time_total > 0]
+    busy, wall = sum(r[2] for r in rows) / n, (t.prefill_s + t.decode_s) / n * 1e6
+    print(f"--- GPU timeline, VRAM budget {budget}: {n} tokens, wall {wall:.0f} us a token, GPU kernels + copies "
+          f"{busy:.0f} us a token ({busy / wall:.0%}), {sum(r[1] for r in rows) / n:.0f} of them a token")
+    for key, count, total in sorted(rows, key=lambda r: -r[2])[:22]:
+        print(f"  {total / n:8.1f} us/token  {count / n:6.1f}/token  {key[:110]}")
+
+
+def host(args, path, budget: str) -> None:
+    import cProfile
+    import io
+    import pstats
+
+    from engine.runtime.telemetry import delta
+    from engine.tools.bench import timed_generate
+    eng, prompt = _warm_engine(path, budget)
+    t = timed_generate(eng, prompt(64), sampled(64))
+    d = lambda *key: delta(eng.telemetry(), t.after_prefill, *key) / (t.new_tokens - 1)       # noqa: E731
+    print(f"--- host, VRAM budget {budget}: decode {t.decode_s / (t.new_tokens - 1) * 1e3:.2f} ms/token; per token "
+          f"VRAM hits {d('vram', 'hits'):.1f}, misses {d('vram', 'misses'):.1f}, RAM hits {d('ram_cache', 'hits'):.1f}, "
+          f"h2d {d('h2d', 'bytes') / 1e6:.0f} MB, disk {d('disk', 'bytes_read') / 1e6:.0f} MB, CPU experts "
+          f"{d('cpu', 'experts'):.1f}")
+    prof = cProfile.Profile()
+    prof.enable()
+    timed_generate(eng, prompt(64), sampled(32))
+    prof.disable()
+    eng.close()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
+    print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
