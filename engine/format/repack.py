@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.format import integrity, locks, modeldir
+from engine.format import generation_config, integrity, locks, modeldir
 from engine.format.checkpoint import Checkpoint
 from engine.format.config_check import check_tensors, checked_spec
 from engine.errors import SluiceError, fs_errors_as_sentences
@@ -132,6 +132,7 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
     config = load_config_dict(src)
     spec = checked_spec(config, str(src / "config.json"))
     check_source_quantization(config)
+    generation_config.read(src, then="fix or delete it, then repack")       # copied below: checked first
     ckpt = Checkpoint(src)
     experts = expert_source(ckpt, spec)
     experts.check()

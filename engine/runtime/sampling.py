@@ -76,7 +76,8 @@ def top_k_survivors(logits: torch.Tensor, k: int, candidates: Candidates | None 
 
 def finish_draw(values: np.ndarray, ids: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
     """Temperature, top-p, softmax and the exponential race over the top-k survivors (host, float64)."""
-    scaled = (values.astype(np.float64) - values.max()) / params.temperature     # no inf - inf at a tiny temperature
+    with np.errstate(over="ignore"):              # a tiny temperature: the others go to -inf, the top stays 0
+        scaled = (values.astype(np.float64) - values.max()) / params.temperature
     order = np.lexsort((ids, -scaled))                  # most likely first; a tie: the lower id first
     scaled, ids = scaled[order], ids[order]
     probs = np.exp(scaled - scaled[0])

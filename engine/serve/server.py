@@ -39,6 +39,9 @@ class Server:
                  allowed_hosts: Iterable[str] = (), allowed_origins: Iterable[str] = ()):
         import uvicorn
         check_settings(port, api_key, max_waiting)
+        if getattr(engine, "tokenizer", None) is None:
+            raise SluiceError(f"The model in '{engine.info.get('path')}' has no tokenizer files, so the server could "
+                              "not read any message; repack it from a snapshot that has tokenizer.json.")
         self.api_key = api_key or None
         self.socket = _bind(host, port)
         self.owns_queue = queue is None

@@ -29,3 +29,47 @@ def test_a_tiny_temperature_samples_the_greedy_tokens(tiny_model, temperature, t
 def test_serve_settings_that_cannot_work_are_refused_before_loading(cli, tmp_path, option, value, words):
     code, err = cli("serve", tmp_path / "not-even-a-model", option, value)
     assert code == 2 and words in err and "Traceback" not in err and err.count("\n") == 1, err
+
+
+def test_serve_refuses_a_model_without_tokenizer_files_at_start(cli, tiny_snapshot, tmp_path):
+    snapshot = tmp_path / "no-tokenizer"
+    shutil.copytree(tiny_snapshot, snapshot)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        (snapshot / name).unlink()
+    assert cli("repack", snapshot, tmp_path / "model")[0] == 0
+    code, err = cli("serve", tmp_path / "model", "--port", "0")
+    assert code == 2 and "no tokenizer files" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("text,words", [
+    ("{\"eos_token_id\": [2,", "is not valid JSON"), ("[2]", "is not a JSON object"),
+    ("{\"eos_token_id\": \"</s>\"}", "eos_token_id"),
+])
+def test_a_broken_generation_config_is_one_sentence_at_repack_and_at_load(cli, tiny_snapshot, tiny_model, tmp_path,
+                                                                         text, words):
+    snapshot = tmp_path / "snap"
+    shutil.copytree(tiny_snapshot, snapshot)
+    (snapshot / "generation_config.json").write_text(text)
+    code, err = cli("repack", snapshot, tmp_path / "out")
+    assert code == 2 and words in err and "generation_config.json" in err and "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "generation_config.json").write_text(text)
+    code, err = cli("generate", model, "--prompt", "hi", "--max-new-tokens", "1")
+    assert code == 2 and words in err and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("template,words", [
+    ("{{ messages | no_such_filter }}", "is broken (No filter named 'no_such_filter'"),
+    ("{% for m in messages %}{{ m.content }", "is broken (unexpected '}' at line 1)"),
+    ("{{ raise_exception('Conversation roles must alternate user/assistant') }}",
+     "refused these messages (Conversation roles must alternate user/assistant)"),
+    ("{{ messages[3].content }}", "refused these messages"),
+])
+def test_chat_template_errors_are_one_sentence(cli, tiny_model, tmp_path, template, words):
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    (model / "chat_template.jinja").write_text(template)
+    code, err = cli("generate", model, "--chat", "--prompt", "hi", "--max-new-tokens", "1")
+    assert code == 2 and words in err and err.count("\n") == 1, err
