@@ -212,6 +212,7 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
         layer_checksums={int(k): v for k, v in state["layers"].items()},
         dense_tensors={canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names},
         tokenizer_files=tokenizer_files, source=source_record(src, ckpt))
+    manifest[integrity.MANIFEST_RECORD] = integrity.integrity_record(manifest, state["dense"])
     modeldir.verify_checksums(work, manifest)
     if integrity.sha256_file(work / modeldir.DENSE_FILE) != state["dense"]:
         state["dense"] = False        # changed on disk since it was written: the next run writes it again
