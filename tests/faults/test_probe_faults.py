@@ -73,3 +73,17 @@ def test_chat_template_errors_are_one_sentence(cli, tiny_model, tmp_path, templa
     (model / "chat_template.jinja").write_text(template)
     code, err = cli("generate", model, "--chat", "--prompt", "hi", "--max-new-tokens", "1")
     assert code == 2 and words in err and err.count("\n") == 1, err
+
+
+def test_dense_weights_cut_short_while_loaded_are_a_sentence_not_sigbus(tiny_model, tmp_path):
+    from engine.errors import SluiceError
+    model = shutil.copytree(tiny_model, tmp_path / "model")
+    eng = engine.load(model)
+    try:
+        assert len(list(eng.generate([5, 6], GenerationParams(max_new_tokens=2, temperature=0)))) == 2
+        dense = model / "dense.safetensors"
+        dense.write_bytes(dense.read_bytes()[:64])        # cut short under the running engine
+        with pytest.raises(SluiceError, match="cut short"):
+            list(eng.generate([5, 300, 399], GenerationParams(max_new_tokens=2, temperature=0)))
+    finally:
+        eng.close()
