@@ -1,11 +1,46 @@
-"""Incremental detokenizer: emits only complete UTF-8 text, and holds back possible stop strings."""
+"""Incremental detokenizer: emits only complete UTF-8 text, and holds back possible stop strings.
+
+Stop strings are matched as the text streams in, one Knuth-Morris-Pratt automaton per stop string: each new
+character costs amortized O(1) per stop string, whatever the stop strings' lengths, and only the tail that can
+still become a stop string is held back.
+"""
 from __future__ import annotations
+
+
+class StopMatcher:
+    """Streams text past one stop string. `matched` is the length of the longest suffix of the text fed so far
+    that is a prefix of the stop string; it equals len(stop) once the stop string has appeared."""
+
+    def __init__(self, stop: str):
+        self.stop = stop
+        self.matched = 0
+        self._fail = [0]     # KMP failure function of stop[:i+1], extended only as far as a match has reached
+
+    def feed(self, char: str) -> bool:
+        """Advance by one character; True when the stop string ends here."""
+        stop, q = self.stop, self.matched
+        while q > 0 and stop[q] != char:
+            q = self._failure(q - 1)
+        if stop[q] == char:
+            q += 1
+        self.matched = q
+        return q == len(stop)
+
+    def _failure(self, i: int) -> int:
+        fail, stop = self._fail, self.stop
+        while len(fail) <= i:              # extend: fail[j] depends only on fail[:j]
+            j, k = len(fail), fail[-1]
+            while k > 0 and stop[j] != stop[k]:
+                k = fail[k - 1]
+            fail.append(k + 1 if stop[j] == stop[k] else 0)
+        return fail[i]
 
 
 class IncrementalDetokenizer:
     def __init__(self, tokenizer, stop: list[str] | None = None):
         self.tokenizer = tokenizer
         self.stop = [s for s in (stop or []) if s]
+        self._matchers = [StopMatcher(s) for s in self.stop]
         self.ids: list[int] = []
         self._prefix_offset = 0      # ids[prefix_offset:read_offset] decode to text already emitted
         self._read_offset = 0
@@ -33,14 +68,18 @@ class IncrementalDetokenizer:
     def _release(self, text: str) -> str:
         if self.stopped:
             return ""
+        if not self._matchers:
+            return text
+        start = len(self._pending)
         self._pending += text
-        for stop in self.stop:
-            index = self._pending.find(stop)
-            if index >= 0:
+        for offset, char in enumerate(text):
+            ended = [m for m in self._matchers if m.feed(char)]
+            if ended:
                 self.stopped = True
-                out, self._pending = self._pending[:index], ""
+                cut = start + offset + 1 - max(len(m.stop) for m in ended)
+                out, self._pending = self._pending[:cut], ""
                 return out
-        hold = max((n for s in self.stop for n in range(len(s) - 1, 0, -1) if self._pending.endswith(s[:n])), default=0)
+        hold = max(m.matched for m in self._matchers)
         out = self._pending[:len(self._pending) - hold]
         self._pending = self._pending[len(self._pending) - hold:]
         return out

@@ -12,7 +12,8 @@ from typing import Iterator
 
 import torch
 
-from engine.format import modeldir
+from engine import chat_template
+from engine.format import generation_config, modeldir
 from engine.model import dense_quant as dense_quant_
 from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
@@ -146,12 +147,7 @@ class Engine:
             raise SluiceError(f"The tokenizer files in '{self.model.path}' cannot be read ({exc}); repack the model.") from exc
 
     def _generation_config_eos(self) -> set[int]:
-        import json
-        path = self.model.path / "generation_config.json"
-        if not path.is_file():
-            return set()
-        eos = json.loads(path.read_text()).get("eos_token_id")
-        return set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        return generation_config.eos_token_ids(self.model.path)
 
     # ---- public API -------------------------------------------------------------------------------
     def encode(self, prompt) -> tuple[list[int], bool]:
@@ -168,8 +164,7 @@ class Engine:
         if not getattr(self.tokenizer, "chat_template", None):
             raise SluiceError("This model has no chat template; use a plain prompt instead of chat mode.")
         _refuse_images(prompt)
-        ids = self.tokenizer.apply_chat_template(list(prompt), tools=tools, add_generation_prompt=True, tokenize=True)
-        return list(ids["input_ids"] if hasattr(ids, "keys") else ids), True
+        return chat_template.apply(self.tokenizer, list(prompt), tools), True
 
     def generate(self, prompt, params: GenerationParams | None = None) -> Iterator[TokenEvent]:
         params = params or GenerationParams()

@@ -7,11 +7,14 @@ held through the `filelock` library, so it is released when its holder dies, eve
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 from filelock import FileLock, Timeout
+
+from engine.errors import SluiceError, fs_error_sentence
 
 POLL_S = 0.5
 log = logging.getLogger("sluice.locks")
@@ -28,6 +31,7 @@ def exclusive(destination: Path, what: str, say=None, cancel_event: threading.Ev
 
     `what` completes "Another Sluice process is ... ": e.g. "repacking into '/x'". While waiting,
     `cancel_event` is checked every POLL_S and `on_cancel()` raises (the caller's cancel exception)."""
+    _check_writable(lock_path(destination))
     lock = FileLock(str(lock_path(destination)), is_singleton=True)   # re-entrant within one thread
     waited = False
     try:
@@ -50,3 +54,13 @@ def exclusive(destination: Path, what: str, say=None, cancel_event: threading.Ev
         yield waited
     finally:
         lock.release()
+
+
+def _check_writable(path: Path) -> None:
+    """filelock takes a lock file it cannot create for one another process holds, and would wait forever."""
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o644))
+    except OSError as exc:
+        sentence = fs_error_sentence(exc, path.parent)
+        raise SluiceError(sentence or f"'{path.parent}' cannot be written ({exc.strerror or exc}); "
+                                      "choose another destination.") from None

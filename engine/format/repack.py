@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.format import integrity, locks, modeldir
+from engine.format import generation_config, integrity, locks, modeldir
 from engine.format.checkpoint import Checkpoint
 from engine.format.config_check import check_tensors, checked_spec
 from engine.errors import SluiceError, fs_errors_as_sentences
@@ -132,6 +132,7 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
     config = load_config_dict(src)
     spec = checked_spec(config, str(src / "config.json"))
     check_source_quantization(config)
+    generation_config.read(src, then="fix or delete it, then repack")       # copied below: checked first
     ckpt = Checkpoint(src)
     experts = expert_source(ckpt, spec)
     experts.check()
@@ -154,12 +155,22 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
                                   display_name)
 
 
+def source_record(src: Path, ckpt: Checkpoint) -> dict:
+    """What a repack was made from, as the manifest's `source` keeps it: the shards' fingerprint and the sha256 of
+    config.json and every tokenizer and template file (an edit to any of them makes a cached repack stale)."""
+    names = ["config.json", *TOKENIZER_FILES]
+    if (src / "additional_chat_templates").is_dir():
+        names += sorted(f"additional_chat_templates/{p.name}" for p in (src / "additional_chat_templates").iterdir())
+    meta = {name: integrity.sha256_file(src / name) for name in names if (src / name).is_file()}
+    return {"path": str(src.resolve()), "files": ckpt.fingerprint(), "meta": meta}
+
+
 def _holds_repack_of(dst: Path, ckpt: Checkpoint, quant: str) -> bool:
     try:
         manifest = json.loads((dst / modeldir.MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    return manifest.get("quant") == quant and manifest.get("source", {}).get("files") == ckpt.fingerprint()
+    return manifest.get("quant") == quant and manifest.get("source") == source_record(ckpt.dir, ckpt)
 
 
 def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Checkpoint, experts: ExpertSource,
@@ -200,7 +211,8 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
         config={k: v for k, v in config.items() if k != "quantization_config"},   # weights are plain now
         layer_checksums={int(k): v for k, v in state["layers"].items()},
         dense_tensors={canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names},
-        tokenizer_files=tokenizer_files, source={"path": str(src.resolve()), "files": ckpt.fingerprint()})
+        tokenizer_files=tokenizer_files, source=source_record(src, ckpt))
+    manifest[integrity.MANIFEST_RECORD] = integrity.integrity_record(manifest, state["dense"])
     modeldir.verify_checksums(work, manifest)
     if integrity.sha256_file(work / modeldir.DENSE_FILE) != state["dense"]:
         state["dense"] = False        # changed on disk since it was written: the next run writes it again

@@ -2,10 +2,10 @@
 
 A Sluice dir is used as is; a Hugging Face snapshot is repacked once into the user cache (bf16, or
 mxfp4 for a checkpoint that ships its experts in MXFP4: copied as they are, not inflated 4x),
-and again when the snapshot changes (its shards' sizes and headers are compared with the record
-kept in sluice.json), so a stale repack is never used. The cache heals itself: a cached repack that
-fails its checks (manifest, dense checksums, every expert block's CRC32 after it changed on disk) is
-rebuilt, with its path in the log. One process at a time builds a cache entry (engine.format.locks);
+and again when the snapshot changes (its shards' sizes and headers, and the hashes of its config, tokenizer and
+template files, are compared with the record kept in sluice.json), so a stale repack is never used. The cache heals itself: a cached repack that
+fails its checks (manifest, dense checksums, every expert block's CRC32 after it changed on disk), or that
+something else replaced, is rebuilt, with its path in the log. One process at a time builds a cache entry (engine.format.locks);
 another waits and then uses it.
 """
 from __future__ import annotations
@@ -61,15 +61,20 @@ def _native_quant(snapshot: Path) -> str:
 
 
 def _cache_is_usable(target: Path, snapshot: Path) -> bool:
+    from engine.format.repack import source_record
     """True when `target` is a sound repack of the snapshot as it is now; a stale or damaged one is
     removed (the log names it) so that it is built again."""
     if not target.exists():
         return False
+    if not target.is_dir():                   # something replaced the cache entry: build it again in its place
+        log.warning("The cached repack at '%s' is not a folder; rebuilding it.", target)
+        target.unlink()
+        return False
     try:
-        recorded = json.loads((target / modeldir.MANIFEST).read_text()).get("source", {}).get("files")
+        recorded = json.loads((target / modeldir.MANIFEST).read_text()).get("source")
     except (OSError, ValueError, AttributeError):
         recorded = None
-    if recorded is not None and recorded != Checkpoint(snapshot).fingerprint():
+    if recorded is not None and recorded != source_record(snapshot, Checkpoint(snapshot)):
         log.info("the snapshot %s changed since it was repacked; repacking it again", snapshot)
         shutil.rmtree(target)
         return False

@@ -77,8 +77,11 @@ def download(info: RepoInfo, dst_dir: str | Path, files: list[HubFile] | None = 
     if constants.is_offline_mode():
         raise SluiceError("Hub access is switched off (HF_HUB_OFFLINE is set): unset it to download models.")
     dst = Path(dst_dir)
+    files = files or info.model_files()
+    for f in files:
+        check_relative_path(f.path, info.repo_id)
     with fs_errors_as_sentences(dst, then="then download again: it continues where it stopped"):
-        job = _Job(info, dst, files or info.model_files(), token, progress, stop_event)
+        job = _Job(info, dst, files, token, progress, stop_event)
         needed = job.bytes_total - job.bytes_on_disk() + extra_bytes_needed
         free = free_bytes(dst)
         if needed > free:
@@ -86,6 +89,14 @@ def download(info: RepoInfo, dst_dir: str | Path, files: list[HubFile] | None = 
                               f"{format_size(free)} is free; free some space or choose another folder.")
         job.run()
     return dst
+
+
+def check_relative_path(path: str, repo_id: str) -> None:
+    """A listed file must land inside the destination: no absolute path, no '..', no backslash or drive."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or "\\" in path or ":" in parts[0] or any(p in ("", ".", "..") for p in parts):
+        raise SluiceError(f"The hub lists a file '{path}' in {repo_id} that would be written outside the download "
+                          "folder; nothing was downloaded. The listing is damaged or hostile: do not use this model.")
 
 
 class _Job:

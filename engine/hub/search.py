@@ -22,6 +22,9 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".msgpack", "
 METADATA_SUFFIXES = (".json", ".jinja", ".txt", ".model", ".tiktoken")   # configs, tokenizers, templates
 
 
+SEARCH_TIMEOUT_S = 15.0
+
+
 def endpoint() -> str:
     return os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT).rstrip("/")
 
@@ -126,14 +129,31 @@ def _hub_error(exc: Exception, repo_id: str, revision: str | None) -> SluiceErro
 
 
 def search(query: str, limit: int = 30, token: str | None = None) -> list[SearchHit]:
-    """Hub search by text, most downloaded first, with the families Sluice runs ahead of the rest."""
-    from huggingface_hub.errors import HfHubHTTPError
+    """Hub search by text, most downloaded first, with the families Sluice runs ahead of the rest.
+
+    One request, no retries: offline, it fails as soon as the network says so (huggingface_hub's list_models
+    retries five times, logging each try)."""
+    from huggingface_hub import constants, get_session
+    from huggingface_hub.utils import build_hf_headers
     import httpx2
+    if constants.is_offline_mode():
+        raise SluiceError("Hub access is switched off (HF_HUB_OFFLINE is set): unset it to search and download models.")
+    params = {"sort": "downloads", "direction": "-1", "limit": str(limit), "config": "True"}
+    if query:
+        params["search"] = query
     try:
-        models = list(_api(token).list_models(search=query or None, sort="downloads", limit=limit, fetch_config=True))
-    except (HfHubHTTPError, httpx2.TransportError, ConnectionError) as exc:
+        response = get_session().get(f"{endpoint()}/api/models", params=params, headers=build_hf_headers(token=token),
+                                     follow_redirects=True, timeout=SEARCH_TIMEOUT_S)
+        response.raise_for_status()
+        models = response.json()
+    except (httpx2.TransportError, ConnectionError) as exc:
         raise _hub_error(exc, query, None) from exc
-    hits = [SearchHit(m.id, (m.config or {}).get("model_type"), m.downloads or 0, m.likes or 0) for m in models]
+    except (httpx2.HTTPStatusError, ValueError) as exc:
+        raise SluiceError(f"The model hub answered the search with an error ({exc}): try again later.") from exc
+    if not isinstance(models, list):
+        raise SluiceError("The model hub answered the search with something that is not a list of models: try again later.")
+    hits = [SearchHit(str(m.get("id", "")), (m.get("config") or {}).get("model_type"), m.get("downloads") or 0,
+                      m.get("likes") or 0) for m in models if isinstance(m, dict) and m.get("id")]
     hits.sort(key=lambda h: (not h.is_supported, -h.downloads))
     return hits
 

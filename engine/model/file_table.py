@@ -1,4 +1,5 @@
-"""An embedding table left in the model's dense file: a token's row is read where the file is mapped.
+"""An embedding table left in the model's dense file: a token's row is read from the file (pread, not a map: a file
+cut short while the model runs is then a SluiceError, not a SIGBUS that kills the process).
 
 A decode step needs one row of the table and a prompt a few hundred, so on a GPU the table need not take
 VRAM (OLMoE-1B-7B: 206 MB in bf16, 103 MB as int8: 16-32 more expert slots) nor process memory: the rows
@@ -8,10 +9,10 @@ GPU run torch's gather for it (its CUDA module holds ~65 MiB of host memory once
 `rows` gives what the loaded table would: the compute dtype and, with int8 dense weights, each row
 quantised and dequantised as the whole table's would be (rows are quantised independently, one scale each).
 
-Under a memory cap the table's pages are soon dropped, so a prompt's rows are read from disk: the map is
-marked random (a fault reads its page, not the 128 KB around it, which pushed the libraries' pages out of a
+Under a memory cap the table's pages are soon dropped, so a prompt's rows are read from disk: the file is
+marked random (a read brings its page, not the 128 KB around it, which pushed the libraries' pages out of a
 4 GiB cap and halved warm prefill), and a prompt's pages are asked for all at once
-before they are touched, so their reads are in flight together rather than one fault at a time.
+before they are read, so their reads are in flight together rather than one at a time.
 """
 from __future__ import annotations
 
@@ -21,12 +22,11 @@ from pathlib import Path
 
 import torch
 
+from engine.errors import SluiceError
 from engine.format.checkpoint import read_header
 from engine.format.quant import int8_round_trip
 
 EMBED_TABLE = "model.embed_tokens.weight"
-# POSIX maps take advice (Windows has none: there a fault reads what the OS chooses)
-_ADVICE = all(hasattr(m, a) for m, a in ((mmap.mmap, "madvise"), (mmap, "MADV_RANDOM"), (mmap, "MADV_WILLNEED")))
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
 
 
@@ -54,25 +54,24 @@ class FileTable:
     def __init__(self, path: Path, name: str, dtype: torch.dtype, quant: str | None = None):
         entry = read_header(path)[name]
         start, end = entry["data_offsets"]
-        with open(path, "rb") as f:
-            offset = 8 + int.from_bytes(f.read(8), "little") + start        # after the length and the header
-            aligned = offset - offset % mmap.ALLOCATIONGRANULARITY
-            # copy-on-write (private, writable) only so torch takes the buffer without a warning: nothing
-            # writes to it; ACCESS_COPY is the portable spelling (POSIX and Windows)
-            self._map = mmap.mmap(f.fileno(), offset + (end - start) - aligned, access=mmap.ACCESS_COPY,
-                                  offset=aligned)
-        self._advise(mmap.MADV_RANDOM if _ADVICE else None)
-        raw = torch.frombuffer(self._map, dtype=torch.uint8, count=end - start, offset=offset - aligned)
-        self._table = raw.view(_DTYPES[entry["dtype"]]).view(*entry["shape"])
-        self._first, self._row_bytes = offset - aligned, (end - start) // entry["shape"][0]
+        self._fd = os.open(path, os.O_RDONLY | getattr(os, "O_BINARY", 0))
+        offset = 8 + int.from_bytes(os.pread(self._fd, 8, 0), "little") + start    # after the length and header
+        self._advise(getattr(os, "POSIX_FADV_RANDOM", None), 0, 0)
+        self._stored, self._shape = _DTYPES[entry["dtype"]], tuple(entry["shape"])
+        self._first, self._row_bytes = offset, (end - start) // entry["shape"][0]
         self.dtype, self.quant = dtype, quant
         self._path, self._span = path, (offset, end - start)
 
-    def _ask_for(self, ids: torch.Tensor) -> None:
+    def __del__(self):
+        fd, self._fd = getattr(self, "_fd", None), None
+        if fd is not None:
+            os.close(fd)
+
+    def _ask_for(self, ids: list[int]) -> None:
         """Start the reads of the rows' pages not in the page cache, together (the kernel's readahead)."""
         page = mmap.PAGESIZE
         spans = []
-        for i in ids.unique().tolist():
+        for i in ids:
             first = self._first + i * self._row_bytes
             lo, hi = first - first % page, first + self._row_bytes
             if spans and lo <= spans[-1][1]:
@@ -80,11 +79,11 @@ class FileTable:
             else:
                 spans.append([lo, hi])
         for lo, hi in spans:
-            self._advise(mmap.MADV_WILLNEED, lo, hi - lo)
+            self._advise(getattr(os, "POSIX_FADV_WILLNEED", None), lo, hi - lo)
 
     @property
     def nbytes(self) -> int:
-        return self._table.numel() * self._table.element_size()
+        return self._span[1]
 
     def keep_cached(self) -> threading.Thread:
         """Read the whole table once, in the background, so that its pages are in the page cache: where RAM is
@@ -96,20 +95,35 @@ class FileTable:
         thread.start()
         return thread
 
-    def _advise(self, advice: int | None, *span: int) -> None:
+    def _advise(self, advice: int | None, offset: int, length: int) -> None:
         """Advice is only advice: a platform or file system without it reads the rows all the same."""
         if advice is not None:
             try:
-                self._map.madvise(advice, *span)
+                os.posix_fadvise(self._fd, offset, length, advice)
             except OSError:
                 pass
 
+    def _read_rows(self, ids: list[int]) -> torch.Tensor:
+        """The stored rows of `ids` [U, H], read with pread: a file cut short while the model runs is a
+        SluiceError here (a mapped file's missing page would kill the process with SIGBUS)."""
+        rb = self._row_bytes
+        buffer = bytearray(len(ids) * rb)
+        view = memoryview(buffer)
+        for k, i in enumerate(ids):
+            data = os.pread(self._fd, rb, self._first + i * rb)
+            if len(data) != rb:
+                raise SluiceError(f"'{self._path}' was cut short while the model was in use; restore or repack "
+                                  "the model and load it again.")
+            view[k * rb:(k + 1) * rb] = data
+        return torch.frombuffer(buffer, dtype=torch.uint8).view(self._stored).view(len(ids), -1)
+
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token ids (any shape, on the host) -> their rows [..., H] in the compute dtype, on the host."""
-        flat = token_ids.reshape(-1)
-        if flat.numel() > 1 and _ADVICE:
-            self._ask_for(flat)
-        rows = self._table.index_select(0, flat).to(self.dtype)
+        ids, inverse = token_ids.reshape(-1).unique(return_inverse=True)
+        ids = ids.tolist()
+        if len(ids) > 1:
+            self._ask_for(ids)
+        rows = self._read_rows(ids).index_select(0, inverse).to(self.dtype)
         if self.quant == "int8":
             rows = int8_round_trip(rows).to(self.dtype)
         return rows.reshape(*token_ids.shape, -1)

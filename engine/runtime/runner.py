@@ -323,6 +323,8 @@ def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, p
                 weights[name] = dense_quant_.to_int8(tensor.to(dtype=dtype)).to(device)
             else:
                 weights[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
+                if weights[name].data_ptr() == tensor.data_ptr():    # still the file's map: a cut file is SIGBUS
+                    weights[name] = weights[name].clone()
             if progress and i % 32 == 0:
                 progress(i, len(names), "loading dense weights")
     drop_file_cache(path)       # read once, now on the device (the table left there is read again as needed)

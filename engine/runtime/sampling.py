@@ -24,6 +24,7 @@ import torch
 from engine.params import GenerationParams
 from kernels.vocab_chunks import MAX_K, survivors_among, survivors_in_row
 
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 Candidates = Callable[[torch.Tensor, int], torch.Tensor]      # kernels.top_candidates.top_candidates
 
 
@@ -51,7 +52,8 @@ def sample(logits: torch.Tensor, params: GenerationParams, generator: Randomness
     if params.top_k and params.top_k < vocab:
         values, ids = top_k_survivors(logits, params.top_k, candidates)
         return finish_draw(values, ids, params, generator.host)
-    logits = logits.float() / params.temperature
+    # the top at 0 and the divisor a float32 that is not 0: a tiny temperature draws the top token, not NaN
+    logits = (logits.float() - logits.max()) / max(params.temperature, FLOAT32_TINY)
     if params.top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = torch.softmax(sorted_logits, dim=-1)
@@ -74,7 +76,8 @@ def top_k_survivors(logits: torch.Tensor, k: int, candidates: Candidates | None 
 
 def finish_draw(values: np.ndarray, ids: np.ndarray, params: GenerationParams, rng: np.random.Generator) -> int:
     """Temperature, top-p, softmax and the exponential race over the top-k survivors (host, float64)."""
-    scaled = values.astype(np.float64) / params.temperature
+    with np.errstate(over="ignore"):              # a tiny temperature: the others go to -inf, the top stays 0
+        scaled = (values.astype(np.float64) - values.max()) / params.temperature
     order = np.lexsort((ids, -scaled))                  # most likely first; a tie: the lower id first
     scaled, ids = scaled[order], ids[order]
     probs = np.exp(scaled - scaled[0])

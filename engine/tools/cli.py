@@ -89,8 +89,18 @@ def _add_serve(sub) -> None:
     p.add_argument("--api-key", default=os.environ.get("SLUICE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' (default: $SLUICE_API_KEY)")
     p.add_argument("--ctx", type=int, help="context length in tokens (prompt + answer); default: the model's")
-    p.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one generates")
+    p.add_argument("--max-queue", type=int, default=8, help="requests that may wait while one generates (at least 1)")
+    p.add_argument("--allowed-hosts", type=_names, default=[], metavar="NAMES",
+                   help="comma-separated host names the server answers besides localhost and --host ('*': any); "
+                        "refusing the others keeps DNS-rebinding web pages out")
+    p.add_argument("--allowed-origins", type=_names, default=[], metavar="ORIGINS",
+                   help="comma-separated web page origins (e.g. http://localhost:3000) allowed to call the server "
+                        "from a browser ('*': any); default none")
     _add_engine_options(p)
+
+
+def _names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
 
 
 def _add_engine_options(p) -> None:
@@ -241,10 +251,10 @@ def _install_launcher(args) -> int:
 def _serve(args) -> int:
     import engine
     from engine.serve import Server, is_loopback
+    from engine.serve.server import check_settings
     if args.ctx is not None and args.ctx < 2:
         raise SluiceError("--ctx must be at least 2 tokens.")
-    if args.max_queue < 0:
-        raise SluiceError("--max-queue must be 0 or more.")
+    check_settings(args.port, args.api_key, args.max_queue)      # before the model loads, which takes a while
     if not is_loopback(args.host) and not args.api_key:
         print(f"sluice: warning: serving on {args.host} without --api-key: anyone who can reach this computer "
               f"can use the model.", file=sys.stderr)
@@ -255,7 +265,8 @@ def _serve(args) -> int:
             print(f"{r['client']} {r['method']} {r['path']} {r['status']} {r['duration_s'] * 1000:.0f} ms",
                   file=sys.stderr, flush=True)
         server = Server(eng, host=args.host, port=args.port, api_key=args.api_key, max_waiting=args.max_queue,
-                        on_request=log_request)
+                        on_request=log_request, allowed_hosts=args.allowed_hosts,
+                        allowed_origins=args.allowed_origins)
         print(f"Sluice is serving {server.service.model_id} at {server.url} "
               f"(OpenAI API: {server.url}/v1, Ollama API: {server.url}/api); Ctrl+C stops.", flush=True)
         try:
