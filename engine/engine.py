@@ -19,7 +19,7 @@ from engine.detokenize import IncrementalDetokenizer
 from engine.errors import SluiceError
 from engine.plan.hardware import available_memory, check_ram_cache_fits
 from engine.params import GenerationParams, TokenEvent
-from engine.runtime.sampling import make_generator, sample
+from engine.runtime.sampling import TokenSampler
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
 from engine.runtime.budget import default_context
@@ -121,7 +121,7 @@ class Engine:
     @property
     def info(self) -> dict:
         s = self.spec
-        return {"name": self.model.name, "path": str(self.model.path), "family": s.family, "num_layers": s.num_layers,
+        return {"name": self.model.name, "path": str(self.model.path), "family": s.family, "num_layers": s.num_layers, "vocab_size": s.vocab_size,
                 "num_experts": s.num_experts, "top_k": s.top_k, "quant": self.model.quant, "dense_quant": self.dense_quant or "none", "device": str(self.device),
                 "dtype": str(self.dtype).removeprefix("torch."), "expert_bytes": self.model.layout.block_bytes,
                 "expert_bytes_total": self.model.expert_bytes_total, "slots_per_bank": self.plan.slots_per_bank,
@@ -203,11 +203,11 @@ class Engine:
     def _generate(self, prompt_ids: list[int], is_chat: bool, params: GenerationParams) -> Iterator[TokenEvent]:
         t = self.telemetry_source
         self._cancel.clear()
-        generator = make_generator(params.seed, self.device)
         candidates = self.runner.top_candidates(params.top_k) if params.temperature > 0 and params.top_k else None
         eos = set(self.eos_token_ids)
         if is_chat and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
+        sampler = TokenSampler(params, self.device, candidates, self._constraint(params, eos), self.spec.vocab_size)
         detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
         t.set(prompt_tokens=len(prompt_ids), generated_tokens=0, decode_tok_s=0.0, ttft_s=0.0)
 
@@ -226,27 +226,37 @@ class Engine:
             if self._cancel.is_set():
                 yield TokenEvent(None, detok.flush() if detok else "", True, "cancelled")
                 return
-            token = sample(logits, params, generator, candidates)
+            token = sampler(logits)
             generated += 1
             t.set(generated_tokens=generated)
             if generated > 1:
                 t.set(decode_tok_s=(generated - 1) / (time.perf_counter() - decode_start))
             else:
                 decode_start = time.perf_counter()
+            scores = sampler.logprobs or (None, None)
             if token in eos and not params.ignore_eos:
-                yield TokenEvent(token, detok.flush() if detok else "", True, "eos")
+                yield TokenEvent(token, detok.flush() if detok else "", True, "eos", *scores)
                 return
             text = detok.push(token) if detok else ""
             if detok and detok.stopped:
-                yield TokenEvent(token, text, True, "stop")
+                yield TokenEvent(token, text, True, "stop", *scores)
                 return
             if generated >= params.max_new_tokens:
-                yield TokenEvent(token, text + (detok.flush() if detok else ""), True, "length")
+                yield TokenEvent(token, text + (detok.flush() if detok else ""), True, "length", *scores)
                 return
-            yield TokenEvent(token, text)
+            yield TokenEvent(token, text, False, None, *scores)
             with torch.inference_mode():
                 logits = self.runner.decode(token, position)
             position += 1
+
+    def _constraint(self, params: GenerationParams, eos: set[int]):
+        """The grammar's state for this generation (structured output), or None."""
+        if params.grammar is None:
+            return None
+        if self.tokenizer is None:
+            raise SluiceError("Structured output needs the model's tokenizer files; this model has none.")
+        from engine.grammar import Constraint
+        return Constraint(params.grammar, self.tokenizer, self.spec.vocab_size, eos)
 
 
 def _refuse_images(messages) -> None:

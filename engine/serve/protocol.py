@@ -71,10 +71,15 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[list[ToolDef]] = None
     tool_choice: Union[str, dict, None] = None
+    response_format: Optional[dict] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str]]
+    response_format: Optional[dict] = None              # an extension (vLLM): structured output here too
+    logprobs: Optional[int] = Field(None, ge=0, le=20)  # the legacy API: how many alternatives per token
 
 
 # Ollama ----------------------------------------------------------------------------------------------

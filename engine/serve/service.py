@@ -73,6 +73,9 @@ class Sampling:
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    response_format: dict | None = None     # OpenAI's shape: {"type": "json_schema", "json_schema": {...}}, ...
+    format_param: str = "response_format"   # the field named when it cannot compile
+    logprobs: int | None = None             # None: off; n: the chosen token's and the n most likely
 
 
 class Generation:
@@ -232,7 +235,7 @@ class Service:
             top_p=d["top_p"] if sampling.top_p is None else sampling.top_p,
             top_k=d["top_k"] if sampling.top_k is None else sampling.top_k,
             seed=None if sampling.seed is None or sampling.seed < 0 else sampling.seed % 2**63,   # -1: random
-            stop=stop)
+            stop=stop, logprobs=sampling.logprobs, grammar=self._grammar(sampling))
         try:
             params.validate()
         except SluiceError as exc:
@@ -244,6 +247,23 @@ class Service:
         parser = OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
                               tools=bool(tools) and features["tools"])
         return Prepared(prompt, prompt_ids, params, parser)
+
+    def _grammar(self, sampling: Sampling) -> str | None:
+        """The response format as a grammar the engine enforces; a 400 naming the part that cannot compile."""
+        from engine import grammar
+        try:
+            compiled = grammar.grammar_for(sampling.response_format)
+            if compiled is not None:
+                if self.tokenizer is None:
+                    raise SluiceError("Structured output needs the model's tokenizer files; this model has none.")
+                grammar.check(compiled, self.tokenizer, self.engine.info.get("vocab_size") or len(self.tokenizer),
+                              getattr(self.engine, "eos_token_ids", ()))
+        except SluiceError as exc:
+            raise RequestError(str(exc), param=sampling.format_param) from None
+        return compiled
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
 
     def start(self, prepared: Prepared) -> Generation:
         """Queue the generation (RequestError 503 with Retry-After when the queue is full). Call in the loop."""
