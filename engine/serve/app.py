@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from engine.serve import ollama_api, openai_api
+from engine.serve import anthropic_api, ollama_api, openai_api, responses_api
 from engine.serve.service import RequestError, Service, validation_error
 
 log = logging.getLogger("sluice.serve")
@@ -29,6 +29,8 @@ def create_app(service: Service, api_key: str | None = None, max_body_bytes: int
     app = FastAPI(title="Sluice", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(openai_api.router(service))
     app.include_router(ollama_api.router(service))
+    app.include_router(anthropic_api.router(service))
+    app.include_router(responses_api.router(service))
 
     @app.api_route("/", methods=["GET", "HEAD"])          # Ollama's liveness check uses HEAD
     async def root():
@@ -66,7 +68,8 @@ def create_app(service: Service, api_key: str | None = None, max_body_bytes: int
 
 
 def error_response(path: str, exc: RequestError) -> JSONResponse:
-    body = {"error": exc.message} if path.startswith("/api/") else openai_api.error_object(exc)
+    body = {"error": exc.message} if path.startswith("/api/") else \
+        anthropic_api.error_object(exc) if path.startswith("/v1/messages") else openai_api.error_object(exc)
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
@@ -106,9 +109,12 @@ class Guard:
         if self.api_key and scope["path"] not in OPEN_PATHS:
             headers = dict(scope["headers"])
             given = headers.get(b"authorization", b"").decode("latin-1")
+            if b"x-api-key" in headers:                   # Anthropic's clients send the key this way
+                given = "Bearer " + headers[b"x-api-key"].decode("latin-1")
             expected = f"Bearer {self.api_key}"
             if not hmac.compare_digest(given.encode(), expected.encode()):
-                return RequestError("The API key is missing or wrong; send the header 'Authorization: Bearer <key>'.",
+                return RequestError("The API key is missing or wrong; send the header 'Authorization: Bearer <key>' "
+                                    "(or 'x-api-key: <key>').",
                                     status=401, kind="authentication_error")
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.max_body_bytes:
