@@ -208,7 +208,7 @@ class Engine:
         if is_chat and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
         sampler = TokenSampler(params, self.device, candidates, self._constraint(params, eos), self.spec.vocab_size)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.keep_special_tokens) if self.tokenizer is not None else None
         t.set(prompt_tokens=len(prompt_ids), generated_tokens=0, decode_tok_s=0.0, ttft_s=0.0)
 
         start = time.perf_counter()

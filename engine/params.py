@@ -21,6 +21,7 @@ class GenerationParams:
     ignore_eos: bool = False      # benchmarks: keep going past end-of-sequence tokens
     grammar: str | None = None    # structured output: an llguidance grammar (engine.grammar.grammar_for builds it)
     logprobs: int | None = None   # None: off; n: each event carries its token's log-probability and the n most likely
+    keep_special_tokens: bool = False   # the text shows special tokens (the server's harmony / DeepSeek parsers read them)
 
     def validate(self, vocab_size: int | None = None, prompt=None) -> None:
         """Raise SluiceError (one sentence) for a value outside its range. The engine calls this first

@@ -112,8 +112,10 @@ def router(service: Service) -> APIRouter:
     @api.post("/v1/messages")
     async def messages(request: Request):
         body = await parse_body(request, MessagesRequest)
+        choice = body.tool_choice or {}
+        forced = "required" if choice.get("type") == "any" else choice if choice.get("type") == "tool" else None
         sampling = Sampling(max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
-                            top_k=body.top_k, stop=body.stop_sequences)
+                            top_k=body.top_k, stop=body.stop_sequences, tool_choice=forced)
         prepared = await service.prepare(engine_messages(body), sampling, _tools(body))
         gen = service.start(prepared)
         if body.stream:
@@ -129,8 +131,12 @@ def _block(piece) -> dict:
         return {"type": "thinking", "thinking": piece.text, "signature": ""}
     if piece.kind == "content":
         return {"type": "text", "text": piece.text}
-    return {"type": "tool_use", "id": "toolu_" + piece.call.id.removeprefix("call_"), "name": piece.call.name,
+    return {"type": "tool_use", "id": _tool_use_id(piece.call), "name": piece.call.name,
             "input": json.loads(piece.call.arguments)}
+
+
+def _tool_use_id(call) -> str:
+    return "toolu_" + call.id.removeprefix("call_")
 
 
 def _message(service: Service, gen: Generation, content: list[dict]) -> dict:
@@ -149,7 +155,7 @@ async def _complete(service: Service, gen: Generation, request: Request) -> dict
         pieces += parser.flush()
     finally:
         gen.cancel()
-    for piece in pieces:                     # neighbouring pieces of one kind make one block
+    for piece in (p for p in pieces if p.kind not in ("tool_call", "tool_args")):   # a call once complete
         block = _block(piece)
         if content and block["type"] in ("text", "thinking") and content[-1]["type"] == block["type"]:
             key = block["type"] if block["type"] == "thinking" else "text"
@@ -170,16 +176,22 @@ class _Blocks:
         self.index, self.kind = -1, None
 
     def events(self, piece) -> list[str]:
-        block, out = _block(piece), []
-        if block["type"] != self.kind or block["type"] == "tool_use":
+        if piece.kind == "tool_end":
+            return self.close()
+        kind = {"reasoning": "thinking", "content": "text"}.get(piece.kind, "tool_use")
+        out = []
+        if piece.kind == "tool_call" or kind != self.kind:
             out += self.close()
-            self.index, self.kind = self.index + 1, block["type"]
-            empty = {"tool_use": {"input": {}}, "thinking": {"thinking": ""}, "text": {"text": ""}}[block["type"]]
-            out.append(_event("content_block_start", index=self.index, content_block={**block, **empty}))
-        delta = {"tool_use": {"type": "input_json_delta", "partial_json": piece.call.arguments if piece.call else ""},
-                 "thinking": {"type": "thinking_delta", "thinking": piece.text},
-                 "text": {"type": "text_delta", "text": piece.text}}[block["type"]]
-        out.append(_event("content_block_delta", index=self.index, delta=delta))
+            self.index, self.kind = self.index + 1, kind
+            start = {"thinking": {"type": "thinking", "thinking": "", "signature": ""},
+                     "text": {"type": "text", "text": ""}}.get(kind) or \
+                {"type": "tool_use", "id": _tool_use_id(piece.call), "name": piece.call.name, "input": {}}
+            out.append(_event("content_block_start", index=self.index, content_block=start))
+        if piece.text:
+            delta = {"tool_use": {"type": "input_json_delta", "partial_json": piece.text},
+                     "thinking": {"type": "thinking_delta", "thinking": piece.text},
+                     "text": {"type": "text_delta", "text": piece.text}}[kind]
+            out.append(_event("content_block_delta", index=self.index, delta=delta))
         return out
 
     def close(self) -> list[str]:

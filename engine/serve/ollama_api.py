@@ -151,7 +151,7 @@ def _message(pieces) -> dict:
     thinking = "".join(p.text for p in pieces if p.kind == "reasoning")
     if thinking:
         message["thinking"] = thinking
-    calls = [p.call for p in pieces if p.kind == "tool_call"]
+    calls = [p.call for p in pieces if p.kind == "tool_end"]
     if calls:
         message["tool_calls"] = [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]
     return message
@@ -181,7 +181,7 @@ async def _stream(gen: Generation, model: str, chat: bool):
                     yield _line({"model": model, "created_at": _now(), "response": event.text, "done": False})
                 continue
             pieces = parser.push(event.text) + (parser.flush() if event.finished else [])
-            for piece in pieces:
+            for piece in (p for p in pieces if p.kind not in ("tool_call", "tool_args")):   # whole calls only
                 yield _line({"model": model, "created_at": _now(), "message": _message([piece]), "done": False})
         empty = {"role": "assistant", "content": ""}
         yield _line(_final(gen, model, chat, empty, "", token_ids))

@@ -65,7 +65,8 @@ def _sampling(body, max_tokens: int | None, logprobs: int | None = None) -> Samp
     if body.n not in (None, 1):
         raise RequestError("Only n=1 is supported: Sluice generates one answer per request.", param="n")
     return Sampling(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, top_k=body.top_k,
-                    seed=body.seed, stop=body.stop, response_format=body.response_format, logprobs=logprobs)
+                    seed=body.seed, stop=body.stop, response_format=body.response_format, logprobs=logprobs,
+                    tool_choice=getattr(body, "tool_choice", None))
 
 
 def _logprob(value: float) -> float:
@@ -157,13 +158,17 @@ def _usage_chunk(cid: str, kind: str, gen: Generation, model: str) -> str:
 
 # chat ------------------------------------------------------------------------------------------------
 def _delta(piece: Piece, call_index: int) -> list[dict]:
+    """A piece as chat deltas; `call_index`: the index of the call a tool piece belongs to."""
     if piece.kind == "reasoning":
         return [{"reasoning_content": piece.text}]
     if piece.kind == "content":
         return [{"content": piece.text}]
-    call = piece.call                # the spec's order: index, id and name first, then the arguments
-    head = {"index": call_index, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
-    return [{"tool_calls": [head]}, {"tool_calls": [{"index": call_index, "function": {"arguments": call.arguments}}]}]
+    arguments = [{"tool_calls": [{"index": call_index, "function": {"arguments": piece.text}}]}] if piece.text else []
+    if piece.kind == "tool_call":    # the spec's order: index, id and name first, then the arguments
+        call = piece.call
+        return [{"tool_calls": [{"index": call_index, "id": call.id, "type": "function",
+                                 "function": {"name": call.name, "arguments": ""}}]}] + arguments
+    return arguments                 # tool_args; nothing for tool_end
 
 
 async def _stream_chat(service: Service, gen: Generation, include_usage: bool):
@@ -182,8 +187,8 @@ async def _stream_chat(service: Service, gen: Generation, include_usage: bool):
             logprobs = {"content": [chat_logprobs(service, event)]} if scored(event) else None
             deltas = []
             for piece in parser.push(event.text) + (parser.flush() if event.finished else []):
-                deltas += _delta(piece, calls)
                 calls += piece.kind == "tool_call"
+                deltas += _delta(piece, calls - 1)
             if logprobs and not deltas:
                 deltas = [{"content": ""}]           # the token's scores travel even when its text is held back
             for delta in deltas:

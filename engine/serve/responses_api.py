@@ -83,9 +83,9 @@ def _format(body: ResponsesRequest) -> dict | None:
 def _output(pieces) -> list[dict]:
     """Parser pieces -> output items: reasoning, one message, function calls."""
     items, text = [], "".join(p.text for p in pieces if p.kind == "content")
-    if text or not any(p.kind == "tool_call" for p in pieces):
+    if text or not any(p.kind == "tool_end" for p in pieces):
         items.append(_message_item(text))
-    items += [_call_item(p.call) for p in pieces if p.kind == "tool_call"]
+    items += [_call_item(p.call) for p in pieces if p.kind == "tool_end"]
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
     if reasoning:                                      # last, so that the streamed items keep their indices
         items.append({"type": "reasoning", "id": "rs_" + uuid.uuid4().hex, "summary": [],
@@ -156,7 +156,7 @@ def router(service: Service) -> APIRouter:
         body = await parse_body(request, ResponsesRequest)
         messages = state.messages(body)
         sampling = Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
-                            response_format=_format(body), format_param="text.format")
+                            response_format=_format(body), format_param="text.format", tool_choice=body.tool_choice)
         prepared = await service.prepare(messages, sampling, _tools(body), "max_output_tokens")
         gen = service.start(prepared)
         if body.stream:
@@ -207,12 +207,12 @@ async def _stream(state: Responses, body: ResponsesRequest, gen: Generation, mes
                                     content_index=0, part={"type": "output_text", "text": "", "annotations": []})
                     yield event("response.output_text.delta", item_id=text_item["id"], output_index=index,
                                 content_index=0, delta=piece.text, logprobs=[])
-                elif piece.kind == "tool_call":
-                    for line in _call_events(event, piece.call, index + (text_item is not None)):
+                elif piece.kind in ("tool_call", "tool_args", "tool_end"):
+                    index += piece.kind == "tool_call"
+                    for line in _call_events(event, piece, index - (text_item is None)):
                         yield line
-                    index += 1
         output = _output(pieces)
-        for line in _text_done(event, text_item, output, index - sum(p.kind == "tool_call" for p in pieces)):
+        for line in _text_done(event, text_item, output, 0):
             yield line
         if body.store:
             state.remember(response_id, messages, output)
@@ -224,15 +224,20 @@ async def _stream(state: Responses, body: ResponsesRequest, gen: Generation, mes
         gen.cancel()
 
 
-def _call_events(event: _Events, call, index: int) -> list[str]:
-    item = _call_item(call)
-    added = {**item, "arguments": "", "status": "in_progress"}
-    return [event("response.output_item.added", output_index=index, item=added),
-            event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
-                  delta=call.arguments),
-            event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                  arguments=call.arguments, name=call.name),
-            event("response.output_item.done", output_index=index, item=item)]
+def _call_events(event: _Events, piece, index: int) -> list[str]:
+    """A call's piece as events: added (its head), argument deltas, done (the whole call)."""
+    item, out = _call_item(piece.call), []
+    if piece.kind == "tool_call":
+        out.append(event("response.output_item.added", output_index=index,
+                         item={**item, "arguments": "", "status": "in_progress"}))
+    if piece.text:
+        out.append(event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                         delta=piece.text))
+    if piece.kind == "tool_end":
+        out += [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                      arguments=piece.call.arguments, name=piece.call.name),
+                event("response.output_item.done", output_index=index, item=item)]
+    return out
 
 
 def _text_done(event: _Events, text_item: dict | None, output: list[dict], index: int) -> list[str]:

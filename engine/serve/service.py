@@ -14,7 +14,9 @@ from pathlib import Path
 
 from engine.errors import SluiceError
 from engine.params import GenerationParams, TokenEvent
+from engine.serve.harmony import HarmonyParser
 from engine.serve.parsing import OutputParser, template_features
+from engine.serve.tool_syntax import DEEPSEEK, HARMONY, forced_call_grammar, syntax_of
 from engine.serve.queue import END, GenerationQueue, QueueFull
 
 DISCONNECT_POLL_S = 0.2
@@ -76,6 +78,7 @@ class Sampling:
     response_format: dict | None = None     # OpenAI's shape: {"type": "json_schema", "json_schema": {...}}, ...
     format_param: str = "response_format"   # the field named when it cannot compile
     logprobs: int | None = None             # None: off; n: the chosen token's and the n most likely
+    tool_choice: str | dict | None = None   # "auto" | "none" | "required" | {"type": "function", "name": ...}
 
 
 class Generation:
@@ -244,9 +247,32 @@ class Service:
         if is_chat and self.tokenizer is not None:
             tail = self.tokenizer.decode(prompt_ids[-4:])
         features = template_features(self.chat_template if is_chat else None, tail)
-        parser = OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
-                              tools=bool(tools) and features["tools"])
+        syntax = syntax_of(self.chat_template) if is_chat else None
+        uses_tools = bool(tools) and features["tools"]
+        if syntax is HARMONY:
+            parser = HarmonyParser(think=True, tools=uses_tools)
+        else:
+            parser = OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
+                                  tools=uses_tools, syntax=syntax)
+        params.keep_special_tokens = syntax in (HARMONY, DEEPSEEK)    # their markers are special tokens
+        if uses_tools and sampling.tool_choice not in (None, "auto", "none"):
+            params.grammar = self._forced_call(syntax, tools, sampling.tool_choice)
         return Prepared(prompt, prompt_ids, params, parser)
+
+    def _forced_call(self, syntax, tools: list[dict], choice) -> str:
+        """tool_choice "required" or a named function, as a grammar that admits only such a call."""
+        name = choice.get("name") or (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+        if choice != "required" and name is None:
+            raise RequestError(f"Unknown tool_choice {choice!r}: use auto, none, required or a function's name.",
+                               param="tool_choice")
+        if name is not None and name not in [t["function"]["name"] for t in tools]:
+            raise RequestError(f"tool_choice names '{name}', which is not among the tools.", param="tool_choice")
+        grammar = forced_call_grammar(syntax, tools, name)
+        if grammar is None:
+            raise RequestError(f"This model's tool-call syntax ({getattr(syntax, 'name', syntax)}) cannot be forced "
+                               f"yet; use tool_choice auto.", param="tool_choice")
+        return self._grammar(Sampling(response_format={"type": "grammar", "grammar": grammar},
+                                      format_param="tool_choice"))
 
     def _grammar(self, sampling: Sampling) -> str | None:
         """The response format as a grammar the engine enforces; a 400 naming the part that cannot compile."""
