@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from engine.grammar import COMPACT
 from engine.serve.parsing import parse_tool_call
 
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)', re.S)
@@ -122,14 +123,15 @@ def forced_call_grammar(syntax, tools: list[dict], name: str | None) -> str | No
     tool_choice "required" / a named function enforce. None where the syntax has no JSON-argument form."""
     chosen = [t["function"] for t in tools if name is None or t["function"]["name"] == name]
     if syntax is HERMES:
-        schema = {"anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+        schema = {"x-guidance": COMPACT, "anyOf": [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
                              "properties": {"name": {"const": f["name"]},
                                             "arguments": f.get("parameters") or {"type": "object"}}}
                             for f in chosen]}
         return f'start: "<tool_call>\\n" call "\\n</tool_call>"\ncall: %json {json.dumps(schema)}\n'
     if syntax is HARMONY:
         rules = [f'call{i}: "{f["name"]}" " " <|constrain|> "json" <|message|> args{i}\nargs{i}: %json '
-                 f'{json.dumps(f.get("parameters") or {"type": "object"})}' for i, f in enumerate(chosen)]
+                 f'{json.dumps({"x-guidance": COMPACT, **(f.get("parameters") or {"type": "object"})})}'
+                 for i, f in enumerate(chosen)]
         alternatives = " | ".join(f"call{i}" for i in range(len(chosen)))
         return (f'start: <|channel|> "commentary to=functions." ({alternatives})\n' + "\n".join(rules) + "\n")
     return None
