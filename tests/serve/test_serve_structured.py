@@ -123,3 +123,18 @@ def test_completion_logprobs_streamed_and_not(served):
                                        stream=True)
     tokens = [t for c in stream if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
     assert tokens == lp.tokens
+
+
+def test_sluice_generate_takes_a_json_schema_and_names_a_bad_one(serve_model):
+    import subprocess
+    import sys
+    from pathlib import Path
+    sluice = str(Path(sys.executable).parent / "sluice")
+    run = subprocess.run([sluice, "generate", str(serve_model), "--prompt", "hi", "--chat", "--temperature", "0.8",
+                          "--max-new-tokens", "40", "--json", "--json-schema", json.dumps(SCHEMA)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and follows_schema(json.loads(json.loads(run.stdout)["text"]))
+    bad = subprocess.run([sluice, "generate", str(serve_model), "--prompt", "hi", "--response-format",
+                          '{"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}'],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "Invalid type: strin" in bad.stderr and "Traceback" not in bad.stderr
