@@ -11,6 +11,8 @@ token mask in tens of microseconds, and covers the most of JSON Schema in public
 """
 from __future__ import annotations
 
+import json
+
 from engine.errors import SluiceError
 
 COMPACT = {"whitespace_flexible": False}      # no free whitespace: a sampled answer cannot wander in blanks
@@ -40,6 +42,23 @@ def grammar_for(response_format: dict | None) -> str | None:
     if kind == "grammar" and isinstance(response_format.get("grammar"), str):
         return llguidance.LLMatcher.grammar_from_lark(response_format["grammar"])
     raise SluiceError(f"Unknown response format {kind!r}: use text, json_object, json_schema, regex or grammar.")
+
+
+def grammar_for_setting(text: str) -> str | None:
+    """The app's "Structured output" chat setting: "" off, "json" any JSON object, else a JSON Schema's text."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    if text.lower() == "json":
+        return grammar_for({"type": "json_object"})
+    try:
+        schema = json.loads(text)
+    except ValueError as exc:
+        raise SluiceError(f"The structured output setting is neither 'json' nor a JSON Schema ({exc}); "
+                          f"fix it in the chat settings.") from None
+    if not isinstance(schema, dict):
+        raise SluiceError("The structured output setting must be 'json' or a JSON Schema object.")
+    return grammar_for({"type": "json_schema", "json_schema": {"schema": schema}})
 
 
 def ll_tokenizer(tokenizer, vocab_size: int, eos_ids=()):
