@@ -84,13 +84,18 @@ def engine_messages(body: CountRequest) -> list[dict]:
         if unknown:
             raise RequestError(f"Content blocks of type '{unknown[0]}' are not supported; this model reads text only.",
                                param=f"messages.{i}.content")
-        out += _tool_results(blocks)
-        text = "".join(b.text or "" for b in blocks if b.type == "text")
-        calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input or {}}}
-                 for b in blocks if b.type == "tool_use"]
-        if text or calls or not any(b.type == "tool_result" for b in blocks):
-            out.append({"role": m.role, "content": text, **({"tool_calls": calls} if calls else {})})
+        out += _tool_results(blocks) + _turn(m.role, blocks)
     return out
+
+
+def _turn(role: str, blocks: list[Block]) -> list[dict]:
+    """A message's text and tool uses as one chat message (none for a message of tool results only)."""
+    text = "".join(b.text or "" for b in blocks if b.type == "text")
+    calls = [{"id": b.id, "type": "function", "function": {"name": b.name, "arguments": b.input or {}}}
+             for b in blocks if b.type == "tool_use"]
+    if not (text or calls) and any(b.type == "tool_result" for b in blocks):
+        return []
+    return [{"role": role, "content": text, **({"tool_calls": calls} if calls else {})}]
 
 
 def _tools(body: CountRequest) -> list[dict] | None:

@@ -243,21 +243,22 @@ class Service:
             params.validate()
         except SluiceError as exc:
             raise RequestError(str(exc)) from None
-        tail = ""
-        if is_chat and self.tokenizer is not None:
-            tail = self.tokenizer.decode(prompt_ids[-4:])
+        return Prepared(prompt, prompt_ids, params, self._parser(prompt_ids, is_chat, tools, sampling, params))
+
+    def _parser(self, prompt_ids: list[int], is_chat: bool, tools, sampling: Sampling, params: GenerationParams):
+        """The output parser for this template and request; sets what it needs in params (special tokens in
+        the text, the grammar of a forced tool call)."""
+        tail = self.tokenizer.decode(prompt_ids[-4:]) if is_chat and self.tokenizer is not None else ""
         features = template_features(self.chat_template if is_chat else None, tail)
         syntax = syntax_of(self.chat_template) if is_chat else None
         uses_tools = bool(tools) and features["tools"]
-        if syntax is HARMONY:
-            parser = HarmonyParser(think=True, tools=uses_tools)
-        else:
-            parser = OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
-                                  tools=uses_tools, syntax=syntax)
         params.keep_special_tokens = syntax in (HARMONY, DEEPSEEK)    # their markers are special tokens
         if uses_tools and sampling.tool_choice not in (None, "auto", "none"):
             params.grammar = self._forced_call(syntax, tools, sampling.tool_choice)
-        return Prepared(prompt, prompt_ids, params, parser)
+        if syntax is HARMONY:
+            return HarmonyParser(think=True, tools=uses_tools)
+        return OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
+                            tools=uses_tools, syntax=syntax)
 
     def _forced_call(self, syntax, tools: list[dict], choice) -> str:
         """tool_choice "required" or a named function, as a grammar that admits only such a call."""
