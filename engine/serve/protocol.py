@@ -114,6 +114,7 @@ class OllamaChatRequest(_Body):
     stream: bool = True
     options: Optional[OllamaOptions] = None
     tools: Optional[list[ToolDef]] = None
+    format: Union[str, dict, None] = None               # structured output: "json" or a JSON Schema
 
 
 class OllamaGenerateRequest(_Body):
@@ -124,6 +125,7 @@ class OllamaGenerateRequest(_Body):
     stream: bool = True
     images: Optional[list[Any]] = None
     options: Optional[OllamaOptions] = None
+    format: Union[str, dict, None] = None
 
 
 class OllamaShowRequest(_Body):

@@ -138,3 +138,12 @@ def test_sluice_generate_takes_a_json_schema_and_names_a_bad_one(serve_model):
                           '{"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}'],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode != 0 and "Invalid type: strin" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_ollama_format_takes_a_schema(served):
+    server, _ = served
+    body = {"messages": ASK, "stream": False, "format": SCHEMA, "options": {"temperature": 0.8, "num_predict": 40}}
+    answer = httpx.post(server.url + "/api/chat", json=body, timeout=60).json()
+    assert follows_schema(json.loads(answer["message"]["content"]))
+    bad = httpx.post(server.url + "/api/generate", json={"prompt": "x", "format": "yaml"})
+    assert bad.status_code == 400 and "format" in bad.json()["error"]
