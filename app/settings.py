@@ -8,7 +8,7 @@ from pathlib import Path
 from engine.errors import SluiceError
 from engine.sizes import parse_size
 
-from . import paths
+from . import keys, paths
 from .store import Store
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -79,10 +79,27 @@ class AppSettings:
                 problems.append(problem)
             else:
                 setattr(settings, f.name, value)
+        settings.remote_endpoints = [_key_from_keyring(e) for e in settings.remote_endpoints]
         return settings, problems
 
     def save(self, store: Store) -> None:
-        store.set_setting("app", {f.name: getattr(self, f.name) for f in fields(self)})
+        saved = {f.name: getattr(self, f.name) for f in fields(self)}
+        saved["remote_endpoints"] = [_key_to_keyring(e) for e in self.remote_endpoints]
+        store.set_setting("app", saved)
+
+
+def _key_to_keyring(endpoint: dict) -> dict:
+    """The endpoint as sluice.db keeps it: its API key in the OS keyring where there is one."""
+    key = endpoint.get("api_key")
+    if key and keys.store(endpoint.get("url", ""), key):
+        return {**endpoint, "api_key": "", "key_in_keyring": True}
+    return endpoint
+
+
+def _key_from_keyring(endpoint: dict) -> dict:
+    if isinstance(endpoint, dict) and endpoint.get("key_in_keyring"):
+        return {**endpoint, "api_key": keys.load(endpoint.get("url", "")) or ""}
+    return endpoint
 
 
 def _problem(name: str, value, default) -> str | None:

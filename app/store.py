@@ -63,6 +63,7 @@ class ChatSettings:
     max_new_tokens: int = 512
     seed: int | None = None
     context_overflow: str = "middle"        # app.context_policy.POLICIES: what goes when the chat outgrows the context
+    structured_output: str = ""             # "": off; "json": any JSON object; else a JSON Schema the answer follows
 
     @classmethod
     def from_dict(cls, data: dict) -> "ChatSettings":

@@ -128,6 +128,7 @@ class EngineWorker:
         """Streams an answer as Chunks (a ContextFit first); returns its stats: num_tokens, tok_s, ttft_s,
         finish_reason. A stop asked before it starts ends it at once ("cancelled")."""
         from engine import GenerationParams, SluiceError
+        from engine.grammar import grammar_for_setting
         if self.engine is None:
             raise SluiceError("No model is loaded; pick one in the model list first.")
         if stop.is_set():
@@ -136,7 +137,8 @@ class EngineWorker:
         stream = _TokenStream(report)
         self._running_stop = stop
         try:
-            events = self._start_generation(messages, GenerationParams(**params))
+            grammar = grammar_for_setting(params.pop("structured_output", ""))       # the chat's "Structured output"
+            events = self._start_generation(messages, GenerationParams(**params, grammar=grammar))
             for event in events:
                 stream.add(event)
                 if not event.finished and stop.is_set():

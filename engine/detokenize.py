@@ -37,8 +37,8 @@ class StopMatcher:
 
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, stop: list[str] | None = None):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, stop: list[str] | None = None, keep_special: bool = False):
+        self.tokenizer, self.keep_special = tokenizer, keep_special
         self.stop = [s for s in (stop or []) if s]
         self._matchers = [StopMatcher(s) for s in self.stop]
         self.ids: list[int] = []
@@ -48,7 +48,7 @@ class IncrementalDetokenizer:
         self.stopped = False
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return self.tokenizer.decode(ids, skip_special_tokens=not self.keep_special, clean_up_tokenization_spaces=False)
 
     def push(self, token_id: int) -> str:
         """Add one token; return the newly complete text (may be empty)."""

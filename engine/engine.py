@@ -21,7 +21,7 @@ from engine.options import Options
 from engine.host import available_memory
 from engine.plan.hardware import check_ram_cache_fits
 from engine.params import GenerationParams, TokenEvent
-from engine.runtime.sampling import make_generator, sample
+from engine.runtime.sampling import TokenSampler
 from engine.sizes import parse_size
 from engine.format.resolve import resolve_model_dir
 from engine.runtime.budget import default_budgets, default_context
@@ -124,7 +124,7 @@ class Engine:
     @property
     def info(self) -> dict:
         s = self.spec
-        return {"name": self.model.name, "path": str(self.model.path), "family": s.family, "num_layers": s.num_layers,
+        return {"name": self.model.name, "path": str(self.model.path), "family": s.family, "num_layers": s.num_layers, "vocab_size": s.vocab_size,
                 "num_experts": s.num_experts, "top_k": s.top_k, "quant": self.model.quant, "dense_quant": self.dense_quant or "none", "device": str(self.device),
                 "dtype": str(self.dtype).removeprefix("torch."), "expert_bytes": self.model.layout.block_bytes,
                 "expert_bytes_total": self.model.expert_bytes_total, "slots_per_bank": self.plan.slots_per_bank,
@@ -200,12 +200,12 @@ class Engine:
     def _generate(self, prompt_ids: list[int], is_chat: bool, params: GenerationParams) -> Iterator[TokenEvent]:
         t = self.telemetry_source
         self._cancel.clear()
-        generator = make_generator(params.seed, self.device)
         candidates = self.runner.top_candidates(params.top_k) if params.temperature > 0 and params.top_k else None
         eos = set(self.eos_token_ids)
         if is_chat and self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             eos.add(self.tokenizer.eos_token_id)
-        detok = IncrementalDetokenizer(self.tokenizer, params.stop) if self.tokenizer is not None else None
+        sampler = TokenSampler(params, self.device, candidates, self._constraint(params, eos), self.spec.vocab_size)
+        detok = IncrementalDetokenizer(self.tokenizer, params.stop, params.keep_special_tokens) if self.tokenizer is not None else None
         t.set(prompt_tokens=len(prompt_ids), generated_tokens=0, decode_tok_s=0.0, ttft_s=0.0)
         logits = self._prefill(prompt_ids)
         if logits is None:
@@ -216,14 +216,14 @@ class Engine:
             if self._cancel.is_set():
                 yield TokenEvent(None, detok.flush() if detok else "", True, "cancelled")
                 return
-            token = sample(logits, params, generator, candidates)
+            token = sampler(logits)
             generated += 1
             t.set(generated_tokens=generated)
             if generated > 1:
                 t.set(decode_tok_s=(generated - 1) / (time.perf_counter() - decode_start))
             else:
                 decode_start = time.perf_counter()
-            event = _token_event(token, generated, params, eos, detok)
+            event = _token_event(token, generated, params, eos, detok, sampler.logprobs or (None, None))
             yield event
             if event.finished:
                 return
@@ -244,18 +244,28 @@ class Engine:
                                   decode_thread_core=current_cpu())
         return logits
 
+    def _constraint(self, params: GenerationParams, eos: set[int]):
+        """The grammar's state for this generation (structured output), or None."""
+        if params.grammar is None:
+            return None
+        if self.tokenizer is None:
+            raise SluiceError("Structured output needs the model's tokenizer files; this model has none.")
+        from engine.grammar import Constraint
+        return Constraint(params.grammar, self.tokenizer, self.spec.vocab_size, eos)
+
 
 def _token_event(token: int, generated: int, params: GenerationParams, eos: set[int],
-                 detok: IncrementalDetokenizer | None) -> TokenEvent:
-    """The event of a sampled token: the last one at an end-of-sequence token, a stop string or the length."""
+                 detok: IncrementalDetokenizer | None, scores: tuple = (None, None)) -> TokenEvent:
+    """The event of a sampled token: the last one at an end-of-sequence token, a stop string or the length.
+    `scores`: its log-probabilities (chosen, top), where asked for."""
     if token in eos and not params.ignore_eos:
-        return TokenEvent(token, detok.flush() if detok else "", True, "eos")
+        return TokenEvent(token, detok.flush() if detok else "", True, "eos", *scores)
     text = detok.push(token) if detok else ""
     if detok and detok.stopped:
-        return TokenEvent(token, text, True, "stop")
+        return TokenEvent(token, text, True, "stop", *scores)
     if generated >= params.max_new_tokens:
-        return TokenEvent(token, text + (detok.flush() if detok else ""), True, "length")
-    return TokenEvent(token, text)
+        return TokenEvent(token, text + (detok.flush() if detok else ""), True, "length", *scores)
+    return TokenEvent(token, text, False, None, *scores)
 
 
 def _refuse_images(messages) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from engine.errors import SluiceError
 
 MAX_SEED = 2**64 - 1
+MAX_LOGPROBS = 20                 # the OpenAI API's limit for top_logprobs
 
 
 @dataclass
@@ -18,6 +19,9 @@ class GenerationParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)   # stop strings (not included in the output)
     ignore_eos: bool = False      # benchmarks: keep going past end-of-sequence tokens
+    grammar: str | None = None    # structured output: an llguidance grammar (engine.grammar.grammar_for builds it)
+    logprobs: int | None = None   # None: off; n: each event carries its token's log-probability and the n most likely
+    keep_special_tokens: bool = False   # the text shows special tokens (the server's harmony / DeepSeek parsers read them)
 
     def validate(self, vocab_size: int | None = None, prompt=None) -> None:
         """Raise SluiceError (one sentence) for a value outside its range. The engine calls this first
@@ -35,6 +39,8 @@ class GenerationParams:
             raise SluiceError(f"The seed must be a whole number from 0 to 2^64-1; got {self.seed!r}.")
         if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
             raise SluiceError("Stop strings must be a list of non-empty texts.")
+        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise SluiceError(f"top logprobs must be a whole number from 0 to {MAX_LOGPROBS}; got {self.logprobs!r}.")
         if vocab_size is not None and isinstance(prompt, (list, tuple)) and prompt and all(_is_int(i) for i in prompt):
             bad = next((i for i in prompt if not 0 <= i < vocab_size), None)
             if bad is not None:
@@ -56,3 +62,5 @@ class TokenEvent:
     text: str
     finished: bool = False
     finish_reason: str | None = None   # "eos" | "length" | "stop" | "cancelled" when finished
+    logprob: float | None = None       # with params.logprobs: log p(token_id) under the logits it was drawn from
+    top_logprobs: list[tuple[int, float]] | None = None    # (id, log p) of the most likely, most likely first

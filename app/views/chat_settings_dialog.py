@@ -3,7 +3,7 @@ the defaults for new chats (kept through the controller: views never touch the s
 from __future__ import annotations
 
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout,
-                               QInputDialog, QLabel, QPlainTextEdit, QPushButton, QSpinBox, QWidget)
+                               QInputDialog, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QWidget)
 
 from ..context_policy import POLICIES
 from ..store import ChatSettings
@@ -59,6 +59,9 @@ class ChatSettingsDialog(QDialog):
         form.addRow("Max new tokens", self.max_new_tokens)
         form.addRow("Seed", self.seed)
         form.addRow("When the chat is full", self.context_overflow)
+        self.structured_output = QLineEdit(placeholderText="Off. 'json' for any JSON object, or a JSON Schema")
+        self.structured_output.setToolTip("The answer is forced to follow it, token by token (local models)")
+        form.addRow("Structured output", self.structured_output)
         self.set_value(settings)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -80,12 +83,14 @@ class ChatSettingsDialog(QDialog):
         self.max_new_tokens.setValue(settings.max_new_tokens)
         self.seed.setValue(RANDOM_SEED if settings.seed is None else settings.seed)
         self.context_overflow.setCurrentIndex(max(0, self.context_overflow.findData(settings.context_overflow)))
+        self.structured_output.setText(settings.structured_output)
 
     def value(self) -> ChatSettings:
         seed = self.seed.value()
         return ChatSettings(self.system_prompt.toPlainText(), round(self.temperature.value(), 2),
                             round(self.top_p.value(), 2), self.top_k.value(), self.max_new_tokens.value(),
-                            None if seed == RANDOM_SEED else seed, self.context_overflow.currentData())
+                            None if seed == RANDOM_SEED else seed, self.context_overflow.currentData(),
+                            self.structured_output.text().strip())
 
     # presets and defaults -------------------------------------------------------------------------
     def _fill_presets(self, current: str | None = None) -> None:

@@ -164,7 +164,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.server_dock.setVisible(False)          # opened by the Server button
         self.server_action = self.server_dock.toggleViewAction()
         self.server_action.setText("Server")
-        self.server_action.setToolTip("Local server: serve the loaded model over the OpenAI and Ollama APIs")
+        self.server_action.setToolTip("Local server: serve the loaded model over the OpenAI, Anthropic and Ollama APIs")
         self.toolbar.insertAction(self.settings_action, self.server_action)
 
     def _build_status_bar(self) -> None:

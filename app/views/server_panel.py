@@ -90,7 +90,8 @@ class ServerPanel(QWidget):
         self.curl.setFixedHeight(110)
         self.copy = QPushButton("Copy")
         self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.curl.toPlainText()))
-        hint = QLabel("OpenAI clients: base URL <i>address</i>/v1 · Ollama clients: the address itself.")
+        hint = QLabel("OpenAI clients (chat, completions, responses, structured output): base URL <i>address</i>/v1"
+                      " · Anthropic Messages and Ollama clients: the address itself.")
         hint.setWordWrap(True)
         row = QHBoxLayout()
         row.addWidget(hint, 1)

@@ -87,3 +87,57 @@ def finish_draw(values: np.ndarray, ids: np.ndarray, params: GenerationParams, r
         ids, probs = ids[keep], probs[keep] / probs[keep].sum()
     race = rng.exponential(size=probs.size)
     return int(ids[np.argmax(probs / race)])
+
+
+class TokenMask:
+    """A grammar's allowed tokens applied to the logits where they are: the host fills a (pinned) bitmask,
+    one non-blocking copy takes it to the device and the device masks the logits, so the only host sync per
+    token stays the sampler's own."""
+
+    def __init__(self, constraint, vocab_size: int, device: torch.device):
+        self.constraint = constraint
+        words = constraint.num_words
+        self.host = torch.empty(words, dtype=torch.int32, pin_memory=device.type == "cuda")
+        self.device = torch.empty(words, dtype=torch.int32, device=device) if device.type == "cuda" else self.host
+        ids = torch.arange(vocab_size, device=device)
+        self.word, self.bit = ids // 32, (ids % 32).to(torch.int32)        # [V]: where token t's bit lives
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        self.constraint.fill(self.host)
+        if self.device is not self.host:
+            self.device.copy_(self.host, non_blocking=True)    # the host buffer is reused only after the draw synced
+        allowed = (self.device[self.word] >> self.bit) & 1
+        return logits.masked_fill(allowed == 0, float("-inf"))
+
+
+class TokenSampler:
+    """One generation's next-token choice: the grammar's mask (if any), then `sample`, then the chosen
+    token's log-probability and the `num_logprobs` most likely alternatives (from the same masked logits,
+    before temperature), which cost one more small copy only when asked for."""
+
+    def __init__(self, params: GenerationParams, device: torch.device, candidates: Candidates | None = None,
+                 constraint=None, vocab_size: int | None = None):
+        self.params, self.candidates, self.constraint = params, candidates, constraint
+        self.generator = make_generator(params.seed, device)
+        self.mask = TokenMask(constraint, vocab_size, device) if constraint is not None else None
+        self.logprobs: tuple[float, list[tuple[int, float]]] | None = None
+
+    def __call__(self, logits: torch.Tensor) -> int:
+        if self.mask is not None:
+            logits = self.mask.apply(logits)
+        token = sample(logits, self.params, self.generator, self.candidates)
+        if self.params.logprobs is not None:
+            self.logprobs = token_logprobs(logits, token, self.params.logprobs)
+        if self.constraint is not None and not self.constraint.is_done:
+            self.constraint.accept(token)
+        return token
+
+
+def token_logprobs(logits: torch.Tensor, token: int, num_top: int) -> tuple[float, list[tuple[int, float]]]:
+    """(log p(token), [(id, log p)] of the num_top most likely, most likely first), p = softmax(logits)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logp, num_top) if num_top else None
+    chosen = float(logp[token])
+    if top is None:
+        return chosen, []
+    return chosen, list(zip(top.indices.tolist(), top.values.tolist()))

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from engine.serve import ollama_api, openai_api
+from engine.serve import anthropic_api, ollama_api, openai_api, responses_api
 from engine.serve.guard import Guard, HostPolicy, error_response
 from engine.serve.service import RequestError, Service, validation_error
 
@@ -28,6 +28,8 @@ def create_app(service: Service, api_key: str | None = None, max_body_bytes: int
     app = FastAPI(title="Sluice", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(openai_api.router(service))
     app.include_router(ollama_api.router(service))
+    app.include_router(anthropic_api.router(service))
+    app.include_router(responses_api.router(service))
 
     @app.api_route("/", methods=["GET", "HEAD"])          # Ollama's liveness check uses HEAD
     async def root():

@@ -16,7 +16,7 @@ from typing import Callable, Iterable
 
 from starlette.responses import JSONResponse
 
-from engine.serve import openai_api
+from engine.serve import anthropic_api, openai_api
 from engine.serve.service import RequestError
 
 log = logging.getLogger("sluice.serve")
@@ -121,7 +121,8 @@ class Guard:
         if scope["method"] == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
             return None                    # a CORS preflight of an allowed page: no key, no body
         if self.api_key and scope["path"] not in OPEN_PATHS and not _key_matches(headers, self.api_key):
-            return RequestError("The API key is missing or wrong; send the header 'Authorization: Bearer <key>'.",
+            return RequestError("The API key is missing or wrong; send the header 'Authorization: Bearer <key>' "
+                                "(or 'x-api-key: <key>').",
                                 status=401, kind="authentication_error")
         if scope["method"] in BODY_METHODS and _has_body(headers) and \
                 not is_json_type(headers.get("content-type", "")):
@@ -168,14 +169,19 @@ class Guard:
 
 
 def error_response(path: str, exc: RequestError) -> JSONResponse:
-    """A refusal in the style of the API it was sent to (Ollama's under /api, OpenAI's elsewhere)."""
-    body = {"error": exc.message} if path.startswith("/api/") else openai_api.error_object(exc)
+    """A refusal in the style of the API it was sent to (Ollama's under /api, Anthropic's under /v1/messages,
+    OpenAI's elsewhere)."""
+    body = {"error": exc.message} if path.startswith("/api/") else \
+        anthropic_api.error_object(exc) if path.startswith("/v1/messages") else openai_api.error_object(exc)
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
 def _key_matches(headers: dict[str, str], api_key: str) -> bool:
-    """Compared as UTF-8 bytes: the header arrives as bytes (decoded latin-1 above, so re-encoded as such)."""
+    """Compared as UTF-8 bytes: the header arrives as bytes (decoded latin-1 above, so re-encoded as such).
+    Anthropic's clients send the key as `x-api-key`."""
     given = headers.get("authorization", "").encode("latin-1")
+    if "x-api-key" in headers:
+        given = b"Bearer " + headers["x-api-key"].encode("latin-1")
     return hmac.compare_digest(given, f"Bearer {api_key}".encode("utf-8"))
 
 

@@ -22,11 +22,16 @@ def _line(obj) -> str:
     return json.dumps(obj, ensure_ascii=False) + "\n"
 
 
-def _sampling(options: OllamaOptions | None) -> Sampling:
+def _sampling(options: OllamaOptions | None, shape: str | dict | None = None) -> Sampling:
+    """Ollama's options; `shape`: its `format` ("json" or a JSON Schema) as a response format."""
     o = options or OllamaOptions()
     max_tokens = o.num_predict if o.num_predict is not None and o.num_predict > 0 else None
+    response_format = {"type": "json_object"} if shape == "json" else \
+        {"type": "json_schema", "json_schema": {"schema": shape}} if isinstance(shape, dict) else None
+    if shape not in (None, "", "json") and response_format is None:
+        raise RequestError("'format' must be \"json\" or a JSON Schema object.", param="format")
     return Sampling(max_tokens=max_tokens, temperature=o.temperature, top_p=o.top_p, top_k=o.top_k,
-                    seed=o.seed, stop=o.stop)
+                    seed=o.seed, stop=o.stop, response_format=response_format, format_param="format")
 
 
 def _durations(gen: Generation) -> dict:
@@ -112,7 +117,7 @@ def router(service: Service) -> APIRouter:
             return {"model": service.model_id, "created_at": _now(), "message": {"role": "assistant", "content": ""},
                     "done": True, "done_reason": "load"}
         tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
-        prepared = await service.prepare(messages, _sampling(body.options), tools, "options.num_predict")
+        prepared = await service.prepare(messages, _sampling(body.options, body.format), tools, "options.num_predict")
         gen = service.start(prepared)
         if body.stream:
             return StreamingResponse(_stream(gen, service.model_id, chat=True), media_type="application/x-ndjson")
@@ -126,7 +131,8 @@ def router(service: Service) -> APIRouter:
         if not body.prompt:                  # Ollama loads the model on an empty prompt
             return {"model": service.model_id, "created_at": _now(), "response": "", "done": True,
                     "done_reason": "load"}
-        prepared = await service.prepare(_generate_prompt(service, body), _sampling(body.options), None, "options.num_predict")
+        prepared = await service.prepare(_generate_prompt(service, body), _sampling(body.options, body.format), None,
+                                         "options.num_predict")
         prepared.parser.tools = False
         gen = service.start(prepared)
         if body.stream:
@@ -151,7 +157,7 @@ def _message(pieces) -> dict:
     thinking = "".join(p.text for p in pieces if p.kind == "reasoning")
     if thinking:
         message["thinking"] = thinking
-    calls = [p.call for p in pieces if p.kind == "tool_call"]
+    calls = [p.call for p in pieces if p.kind == "tool_end"]
     if calls:
         message["tool_calls"] = [{"function": {"name": c.name, "arguments": json.loads(c.arguments)}} for c in calls]
     return message
@@ -181,7 +187,7 @@ async def _stream(gen: Generation, model: str, chat: bool):
                     yield _line({"model": model, "created_at": _now(), "response": event.text, "done": False})
                 continue
             pieces = parser.push(event.text) + (parser.flush() if event.finished else [])
-            for piece in pieces:
+            for piece in (p for p in pieces if p.kind not in ("tool_call", "tool_args")):   # whole calls only
                 yield _line({"model": model, "created_at": _now(), "message": _message([piece]), "done": False})
         empty = {"role": "assistant", "content": ""}
         yield _line(_final(gen, model, chat, empty, "", token_ids))

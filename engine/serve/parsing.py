@@ -1,9 +1,12 @@
 """Generated text -> reasoning, content and tool calls, while it streams.
 
-Models that think write `<think>…</think>` first (or their chat template opens the tag in the prompt);
-Qwen/Hermes-style templates define tools and the model answers with
+Models that think write `<think>…</think>` first (or their chat template opens the tag in the prompt).
+Tool calls come in each family's own syntax (engine/serve/tool_syntax.py, chosen from the chat template),
+between an opening and a closing tag; Qwen/Hermes-style templates use
 `<tool_call>{"name": …, "arguments": {…}}</tool_call>`. A tag can arrive split over several tokens,
-so text that may be the start of a tag is held back until the next piece decides it.
+so text that may be the start of a tag is held back until the next piece decides it. A call streams as
+pieces: "tool_call" (its name, and the arguments known so far), "tool_args" (more of the arguments),
+"tool_end" (the call is complete; `call.arguments` is final).
 """
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ import uuid
 from dataclasses import dataclass, field
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
 
 
 @dataclass
@@ -24,17 +26,18 @@ class ToolCall:
 
 @dataclass
 class Piece:
-    kind: str                        # "reasoning" | "content" | "tool_call"
-    text: str = ""
+    kind: str                        # "reasoning" | "content" | "tool_call" | "tool_args" | "tool_end"
+    text: str = ""                   # for a call's pieces: arguments text to append
     call: ToolCall | None = None
 
 
 def template_features(chat_template: str | None, prompt_tail: str = "") -> dict:
     """What the model's chat template tells: does it think, does the prompt open the thought, tool syntax."""
     template = chat_template or ""
+    from engine.serve.tool_syntax import syntax_of
     return {"think": THINK_OPEN in template,
             "starts_in_think": prompt_tail.rstrip().endswith(THINK_OPEN),
-            "tools": "tools" in template and TOOL_OPEN in template}
+            "tools": "tools" in template and syntax_of(template) is not None}
 
 
 def parse_tool_call(body: str) -> ToolCall | None:
@@ -62,11 +65,13 @@ def _held_tail(text: str, tags: tuple[str, ...]) -> int:
 
 
 class OutputParser:
-    def __init__(self, think: bool = False, starts_in_think: bool = False, tools: bool = False):
-        self.think, self.tools = think, tools
+    def __init__(self, think: bool = False, starts_in_think: bool = False, tools: bool = False, syntax=None):
+        from engine.serve.tool_syntax import HERMES
+        self.think, self.tools, self.syntax = think, tools, syntax or HERMES
         self.state = "think" if starts_in_think else ("start" if think else "content")
         self.pending = ""
         self.calls: list[ToolCall] = []
+        self._open: ToolCall | None = None           # the call whose arguments are streaming
         self._after_thought = False
 
     def push(self, text: str) -> list[Piece]:
@@ -81,7 +86,7 @@ class OutputParser:
         while self._step(out, final=True):
             pass
         if self.state == "tool" and self.pending:        # an unterminated call: use it if it parses
-            self._close_call(self.pending, out)
+            self._close_block(self.pending, out)
         elif self.pending:
             self._emit(out, "reasoning" if self.state == "think" else "content", self.pending)
         self.pending = ""
@@ -93,13 +98,35 @@ class OutputParser:
         if text:
             out.append(Piece(kind, text))
 
-    def _close_call(self, body: str, out: list[Piece]) -> None:
-        call = parse_tool_call(body.strip())
-        if call is None:                                  # not a call after all: the user sees the text
-            self._emit(out, "content", TOOL_OPEN + body + TOOL_CLOSE)
-        else:
+    def _stream_block(self, body: str, out: list[Piece]) -> None:
+        """The first call of an unfinished block: its head once the name is known, then its arguments."""
+        known = self.syntax.partial(body) if self.syntax.partial else None
+        if known is None:
+            return
+        name, arguments = known
+        if self._open is None:
+            self._open = ToolCall(name, arguments)
+            out.append(Piece("tool_call", arguments, self._open))
+        elif len(arguments) > len(self._open.arguments):
+            out.append(Piece("tool_args", arguments[len(self._open.arguments):], self._open))
+            self._open.arguments = arguments
+
+    def _close_block(self, body: str, out: list[Piece]) -> None:
+        found = self.syntax.parse(body)
+        if not found and self._open is None:              # not a call after all: the user sees the text
+            self._emit(out, "content", self.syntax.open + body + self.syntax.close)
+            return
+        for i, (name, arguments) in enumerate(found or [(self._open.name, self._open.arguments)]):
+            call = self._open if i == 0 and self._open is not None else None
+            if call is None:
+                call = ToolCall(name, arguments)
+                out.append(Piece("tool_call", arguments, call))
+            elif arguments.startswith(call.arguments) and len(arguments) > len(call.arguments):
+                out.append(Piece("tool_args", arguments[len(call.arguments):], call))
+            call.arguments = arguments
             self.calls.append(call)
-            out.append(Piece("tool_call", call=call))
+            out.append(Piece("tool_end", call=call))
+        self._open = None
 
     def _step(self, out: list[Piece], final: bool) -> bool:
         """Consume what can be decided in pending; True if the state changed (run again)."""
@@ -130,18 +157,19 @@ class OutputParser:
                 if not p:
                     return False
                 self._after_thought = False
-            start = p.find(TOOL_OPEN) if self.tools else -1
+            start = p.find(self.syntax.open) if self.tools else -1
             if start >= 0:
                 self._emit(out, "content", p[:start])
-                self.pending, self.state = p[start + len(TOOL_OPEN):], "tool"
+                self.pending, self.state = p[start + len(self.syntax.open):], "tool"
                 return True
-            keep = len(p) if final or not self.tools else _held_tail(p, (TOOL_OPEN,))
+            keep = len(p) if final or not self.tools else _held_tail(p, (self.syntax.open,))
             self._emit(out, "content", p[:keep])
             self.pending = p[keep:]
             return False
-        end = p.find(TOOL_CLOSE)                          # state "tool": wait for the whole call
+        end = p.find(self.syntax.close)                   # state "tool": stream the call until its end
         if end >= 0:
-            self._close_call(p[:end], out)
-            self.pending, self.state = p[end + len(TOOL_CLOSE):], "content"
+            self._close_block(p[:end], out)
+            self.pending, self.state = p[end + len(self.syntax.close):], "content"
             return True
+        self._stream_block(p[:_held_tail(p, (self.syntax.close,))], out)   # not a part of the closing tag
         return False

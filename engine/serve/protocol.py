@@ -71,10 +71,15 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: Optional[int] = Field(None, ge=1)
     tools: Optional[list[ToolDef]] = None
     tool_choice: Union[str, dict, None] = None
+    response_format: Optional[dict] = None
+    logprobs: Optional[bool] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
 
 
 class CompletionRequest(_Sampling):
     prompt: Union[str, list[int], list[str]]
+    response_format: Optional[dict] = None              # an extension (vLLM): structured output here too
+    logprobs: Optional[int] = Field(None, ge=0, le=20)  # the legacy API: how many alternatives per token
 
 
 # Ollama ----------------------------------------------------------------------------------------------
@@ -109,6 +114,7 @@ class OllamaChatRequest(_Body):
     stream: bool = True
     options: Optional[OllamaOptions] = None
     tools: Optional[list[ToolDef]] = None
+    format: Union[str, dict, None] = None               # structured output: "json" or a JSON Schema
 
 
 class OllamaGenerateRequest(_Body):
@@ -119,6 +125,7 @@ class OllamaGenerateRequest(_Body):
     stream: bool = True
     images: Optional[list[Any]] = None
     options: Optional[OllamaOptions] = None
+    format: Union[str, dict, None] = None
 
 
 class OllamaShowRequest(_Body):

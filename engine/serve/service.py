@@ -14,7 +14,9 @@ from pathlib import Path
 
 from engine.errors import SluiceError
 from engine.params import GenerationParams, TokenEvent
+from engine.serve.harmony import HarmonyParser
 from engine.serve.parsing import OutputParser, template_features
+from engine.serve.tool_syntax import DEEPSEEK, HARMONY, forced_call_grammar, syntax_of
 from engine.serve.queue import END, GenerationQueue, QueueFull
 
 DISCONNECT_POLL_S = 0.2
@@ -73,6 +75,10 @@ class Sampling:
     top_k: int | None = None
     seed: int | None = None
     stop: str | list[str] | None = None
+    response_format: dict | None = None     # OpenAI's shape: {"type": "json_schema", "json_schema": {...}}, ...
+    format_param: str = "response_format"   # the field named when it cannot compile
+    logprobs: int | None = None             # None: off; n: the chosen token's and the n most likely
+    tool_choice: str | dict | None = None   # "auto" | "none" | "required" | {"type": "function", "name": ...}
 
 
 class Generation:
@@ -232,18 +238,59 @@ class Service:
             top_p=d["top_p"] if sampling.top_p is None else sampling.top_p,
             top_k=d["top_k"] if sampling.top_k is None else sampling.top_k,
             seed=None if sampling.seed is None or sampling.seed < 0 else sampling.seed % 2**63,   # -1: random
-            stop=stop)
+            stop=stop, logprobs=sampling.logprobs, grammar=self._grammar(sampling))
         try:
             params.validate()
         except SluiceError as exc:
             raise RequestError(str(exc)) from None
-        tail = ""
-        if is_chat and self.tokenizer is not None:
-            tail = self.tokenizer.decode(prompt_ids[-4:])
+        return Prepared(prompt, prompt_ids, params, self._parser(prompt_ids, is_chat, tools, sampling, params))
+
+    def _parser(self, prompt_ids: list[int], is_chat: bool, tools, sampling: Sampling, params: GenerationParams):
+        """The output parser for this template and request; sets what it needs in params (special tokens in
+        the text, the grammar of a forced tool call)."""
+        tail = self.tokenizer.decode(prompt_ids[-4:]) if is_chat and self.tokenizer is not None else ""
         features = template_features(self.chat_template if is_chat else None, tail)
-        parser = OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
-                              tools=bool(tools) and features["tools"])
-        return Prepared(prompt, prompt_ids, params, parser)
+        syntax = syntax_of(self.chat_template) if is_chat else None
+        uses_tools = bool(tools) and features["tools"]
+        params.keep_special_tokens = syntax in (HARMONY, DEEPSEEK)    # their markers are special tokens
+        if uses_tools and sampling.tool_choice not in (None, "auto", "none"):
+            params.grammar = self._forced_call(syntax, tools, sampling.tool_choice)
+        if syntax is HARMONY:
+            return HarmonyParser(think=True, tools=uses_tools)
+        return OutputParser(think=features["think"], starts_in_think=features["starts_in_think"],
+                            tools=uses_tools, syntax=syntax)
+
+    def _forced_call(self, syntax, tools: list[dict], choice) -> str:
+        """tool_choice "required" or a named function, as a grammar that admits only such a call."""
+        name = choice.get("name") or (choice.get("function") or {}).get("name") if isinstance(choice, dict) else None
+        if choice != "required" and name is None:
+            raise RequestError(f"Unknown tool_choice {choice!r}: use auto, none, required or a function's name.",
+                               param="tool_choice")
+        if name is not None and name not in [t["function"]["name"] for t in tools]:
+            raise RequestError(f"tool_choice names '{name}', which is not among the tools.", param="tool_choice")
+        grammar = forced_call_grammar(syntax, tools, name)
+        if grammar is None:
+            raise RequestError(f"This model's tool-call syntax ({getattr(syntax, 'name', syntax)}) cannot be forced "
+                               f"yet; use tool_choice auto.", param="tool_choice")
+        return self._grammar(Sampling(response_format={"type": "grammar", "grammar": grammar},
+                                      format_param="tool_choice"))
+
+    def _grammar(self, sampling: Sampling) -> str | None:
+        """The response format as a grammar the engine enforces; a 400 naming the part that cannot compile."""
+        from engine import grammar
+        try:
+            compiled = grammar.grammar_for(sampling.response_format)
+            if compiled is not None:
+                if self.tokenizer is None:
+                    raise SluiceError("Structured output needs the model's tokenizer files; this model has none.")
+                grammar.check(compiled, self.tokenizer, self.engine.info.get("vocab_size") or len(self.tokenizer),
+                              getattr(self.engine, "eos_token_ids", ()))
+        except SluiceError as exc:
+            raise RequestError(str(exc), param=sampling.format_param) from None
+        return compiled
+
+    def token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id]) if self.tokenizer is not None else ""
 
     def start(self, prepared: Prepared) -> Generation:
         """Queue the generation (RequestError 503 with Retry-After when the queue is full). Call in the loop."""

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from pathlib import Path
 
 from engine.errors import SluiceError, allocation_sentence, fs_error_sentence
 
@@ -54,6 +55,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="keep only the k most likely tokens (default 0: off)")
     p.add_argument("--seed", type=int, help="random seed for sampling (default: a new one each run)")
     p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    shape = p.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", help="structured output: the answer follows this JSON Schema (a file or JSON text)")
+    shape.add_argument("--response-format", help='structured output as the OpenAI API takes it, e.g. '
+                                                 '\'{"type": "json_object"}\' or {"type": "regex", "regex": "..."}')
     _add_engine_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object: token_ids, text, telemetry")
 
@@ -202,7 +207,7 @@ def _generate(args) -> int:
     else:
         prompt = args.prompt
     params = GenerationParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
-                              top_k=args.top_k, seed=args.seed, stop=args.stop)
+                              top_k=args.top_k, seed=args.seed, stop=args.stop, grammar=_grammar(args))
     params.validate()                 # before loading: the engine checks again, with the vocabulary
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
                       dtype=args.dtype, dense_quant=args.dense_quant)
@@ -226,6 +231,24 @@ def _generate(args) -> int:
     finally:
         eng.close()
     return 0
+
+
+def _grammar(args) -> str | None:
+    """--json-schema / --response-format -> the grammar the engine enforces (engine.grammar)."""
+    from engine.grammar import grammar_for
+    text = args.json_schema or args.response_format
+    if text is None:
+        return None
+    if Path(text).is_file():
+        text = Path(text).read_text()
+    flag = "--json-schema" if args.json_schema else "--response-format"
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise SluiceError(f"{flag} is not valid JSON ({exc}).") from None
+    if not isinstance(value, dict):
+        raise SluiceError(f"{flag} must be a JSON object.")
+    return grammar_for({"type": "json_schema", "json_schema": {"schema": value}} if args.json_schema else value)
 
 
 def _download(args) -> int:

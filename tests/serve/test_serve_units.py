@@ -16,11 +16,17 @@ def parse(text: str, cut: int, **features) -> list:
     parser = OutputParser(**features)
     pieces = parser.push(text[:cut]) + parser.push(text[cut:]) + parser.flush()
     merged = []                                   # adjacent text of one kind, as a client accumulates it
+    streamed = {}                                 # a call's arguments as its pieces streamed them
     for p in pieces:
-        if merged and p.kind == merged[-1][0] and p.kind != "tool_call":
+        if p.call is not None:
+            streamed[p.call.id] = streamed.get(p.call.id, "") + p.text
+            if p.kind == "tool_end":
+                assert streamed[p.call.id] == p.call.arguments
+                merged.append(("tool_call", (p.call.name, p.call.arguments)))
+        elif merged and p.kind == merged[-1][0]:
             merged[-1] = (p.kind, merged[-1][1] + p.text)
         else:
-            merged.append((p.kind, p.text if p.call is None else (p.call.name, p.call.arguments)))
+            merged.append((p.kind, p.text))
     return merged
 
 

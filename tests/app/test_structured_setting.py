@@ -1,0 +1,32 @@
+"""The chat settings' "Structured output": the field in the dialog, and an answer that follows the schema
+from the real engine thread and the random-weight demo model (only the grammar can make it JSON)."""
+import json
+
+from PySide6.QtCore import Qt
+
+from app.store import ChatSettings
+from app.views.chat_settings_dialog import ChatSettingsDialog
+
+from app_helpers import WAIT_MS
+
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+
+
+def test_the_dialog_shows_and_keeps_the_structured_output(qtbot):
+    dialog = ChatSettingsDialog(ChatSettings(structured_output="json"))
+    qtbot.addWidget(dialog)
+    assert dialog.structured_output.text() == "json"
+    dialog.structured_output.setText(json.dumps(SCHEMA))
+    assert dialog.value().structured_output == json.dumps(SCHEMA)
+
+
+def test_a_chat_with_a_schema_answers_in_it(qtbot, loaded_window):
+    window = loaded_window
+    window.controller.new_conversation()
+    window.controller.set_chat_settings(ChatSettings(max_new_tokens=30, temperature=0.9, seed=2,
+                                                     structured_output=json.dumps(SCHEMA)))
+    with qtbot.waitSignal(window.controller.message_finished, timeout=WAIT_MS) as finished:
+        window.composer.edit.setFocus()
+        qtbot.keyClicks(window.composer.edit, "Is it?")
+        qtbot.keyClick(window.composer.edit, Qt.Key.Key_Return)
+    assert isinstance(json.loads(finished.args[0].content)["ok"], bool)
