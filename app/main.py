@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     if args == ["install-launcher"]:
         from .launcher import main as install_launcher_main
         return install_launcher_main()
-    from engine.tools.cli import main as cli_main
+    from engine.setup import run_cli as cli_main
     return cli_main(args)
 
 

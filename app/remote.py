@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from engine.errors import SluiceError
-from engine.params import GenerationParams, TokenEvent
+from engine import SluiceError
+from engine import GenerationParams, TokenEvent
 
 REMOTE_PREFIX = "remote:"
 CONNECT_TIMEOUT_S = 5.0

@@ -5,8 +5,8 @@ import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from engine.errors import SluiceError
-from engine.sizes import parse_size
+from engine import SluiceError
+from engine import parse_size
 
 from . import paths
 from .store import Store

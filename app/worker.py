@@ -96,8 +96,8 @@ class EngineWorker:
         """Pins the engine thread to the performance cores (panels show them and the thread's core)."""
         self.native_thread_id = threading.get_native_id()
         try:
-            from engine.plan import hardware
-            self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
+            from engine.setup import pin_current_thread_to_performance_cores
+            self.pinned_cores = pin_current_thread_to_performance_cores()
             import torch
             self.compute_threads = torch.get_num_threads()       # as this thread sees it (its parallel ops)
         except Exception:   # pinning is an optimisation: never fail the app for it
@@ -174,7 +174,7 @@ class EngineWorker:
 
     def build_demo(self, dst: str, report, stop: threading.Event) -> str:
         """Builds the demo model (random weights) at dst; returns its path."""
-        from engine.tools.demo import build_demo_model
+        from engine.setup import build_demo_model
 
         def progress(done, total, message: str = "") -> None:
             if stop.is_set():
@@ -193,7 +193,7 @@ class EngineWorker:
         if engine is None or "path" not in engine.info or engine.info.get("device") == "remote":
             return None
         try:
-            from engine.plan.estimate import estimate_model_dir
+            from engine.setup import estimate_model_dir
             from .setup.common import machine_for
             info = engine.info
             device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"

@@ -11,14 +11,14 @@ from ..work import Work, stop_and_wait
 
 
 def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine, options: dict) -> dict:
-    from engine.plan.estimate import QUANTS, estimate
+    from engine.setup import QUANTS, estimate
     return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes,
                         vram_budget=options["vram_budget"], ram_cache=options["ram_cache"],
                         dense_quant=options.get("dense_quant"), suggest_int8_dense=True) for q in QUANTS}
 
 
 def verdict_html(est) -> str:
-    from engine.sizes import format_size
+    from engine import format_size
     color = VERDICT_COLORS[est.verdict]
     if est.verdict == "unavailable":
         return f"<p><b style='color:{color}; font-size:large'>Unavailable</b> — {est.reason}</p>"
@@ -115,8 +115,8 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.details.setVisible(visible)
 
     def initializePage(self) -> None:
-        from engine.hub.search import repo_info
-        from engine.hub.download import missing_bytes
+        from engine.setup import repo_info
+        from engine.setup import missing_bytes
         repo_id, revision = self.wizard().repo_ref
         self.info = None
         self.quants.estimates = {}
@@ -142,9 +142,9 @@ class EstimatePage(QuantChoice, QWizardPage):
                      failed=lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>")).start()
 
     def _on_info(self, result) -> None:
-        from engine.plan.estimate import format_params, model_shape
-        from engine.hub.search import supported_families
-        from engine.sizes import format_size
+        from engine.setup import format_params, model_shape
+        from engine.setup import supported_families
+        from engine import format_size
         info, estimates, hw = result
         self.info = info
         self.wizard().repo_info = info

@@ -11,7 +11,7 @@ from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QHBoxLayout,
                                QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
-from engine.sizes import parse_size
+from engine import parse_size
 
 from .. import paths
 from ..chat_controller import ChatController

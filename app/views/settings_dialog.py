@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from engine.errors import SluiceError
-from engine.sizes import format_size, parse_size
+from engine import SluiceError
+from engine import format_size, parse_size
 
 from ..settings import AppSettings
 from . import theme

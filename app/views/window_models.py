@@ -8,8 +8,8 @@ from urllib.parse import urlparse
 
 from PySide6.QtWidgets import QFileDialog
 
-from engine.errors import SluiceError
-from engine.model.spec import read_spec
+from engine import SluiceError
+from engine.setup import read_spec
 
 from ..model_options import load_options
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
