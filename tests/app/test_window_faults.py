@@ -1,0 +1,69 @@
+"""Faults a walk-through found in the window: each ends in one sentence, with nothing lost and nothing stuck."""
+import subprocess
+import sys
+from pathlib import Path
+
+from PySide6.QtWidgets import QDialogButtonBox
+
+from app_helpers import make_window
+from app.main import main
+from app.settings import AppSettings
+from app.startup import UNREADABLE_SETTINGS_KEY, load_settings
+from app.store import Store
+from app.views.settings_dialog import AppSettingsDialog, MachineLimits
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_settings_refuse_a_models_folder_that_cannot_be_created(qtbot, data_dir, tmp_path):
+    window = make_window(qtbot, data_dir)
+    dialog = AppSettingsDialog(window.settings, window, limits=MachineLimits(16 * 2**30))
+    qtbot.addWidget(dialog)
+    dialog.show()
+    blocker = tmp_path / "a file"
+    blocker.write_text("not a folder")
+    dialog.models_dir.setText(str(blocker / "models"))            # under a file: no one can create it
+    height_before = dialog.height()
+    dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
+    error = dialog.models_dir_error
+    assert dialog.isVisible() and error.isVisible()
+    assert error.text().startswith("Sluice cannot create the models folder") and error.text().count(". ") == 0
+    assert dialog.height() >= height_before and dialog.height() >= dialog.sizeHint().height()   # it grew
+    assert error.geometry().bottom() < dialog.findChild(QDialogButtonBox).geometry().top()
+    dialog.models_dir.setText(str(tmp_path / "models"))
+    dialog.accept()
+    assert not dialog.isVisible() and (tmp_path / "models").is_dir()
+    assert window.shutdown()
+
+
+def test_malformed_remote_endpoints_and_server_port_do_not_stop_the_app(qtbot, data_dir):
+    good = {"url": "http://127.0.0.1:9/v1", "api_key": "", "models": ["m"]}
+    saved = {"remote_endpoints": ["junk", {"url": 5}, good, {"url": "http://x/v1", "models": [3]}],
+             "server": {"port": "eighty", "lan": True}, "device": "cpu"}
+    store = Store(data_dir / "sluice.db")
+    store.set_setting("app", saved)
+    [notice] = load_settings(store)
+    assert "2 of the saved remote endpoints" not in notice.text and "3 of the saved remote endpoints" in notice.text
+    assert "'port' ('eighty')" in notice.text and notice.text.count(". ") == 0
+    assert store.get_setting(UNREADABLE_SETTINGS_KEY) == saved                # nothing lost: the original is kept
+    settings = AppSettings.load(store)
+    assert settings.remote_endpoints == [good] and settings.server == {"lan": True} and settings.device == "cpu"
+    store.close()
+    window = make_window(qtbot, data_dir)                                     # the window opens on them
+    assert window.server_panel.port.value() == 8000
+    assert any("remote" in window.model_picker.itemText(i) for i in range(window.model_picker.count()))
+    assert window.shutdown()
+
+
+def test_the_exit_hook_is_a_flag_not_an_environment_variable(capsys):
+    assert main(["--exit-after-ms", "soon"]) == 2
+    assert "--exit-after-ms takes a number of milliseconds." in capsys.readouterr().err
+    product = [p for p in (ROOT / "app").rglob("*.py") if "SLUICE_EXIT_AFTER_MS" in p.read_text()]
+    assert not product
+
+
+def test_the_app_reads_no_environment_variable_but_the_documented_ones():
+    """Only SLUICE_DATA_DIR (app.paths) among SLUICE_*; the desktop's XDG_* and display variables are the OS's."""
+    found = subprocess.run(["grep", "-rhoE", "SLUICE_[A-Z_]+", "app"], cwd=ROOT, capture_output=True, text=True)
+    assert set(found.stdout.split()) <= {"SLUICE_DATA_DIR", "SLUICE_API_KEY"}, found.stdout
+    assert sys.executable
