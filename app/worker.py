@@ -104,21 +104,25 @@ class EngineWorker:
             log.exception("pinning the engine thread failed")
 
     def load_model(self, model_dir: str, options: dict, report, stop: threading.Event) -> dict:
-        """Loads the model (closing the one before); returns engine.info."""
-        self._close_engine()
-
+        """Loads the model (closing the one before); returns engine.info. A remote model is connected first,
+        so an endpoint that cannot be reached leaves the loaded engine as it was."""
         def progress(done: int, total: int, message: str = "") -> None:
             if stop.is_set():
                 raise WorkStopped()
             report((int(done), int(total), str(message)))
 
         load = self._load_fn
-        if load is None and model_dir.startswith("remote:"):     # a model on an OpenAI-compatible endpoint
+        is_remote = load is None and model_dir.startswith("remote:")      # an OpenAI-compatible endpoint
+        if is_remote:
             from .remote import RemoteEngine
-            load = RemoteEngine.connect
-        elif load is None:
-            from engine import load
-        self.engine = load(model_dir, progress=progress, **options)
+            engine = RemoteEngine.connect(model_dir, progress=progress, **options)
+            self._close_engine()
+            self.engine = engine
+        else:
+            self._close_engine()
+            if load is None:
+                from engine import load
+            self.engine = load(model_dir, progress=progress, **options)
         if stop.is_set():
             self._close_engine()
             raise WorkStopped()

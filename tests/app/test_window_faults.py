@@ -67,3 +67,18 @@ def test_the_app_reads_no_environment_variable_but_the_documented_ones():
     found = subprocess.run(["grep", "-rhoE", "SLUICE_[A-Z_]+", "app"], cwd=ROOT, capture_output=True, text=True)
     assert set(found.stdout.split()) <= {"SLUICE_DATA_DIR", "SLUICE_API_KEY"}, found.stdout
     assert sys.executable
+
+
+def test_an_unreachable_remote_model_keeps_the_local_model_loaded(qtbot, loaded_window):
+    from app.remote import model_key
+    window = loaded_window
+    engine, name = window.host.worker.engine, window.model_info["name"]
+    url = "http://127.0.0.1:9/v1"                                        # the discard port: nothing listens
+    window.settings.remote_endpoints = [{"url": url, "api_key": "", "models": ["far-model"]}]
+    with qtbot.waitSignal(window.host.load_failed, timeout=30_000):
+        window.load_model(model_key(url, "far-model"))
+    assert window.host.worker.engine is engine and window.model_info["name"] == name
+    assert window.model_label.text().startswith(name)
+    sentence = window.last_dialog.text()
+    assert sentence.endswith(f"; {name} stays loaded.") and sentence.count(". ") == 0
+    window.last_dialog.close()
