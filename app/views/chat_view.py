@@ -36,6 +36,7 @@ class ChatView(QScrollArea):
         self._layout.setSpacing(10)
         self.placeholder = QLabel("Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.")
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)                # a narrow column wraps it instead of cutting both ends
         self.placeholder.setStyleSheet(f"color: {theme.muted_color()}; font-size: 14px; padding: 40px;")
         self._layout.addWidget(self.placeholder)
         self.context_marker = QLabel()             # where older turns were left out of the model's context

@@ -90,8 +90,8 @@ class LivePanels(QWidget):
         self.speed_label = QLabel("—")
         self.speculation_label = QLabel("—")
         self.memory_label = QLabel("—")
-        for label in (self.gpu_label, self.core_label):    # long lines wrap: the panel keeps its width
-            label.setWordWrap(True)
+        for label in (self.gpu_label, self.core_label, self.speed_label, self.memory_label):   # long lines wrap:
+            label.setWordWrap(True)                                                             # nothing is cut
         self.memory_label.setToolTip("What this process holds besides the RAM cache (anonymous memory: torch, CUDA, Qt, "
                                      "Python), and the GPU memory the driver shows for it against the VRAM budget.")
         self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
@@ -123,6 +123,7 @@ class LivePanels(QWidget):
         self.cache_bar.setRange(0, 1000)
         self.cache_bar.setFormat("—")
         self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
+        self.cache_label.setWordWrap(True)
         self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
                                                     units="%")
         box_layout = QVBoxLayout(box)
@@ -140,6 +141,7 @@ class LivePanels(QWidget):
         self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
                                                                           "prefill": COLORS["prefill"]})
         self.disk_label = QLabel("engine read 0 B")
+        self.disk_label.setWordWrap(True)
         box_layout = QVBoxLayout(box)
         box_layout.addWidget(self.disk_label)
         for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
@@ -168,6 +170,7 @@ class LivePanels(QWidget):
             plot.enableAutoRange(axis="y")
         plot.getViewBox().setLimits(yMin=0)          # all values are >= 0; no empty negative half
         plot.hideAxis("bottom")                      # x: the last 60 s, newest on the right
+        plot.getPlotItem().layout.setContentsMargins(2, 4, 6, 8)   # room for the lowest tick's label
         # the system's disk reads include the engine's own; draw them dashed, beneath the engine's line
         items = {name: plot.plot([], [], name=name, connect="finite",
                                  pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DashLine if name == "system"

@@ -80,7 +80,6 @@ class AppSettingsDialog(QDialog):
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
-        layout.setSizeConstraint(QVBoxLayout.SizeConstraint.SetMinimumSize)   # an error shown grows the dialog
         layout.addLayout(form)
         layout.addWidget(buttons)
 
@@ -218,7 +217,21 @@ class AppSettingsDialog(QDialog):
         if is_valid:
             super().accept()
         else:
-            self.adjustSize()          # the errors shown take room: the dialog grows, nothing overlaps
+            self._grow_to_fit()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._grow_to_fit()
+
+    def _grow_to_fit(self) -> None:
+        """As tall as its wrapped notes and errors need at its width (a form layout's size hint does not
+        count wrapped lines), so an error shown never overlaps the notes: the dialog grows."""
+        self.layout().activate()
+        height = self.heightForWidth(self.width())
+        if height > 0:
+            self.setMinimumHeight(height)
+            if height > self.height():
+                self.resize(self.width(), height)
 
     def _check_models_dir(self) -> bool:
         """The models folder must exist or be creatable (it is created here, as the app would at first use)."""

@@ -82,3 +82,29 @@ def test_an_unreachable_remote_model_keeps_the_local_model_loaded(qtbot, loaded_
     sentence = window.last_dialog.text()
     assert sentence.endswith(f"; {name} stays loaded.") and sentence.count(". ") == 0
     window.last_dialog.close()
+
+
+def _clipped_labels(root) -> list[str]:
+    """Visible labels narrower than their text needs (a label that wraps needs only its longest word)."""
+    from PySide6.QtWidgets import QLabel
+    return [label.text() for label in root.findChildren(QLabel)
+            if label.isVisible() and label.text() and label.width() < label.minimumSizeHint().width()]
+
+
+def test_nothing_is_clipped_at_the_default_size_or_the_minimum_one(qtbot, loaded_window):
+    window = loaded_window
+    window.controller.new_conversation()
+    for size in ((1280, 800), (window.minimumSize().width(), window.minimumSize().height())):
+        window.resize(*size)
+        qtbot.wait(100)
+        hidden = [a.text() for a in window.toolbar.actions()
+                  if a.text() and a.isVisible() and not window.toolbar.widgetForAction(a).isVisible()]
+        assert not hidden, f"toolbar actions behind the chevron at {size}: {hidden}"
+        assert window.chat_view.placeholder.wordWrap() and window.chat_view.placeholder.isVisible()
+        assert not _clipped_labels(window.panels), size
+    window.server_action.trigger()                                   # the Server panel opens as a tab
+    qtbot.wait(100)
+    assert window.panels_action.isChecked() and window.server_dock.isVisible()
+    assert window.tabifiedDockWidgets(window.server_dock) == [window.panels_dock]
+    assert window.width() >= window.minimumSizeHint().width()
+    window.server_action.trigger()
