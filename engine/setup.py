@@ -31,6 +31,5 @@ __all__ = sorted(_MODULE_OF)
 def __getattr__(name: str):
     if name not in _MODULE_OF:
         raise AttributeError(f"module 'engine.setup' has no attribute '{name}'")
-    value = getattr(importlib.import_module(_MODULE_OF[name]), _RENAMED.get(name, name))
-    globals()[name] = value          # resolved once
-    return value
+    # looked up at each use, not cached here: the source module stays the one place a name is defined
+    return getattr(importlib.import_module(_MODULE_OF[name]), _RENAMED.get(name, name))

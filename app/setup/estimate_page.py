@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
-                               QWizardPage)
+from PySide6.QtWidgets import (QFormLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTreeWidget,
+                               QTreeWidgetItem, QVBoxLayout, QWidget, QWizardPage)
 
+from .catalog import load_catalog
 from .common import VERDICT_COLORS, describe_machine, format_speed, machine_for, snapshot_dir
 from .quant_table import QuantTable
 from ..work import Work, stop_and_wait
@@ -71,6 +72,9 @@ class EstimatePage(QuantChoice, QWizardPage):
 
         self.status = QLabel("Reading config.json and the file list…")
         self.status.setWordWrap(True)
+        self.retry_button = QPushButton("Retry")         # shown when the hub cannot be reached
+        self.retry_button.clicked.connect(self.initializePage)
+        self.retry_button.setVisible(False)
         self.model_label, self.family_label, self.params_label = QLabel(), QLabel(), QLabel()
         self.files_label, self.machine_label = QLabel(), QLabel()
         for label in (self.model_label, self.family_label, self.params_label, self.files_label, self.machine_label):
@@ -104,7 +108,10 @@ class EstimatePage(QuantChoice, QWizardPage):
         details.addWidget(self.verdict)
         details.addWidget(self.machine_label)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.status)
+        status_row = QHBoxLayout()
+        status_row.addWidget(self.status, 1)
+        status_row.addWidget(self.retry_button, 0, Qt.AlignmentFlag.AlignTop)
+        layout.addLayout(status_row)
         layout.addLayout(form)
         layout.addWidget(self.details)
         layout.addStretch(1)
@@ -121,6 +128,7 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.info = None
         self.quants.estimates = {}
         self._show_details(False)
+        self.retry_button.setVisible(False)
         for label in (self.model_label, self.family_label, self.params_label, self.files_label):
             label.clear()
         self.status.setText(f"Reading {repo_id}'s config.json and file list…")
@@ -138,8 +146,20 @@ class EstimatePage(QuantChoice, QWizardPage):
 
         stop_and_wait(self.task)
         self.task = Work(work, "estimate")
-        self.task.on(result=self._on_info,
-                     failed=lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>")).start()
+        self.task.on(result=self._on_info, failed=self._on_failed).start()
+
+    def _on_failed(self, message: str) -> None:
+        """The hub could not be read (offline, or it did not answer): what the catalog knows, and Retry."""
+        repo_id, _revision = self.wizard().repo_ref
+        self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
+        self.retry_button.setVisible(True)
+        known = next((m for m in load_catalog() if m.repo == repo_id), None)
+        self.model_label.setText(repo_id)
+        if known is None:
+            self.family_label.setText("not in Sluice's catalog: the hub is needed to read it")
+            return
+        self.family_label.setText(f"{known.family} — supported; {known.describe()} (from Sluice's catalog: the file "
+                                  f"list and the speed estimate need the hub)")
 
     def _on_info(self, result) -> None:
         from engine.setup import format_params, model_shape
