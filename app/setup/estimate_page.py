@@ -70,11 +70,7 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.task: Work | None = None
         self.info = None
 
-        self.status = QLabel("Reading config.json and the file list…")
-        self.status.setWordWrap(True)
-        self.retry_button = QPushButton("Retry")         # shown when the hub cannot be reached
-        self.retry_button.clicked.connect(self.initializePage)
-        self.retry_button.setVisible(False)
+        status_row = self._status_row()
         self.model_label, self.family_label, self.params_label = QLabel(), QLabel(), QLabel()
         self.files_label, self.machine_label = QLabel(), QLabel()
         for label in (self.model_label, self.family_label, self.params_label, self.files_label, self.machine_label):
@@ -108,15 +104,24 @@ class EstimatePage(QuantChoice, QWizardPage):
         details.addWidget(self.verdict)
         details.addWidget(self.machine_label)
         layout = QVBoxLayout(self)
-        status_row = QHBoxLayout()
-        status_row.addWidget(self.status, 1)
-        status_row.addWidget(self.retry_button, 0, Qt.AlignmentFlag.AlignTop)
         layout.addLayout(status_row)
         layout.addLayout(form)
         layout.addWidget(self.details)
         layout.addStretch(1)
         self.quants.quant_changed.connect(self._on_quant)
         self._show_details(False)
+
+    def _status_row(self) -> QHBoxLayout:
+        """What the page is doing or what went wrong, and Retry (shown when the hub cannot be reached)."""
+        self.status = QLabel("Reading config.json and the file list…")
+        self.status.setWordWrap(True)
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.clicked.connect(self.initializePage)
+        self.retry_button.setVisible(False)
+        row = QHBoxLayout()
+        row.addWidget(self.status, 1)
+        row.addWidget(self.retry_button, 0, Qt.AlignmentFlag.AlignTop)
+        return row
 
     def _show_details(self, visible: bool) -> None:
         self.details.setVisible(visible)

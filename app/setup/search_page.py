@@ -13,6 +13,19 @@ COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
 SEARCH_TIMEOUT_S = 6        # the hub client retries for up to half a minute offline: say so before that
 
 
+def _results_tree() -> QTreeWidget:
+    results = QTreeWidget()
+    results.setHeaderLabels(COLUMNS)
+    results.setRootIsDecorated(False)
+    results.setAlternatingRowColors(True)
+    header = results.header()
+    header.setStretchLastSection(False)
+    header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    for col in range(1, len(COLUMNS)):
+        header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+    return results
+
+
 class SearchPage(QWizardPage):
     def __init__(self, models_dir, parent=None):
         super().__init__(parent)
@@ -36,15 +49,7 @@ class SearchPage(QWizardPage):
         self._timeout.timeout.connect(lambda: self._on_failed(
             f"The Hugging Face hub did not answer within {SEARCH_TIMEOUT_S} s; check the internet connection "
             "and press Retry. The models listed here need no search."))
-        self.results = QTreeWidget()
-        self.results.setHeaderLabels(COLUMNS)
-        self.results.setRootIsDecorated(False)
-        self.results.setAlternatingRowColors(True)
-        header = self.results.header()
-        header.setStretchLastSection(False)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col in range(1, len(COLUMNS)):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        self.results = _results_tree()
 
         row = QHBoxLayout()
         row.addWidget(self.query, 1)

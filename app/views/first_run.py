@@ -59,7 +59,11 @@ class FirstRunPage(QWidget):
         row.addStretch(1)
         outer.addLayout(row)
         outer.addStretch(2)
-        scroll = QScrollArea()          # a window at its minimum height scrolls the page, never cuts its text
+        self._scrolled(content)
+
+    def _scrolled(self, content: QWidget) -> None:
+        """A window at its minimum height scrolls the page, never cuts its text."""
+        scroll = QScrollArea()
         scroll.setWidget(content)
         scroll.setWidgetResizable(True)
         scroll.setFrameShape(QFrame.Shape.NoFrame)
