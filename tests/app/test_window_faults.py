@@ -108,3 +108,18 @@ def test_nothing_is_clipped_at_the_default_size_or_the_minimum_one(qtbot, loaded
     assert window.tabifiedDockWidgets(window.server_dock) == [window.panels_dock]
     assert window.width() >= window.minimumSizeHint().width()
     window.server_action.trigger()
+
+
+def test_idle_panels_show_idle_not_the_last_speed(qtbot):
+    from app.views.panels import LivePanels
+    from engine.runtime.telemetry import Telemetry
+    telemetry = Telemetry()
+    telemetry.set(decode_tok_s=42.0, prefill_tok_s=300.0)
+    panels = LivePanels(telemetry.snapshot)
+    qtbot.addWidget(panels)
+    panels.show()
+    panels.set_busy(True)
+    panels.refresh()
+    assert panels.speed_label.text().startswith("decode 42.0 · prefill 300.0")
+    panels.set_busy(False)                                   # the answer ended: the engine's figures stay 42
+    assert panels.speed_label.text() == "idle" and panels.last_value("decode_tok_s") == 42.0
