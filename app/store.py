@@ -229,10 +229,14 @@ class Store:
             self._saver = StreamSaver(self.path, BUSY_TIMEOUT_S)
         self._saver.update(message_id, content)
 
+    def wait_saved(self) -> None:
+        """Returns once the streaming text handed over so far is in the file."""
+        if self._saver is not None:
+            self._saver.flush()
+
     def update_message(self, message_id: int, content: str | None = None, state: str | None = None,
                        stats: dict | None = None) -> None:
-        if self._saver is not None:
-            self._saver.flush()         # the batched text first, so this write is the last
+        self.wait_saved()               # the batched text first, so this write is the last
         sets, args = [], []
         for column, value in (("content", content), ("state", state),
                               ("stats", None if stats is None else json.dumps(stats))):
