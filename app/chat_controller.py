@@ -1,8 +1,8 @@
 """Chat state machine between the store, the engine thread and the views.
 
 Owns "which conversation is open" and "which answer is streaming" (one at a time, in any chat: it
-keeps streaming while the user reads another one). The streaming answer is saved to SQLite on every
-chunk (<= 40 per second), so a crash loses at most the last chunk of tokens. Views listen to the
+keeps streaming while the user reads another one). The streaming answer is saved to SQLite in batches
+by the store's saver thread, so a crash loses at most the last half second. Views listen to the
 signals below and call the public methods; they never touch the store directly.
 """
 from __future__ import annotations
@@ -211,7 +211,7 @@ class ChatController(QObject):
         if request_id != self._request_id or self._stream is None:
             return
         self._stream.content += text
-        self.store.update_message(self._stream.id, content=self._stream.content)
+        self.store.save_streaming(self._stream.id, self._stream.content)
         self.message_streamed.emit(self._stream.id, self._stream.content)
 
     def _on_finished(self, request_id: int, stats: dict) -> None:

@@ -46,13 +46,7 @@ def fit_chat(messages: list[dict], count_tokens, max_context: int, max_new_token
 
     head = 1 if messages and messages[0]["role"] == "system" else 0
     last_user = max((i for i, m in enumerate(messages) if m["role"] == "user"), default=len(messages) - 1)
-    alone = messages[:head] + messages[last_user:]
-    alone_tokens = count_tokens(alone)
-    if alone_tokens > budget:
-        what = "your message with the system prompt" if head else "your message"
-        raise SluiceError(f"This message is too long: {what} takes {alone_tokens:,} tokens, and the model's "
-                          f"context holds {max_context:,} tokens including room for a {answer_room:,}-token "
-                          f"answer; shorten it, or raise the context in Settings.")
+    _check_it_can_fit(messages, count_tokens, head, last_user, budget, max_context, answer_room)
     if policy == "stop":
         raise SluiceError(f"This chat is full: it takes {num_tokens:,} tokens and the model's context holds "
                           f"{max_context:,} including room for the answer; start a new chat, or choose "
@@ -74,6 +68,17 @@ def fit_chat(messages: list[dict], count_tokens, max_context: int, max_new_token
     kept = messages[:head] + messages[low:]
     num_tokens = count_tokens(kept)
     return FittedChat(kept, num_tokens, min(max_new_tokens, max_context - num_tokens), list(range(head, low)))
+
+
+def _check_it_can_fit(messages, count_tokens, head: int, last_user: int, budget: int, max_context: int,
+                      answer_room: int) -> None:
+    """SluiceError when even the last message alone (with the system prompt) does not fit."""
+    alone_tokens = count_tokens(messages[:head] + messages[last_user:])
+    if alone_tokens > budget:
+        what = "your message with the system prompt" if head else "your message"
+        raise SluiceError(f"This message is too long: {what} takes {alone_tokens:,} tokens, and the model's "
+                          f"context holds {max_context:,} tokens including room for a {answer_room:,}-token "
+                          f"answer; shorten it, or raise the context in Settings.")
 
 
 def _first_exchange_end(messages: list[dict], head: int) -> int:

@@ -8,7 +8,7 @@ import threading
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.errors import user_sentence
+from engine import user_sentence
 
 log = logging.getLogger("sluice.crash")
 

@@ -6,7 +6,6 @@ around, and said in a dialog; uncaught exceptions go to sluice.log and a dialog 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 
 
@@ -57,9 +56,11 @@ def open_main_window(**window_options):
     return window
 
 
-def run_gui() -> int:
+def run_gui(exit_after_ms: int | None = None) -> int:
+    """The app until its window closes; exit_after_ms: close it after that long (the launcher's smoke test)."""
     log_file = _setup_logging()
-    logging.getLogger("sluice").info("Sluice starting (data folder %s)", os.environ.get("SLUICE_DATA_DIR", "default"))
+    from .paths import data_dir
+    logging.getLogger("sluice").info("Sluice starting (data folder %s)", data_dir())
     app = create_application()
     from PySide6.QtCore import QTimer
 
@@ -70,8 +71,6 @@ def run_gui() -> int:
     window = open_main_window()
     app.aboutToQuit.connect(window.shutdown)
     app.aboutToQuit.connect(reporter.uninstall)
-    # SLUICE_EXIT_AFTER_MS: close again after this many ms (smoke tests of the launcher's Exec line).
-    exit_after_ms = os.environ.get("SLUICE_EXIT_AFTER_MS")
-    if exit_after_ms:
-        QTimer.singleShot(int(exit_after_ms), window.close)
+    if exit_after_ms is not None:
+        QTimer.singleShot(exit_after_ms, window.close)
     return app.exec()

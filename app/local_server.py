@@ -8,8 +8,8 @@ from __future__ import annotations
 import secrets
 from typing import Callable
 
-from engine.errors import SluiceError
-from engine.serve import GenerationQueue, Server, is_loopback
+from engine import SluiceError
+from engine.setup import GenerationQueue, Server, is_loopback
 
 
 def new_api_key() -> str:

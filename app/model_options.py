@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.sizes import parse_size
+from engine import parse_size
 
 from .settings import AppSettings
 from .store import Store
@@ -27,7 +27,7 @@ def set_model_context(store: Store, path: str | Path, tokens: int | None) -> Non
 
 def load_options(settings: AppSettings, store: Store, path: str | Path) -> dict:
     """engine.load keyword arguments; raises SluiceError for a size that cannot be read."""
-    from engine.tools.demo import demo_load_options
+    from engine.setup import demo_load_options
     options = demo_load_options(path)
     if settings.vram_budget:
         options.pop("max_context", None)     # the demo's context is sized for its own budget: fit the user's
@@ -49,9 +49,9 @@ def load_options(settings: AppSettings, store: Store, path: str | Path) -> dict:
 def int8_dense_available(path: str | Path) -> bool:
     """Whether the model at `path` can keep its dense weights as int8 (its family names them); a model
     that cannot loads with them as stored, and one that cannot be read says why when it loads."""
-    from engine.errors import SluiceError
-    from engine.format.modeldir import is_model_dir, open_model_dir
-    from engine.model.dense_quant import available
+    from engine import SluiceError
+    from engine.setup import is_model_dir, open_model_dir
+    from engine.setup import dense_quant_available as available
     try:
         return is_model_dir(path) and available(open_model_dir(path).spec.family)
     except (SluiceError, OSError, ValueError):

@@ -10,8 +10,8 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.errors import SluiceError
-from engine.format.manifest_schema import check_manifest
+from engine import SluiceError
+from engine.setup import check_manifest
 
 log = logging.getLogger("sluice.models")
 

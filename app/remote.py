@@ -14,8 +14,8 @@ from urllib.parse import urlparse
 
 import httpx
 
-from engine.errors import SluiceError
-from engine.params import GenerationParams, TokenEvent
+from engine import SluiceError
+from engine import GenerationParams, TokenEvent
 
 REMOTE_PREFIX = "remote:"
 CONNECT_TIMEOUT_S = 5.0
@@ -97,6 +97,29 @@ def _models(url: str, api_key: str | None) -> list[dict]:
     return models
 
 
+def _choices(chunk: dict):
+    """(text, finish_reason) of each choice in a streamed chunk."""
+    for choice in chunk.get("choices") or []:
+        yield (choice.get("delta") or {}).get("content") or "", choice.get("finish_reason")
+
+
+class _StreamClock:
+    """Time to the first chunk and the decode rate after it, written into the engine's stats as chunks arrive."""
+
+    def __init__(self, stats: dict):
+        self.stats, self.started, self.first, self.count = stats, time.perf_counter(), None, 0
+
+    def tick(self) -> None:
+        now = time.perf_counter()
+        self.count += 1
+        if self.first is None:
+            self.first = now
+            self.stats["ttft_s"] = now - self.started
+        elif now > self.first:
+            self.stats["decode_tok_s"] = (self.count - 1) / (now - self.first)
+        self.stats["generated"] = self.count
+
+
 class RemoteEngine:
     def __init__(self, url: str, model: str, api_key: str | None = None, max_context: int | None = None):
         self.url, self.model, self.api_key = normalise_url(url), model, api_key
@@ -124,56 +147,49 @@ class RemoteEngine:
     def generate(self, prompt, params: GenerationParams | None = None):
         params = params or GenerationParams()
         self._cancel.clear()
-        body = {"model": self.model, "messages": list(prompt), "stream": True, "max_tokens": params.max_new_tokens,
-                "temperature": params.temperature, "top_p": params.top_p,
-                "stream_options": {"include_usage": True}}
-        if params.seed is not None:
-            body["seed"] = params.seed
-        if params.stop:
-            body["stop"] = params.stop
-        if params.top_k:
-            body["top_k"] = params.top_k
-        started, first, count, finish = time.perf_counter(), None, 0, None
         self._stats.update(generated=0, decode_tok_s=0.0, ttft_s=0.0)
+        finish = None
         try:
-            with self._client.stream("POST", self.url + "/chat/completions", json=body) as response:
+            with self._client.stream("POST", self.url + "/chat/completions", json=self._body(prompt, params)) as response:
                 if response.status_code != 200:
                     response.read()
                     raise _http_error(self.url, response)
                 self._response = response
-                for line in response.iter_lines():
-                    if self._cancel.is_set():
-                        break
-                    if not line.startswith("data:") or line[5:].strip() == "[DONE]":
-                        continue
-                    chunk = json.loads(line[5:])
-                    if "error" in chunk:
-                        message = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
-                        raise SluiceError(f"{urlparse(self.url).netloc} stopped: {str(message).rstrip('.')}.")
-                    if chunk.get("usage"):
-                        self._stats["prompt"] = chunk["usage"].get("prompt_tokens", 0)
-                    for choice in chunk.get("choices") or []:
-                        text = (choice.get("delta") or {}).get("content") or ""
-                        finish = choice.get("finish_reason") or finish
+                clock = _StreamClock(self._stats)
+                for chunk in self._chunks(response):
+                    for text, finish_reason in _choices(chunk):
+                        finish = finish_reason or finish
                         if text:
-                            now = time.perf_counter()
-                            count += 1
-                            if first is None:
-                                first = now
-                                self._stats["ttft_s"] = now - started
-                            elif now > first:
-                                self._stats["decode_tok_s"] = (count - 1) / (now - first)
-                            self._stats["generated"] = count
+                            clock.tick()
                             yield TokenEvent(0, text)    # one streamed chunk counts as one token
         except httpx.HTTPError as exc:
             if not self._cancel.is_set():
                 raise _failure(self.url, exc) from None
         finally:
             self._response = None
-        if self._cancel.is_set():
-            yield TokenEvent(None, "", True, "cancelled")
-        else:
-            yield TokenEvent(None, "", True, FINISH.get(finish, "eos"))
+        yield TokenEvent(None, "", True, "cancelled" if self._cancel.is_set() else FINISH.get(finish, "eos"))
+
+    def _body(self, prompt, params: GenerationParams) -> dict:
+        body = {"model": self.model, "messages": list(prompt), "stream": True, "max_tokens": params.max_new_tokens,
+                "temperature": params.temperature, "top_p": params.top_p,
+                "stream_options": {"include_usage": True}}
+        optional = {"seed": params.seed, "stop": params.stop or None, "top_k": params.top_k or None}
+        return {**body, **{key: value for key, value in optional.items() if value is not None}}
+
+    def _chunks(self, response: httpx.Response):
+        """The server-sent events' JSON chunks until [DONE] or a cancel; an error event is one sentence."""
+        for line in response.iter_lines():
+            if self._cancel.is_set():
+                return
+            if not line.startswith("data:") or line[5:].strip() == "[DONE]":
+                continue
+            chunk = json.loads(line[5:])
+            if "error" in chunk:
+                message = chunk["error"].get("message") if isinstance(chunk["error"], dict) else chunk["error"]
+                raise SluiceError(f"{urlparse(self.url).netloc} stopped: {str(message).rstrip('.')}.")
+            if chunk.get("usage"):
+                self._stats["prompt"] = chunk["usage"].get("prompt_tokens", 0)
+            yield chunk
 
     def cancel(self) -> None:
         """Stop within one chunk; closing the connection tells the server to stop generating too."""

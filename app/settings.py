@@ -5,8 +5,7 @@ import logging
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from engine.errors import SluiceError
-from engine.sizes import parse_size
+from engine import SluiceError, parse_size
 
 from . import keys, paths
 from .store import Store
@@ -75,10 +74,13 @@ class AppSettings:
                 continue
             value, default = saved[f.name], getattr(settings, f.name)
             problem = _problem(f.name, value, default)
+            if problem is None and f.name in _REPAIRS:
+                value, problem = _REPAIRS[f.name](value)       # the readable part is kept
+                setattr(settings, f.name, value)
+            elif problem is None:
+                setattr(settings, f.name, value)
             if problem:
                 problems.append(problem)
-            else:
-                setattr(settings, f.name, value)
         settings.remote_endpoints = [_key_from_keyring(e) for e in settings.remote_endpoints]
         return settings, problems
 
@@ -115,3 +117,25 @@ def _problem(name: str, value, default) -> str | None:
         except SluiceError:
             return f"'{name}' holds {value!r}, which is not a size like 8GB"
     return None
+
+
+def _repair_endpoints(endpoints: list) -> tuple[list, str | None]:
+    """The well-formed remote endpoints ({"url": str, "api_key": str, "models": [str]}), and what was left out."""
+    kept = [e for e in endpoints if isinstance(e, dict) and isinstance(e.get("url"), str) and e["url"]
+            and isinstance(e.get("api_key", ""), (str, type(None)))
+            and isinstance(e.get("models", []), list) and all(isinstance(m, str) for m in e.get("models", []))]
+    left_out = len(endpoints) - len(kept)
+    return kept, (f"{left_out} of the saved remote endpoints could not be read" if left_out else None)
+
+
+def _repair_server(server: dict) -> tuple[dict, str | None]:
+    """The Local server's settings with an unreadable port, key or LAN switch back at its default."""
+    checks = {"port": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 65535,
+              "api_key": lambda v: isinstance(v, str), "lan": lambda v: isinstance(v, bool)}
+    bad = [key for key, is_valid in checks.items() if key in server and not is_valid(server[key])]
+    kept = {key: value for key, value in server.items() if key not in bad}
+    return kept, ("the Local server's " + ", ".join(f"'{key}' ({server[key]!r})" for key in bad)
+                  + " could not be read" if bad else None)
+
+
+_REPAIRS = {"remote_endpoints": _repair_endpoints, "server": _repair_server}

@@ -102,6 +102,9 @@ def _read_only(db_path: Path, exc: Exception) -> Startup:
     return Startup(store, [Notice("Chat history is read-only", text, db_path, "read_only_database")])
 
 
+UNREADABLE_SETTINGS_KEY = "app.unreadable"     # the saved settings as they were before a repair
+
+
 def load_settings(store: Store) -> list[Notice]:
     """Check the saved settings; unreadable values are replaced by defaults (saved back) and named."""
     settings, problems = AppSettings.load_checked(store)
@@ -110,11 +113,15 @@ def load_settings(store: Store) -> list[Notice]:
     for problem in problems:
         log.warning("settings: %s; using the default", problem)
     try:
+        store.set_setting(UNREADABLE_SETTINGS_KEY, store.get_setting("app", None))   # kept, not lost
+    except (ValueError, sqlite3.Error) as exc:
+        log.warning("cannot keep a copy of the unreadable settings: %s", exc)
+    try:
         settings.save(store)
     except sqlite3.Error as exc:
         log.warning("cannot save the repaired settings: %s", exc)
     return [Notice("Settings reset", "Some saved settings could not be read (" + "; ".join(problems) +
-                   "), so Sluice uses the defaults for them. Check them in Settings….", None, "settings")]
+                   "), so Sluice uses the defaults for them; check them in Settings….", None, "settings")]
 
 
 def models_folder_problem(path: Path) -> str | None:

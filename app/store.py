@@ -1,7 +1,7 @@
 """Conversations, messages and settings in one SQLite file (WAL). Qt-free; used from the GUI thread only.
 
-An answer is written while it streams (state "streaming", content growing), so a crash loses at most
-the tokens since the last flush; at the next start such rows are marked "interrupted".
+An answer is written while it streams (state "streaming", content growing) by app.stream_saver's thread,
+in batches, so a crash loses at most the last half second; at the next start such rows are marked "interrupted".
 Opening checks the file (quick_check, the expected columns) and raises sqlite3.DatabaseError when it
 is damaged; app.startup decides what to do then. A row whose JSON is damaged reads as defaults.
 """
@@ -13,6 +13,8 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .stream_saver import StreamSaver
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 2.0        # how long a write waits for another process's lock before "database is locked"
@@ -118,6 +120,7 @@ class Store:
             # autocommit; one statement = one txn
             connection = sqlite3.connect(str(self.path), isolation_level=None, timeout=BUSY_TIMEOUT_S)
         self._db = connection
+        self._saver: StreamSaver | None = None
         try:
             self._prepare()
         except BaseException:
@@ -165,6 +168,8 @@ class Store:
         self._db.execute("UPDATE messages SET state='interrupted' WHERE state='streaming'")
 
     def close(self) -> None:
+        if self._saver is not None:
+            self._saver.close()
         self._db.close()
         self.is_closed = True
 
@@ -216,8 +221,23 @@ class Store:
         self.touch(conversation_id)
         return Message(cur.lastrowid, conversation_id, role, content, state, dict(stats or {}), now)
 
+    def save_streaming(self, message_id: int, content: str) -> None:
+        """The streaming answer's text so far, saved in batches off the caller's thread (a copy of the file
+        saves nothing until the answer's final update_message)."""
+        if self.is_read_only:
+            return
+        if self._saver is None:
+            self._saver = StreamSaver(self.path, BUSY_TIMEOUT_S)
+        self._saver.update(message_id, content)
+
+    def wait_saved(self) -> None:
+        """Returns once the streaming text handed over so far is in the file."""
+        if self._saver is not None:
+            self._saver.flush()
+
     def update_message(self, message_id: int, content: str | None = None, state: str | None = None,
                        stats: dict | None = None) -> None:
+        self.wait_saved()               # the batched text first, so this write is the last
         sets, args = [], []
         for column, value in (("content", content), ("state", state),
                               ("stats", None if stats is None else json.dumps(stats))):

@@ -1,7 +1,8 @@
 """Turns engine telemetry snapshots (engine.runtime.telemetry) into the series the live panels plot. Qt-free.
 
-Rates come from deltas of the cumulative byte counters between two snapshots, so they are true
-averages over the ~100 ms refresh interval whatever the engine's own instantaneous figures say.
+Every derived figure comes from the engine: the interval rates from engine.interval_figures (deltas of
+the cumulative counters between two snapshots), hit rates and recall from the snapshot itself. While
+the engine is idle the speed series hold NaN: an idle panel shows no speed, not the last answer's.
 """
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import math
 import sys
 from collections import deque
 from dataclasses import dataclass, field
+
+from engine import interval_figures
 
 GB = 1e9
 
@@ -40,7 +43,8 @@ class TelemetryHistory:
         self._previous: tuple[float, dict, int | None] | None = None
         self._t0: float | None = None
 
-    def push(self, snapshot: dict, now_s: float, system_read_bytes: int | None = None) -> None:
+    def push(self, snapshot: dict, now_s: float, system_read_bytes: int | None = None,
+             is_busy: bool = True) -> None:
         if self._t0 is None:
             self._t0 = now_s
         self.latest = snapshot
@@ -49,25 +53,20 @@ class TelemetryHistory:
         if previous is None or now_s <= previous[0]:
             return
         dt = now_s - previous[0]
-        before = previous[1]
-
-        def rate(section: str, key: str) -> float:
-            return max(0.0, _get(snapshot, section, key) - _get(before, section, key)) / dt / GB
-
-        lookups = (_get(snapshot, "ram_cache", "hits") + _get(snapshot, "ram_cache", "misses")
-                   - _get(before, "ram_cache", "hits") - _get(before, "ram_cache", "misses"))
-        hits = _get(snapshot, "ram_cache", "hits") - _get(before, "ram_cache", "hits")
+        figures = interval_figures(previous[1], snapshot, dt)
         system = math.nan
         if system_read_bytes is not None and previous[2] is not None:
             system = max(0, system_read_bytes - previous[2]) / dt / GB
+        speed = (lambda key: float(_get(snapshot, "speed", key))) if is_busy else (lambda key: math.nan)
+        hit_rate = figures["ram_hit_rate"]
         values = {
             "time_s": now_s - self._t0,
-            "decode_tok_s": float(_get(snapshot, "speed", "decode_tok_s")),
-            "prefill_tok_s": float(_get(snapshot, "speed", "prefill_tok_s")),
-            "disk_gbps": rate("disk", "bytes_read"),
+            "decode_tok_s": speed("decode_tok_s"),
+            "prefill_tok_s": speed("prefill_tok_s"),
+            "disk_gbps": figures["disk_gbps"],
             "system_disk_gbps": system,
-            "h2d_gbps": rate("h2d", "bytes"),
-            "hit_rate": hits / lookups if lookups > 0 else math.nan,
+            "h2d_gbps": figures["h2d_gbps"],
+            "hit_rate": math.nan if hit_rate is None else hit_rate,
         }
         for name, value in values.items():
             self.series[name].push(value)
@@ -84,12 +83,13 @@ class TelemetryHistory:
             "capacity_bytes": _get(s, "ram_cache", "capacity_bytes"),
             "hits": hits, "misses": misses, "evictions": _get(s, "ram_cache", "evictions"),
             "fill_reads": _get(s, "ram_cache", "fill_reads"),      # read ahead into free slots (Experts.fill)
-            "hit_rate": hits / (hits + misses) if hits + misses else None,
+            "hit_rate": _get(s, "ram_cache", "hit_rate") if hits + misses else None,     # None: no lookup yet
         }
 
     def speculation_recall(self) -> float | None:
-        predicted = _get(self.latest, "speculation", "predicted")
-        return _get(self.latest, "speculation", "correct") / predicted if predicted else None
+        """The engine's recall, None before its first prediction."""
+        has_predicted = _get(self.latest, "speculation", "predicted") > 0
+        return _get(self.latest, "speculation", "recall") if has_predicted else None
 
     def slots(self) -> list[dict]:
         return list(_get(self.latest, "vram", "slots", []) or [])

@@ -26,7 +26,7 @@ class WorkStopped(Exception):
 def user_message(exc: BaseException, fallback: str = "The engine failed") -> str:
     """One sentence for a dialog: SluiceError texts (and a full disk, memory running out) as they are,
     anything else as `fallback (first line of the error)` pointing to the log."""
-    from engine.errors import user_sentence
+    from engine import user_sentence
     known = user_sentence(exc)
     if known:
         return known
@@ -45,8 +45,8 @@ def log_failure(exc: BaseException, message: str, *args) -> None:
 
 def _is_stop(exc: BaseException) -> bool:
     """The ways a call ends because its stop_event was set."""
-    from engine.format.repack import RepackCancelled
-    from engine.hub.download import DownloadStopped
+    from engine.setup import RepackCancelled
+    from engine.setup import DownloadStopped
     return isinstance(exc, (WorkStopped, DownloadStopped, RepackCancelled))
 
 

@@ -96,29 +96,33 @@ class EngineWorker:
         """Pins the engine thread to the performance cores (panels show them and the thread's core)."""
         self.native_thread_id = threading.get_native_id()
         try:
-            from engine.plan import hardware
-            self.pinned_cores = hardware.pin_current_thread_to_performance_cores()
+            from engine.setup import pin_current_thread_to_performance_cores
+            self.pinned_cores = pin_current_thread_to_performance_cores()
             import torch
             self.compute_threads = torch.get_num_threads()       # as this thread sees it (its parallel ops)
         except Exception:   # pinning is an optimisation: never fail the app for it
             log.exception("pinning the engine thread failed")
 
     def load_model(self, model_dir: str, options: dict, report, stop: threading.Event) -> dict:
-        """Loads the model (closing the one before); returns engine.info."""
-        self._close_engine()
-
+        """Loads the model (closing the one before); returns engine.info. A remote model is connected first,
+        so an endpoint that cannot be reached leaves the loaded engine as it was."""
         def progress(done: int, total: int, message: str = "") -> None:
             if stop.is_set():
                 raise WorkStopped()
             report((int(done), int(total), str(message)))
 
         load = self._load_fn
-        if load is None and model_dir.startswith("remote:"):     # a model on an OpenAI-compatible endpoint
+        is_remote = load is None and model_dir.startswith("remote:")      # an OpenAI-compatible endpoint
+        if is_remote:
             from .remote import RemoteEngine
-            load = RemoteEngine.connect
-        elif load is None:
-            from engine import load
-        self.engine = load(model_dir, progress=progress, **options)
+            engine = RemoteEngine.connect(model_dir, progress=progress, **options)
+            self._close_engine()
+            self.engine = engine
+        else:
+            self._close_engine()
+            if load is None:
+                from engine import load
+            self.engine = load(model_dir, progress=progress, **options)
         if stop.is_set():
             self._close_engine()
             raise WorkStopped()
@@ -176,7 +180,7 @@ class EngineWorker:
 
     def build_demo(self, dst: str, report, stop: threading.Event) -> str:
         """Builds the demo model (random weights) at dst; returns its path."""
-        from engine.tools.demo import build_demo_model
+        from engine.setup import build_demo_model
 
         def progress(done, total, message: str = "") -> None:
             if stop.is_set():
@@ -195,7 +199,7 @@ class EngineWorker:
         if engine is None or "path" not in engine.info or engine.info.get("device") == "remote":
             return None
         try:
-            from engine.plan.estimate import estimate_model_dir
+            from engine.setup import estimate_model_dir
             from .setup.common import machine_for
             info = engine.info
             device = "cuda" if str(info.get("device", "cpu")).startswith("cuda") else "cpu"

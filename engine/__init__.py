@@ -7,11 +7,15 @@ Public API (the GUI, CLI and server use only this):
     for event in eng.generate([{"role": "user", "content": "Hi"}], GenerationParams(max_new_tokens=64)):
         print(event.text, end="")
     eng.cancel()        # from any thread; generation stops within one token
-    eng.telemetry()     # thread-safe dict snapshot (schema: engine.runtime.telemetry)
+    eng.telemetry()     # thread-safe dict snapshot (schema: engine.runtime.telemetry), derived figures included
+    interval_figures(before, after, dt_s)   # rates and hit rate between two snapshots (the live panels' plots)
+
+The app's hub, estimate, repack, demo and server needs go through one more module, engine.setup.
     eng.close()
 """
-from engine.errors import SluiceError
+from engine.errors import SluiceError, user_sentence
 from engine.params import GenerationParams, TokenEvent
+from engine.sizes import format_size, parse_size
 
 
 def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype=None, progress=None,
@@ -28,4 +32,11 @@ def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype
                        dense_quant=dense_quant, options=options)
 
 
-__all__ = ["load", "GenerationParams", "TokenEvent", "SluiceError"]
+def interval_figures(before: dict, after: dict, dt_s: float) -> dict:
+    """Disk and host->device GB/s and the RAM hit rate between two telemetry snapshots dt_s apart."""
+    from engine.runtime.telemetry import interval_figures as figures
+    return figures(before, after, dt_s)
+
+
+__all__ = ["load", "GenerationParams", "TokenEvent", "SluiceError", "user_sentence", "format_size", "parse_size",
+           "interval_figures"]

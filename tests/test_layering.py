@@ -147,3 +147,15 @@ def test_scanner_sees_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from PySide6 import QtWidgets\n")
     assert "PySide6" in list(imported_modules(bad))
+
+
+def test_app_reaches_the_engine_through_its_public_api_and_the_setup_facade():
+    """The app imports `engine` (load, GenerationParams, ...) and `engine.setup` (hub, plan, repack, demo), nothing
+    deeper; every name the facade offers resolves."""
+    import engine.setup
+    reached = [f"{path.relative_to(ROOT)} imports {module}" for path in (ROOT / "app").rglob("*.py")
+               for module in imported_modules(path)
+               if module.split(".")[0] == "engine" and module not in ("engine", "engine.setup")]
+    assert not reached
+    for name in engine.setup.__all__:
+        assert getattr(engine.setup, name) is not None, name

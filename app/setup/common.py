@@ -21,7 +21,7 @@ def snapshot_dir(models_dir: Path, repo_id: str) -> Path:
 def unfinished_downloads(models_dir: Path) -> list[tuple[str, str, int]]:
     """(repo_id, revision, bytes on disk) of downloads that were stopped before the end, newest first."""
     import json
-    from engine.hub.download import STATE_DIR
+    from engine.setup import STATE_DIR
     found = []
     for manifest_path in (Path(models_dir) / DOWNLOADS_SUBDIR).glob(f"*/{STATE_DIR}/manifest.json"):
         try:
@@ -45,9 +45,9 @@ def model_dir_name(source_name: str, quant: str) -> str:
 def machine_for(models_dir: Path, device: str | None = None):
     """engine.plan.estimate.Machine for this computer, its disk measured on the models folder (once per run);
     device None = the GPU if there is one."""
-    from engine.plan.estimate import Machine
-    from engine.plan.hardware import probe
-    from engine.hub.download import free_disk_bytes
+    from engine.setup import Machine
+    from engine.setup import probe
+    from engine.setup import free_disk_bytes
     models_dir = Path(models_dir)
     key = str(models_dir.resolve())
     with _machine_lock:
@@ -64,7 +64,7 @@ def engine_options(parent) -> dict:
     """device / vram_budget / ram_cache / dense_quant as the app will load the model: from the main window's
     settings when the wizard has one as parent (the estimate then matches what the engine will do)."""
     from engine import SluiceError
-    from engine.sizes import parse_size
+    from engine import parse_size
     settings = getattr(parent, "settings", None)
     options = {"device": None, "vram_budget": None, "ram_cache": None, "dense_quant": None}
     if settings is None:
@@ -81,14 +81,14 @@ def engine_options(parent) -> dict:
 
 
 def describe_machine(hw) -> str:
-    from engine.sizes import format_size
+    from engine import format_size
     gpu = (f"{hw.gpus[0].name} with {format_size(hw.gpus[0].vram_total_bytes)}" if hw.gpus else "no GPU")
     disk = f"disk reads {format_rate(hw.disk_read_bps)}" if hw.disk_read_bps else "disk speed unknown"
     return f"This computer: {format_size(hw.ram_total_bytes)} RAM, {gpu}, {disk} (measured)."
 
 
 def format_rate(bps: float) -> str:
-    from engine.sizes import format_size
+    from engine import format_size
     return f"{format_size(bps)}/s"
 
 

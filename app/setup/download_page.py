@@ -53,7 +53,7 @@ class DownloadPage(QWizardPage):
         self.start()
 
     def start(self) -> None:
-        from engine.hub.download import download
+        from engine.setup import download
         wizard = self.wizard()
         info, dst = wizard.repo_info, self.dst
         extra = wizard.estimate.repacked_bytes if wizard.estimate else 0
@@ -68,7 +68,7 @@ class DownloadPage(QWizardPage):
                      stopped=self._on_stopped).start()
 
     def _on_progress(self, p) -> None:
-        from engine.sizes import format_size
+        from engine import format_size
         self.bar.setMaximum(max(1, p.bytes_total // BAR_SCALE))
         self.bar.setValue(p.bytes_done // BAR_SCALE)
         self.bytes_label.setText(f"{format_size(p.bytes_done)} of {format_size(p.bytes_total)} · "

@@ -2,23 +2,24 @@
 from __future__ import annotations
 
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import (QFormLayout, QHeaderView, QLabel, QTreeWidget, QTreeWidgetItem, QVBoxLayout, QWidget,
-                               QWizardPage)
+from PySide6.QtWidgets import (QFormLayout, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTreeWidget,
+                               QTreeWidgetItem, QVBoxLayout, QWidget, QWizardPage)
 
+from .catalog import load_catalog
 from .common import VERDICT_COLORS, describe_machine, format_speed, machine_for, snapshot_dir
 from .quant_table import QuantTable
 from ..work import Work, stop_and_wait
 
 
 def estimates_for(config: dict, download_bytes: int, missing_bytes: int, machine, options: dict) -> dict:
-    from engine.plan.estimate import QUANTS, estimate
+    from engine.setup import QUANTS, estimate
     return {q: estimate(config, download_bytes, machine, q, missing_download_bytes=missing_bytes,
                         vram_budget=options["vram_budget"], ram_cache=options["ram_cache"],
                         dense_quant=options.get("dense_quant"), suggest_int8_dense=True) for q in QUANTS}
 
 
 def verdict_html(est) -> str:
-    from engine.sizes import format_size
+    from engine import format_size
     color = VERDICT_COLORS[est.verdict]
     if est.verdict == "unavailable":
         return f"<p><b style='color:{color}; font-size:large'>Unavailable</b> — {est.reason}</p>"
@@ -69,8 +70,7 @@ class EstimatePage(QuantChoice, QWizardPage):
         self.task: Work | None = None
         self.info = None
 
-        self.status = QLabel("Reading config.json and the file list…")
-        self.status.setWordWrap(True)
+        status_row = self._status_row()
         self.model_label, self.family_label, self.params_label = QLabel(), QLabel(), QLabel()
         self.files_label, self.machine_label = QLabel(), QLabel()
         for label in (self.model_label, self.family_label, self.params_label, self.files_label, self.machine_label):
@@ -104,23 +104,36 @@ class EstimatePage(QuantChoice, QWizardPage):
         details.addWidget(self.verdict)
         details.addWidget(self.machine_label)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.status)
+        layout.addLayout(status_row)
         layout.addLayout(form)
         layout.addWidget(self.details)
         layout.addStretch(1)
         self.quants.quant_changed.connect(self._on_quant)
         self._show_details(False)
 
+    def _status_row(self) -> QHBoxLayout:
+        """What the page is doing or what went wrong, and Retry (shown when the hub cannot be reached)."""
+        self.status = QLabel("Reading config.json and the file list…")
+        self.status.setWordWrap(True)
+        self.retry_button = QPushButton("Retry")
+        self.retry_button.clicked.connect(self.initializePage)
+        self.retry_button.setVisible(False)
+        row = QHBoxLayout()
+        row.addWidget(self.status, 1)
+        row.addWidget(self.retry_button, 0, Qt.AlignmentFlag.AlignTop)
+        return row
+
     def _show_details(self, visible: bool) -> None:
         self.details.setVisible(visible)
 
     def initializePage(self) -> None:
-        from engine.hub.search import repo_info
-        from engine.hub.download import missing_bytes
+        from engine.setup import repo_info
+        from engine.setup import missing_bytes
         repo_id, revision = self.wizard().repo_ref
         self.info = None
         self.quants.estimates = {}
         self._show_details(False)
+        self.retry_button.setVisible(False)
         for label in (self.model_label, self.family_label, self.params_label, self.files_label):
             label.clear()
         self.status.setText(f"Reading {repo_id}'s config.json and file list…")
@@ -138,13 +151,25 @@ class EstimatePage(QuantChoice, QWizardPage):
 
         stop_and_wait(self.task)
         self.task = Work(work, "estimate")
-        self.task.on(result=self._on_info,
-                     failed=lambda msg: self.status.setText(f"<span style='color:#cf222e'>{msg}</span>")).start()
+        self.task.on(result=self._on_info, failed=self._on_failed).start()
+
+    def _on_failed(self, message: str) -> None:
+        """The hub could not be read (offline, or it did not answer): what the catalog knows, and Retry."""
+        repo_id, _revision = self.wizard().repo_ref
+        self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
+        self.retry_button.setVisible(True)
+        known = next((m for m in load_catalog() if m.repo == repo_id), None)
+        self.model_label.setText(repo_id)
+        if known is None:
+            self.family_label.setText("not in Sluice's catalog: the hub is needed to read it")
+            return
+        self.family_label.setText(f"{known.family} — supported; {known.describe()} (from Sluice's catalog: the file "
+                                  f"list and the speed estimate need the hub)")
 
     def _on_info(self, result) -> None:
-        from engine.plan.estimate import format_params, model_shape
-        from engine.hub.search import supported_families
-        from engine.sizes import format_size
+        from engine.setup import format_params, model_shape
+        from engine.setup import supported_families
+        from engine import format_size
         info, estimates, hw = result
         self.info = info
         self.wizard().repo_info = info

@@ -30,7 +30,7 @@ class QuantTable(QTableWidget):
         self.itemSelectionChanged.connect(lambda: self.quant_changed.emit(self.quant() or ""))
 
     def set_estimates(self, estimates: dict, preferred: str = "fp8") -> None:
-        from engine.sizes import format_size
+        from engine import format_size
         self.estimates = estimates
         self.setRowCount(len(estimates))
         for row, (quant, est) in enumerate(estimates.items()):

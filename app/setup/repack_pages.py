@@ -77,7 +77,7 @@ class RepackOptionsPage(QuantChoice, QWizardPage):
             self.set_source(path)
 
     def set_source(self, path: str) -> None:
-        from engine.model.spec import load_config_dict, read_spec
+        from engine.setup import load_config_dict, read_spec
         options = getattr(self.wizard(), "engine_options", None)
         if options is None:          # the wizard is closing (the source field lost focus as it went)
             return
@@ -196,7 +196,7 @@ class RepackProgressPage(QWizardPage):
         self.start()
 
     def start(self) -> None:
-        from engine.format.repack import repack
+        from engine.setup import repack
         wizard = self.wizard()
         src, dst, quant = wizard.repack_src, wizard.repack_dst, wizard.quant
         self.restart_button.setVisible(False)
@@ -260,7 +260,7 @@ class DonePage(QWizardPage):
         layout.addStretch(1)
 
     def initializePage(self) -> None:
-        from engine.sizes import format_size
+        from engine import format_size
         model_dir = self.wizard().model_dir
         size = sum(p.stat().st_size for p in model_dir.iterdir() if p.is_file())
         self.summary.setText(f"<p><b>{model_dir.name}</b> is ready ({format_size(size)}), in {model_dir.parent}.</p>"

@@ -5,12 +5,25 @@ from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWizardPage)
 
-from engine.hub.search import supported_families
+from engine.setup import supported_families
 
 from ..work import Work, stop_and_wait
 
 COLUMNS = ("Model", "Family", "Runs in Sluice", "Downloads", "Likes")
 SEARCH_TIMEOUT_S = 6        # the hub client retries for up to half a minute offline: say so before that
+
+
+def _results_tree() -> QTreeWidget:
+    results = QTreeWidget()
+    results.setHeaderLabels(COLUMNS)
+    results.setRootIsDecorated(False)
+    results.setAlternatingRowColors(True)
+    header = results.header()
+    header.setStretchLastSection(False)
+    header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+    for col in range(1, len(COLUMNS)):
+        header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+    return results
 
 
 class SearchPage(QWizardPage):
@@ -36,15 +49,7 @@ class SearchPage(QWizardPage):
         self._timeout.timeout.connect(lambda: self._on_failed(
             f"The Hugging Face hub did not answer within {SEARCH_TIMEOUT_S} s; check the internet connection "
             "and press Retry. The models listed here need no search."))
-        self.results = QTreeWidget()
-        self.results.setHeaderLabels(COLUMNS)
-        self.results.setRootIsDecorated(False)
-        self.results.setAlternatingRowColors(True)
-        header = self.results.header()
-        header.setStretchLastSection(False)
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col in range(1, len(COLUMNS)):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        self.results = _results_tree()
 
         row = QHBoxLayout()
         row.addWidget(self.query, 1)
@@ -91,7 +96,7 @@ class SearchPage(QWizardPage):
 
     def _list_unfinished(self) -> None:
         """Downloads stopped earlier (paused, app closed, network lost) come first: one click continues."""
-        from engine.sizes import format_size
+        from engine import format_size
         from .common import unfinished_downloads
         unfinished = unfinished_downloads(self.models_dir)
         for repo_id, revision, on_disk in unfinished:
@@ -107,7 +112,7 @@ class SearchPage(QWizardPage):
 
     # --- search ------------------------------------------------------------------------------------
     def search(self) -> None:
-        from engine.hub.search import search
+        from engine.setup import search
         text = self.query.text().strip()
         if self.task is not None and self.task.is_running():    # a search that hangs: let it end on its own
             self.task.result.disconnect()
@@ -149,7 +154,7 @@ class SearchPage(QWizardPage):
         self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
 
     def ask_token(self) -> None:
-        from engine.hub.search import save_token
+        from engine.setup import save_token
         token, ok = QInputDialog.getText(self, "Hugging Face access token",
                                          "Token for gated or private models (stored like the huggingface-cli does):",
                                          QLineEdit.EchoMode.Password)
@@ -160,7 +165,7 @@ class SearchPage(QWizardPage):
     # --- wizard protocol ---------------------------------------------------------------------------
     def selected_ref(self) -> tuple[str, str | None] | None:
         from engine import SluiceError
-        from engine.hub.search import parse_repo_ref
+        from engine.setup import parse_repo_ref
         revision = self.revision.text().strip() or None
         item = self.results.currentItem()
         if item is not None and item.isSelected():

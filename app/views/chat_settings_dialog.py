@@ -21,19 +21,7 @@ class ChatSettingsDialog(QDialog):
         self.controller = controller
         form = QFormLayout(self)
         if controller is not None:
-            presets = QHBoxLayout()
-            self.preset = QComboBox()
-            self.preset.setMinimumWidth(180)
-            self.preset.activated.connect(self._on_preset)
-            save_preset = QPushButton("Save as preset…")
-            save_preset.clicked.connect(self._save_preset)
-            self.delete_preset = QPushButton("Delete preset")
-            self.delete_preset.clicked.connect(self._delete_preset)
-            presets.addWidget(self.preset, 1)
-            presets.addWidget(save_preset)
-            presets.addWidget(self.delete_preset)
-            form.addRow("Preset", presets)
-            self._fill_presets()
+            form.addRow("Preset", self._presets_row())
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setPlaceholderText("None. Optional instructions the model follows in this chat "
                                               "(for example: answer in one paragraph).")
@@ -74,6 +62,21 @@ class ChatSettingsDialog(QDialog):
             self.saved_note.setStyleSheet(f"color: {theme.muted_color()};")
             form.addRow(self.saved_note)
         form.addRow(buttons)
+
+    def _presets_row(self) -> QHBoxLayout:
+        presets = QHBoxLayout()
+        self.preset = QComboBox()
+        self.preset.setMinimumWidth(180)
+        self.preset.activated.connect(self._on_preset)
+        save_preset = QPushButton("Save as preset…")
+        save_preset.clicked.connect(self._save_preset)
+        self.delete_preset = QPushButton("Delete preset")
+        self.delete_preset.clicked.connect(self._delete_preset)
+        presets.addWidget(self.preset, 1)
+        presets.addWidget(save_preset)
+        presets.addWidget(self.delete_preset)
+        self._fill_presets()
+        return presets
 
     def set_value(self, settings: ChatSettings) -> None:
         self.system_prompt.setPlainText(settings.system_prompt)

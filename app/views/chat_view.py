@@ -36,6 +36,7 @@ class ChatView(QScrollArea):
         self._layout.setSpacing(10)
         self.placeholder = QLabel("Ask anything. Enter sends, Shift+Enter adds a line, Esc stops.")
         self.placeholder.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        self.placeholder.setWordWrap(True)                # a narrow column wraps it instead of cutting both ends
         self.placeholder.setStyleSheet(f"color: {theme.muted_color()}; font-size: 14px; padding: 40px;")
         self._layout.addWidget(self.placeholder)
         self.context_marker = QLabel()             # where older turns were left out of the model's context
@@ -106,14 +107,21 @@ class ChatView(QScrollArea):
         if not context or not context.get("num_dropped") or context["dropped_ids"][-1] not in self.widgets:
             self._layout.insertWidget(self._layout.count() - 1, self.context_marker)
             return
-        count = context["num_dropped"]
-        self.context_marker.setText(
-            f"{count} earlier message{'s' if count != 1 else ''} above {'are' if count != 1 else 'is'} no longer "
-            f"in the model's context ({context['max_context']:,} tokens) and {'were' if count != 1 else 'was'} "
-            f"left out of the latest answer. Chat settings choose what is kept.")
+        self.context_marker.setText(self._marker_text(context))
         index = self._layout.indexOf(self.widgets[context["dropped_ids"][-1]])
         self._layout.insertWidget(index + 1, self.context_marker)
         self.context_marker.setVisible(True)
+
+    def _marker_text(self, context: dict) -> str:
+        """Which messages (numbered from the top of the chat) the latest answer could not see."""
+        order = list(self.widgets)
+        first, last = (order.index(i) + 1 if i in self.widgets else None for i in context["dropped_ids"])
+        count = context["num_dropped"]
+        which = (f"Message {last} is" if count == 1 else
+                 f"Messages {first}–{last} are" if first else f"The {count} messages up to message {last} are")
+        return (f"{which} out of the model's context ({context['max_context']:,} tokens): the latest answer did not "
+                f"see {'it' if count == 1 else 'them'}; messages {last + 1} onwards it saw. Chat settings choose "
+                f"what is kept.")
 
     def _add(self, message: Message) -> None:
         widget = MessageWidget(message, self.renderer, self._column)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QScrollArea, QVBoxLayout, QWidget
 
 from .. import paths
 from . import theme
@@ -16,7 +16,8 @@ class FirstRunPage(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        outer = QVBoxLayout(self)
+        content = QWidget()
+        outer = QVBoxLayout(content)
         outer.addStretch(1)
         card = QFrame()
         card.setMinimumWidth(320)    # narrow windows (900 px with panels) shrink it; its labels wrap
@@ -58,6 +59,19 @@ class FirstRunPage(QWidget):
         row.addStretch(1)
         outer.addLayout(row)
         outer.addStretch(2)
+        self._scrolled(content)
+
+    def _scrolled(self, content: QWidget) -> None:
+        """A window at its minimum height scrolls the page, never cuts its text."""
+        scroll = QScrollArea()
+        scroll.setWidget(content)
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setMinimumWidth(360)       # the card's minimum and its margins: the scroll area does not pass it on
+        page = QVBoxLayout(self)
+        page.setContentsMargins(0, 0, 0, 0)
+        page.addWidget(scroll)
 
     def _choice(self, layout: QVBoxLayout, text: str, explanation: str) -> QPushButton:
         button = QPushButton(text)

@@ -5,13 +5,13 @@ import gc
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
                                QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
-from engine.sizes import parse_size
+from engine import parse_size
 
 from .. import paths
 from ..chat_controller import ChatController
@@ -33,6 +33,7 @@ from .panels import LivePanels
 from .window_models import ModelActionsMixin, freeze_heap
 
 FIRST_SIZE = (1280, 800)
+MIN_HEIGHT = 480             # the chat and the composer keep room; pages and panels scroll below it
 
 
 def first_size(available) -> tuple[int, int]:
@@ -72,6 +73,9 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self._build_shortcuts()
         self._connect()
         self._restore_window()
+        for dock in (self.panels_dock, self.server_dock):
+            dock.visibilityChanged.connect(self._on_dock_visibility)
+        self._update_minimum_size()
         self.refresh_models()
         self.conversations.refresh()
         existing = self.store.conversations()
@@ -91,7 +95,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         bar.addWidget(QLabel(" Model "))
         self.model_picker = QComboBox()
         self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_picker.setMinimumContentsLength(28)      # long names elide; the tooltip has the whole name
+        self.model_picker.setMinimumContentsLength(22)      # long names elide; the tooltip has the whole name
         self.model_picker.setToolTip("Installed models (in the models folder set in Settings)")
         self.model_picker.activated.connect(self._on_model_picked)
         bar.addWidget(self.model_picker)
@@ -111,6 +115,19 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.panels_action = bar.addAction("Panels")
         self.panels_action.setCheckable(True)
         self.settings_action = bar.addAction("Settings…", self.edit_app_settings)
+
+    def minimumSizeHint(self) -> QSize:
+        """What the docks and pages need, and no narrower than every toolbar action side by side (none hidden
+        behind a chevron); the docks shown change it, so it is a hint, not a fixed minimum size."""
+        return super().minimumSizeHint().expandedTo(QSize(self.toolbar.sizeHint().width() + 8, MIN_HEIGHT))
+
+    def _on_dock_visibility(self, _visible: bool) -> None:
+        QTimer.singleShot(0, self, self._update_minimum_size)      # once the dock layout has settled
+
+    def _update_minimum_size(self) -> None:
+        """The window's own minimum follows the hint (a shown dock needs room); a top-level window does not."""
+        self.setMinimumSize(0, 0)                   # the layout's own minimum, without the previous one
+        self.setMinimumSize(self.minimumSizeHint())
 
     def _build_central(self) -> None:
         self.conversations = ConversationList(self.controller)
@@ -145,7 +162,10 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         scroll = QScrollArea()
         scroll.setWidget(self.panels)
         scroll.setWidgetResizable(True)
-        scroll.setMinimumWidth(300)          # with the chat list, the window fits 900 px
+        # as wide as the panels' widest row (the slot legend), so the dock never scrolls sideways
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        scroll.setMinimumWidth(self.panels.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width()
+                               + 2 * scroll.frameWidth())
         self.panels_dock = QDockWidget("Machinery (live)", self)
         self.panels_dock.setObjectName("panelsDock")
         self.panels_dock.setWidget(scroll)
@@ -153,7 +173,8 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.panels_dock.setVisible(self.settings.show_panels)
         self.panels_action.setChecked(self.settings.show_panels)
         self.panels_action.toggled.connect(self.panels_dock.setVisible)
-        self.panels_dock.visibilityChanged.connect(self._on_panels_visibility)
+        # toggleViewAction, not visibilityChanged: a dock behind the Server tab is not closed
+        self.panels_dock.toggleViewAction().toggled.connect(self._on_panels_visibility)
         from .server_panel import ServerPanel
         self.server_panel = ServerPanel(self.host.worker, self.settings.server)
         self.server_panel.error.connect(self.show_error)
@@ -161,10 +182,13 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.server_dock.setObjectName("serverDock")
         self.server_dock.setWidget(self.server_panel)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.server_dock)
+        # a tab beside Machinery, not stacked under it: opening it never squeezes the panels to one box
+        self.tabifyDockWidget(self.panels_dock, self.server_dock)
         self.server_dock.setVisible(False)          # opened by the Server button
         self.server_action = self.server_dock.toggleViewAction()
         self.server_action.setText("Server")
         self.server_action.setToolTip("Local server: serve the loaded model over the OpenAI, Anthropic and Ollama APIs")
+        self.server_action.triggered.connect(lambda checked: checked and self.server_dock.raise_())
         self.toolbar.insertAction(self.settings_action, self.server_action)
 
     def _build_status_bar(self) -> None:

@@ -1,4 +1,4 @@
-"""Live panels: the streaming machinery, refreshed ~10 times a second from engine.runtime.telemetry() (never per token)."""
+"""Live panels: the streaming machinery, refreshed ~10 times a second from the engine's telemetry() (never per token)."""
 from __future__ import annotations
 
 import math
@@ -10,8 +10,8 @@ from PySide6.QtCore import QTimer, Qt
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QHBoxLayout, QLabel, QProgressBar, QVBoxLayout, QWidget
 
-from engine.plan.hardware import format_cpu_list
-from engine.sizes import format_size
+from engine import format_size
+from engine.setup import format_cpu_list
 
 from ..gpu_info import GpuInfo
 from ..telemetry_history import GB, TelemetryHistory, thread_last_core
@@ -32,6 +32,14 @@ def _memory_text(snapshot: dict) -> str:
     if vram.get("driver_bytes"):
         text += (f" · VRAM {format_size(vram['driver_bytes'])} (driver) of a "
                  f"{format_size(vram.get('budget_bytes', 0))} budget")
+    return text
+
+
+def _disk_text(snapshot: dict) -> str:
+    disk, h2d, cpu = (snapshot.get(key) or {} for key in ("disk", "h2d", "cpu"))
+    text = f"engine read {format_size(disk.get('bytes_read', 0))} · host→device {format_size(h2d.get('bytes', 0))}"
+    if cpu.get("experts"):
+        text += f" · computed on the CPU {format_size(cpu['bytes'])} ({cpu['experts']} experts)"
     return text
 
 
@@ -82,8 +90,8 @@ class LivePanels(QWidget):
         self.speed_label = QLabel("—")
         self.speculation_label = QLabel("—")
         self.memory_label = QLabel("—")
-        for label in (self.gpu_label, self.core_label):    # long lines wrap: the panel keeps its width
-            label.setWordWrap(True)
+        for label in (self.gpu_label, self.core_label, self.speed_label, self.memory_label):   # long lines wrap:
+            label.setWordWrap(True)                                                             # nothing is cut
         self.memory_label.setToolTip("What this process holds besides the RAM cache (anonymous memory: torch, CUDA, Qt, "
                                      "Python), and the GPU memory the driver shows for it against the VRAM budget.")
         self.speed_label.setToolTip("Measured decode and prefill speed; “possible” is the fastest this machine "
@@ -115,6 +123,7 @@ class LivePanels(QWidget):
         self.cache_bar.setRange(0, 1000)
         self.cache_bar.setFormat("—")
         self.cache_label = QLabel("hits 0 · misses 0 · evictions 0")
+        self.cache_label.setWordWrap(True)
         self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
                                                     units="%")
         box_layout = QVBoxLayout(box)
@@ -132,6 +141,7 @@ class LivePanels(QWidget):
         self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
                                                                           "prefill": COLORS["prefill"]})
         self.disk_label = QLabel("engine read 0 B")
+        self.disk_label.setWordWrap(True)
         box_layout = QVBoxLayout(box)
         box_layout.addWidget(self.disk_label)
         for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
@@ -160,6 +170,7 @@ class LivePanels(QWidget):
             plot.enableAutoRange(axis="y")
         plot.getViewBox().setLimits(yMin=0)          # all values are >= 0; no empty negative half
         plot.hideAxis("bottom")                      # x: the last 60 s, newest on the right
+        plot.getPlotItem().layout.setContentsMargins(2, 4, 6, 8)   # room for the lowest tick's label
         # the system's disk reads include the engine's own; draw them dashed, beneath the engine's line
         items = {name: plot.plot([], [], name=name, connect="finite",
                                  pen=pg.mkPen(color, width=2, style=Qt.PenStyle.DashLine if name == "system"
@@ -200,54 +211,71 @@ class LivePanels(QWidget):
             system_read = psutil.disk_io_counters().read_bytes
         except (AttributeError, RuntimeError):     # no disks visible (some containers)
             system_read = None
-        self.history.push(snapshot, time.monotonic(), system_read)
+        self.history.push(snapshot, time.monotonic(), system_read, is_busy=self.is_busy)
         self._ticks += 1
         self._update_labels(snapshot)
         if self.isVisible():
             self._update_plots(self._ticks if self.is_busy else None)
 
     def _update_labels(self, snapshot: dict) -> None:
-        h = self.history
-        device = snapshot.get("device") or self.engine_device or "cpu"
+        self._update_device(snapshot)
+        if self._ticks % 5 == 1:                  # NVML at 2 Hz is plenty
+            self._update_gpu()
+        self.core_label.setText(self._core_text(snapshot))
+        self.speed_label.setText(self._speed_text(snapshot))
+        spec = snapshot.get("speculation") or {}
+        self.speculation_label.setText(f"{_percent(self.history.speculation_recall())} "
+                                       f"({spec.get('correct', 0)} of {spec.get('predicted', 0)})")
+        self._update_cache()
+        self.disk_label.setText(_disk_text(snapshot))
+        self.memory_label.setText(_memory_text(snapshot))
+        self.slot_map.set_slots(self.history.slots())
+
+    def _update_device(self, snapshot: dict) -> None:
+        device = str(snapshot.get("device") or self.engine_device or "cpu")
         remote = snapshot.get("remote")
         self.remote_label.setVisible(bool(remote))
         if remote:
             self.remote_label.setText(f"<b>{remote['model']}</b> runs remotely at {remote['url']}: its speed and "
                                       f"time to first token are measured here; the slots, cache and disk below "
                                       f"are this computer's, idle.")
-        self.device_label.setText("CPU" if str(device).startswith("cpu") else
-                                  f"remote ({remote['url']})" if remote else f"GPU ({device})")
-        self.slots_box.setTitle("Device slots (VRAM)" if str(device).startswith("cuda")
+            self.device_label.setText(f"remote ({remote['url']})")
+        else:
+            self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU ({device})")
+        self.slots_box.setTitle("Device slots (VRAM)" if device.startswith("cuda")
                                 else "Device slots (in RAM: CPU device)")
-        if self._ticks % 5 == 1:                  # NVML at 2 Hz is plenty
-            sample = self.gpu.sample()
-            if sample:
-                self.gpu_label.setText(f"{self.gpu.name}: {sample['util_percent']} % load, "
-                                       f"{format_size(sample['mem_used_bytes'])} / "
-                                       f"{format_size(sample['mem_total_bytes'])}")
-            else:
-                self.gpu_label.setText("none: running on the CPU")
+
+    def _update_gpu(self) -> None:
+        sample = self.gpu.sample()
+        if not sample:
+            self.gpu_label.setText("none: running on the CPU")
+            return
+        self.gpu_label.setText(f"{self.gpu.name}: {sample['util_percent']} % load, "
+                               f"{format_size(sample['mem_used_bytes'])} / {format_size(sample['mem_total_bytes'])}")
+
+    def _core_text(self, snapshot: dict) -> str:
         pinned = self._pinned_cores_source()
         running_on = thread_last_core(self._thread_id_source())
         if running_on is None and (snapshot.get("decode_thread_core") or -1) >= 0:
             running_on = int(snapshot["decode_thread_core"])
+        if not pinned:
+            return "—" if running_on is None else f"core {running_on} (not pinned)"
         threads = self._compute_threads_source()
-        if pinned:
-            self.core_label.setText(f"pinned to cores {format_cpu_list(pinned)}"
-                                    + (f", running on core {running_on}" if running_on is not None else "")
-                                    + (f"; {threads} compute thread{'s' if threads != 1 else ''}" if threads else ""))
-        elif running_on is not None:
-            self.core_label.setText(f"core {running_on} (not pinned)")
-        else:
-            self.core_label.setText("—")
-        speed = snapshot.get("speed") or {}
+        return (f"pinned to cores {format_cpu_list(pinned)}"
+                + (f", running on core {running_on}" if running_on is not None else "")
+                + (f"; {threads} compute thread{'s' if threads != 1 else ''}" if threads else ""))
+
+    def _speed_text(self, snapshot: dict) -> str:
+        """The measured speeds while the engine works; "idle" while it waits (not the last answer's figures)."""
         predicted = f" · possible {self.predicted_tok_s:.1f}" if self.predicted_tok_s else ""
-        self.speed_label.setText(f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
-                                 f"{speed.get('prefill_tok_s', 0.0):.1f}{predicted}")
-        spec = snapshot.get("speculation") or {}
-        recall = h.speculation_recall()
-        self.speculation_label.setText(f"{_percent(recall)} ({spec.get('correct', 0)} of {spec.get('predicted', 0)})")
-        cache = h.cache_summary()
+        if not self.is_busy:
+            return f"idle{predicted}"
+        speed = snapshot.get("speed") or {}
+        return (f"decode {speed.get('decode_tok_s', 0.0):.1f} · prefill "
+                f"{speed.get('prefill_tok_s', 0.0):.1f}{predicted}")
+
+    def _update_cache(self) -> None:
+        cache = self.history.cache_summary()
         if cache["capacity_bytes"]:
             self.cache_bar.setValue(int(1000 * cache["used_bytes"] / cache["capacity_bytes"]))
             self.cache_bar.setFormat(f"{format_size(cache['used_bytes'])} of {format_size(cache['capacity_bytes'])}")
@@ -258,15 +286,6 @@ class LivePanels(QWidget):
         self.cache_label.setText(f"hits {cache['hits']} · misses {cache['misses']} · evictions "
                                  f"{cache['evictions']} · hit rate {_percent(cache['hit_rate'])}"
                                  + (f" · {filled} filled ahead" if filled else ""))
-        disk = snapshot.get("disk") or {}
-        h2d = snapshot.get("h2d") or {}
-        cpu = snapshot.get("cpu") or {}
-        self.disk_label.setText(f"engine read {format_size(disk.get('bytes_read', 0))} · "
-                                f"host→device {format_size(h2d.get('bytes', 0))}"
-                                + (f" · computed on the CPU {format_size(cpu['bytes'])} ({cpu['experts']} experts)"
-                                   if cpu.get("experts") else ""))
-        self.memory_label.setText(_memory_text(snapshot))
-        self.slot_map.set_slots(h.slots())
 
     def _update_plots(self, only_turn: int | None = None) -> None:
         """Every plot, or only the one whose turn it is (`only_turn` counts refreshes): while the engine works

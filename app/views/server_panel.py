@@ -33,7 +33,7 @@ class ServerPanel(QWidget):
         self.local = LocalServer(worker, on_request=self._request_seen.emit)
         self.model_name: str | None = None
         self.wanted = False                    # on: serve whichever local model is loaded
-        self.setMinimumWidth(480)
+        self.setMinimumWidth(400)          # as narrow as the Machinery tab beside it
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addLayout(self._build_switch_row())

@@ -5,13 +5,14 @@ machine's limits (and the loaded model's minimum) beside them; only devices this
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel,
                                QLineEdit, QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
-from engine.errors import SluiceError
-from engine.sizes import format_size, parse_size
+from engine import SluiceError, format_size, parse_size
 
 from ..settings import AppSettings
 from . import theme
@@ -41,6 +42,20 @@ class MachineLimits:
         return ["auto", "cpu"] + (["cuda"] if self.gpu_total_bytes else [])
 
 
+def models_dir_problem(text: str) -> str | None:
+    """One sentence when `text` is not a folder Sluice can create and write models into, else None."""
+    if not text:
+        return "Choose a models folder."
+    path = Path(text).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return f"Sluice cannot create the models folder {path} ({exc.strerror or exc}); choose another folder."
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"Sluice cannot write into the models folder {path}; choose another folder."
+    return None
+
+
 class AppSettingsDialog(QDialog):
     def __init__(self, settings: AppSettings, parent: QWidget | None = None, model_info: dict | None = None,
                  context: int | None = None, limits: MachineLimits | None = None):
@@ -53,42 +68,66 @@ class AppSettingsDialog(QDialog):
         self._info = model_info or {}
         self.limits = limits or MachineLimits.probe()
         form = QFormLayout()
+        form.setFieldGrowthPolicy(QFormLayout.FieldGrowthPolicy.AllNonFixedFieldsGrow)
+        form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.DontWrapRows)
+        form.addRow("Models folder", self._models_dir_row(settings))
+        form.addRow("Device", self._device_row(settings))
+        form.addRow("VRAM budget", self._budget_row("vram", settings.vram_budget, self._vram_limits()))
+        form.addRow("RAM cache", self._budget_row("ram", settings.ram_cache, self._ram_limits()))
+        form.addRow("Dense weights", self._dense_weights_row(settings))
+        form.addRow("Context", self._context_row(context))
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
+        buttons.accepted.connect(self.accept)
+        buttons.rejected.connect(self.reject)
+        layout = QVBoxLayout(self)
+        layout.addLayout(form)
+        layout.addWidget(buttons)
+
+    # rows -------------------------------------------------------------------------------------
+    def _models_dir_row(self, settings: AppSettings) -> QWidget:
         row = QHBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
         self.models_dir = QLineEdit(str(settings.models_path()))
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
         row.addWidget(self.models_dir, 1)
         row.addWidget(browse)
-        form.addRow("Models folder", row)
+        line = QWidget()
+        line.setLayout(row)
+        self.models_dir_error = self._error()
+        self.models_dir.textEdited.connect(lambda _: self.models_dir_error.setVisible(False))
+        return self._with_note(line, self.models_dir_error)
 
+    def _device_row(self, settings: AppSettings) -> QWidget:
         self.device = QComboBox()
         for device in self.limits.devices:
             self.device.addItem(DEVICE_LABELS[device], device)
         self.device.setCurrentIndex(max(0, self.device.findData(settings.device)))
         self.device_note = self._note("" if self.limits.gpu_total_bytes else
                                       "No CUDA GPU found on this computer: Sluice runs on the CPU.")
-        form.addRow("Device", self._with_note(self.device, self.device_note))
+        return self._with_note(self.device, self.device_note)
 
-        self.vram_budget = QLineEdit(settings.vram_budget)
-        self.vram_budget.setPlaceholderText("automatic")
-        self.vram_error = self._error()
-        form.addRow("VRAM budget", self._with_note(self.vram_budget, self._note(self._vram_limits()),
-                                                   self.vram_error))
-        self.ram_cache = QLineEdit(settings.ram_cache)
-        self.ram_cache.setPlaceholderText("automatic")
-        self.ram_error = self._error()
-        form.addRow("RAM cache", self._with_note(self.ram_cache, self._note(self._ram_limits()), self.ram_error))
+    def _budget_row(self, name: str, text: str, limits: str) -> QWidget:
+        """The VRAM budget or RAM cache field (self.vram_budget / self.ram_cache), its limits and its error."""
+        field, error = QLineEdit(text), self._error()
+        field.setPlaceholderText("automatic")
+        field.textEdited.connect(lambda _: error.setVisible(False))
+        setattr(self, "vram_budget" if name == "vram" else "ram_cache", field)
+        setattr(self, f"{name}_error", error)
+        return self._with_note(field, self._note(limits), error)
 
+    def _dense_weights_row(self, settings: AppSettings) -> QWidget:
         self.dense_weights = QComboBox()
         self.dense_weights.addItem("As the model stores them", "stored")
         self.dense_weights.addItem("int8: more VRAM for experts", "int8")
         self.dense_weights.setCurrentIndex(max(0, self.dense_weights.findData(settings.dense_weights)))
-        form.addRow("Dense weights", self._with_note(self.dense_weights, self._note(
+        return self._with_note(self.dense_weights, self._note(
             "int8 halves the VRAM the attention and head weights take; the expert slots get it (on a GPU about "
             "a fifth faster where experts stream from RAM). On the CPU device they take a quarter of the RAM "
             "but decode about half as fast. Answers change slightly. Models whose family does not support it "
-            "load as stored.")))
+            "load as stored."))
 
+    def _context_row(self, context: int | None) -> QWidget:
         self.context = QSpinBox()
         self.context.setSpecialValueText("automatic")
         self.context.setSingleStep(1024)
@@ -97,19 +136,10 @@ class AppSettingsDialog(QDialog):
         self.context.setRange(0, limit or 0)
         self.context.setValue(context or 0)
         self.context.setEnabled(bool(limit))
-        context_note = (f"Tokens of prompt and answer for {self._info.get('name')}: up to {limit:,} (its own limit); "
-                        f"now {self._info.get('max_context', 0):,}. Automatic fits the VRAM budget."
-                        if limit else "Load a model to choose its context.")
-        form.addRow("Context", self._with_note(self.context, self._note(context_note)))
-
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addLayout(form)
-        layout.addWidget(buttons)
-        self.vram_budget.textEdited.connect(lambda _: self.vram_error.setVisible(False))
-        self.ram_cache.textEdited.connect(lambda _: self.ram_error.setVisible(False))
+        note = (f"Tokens of prompt and answer for {self._info.get('name')}: up to {limit:,} (its own limit); "
+                f"now {self._info.get('max_context', 0):,}. Automatic fits the VRAM budget."
+                if limit else "Load a model to choose its context.")
+        return self._with_note(self.context, self._note(note))
 
     # layout helpers ---------------------------------------------------------------------------
     def _note(self, text: str) -> QLabel:
@@ -183,8 +213,32 @@ class AppSettingsDialog(QDialog):
                                     self._info.get("min_vram_budget_bytes"))
         is_valid &= self._check_size(self.ram_cache, self.ram_error, "RAM cache", self.limits.ram_total_bytes,
                                      self._info.get("min_ram_cache_bytes"))
+        is_valid &= self._check_models_dir()
         if is_valid:
             super().accept()
+        else:
+            self._grow_to_fit()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        self._grow_to_fit()
+
+    def _grow_to_fit(self) -> None:
+        """As tall as its wrapped notes and errors need at its width (a form layout's size hint does not
+        count wrapped lines), so an error shown never overlaps the notes: the dialog grows."""
+        self.layout().activate()
+        height = self.heightForWidth(self.width())
+        if height > 0:
+            self.setMinimumHeight(height)
+            if height > self.height():
+                self.resize(self.width(), height)
+
+    def _check_models_dir(self) -> bool:
+        """The models folder must exist or be creatable (it is created here, as the app would at first use)."""
+        problem = models_dir_problem(self.models_dir.text().strip())
+        self.models_dir_error.setText(problem or "")
+        self.models_dir_error.setVisible(problem is not None)
+        return problem is None
 
     def value(self) -> AppSettings:
         """A copy of the settings with this dialog's fields (checked by accept())."""

@@ -8,8 +8,8 @@ from urllib.parse import urlparse
 
 from PySide6.QtWidgets import QFileDialog
 
-from engine.errors import SluiceError
-from engine.model.spec import read_spec
+from engine import SluiceError
+from engine.setup import read_spec
 
 from ..model_options import load_options
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
@@ -85,6 +85,7 @@ class ModelActionsMixin:
         self.controller.stop()
         self.loading_path = str(path)
         self.failed_model_path = None
+        self._kept_info = self.model_info           # back in place when a remote model cannot be reached
         self.model_info = None
         self.panels.predicted_tok_s = None
         self.speed_label.setText("")
@@ -109,6 +110,10 @@ class ModelActionsMixin:
         self.load_bar.setFormat(message or "%p%")
 
     def _on_loaded(self, info: dict) -> None:
+        self._show_loaded(info)
+        self.model_loaded.emit(info)
+
+    def _show_loaded(self, info: dict) -> None:
         self.model_info = info
         self.loading_path = None
         self.controller.model_name = info.get("name")
@@ -125,11 +130,16 @@ class ModelActionsMixin:
         self.refresh_models()
         self.server_panel.model_ready(info)
         freeze_heap()
-        self.model_loaded.emit(info)
 
     def _on_load_failed(self, message: str) -> None:
         self.failed_model_path = self.loading_path if message else None
         self.loading_path = None
+        kept = getattr(self, "_kept_info", None)
+        if kept and self.host.worker.engine is not None:       # a remote model failed before the old one closed
+            self._show_loaded(kept)
+            if message:
+                self.show_error(f"{message.rstrip('.')}; {kept.get('name')} stays loaded.")
+            return
         self._hide_load_bar()
         self.model_label.setText("No model")
         self.refresh_models()

@@ -60,6 +60,16 @@ def phase_hit_rate(after: dict, before: dict, section: str) -> float:
     return ratio(hits, hits + delta(after, before, section, "misses"))
 
 
+def interval_figures(before: dict, after: dict, dt_s: float) -> dict:
+    """The rates between two snapshots taken dt_s apart (the live panels' plots, true averages whatever the
+    engine's instantaneous figures say): disk and host->device GB/s, and the RAM cache's hit rate over the
+    interval (None when it had no lookup)."""
+    lookups = delta(after, before, "ram_cache", "hits") + delta(after, before, "ram_cache", "misses")
+    return {"disk_gbps": max(0.0, delta(after, before, "disk", "bytes_read")) / dt_s / 1e9,
+            "h2d_gbps": max(0.0, delta(after, before, "h2d", "bytes")) / dt_s / 1e9,
+            "ram_hit_rate": phase_hit_rate(after, before, "ram_cache") if lookups > 0 else None}
+
+
 class Telemetry:
     def __init__(self):
         self._lock = threading.Lock()

@@ -86,19 +86,21 @@ def test_export_formats(tmp_path):
     assert stats_line({}) == ""
 
 
-def test_telemetry_history_rates_from_counter_deltas():
-    history = TelemetryHistory()
-    snap = lambda disk, h2d, hits, misses: {"disk": {"bytes_read": disk}, "h2d": {"bytes": h2d},      # noqa: E731
-                                            "ram_cache": {"hits": hits, "misses": misses, "capacity_bytes": 100,
-                                                          "used_bytes": 50},
-                                            "speculation": {"predicted": 10, "correct": 6}}
-    history.push(snap(0, 0, 0, 0), 10.0, system_read_bytes=1_000)
-    history.push(snap(2e9, 1e9, 3, 1), 10.5, system_read_bytes=1_000 + 3e9)
-    history.push(snap(2e9, 1e9, 3, 1), 11.0, system_read_bytes=1_000 + 3e9)
+def test_telemetry_history_reads_the_engines_derived_figures():
+    from engine.runtime.telemetry import Telemetry
+    telemetry, history = Telemetry(), TelemetryHistory()
+    telemetry.set(ram_capacity_bytes=100, ram_used_bytes=50)
+    history.push(telemetry.snapshot(), 10.0, system_read_bytes=1_000)
+    assert history.cache_summary()["hit_rate"] is None and history.speculation_recall() is None   # nothing yet
+    telemetry.add(disk_bytes_read=2e9, h2d_bytes=1e9, ram_hits=3, ram_misses=1, spec_predicted=10, spec_correct=6)
+    telemetry.set(decode_tok_s=12.5)
+    history.push(telemetry.snapshot(), 10.5, system_read_bytes=1_000 + 3e9)
+    history.push(telemetry.snapshot(), 11.0, system_read_bytes=1_000 + 3e9, is_busy=False)
     assert history.values("disk_gbps") == [4.0, 0.0]            # 2 GB in 0.5 s
     assert history.values("h2d_gbps") == [2.0, 0.0]
     assert history.values("system_disk_gbps") == [6.0, 0.0]
     assert history.values("hit_rate")[0] == 0.75 and math.isnan(history.values("hit_rate")[1])
+    assert history.values("decode_tok_s")[0] == 12.5 and math.isnan(history.values("decode_tok_s")[1])  # idle
     assert history.cache_summary()["hit_rate"] == 0.75 and history.speculation_recall() == 0.6
 
 

@@ -33,7 +33,9 @@ def test_a_chat_past_the_context_keeps_going_and_marks_where_turns_were_dropped(
     first_dropped = messages.index(next(m for m in messages if m.id == context["dropped_ids"][0]))
     assert first_dropped == 2                              # the first exchange is kept (default policy)
     marker = window.chat_view.context_marker
-    assert marker.isVisible() and f"{context['num_dropped']} earlier messages" in marker.text()
+    last = first_dropped + context["num_dropped"]          # 1-based numbers of the dropped messages: 3..last
+    assert marker.isVisible() and marker.text().startswith(f"Messages 3–{last} are out of the model's context")
+    assert f"messages {last + 1} onwards it saw" in marker.text()
     layout = window.chat_view._layout
     last_dropped = window.chat_view.widgets[context["dropped_ids"][-1]]
     assert layout.indexOf(marker) == layout.indexOf(last_dropped) + 1

@@ -71,9 +71,8 @@ def test_the_installed_exec_line_starts_the_app(home, tmp_path):
     launcher.install_linux(command)
     argv = _exec_line(home / ".local" / "share" / "applications" / f"{APP_ID}.desktop")
     data_dir = tmp_path / "launched"
-    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "SLUICE_DATA_DIR": str(data_dir),
-           "SLUICE_EXIT_AFTER_MS": "1500"}
-    result = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "SLUICE_DATA_DIR": str(data_dir)}
+    result = subprocess.run(argv + ["--exit-after-ms", "1500"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (data_dir / "sluice.db").is_file()            # the app opened its chat store
 

@@ -5,7 +5,7 @@ from PySide6.QtWidgets import QDialogButtonBox, QLabel
 from app_helpers import WAIT_MS, make_window
 from app.store import ChatSettings
 from app.views.settings_dialog import AppSettingsDialog, MachineLimits
-from engine.sizes import format_size
+from engine import format_size
 
 GiB = 2**30
 
@@ -33,12 +33,12 @@ def test_a_wrong_size_says_so_under_its_field_and_the_dialog_keeps_the_edits(qtb
     assert any("No GPU" in n and "demo needs at least 5.00 MiB" in n for n in notes)
     dialog.ram_cache.setText("lots")
     dialog.vram_budget.setText("1KB")
-    dialog.models_dir.setText("/somewhere/else")
+    dialog.models_dir.setText(str(data_dir / "somewhere" / "else"))
     dialog.findChild(QDialogButtonBox).button(QDialogButtonBox.StandardButton.Ok).click()
     assert dialog.isVisible() and dialog.result() == 0
     assert "Cannot read the size 'lots'" in dialog.ram_error.text() and dialog.ram_error.isVisible()
     assert "too small for demo" in dialog.vram_error.text() and "5.00 MiB" in dialog.vram_error.text()
-    assert dialog.models_dir.text() == "/somewhere/else"                      # nothing typed is lost
+    assert dialog.models_dir.text() == str(data_dir / "somewhere" / "else")  # nothing typed is lost
     dialog.ram_cache.setText("64GB")                                          # more than this machine has
     dialog.vram_budget.setText("")
     dialog.accept()

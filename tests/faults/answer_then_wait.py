@@ -19,6 +19,7 @@ def on_loaded(_info):
 
 def on_streamed(_message_id, content):
     if content:
+        window.store.wait_saved()               # the saver thread writes in batches: wait for this one
         print("STREAMING", flush=True)
 
 

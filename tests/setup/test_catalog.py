@@ -54,3 +54,22 @@ def test_a_hub_that_does_not_answer_is_reported_within_seconds(qtbot, tmp_path, 
     assert page.results.topLevelItemCount() == len(load_catalog())      # the catalog is still there to pick
     release.set()
     wizard.reject()
+
+
+def test_the_estimate_page_offline_shows_what_the_catalog_knows_and_retry(qtbot, tmp_path):
+    from app.setup.wizards import DownloadWizard
+    wizard = DownloadWizard(tmp_path / "models")
+    qtbot.addWidget(wizard)
+    wizard.show()
+    known = load_catalog()[2]
+    wizard.search_page.query.setText(known.repo)
+    wizard.next()                                                        # HF_HUB_OFFLINE: the hub cannot be read
+    page = wizard.estimate_page
+    qtbot.waitUntil(page.retry_button.isVisible, timeout=10_000)
+    assert page.status.text() and known.family in page.family_label.text()
+    assert f"{known.download_gb:g} GB to download" in page.family_label.text()
+    assert not page.isComplete()
+    page.retry_button.click()                                            # tries again: fails again, offline
+    assert not page.retry_button.isVisible()
+    qtbot.waitUntil(page.retry_button.isVisible, timeout=10_000)
+    wizard.reject()
