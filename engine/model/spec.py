@@ -24,7 +24,7 @@ _EXPERT_PREFIX = {"mixtral": "block_sparse_moe", "minimax_m2": "block_sparse_moe
                   "deepseek_v4": dsv4_names.EXPERT_PREFIX}
 _EXPERT_PROJ = {"mixtral": {"gate": "w1", "up": "w3", "down": "w2"}, "minimax_m2": {"gate": "w1", "up": "w3", "down": "w2"},
                 "deepseek_v4": dsv4_names.EXPERT_PROJ}
-_TEXT_PREFIX = {"qwen3_5_moe": "model.language_model."}             # checkpoint prefix of the text model
+_TEXT_PREFIX = {"qwen3_5_moe": "model.language_model.", "qwen4_exp": "model.language_model."}             # checkpoint prefix of the text model
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ FAMILIES: dict[str, str] = {
     "glm4_moe_lite": "deepseek_style", "minimax_m2": "deepseek_style",
     "gpt_oss": "gpt_oss",
     "deepseek_v4": "deepseek_v4",
+    "qwen4_exp": "qwen4_exp", "qwen4_exp_text": "qwen4_exp",      # hybrids with hyper-connections, PLE, QSA
 }
 
 
