@@ -96,3 +96,33 @@ def test_an_image_in_a_request_gets_one_sentence(multimodal_dir, tmp_path):
     with pytest.raises(SluiceError, match="Images are not supported"):
         list(eng.generate([message], GenerationParams(max_new_tokens=2)))
     eng.close()
+
+
+def test_fused_experts_and_whole_tables_repack_the_same(text_dir, tmp_path):
+    """transformers' in-memory layout (experts fused per layer, each table whole) repacks to the same model as the
+    Hub's (experts one by one, tables in split_ngram_parts shards)."""
+    import re
+    import shutil
+    from safetensors.torch import load_file, save_file
+
+    fused_dir = tmp_path / "fused"
+    shutil.copytree(text_dir, fused_dir)
+    (path,) = fused_dir.glob("*.safetensors")
+    hub = load_file(str(path))
+    out = {n: t for n, t in hub.items() if ".experts." not in n and ".shard_" not in n}
+    for layer in range(TEXT["num_hidden_layers"]):
+        p = f"model.layers.{layer}.mlp.experts."
+        out[p + "gate_up_proj"] = torch.stack([torch.cat([hub[f"{p}{e}.gate_proj.weight"], hub[f"{p}{e}.up_proj.weight"]])
+                                               for e in range(TEXT["num_experts"])])
+        out[p + "down_proj"] = torch.stack([hub[f"{p}{e}.down_proj.weight"] for e in range(TEXT["num_experts"])])
+    for name in [n for n in hub if n.endswith(".shard_0.weight")]:
+        shards = sorted((n for n in hub if n.startswith(name[:-len("shard_0.weight")])),
+                        key=lambda n: int(re.search(r"shard_(\d+)", n).group(1)))
+        out[name.replace(".shard_0", "")] = torch.cat([hub[n] for n in shards])
+    save_file(out, str(path), metadata={"format": "pt"})
+    engines = [streaming_engine(repack(d, tmp_path / f"m{i}"), device="cpu", dtype="float32")
+               for i, d in enumerate((text_dir, fused_dir))]
+    hub_tokens, fused_tokens = (token_ids(e, PROMPT_IDS, 8) for e in engines)
+    assert hub_tokens == fused_tokens
+    for e in engines:
+        e.close()
