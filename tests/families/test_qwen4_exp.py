@@ -35,16 +35,17 @@ def _hasher() -> NgramHasher:
                        TEXT["seed"], EOS, len(TEXT["ple_layer_ids"]))
 
 
+@pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4"])
 @pytest.mark.parametrize("checkpoint", ["text", "multimodal"])
-def test_greedy_tokens_match_transformers(checkpoint, request, tmp_path):
+def test_greedy_tokens_match_transformers(checkpoint, quant, request, tmp_path):
     hf_dir = request.getfixturevalue(f"{checkpoint}_dir")
-    model_dir = repack(hf_dir, tmp_path / "m")
+    model_dir = repack(hf_dir, tmp_path / "m", quant=quant)
     with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
         names = list(f.keys())
     assert not any("ngram_embedding" in n or "visual" in n or "language_model" in n for n in names)
     eng = streaming_engine(model_dir, device="cpu", dtype="float32")
     ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
-    assert ours == reference_greedy(load_reference(hf_dir), PROMPT_IDS, NEW_TOKENS)
+    assert ours == reference_greedy(load_reference(hf_dir, quant), PROMPT_IDS, NEW_TOKENS)
     assert token_ids(eng, PROMPT_IDS, NEW_TOKENS) == ours        # a new conversation: fresh states and history
     tel = eng.telemetry()
     assert tel["ram_cache"]["capacity_bytes"] < eng.model.expert_bytes_total
