@@ -113,8 +113,7 @@ class Qwen4Block:
     def state_specs(self) -> dict[str, StateSpec]:
         specs = self.mixer.state_specs()
         if self.ple is not None:
-            specs["ple_conv"] = StateSpec((self.ple.count * self.ple.hidden, self.ple.dilation *
-                                           (self.ple.conv.shape[1] - 1)), per_token=False)
+            specs["ple_conv"] = self.ple.state_spec()
         return specs
 
     def mix(self, x: torch.Tensor, step: Step) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from engine.model.layers import linear
 from engine.model.qwen4.hyper import grouped_offset_norm
+from engine.model.state import StateSpec
 
 
 class Ple:
@@ -25,6 +26,10 @@ class Ple:
         self.norm_key, self.norm_query = w[prefix + "norm_key.weight"], w[prefix + "norm_query.weight"]
         self.norm_conv = w[prefix + "norm_conv.weight"]
         self.conv = w[prefix + "conv1d.weight"].view(count * hidden, -1)           # [C, K]
+
+    def state_spec(self) -> StateSpec:
+        """The conv's window: the last (K - 1) * dilation inputs, per channel."""
+        return StateSpec((self.conv.shape[0], (self.conv.shape[1] - 1) * self.dilation), per_token=False)
 
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
         # T = tokens, n = streams, H = hidden, E = concatenated rows; x [T, n * H], rows [T, E]
