@@ -75,8 +75,11 @@ def read_index(model_dir: Path) -> NgramIndex | None:
                            tuple(Table(**t) for t in raw["tables"]))
     except (ValueError, KeyError, TypeError):
         raise SluiceError(f"'{path}' is damaged; repack the model again.") from None
-    if (Path(model_dir) / NGRAM_FILE).stat().st_size < index.total_bytes:
-        raise SluiceError(f"'{Path(model_dir) / NGRAM_FILE}' is truncated; repack the model again.")
+    data = Path(model_dir) / NGRAM_FILE
+    if not data.is_file():
+        raise SluiceError(f"'{model_dir}' is missing {NGRAM_FILE}; repack the model again.")
+    if data.stat().st_size < index.total_bytes:
+        raise SluiceError(f"'{data}' is truncated; repack the model again.")
     return index
 
 

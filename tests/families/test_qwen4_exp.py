@@ -146,3 +146,15 @@ def test_the_estimate_counts_parameters_as_transformers_and_n_gram_rows_per_toke
     machine = Machine("cpu", ram_available_bytes=1 << 30, mem_bw_bps=20e9, disk_read_bps=1e9, free_disk_bytes=1 << 40)
     est = estimate(config, 1 << 20, machine)
     assert est.disk_bytes_per_token >= shape.ngram_disk_bytes
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_damaged_n_gram_file_gets_one_sentence(damage, text_dir, tmp_path):
+    model_dir = repack(text_dir, tmp_path / "m")
+    if damage == "missing":
+        (model_dir / "ngram.bin").unlink()
+    else:
+        with open(model_dir / "ngram.bin", "r+b") as f:
+            f.truncate(PAGE)
+    with pytest.raises(SluiceError, match="repack"):
+        engine.load(model_dir, device="cpu")
