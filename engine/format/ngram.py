@@ -23,6 +23,7 @@ import torch
 from engine.errors import SluiceError
 
 NGRAM_FILE, NGRAM_INDEX = "ngram.bin", "ngram.json"
+MTP_FILE = "mtp.safetensors"        # multi-token-prediction weights, kept for later (not run)
 PAGE = 4096
 # one layer's table (canonical name), whole or one Hub shard of it
 TABLE_NAME = re.compile(r"^model\.layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.(?:shard_(\d+)\.)?weight$")
@@ -153,3 +154,14 @@ def repack_tables(work: Path, names: list[str], read, spec, canonical) -> tuple[
         return ()
     write_tables(work, table_shards(names, canonical), read, layers)
     return (NGRAM_INDEX,)
+
+
+def repack_mtp(work: Path, names: list[str], read, spec) -> tuple[str, ...]:
+    """A PLE model's multi-token-prediction weights (`mtp.*`), if the checkpoint ships them, into mtp.safetensors:
+    kept on disk, never loaded; the files to checksum."""
+    mtp = [n for n in names if n.startswith("mtp.")]
+    if not ple_layers(spec) or not mtp:
+        return ()
+    from safetensors.torch import save_file
+    save_file({n: read(n).contiguous() for n in mtp}, str(work / MTP_FILE), metadata={"format": "pt"})
+    return (MTP_FILE,)

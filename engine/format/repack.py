@@ -197,7 +197,8 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     report("dense weights written")
 
     _write_experts(work, spec, experts, layout, quant, state, cancel_event, report)
-    ngram_files = ngram.repack_tables(work, ckpt.names(), lambda n: dense_tensor(ckpt, n), spec, canonical)
+    ngram_files = ngram.repack_tables(work, ckpt.names(), lambda n: dense_tensor(ckpt, n), spec, canonical) \
+        + ngram.repack_mtp(work, ckpt.names(), lambda n: dense_tensor(ckpt, n), spec)
 
     tokenizer_files = _copy_tokenizer(src, work)
     manifest = modeldir.build_manifest(

@@ -158,3 +158,22 @@ def test_a_damaged_n_gram_file_gets_one_sentence(damage, text_dir, tmp_path):
             f.truncate(PAGE)
     with pytest.raises(SluiceError, match="repack"):
         engine.load(model_dir, device="cpu")
+
+
+def test_multi_token_prediction_weights_are_kept_on_disk(text_dir, tmp_path):
+    import shutil
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "with_mtp"
+    shutil.copytree(text_dir, src)
+    (path,) = src.glob("*.safetensors")
+    tensors = load_file(str(path))
+    mtp = {"mtp.fc.weight": torch.randn(64, 128).to(torch.bfloat16), "mtp.norm.weight": torch.randn(64)}
+    save_file({**tensors, **mtp}, str(path), metadata={"format": "pt"})
+    model_dir = repack(src, tmp_path / "m")
+    kept = load_file(str(model_dir / "mtp.safetensors"))
+    assert kept.keys() == mtp.keys() and all(torch.equal(kept[n], mtp[n]) for n in mtp)
+    with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
+        assert not any(n.startswith("mtp.") for n in f.keys())
+    eng = engine.load(model_dir, device="cpu")             # loads (and checks) without them
+    eng.close()
