@@ -175,8 +175,6 @@ def attach_ngram(model, model_dir: Path, ram_budget: int, telemetry: Telemetry) 
         return 0
     index = read_index(model_dir)
     if index is None:
-        if model.ngram is not None:
-            return 0                                  # tables came with the dense weights
         raise SluiceError(f"'{model_dir}' has no {NGRAM_FILE} for this model's n-gram tables; repack it again.")
     cache_bytes = min(ram_budget // CACHE_SHARE, index.total_bytes)
     model.ngram = NgramTier(Path(model_dir), index, model.hasher, telemetry, cache_bytes,

@@ -3,14 +3,12 @@ indexed-attention layers, the residual as n hyper-connection streams, per-layer 
 n-grams on some DeltaNet layers, a softmax top-k MoE with a sigmoid-gated shared expert, no final norm (the
 last hyper-connection mixer feeds the head). The pieces are in engine.model.qwen4.
 
-A PLE layer's rows come from `Qwen4Model.ngram` (a row source): the n-gram tables are the largest tensors of
-the model and stream from their own file (engine.runtime.ngram); a model built from weights that still hold
-them (the tables in memory) reads them there. The step's n-gram lookups start at the first layer's mix, so a
-file's reads are in flight while the layers before a PLE layer run.
+A PLE layer's rows come from `Qwen4Model.ngram`: the n-gram tables are the largest tensors of the model, kept
+out of the dense weights at repack (engine.format.ngram) and read by row from their own file
+(engine.runtime.ngram). The step's lookups start at the first layer's mix, so their reads are in flight
+while the layers before a PLE layer run.
 """
 from __future__ import annotations
-
-import re
 
 import torch
 import torch.nn.functional as F
@@ -29,8 +27,6 @@ from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 
 EMBEDS_ITSELF = True      # the embedding is repeated into the streams and its ids feed the n-gram hashes
-# shards of one layer's table as the Hub stores them (split_ngram_parts), or the whole table
-NGRAM_TABLE = re.compile(r"^model\.layers\.(\d+)\.ple\.ple_embedding\.ngram_embedding\.(?:shard_(\d+)\.)?weight$")
 
 
 def read_spec(cfg) -> ModelSpec:
@@ -136,23 +132,6 @@ class Qwen4Block:
         return inject(x, (moe_out + self.shared(h)).to(x.dtype), weights)
 
 
-class MemoryRows:
-    """Row source over tables held in memory (a model built from weights that still hold them)."""
-
-    def __init__(self, tables: list[torch.Tensor], hasher: NgramHasher):
-        self.tables, self.hasher = tables, hasher
-
-    def begin(self, tokens: list[int], start: int):
-        ids = self.hasher.step(tokens, start)
-        tables = self.tables
-
-        class Lookups:
-            def rows(self, ple_index: int) -> torch.Tensor:
-                table = tables[ple_index]
-                return embedding(ids[ple_index].to(table.device), table).flatten(-2)     # [T, E]
-        return Lookups()
-
-
 class Qwen4Model(Model):
     graph_safe = False              # the n-gram history and QSA's selection work on host-known positions
 
@@ -161,7 +140,7 @@ class Qwen4Model(Model):
         self.d, self.mixer, self.token_ids = d, mixer, TokenIds()
         self.hasher = NgramHasher(d.vocab_size, d.ngram_size, d.heads_per_ngram, d.ngram_vocab_base, d.seed,
                                   d.eos_token_id, len(d.ple_layers))
-        self.ngram = None            # the row source (MemoryRows, or engine.runtime.ngram's file tier)
+        self.ngram = None            # the row source: engine.runtime.ngram's tier, attached by the runner
 
     def begin_ngram(self, start: int):
         return self.ngram.begin(self.token_ids.value.tolist(), start)
@@ -173,18 +152,6 @@ class Qwen4Model(Model):
 
     def head(self, x: torch.Tensor) -> torch.Tensor:
         return linear(self.mixer.mix(x[-1:])[0], self.lm_head)[0].float()
-
-
-def pop_tables(w: dict[str, torch.Tensor], d: Qwen4Dims) -> list[torch.Tensor] | None:
-    """The n-gram tables in the weights (shards concatenated in order), removed from them; None if absent."""
-    parts: dict[int, list[tuple[int, str]]] = {}
-    for name in list(w):
-        m = NGRAM_TABLE.match(name)
-        if m:
-            parts.setdefault(int(m.group(1)), []).append((int(m.group(2) or 0), name))
-    if not parts:
-        return None
-    return [torch.cat([w.pop(n) for _, n in sorted(parts[layer])]) for layer in d.ple_layers]
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Qwen4Model:
@@ -207,7 +174,4 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         shared = Mlp(w, p + "mlp.shared_expert.", gate=w[p + "mlp.shared_expert_gate.weight"])
         model.blocks.append(Qwen4Block(layer, mixer, ple, index, GatedResidual.load(w, p + "attn_hyper_connection.", **hc),
                                        GatedResidual.load(w, p + "mlp_hyper_connection.", **hc), router, shared, model))
-    tables = pop_tables(w, d)
-    if tables is not None:
-        model.ngram = MemoryRows(tables, model.hasher)
     return model
