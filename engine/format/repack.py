@@ -7,6 +7,7 @@ rename once everything is written and checked, with checksums.json (engine.forma
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine.format import generation_config, integrity, locks, modeldir
+from engine.format import generation_config, integrity, locks, modeldir, ngram
 from engine.format.checkpoint import Checkpoint
 from engine.format.config_check import check_tensors, checked_spec
 from engine.errors import SluiceError, fs_errors_as_sentences
@@ -180,9 +181,12 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
     scales = {ckpt.scale_of(n) for n in ckpt.names()} - {None}
     dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and n not in scales
-                   and is_text_model_tensor(spec.family, n) and not is_beyond_last_layer(n, spec.num_layers)]
+                   and is_text_model_tensor(spec.family, n) and not is_beyond_last_layer(n, spec.num_layers)
+                   and not ngram.is_table(spec, canonical_dense_name(spec.family, n))]   # PLE tables: ngram.bin
     dense_bytes = sum(ckpt.nbytes(n) * (2 if ckpt.scale_of(n) else 1) for n in dense_names)
-    total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers)
+    canonical = functools.partial(canonical_dense_name, spec.family)
+    total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers) + ngram.table_bytes(spec, ckpt.names(), ckpt.nbytes,
+                                                                                       canonical)
 
     work = dst.with_name(dst.name + ".partial")
     state = _load_state(work, ckpt, quant, layer_bytes, layout.block_bytes, spec)
@@ -204,6 +208,8 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     report("dense weights written")
 
     _write_experts(work, spec, experts, layout, quant, state, cancel_event, report)
+    ngram_files = ngram.repack_tables(work, ckpt.names(), lambda n: dense_tensor(ckpt, n), spec, canonical) \
+        + ngram.repack_mtp(work, ckpt.names(), lambda n: dense_tensor(ckpt, n), spec)
 
     tokenizer_files = _copy_tokenizer(src, work)
     manifest = modeldir.build_manifest(
@@ -220,7 +226,7 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
         raise SluiceError(f"'{work / modeldir.DENSE_FILE}' did not read back as written; check the drive and "
                           "run the repack again.")
     (work / modeldir.MANIFEST).write_text(json.dumps(manifest, indent=1))
-    integrity.write_checksums(work, {modeldir.DENSE_FILE: state["dense"]}, (modeldir.MANIFEST,))
+    integrity.write_checksums(work, {modeldir.DENSE_FILE: state["dense"]}, (modeldir.MANIFEST, *ngram_files))
     (work / "progress.json").unlink()
     if dst.exists():
         dst.rmdir()

@@ -57,6 +57,7 @@ class ModelShape:
     embedding_params: int          # read one row per token, so not counted as moved bytes
     exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
     embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.model.file_table)
+    ngram_disk_bytes: int = 0      # n-gram rows one token reads from disk, uncached (qwen4_exp: engine.runtime.ngram)
 
     @property
     def expert_params(self) -> int:
@@ -70,6 +71,8 @@ def model_shape(config: dict) -> ModelShape:
         return _deepseek_v4_shape(config)
     if isinstance(config.get("text_config"), dict):       # a vision-language checkpoint: its text model only
         config = {**config, **config["text_config"], "model_type": family}
+    if family in ("qwen4_exp", "qwen4_exp_text"):
+        return _qwen4_shape(config)
     try:
         H, L, V = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
         nh = config["num_attention_heads"]
@@ -121,6 +124,17 @@ def model_shape(config: dict) -> ModelShape:
     from engine.model.file_table import table_in_file
     return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding, exact,
                       table_in_file(family, tied=bool(config.get("tie_word_embeddings"))))
+
+
+def _qwen4_shape(config: dict) -> ModelShape:
+    """qwen4_exp: its counts (engine.model.qwen4.sizes); the n-gram tables stay on disk, a few rows a token."""
+    from engine.model.qwen4.sizes import qwen4_counts
+    c = qwen4_counts(config)
+    L, E, k, H, V = (config[n] for n in ("num_hidden_layers", "num_experts", "num_experts_per_tok", "hidden_size",
+                                         "vocab_size"))
+    return ModelShape(config["model_type"], L, L, E, k, H, config["moe_intermediate_size"], V,
+                      c.dense + L * E * c.experts + c.table_params, c.dense + L * k * c.experts, c.dense, V * H,
+                      c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes)
 
 
 # ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
@@ -389,7 +403,7 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
     on_gpu = machine.device == "cuda"
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
-    disk = h2d * (1 - ram_hit)
+    disk = h2d * (1 - ram_hit) + shape.ngram_disk_bytes
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
     cpu_bps = CPU_EXPERT_SHARE_OF_MEM_BW * machine.mem_bw_bps
     if on_gpu and QUANT_FORMATS[quant].cpu_kernel and cpu_bps > pcie_bps:     # as "auto" decides: the CPU beats a copy

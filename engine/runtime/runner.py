@@ -32,6 +32,7 @@ from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
+from engine.runtime.ngram import attach_ngram
 from engine.runtime import load_speeds
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import Placement, measure_copy_s
@@ -129,7 +130,9 @@ class Runner:
         expert launches captured."""
         layout, telemetry = model_dir.layout, self.telemetry
         self.store = ExpertStore(model_dir, telemetry)
-        self.cache = RamCache(self.plan.ram_cache_bytes, layout.block_bytes, telemetry,
+        # a PLE model's n-gram rows stream from their own file through a cache inside the same RAM budget
+        ngram_bytes = attach_ngram(self.model, model_dir.path, self.plan.ram_cache_bytes, telemetry)
+        self.cache = RamCache(self.plan.ram_cache_bytes - ngram_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
         self.cache.uses = self.banks.rank                 # one routing frequency for both tiers' evictions

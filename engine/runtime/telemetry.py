@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 
 from engine.runtime.memory import process_memory
+from engine.runtime.ngram_stats import NGRAM_COUNTERS, ngram_section
 
 COUNTERS = frozenset({
     "prompt_tokens", "generated_tokens", "decode_tok_s", "prefill_tok_s", "ttft_s", "decode_thread_core",
@@ -21,7 +22,7 @@ COUNTERS = frozenset({
     "h2d_bytes", "h2d_busy_s", "d2h_bytes",
     "spec_predicted", "spec_correct", "prefetch_issued", "prefetch_used",
     "cpu_experts", "cpu_expert_bytes", "cpu_busy_s", "sync_wait_s", "read_wait_s",
-})
+}) | NGRAM_COUNTERS
 
 
 def current_cpu() -> int:
@@ -139,6 +140,7 @@ class Telemetry:
             "speculation": {"predicted": i("spec_predicted"), "correct": i("spec_correct"),
                             "recall": ratio(v["spec_correct"], v["spec_predicted"])},
             "prefetch": {"issued": i("prefetch_issued"), "used": i("prefetch_used")},
+            "ngram": ngram_section(v),            # PLE models' n-gram rows (engine.runtime.ngram)
             # hybrid execution: experts the CPU computed from the RAM cache
             "cpu": {"experts": i("cpu_experts"), "bytes": i("cpu_expert_bytes"), "busy_s": v["cpu_busy_s"],
                     "gbps": gbps("cpu_expert_bytes", "cpu_busy_s")},

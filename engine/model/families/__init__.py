@@ -41,6 +41,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("minimax_m2", "deepseek_style", "block_sparse_moe", _W123),
     Family("gpt_oss", "gpt_oss", has_expert_bias=True),
     Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
+    # hybrids with hyper-connections, per-layer n-gram embeddings and QSA indexed attention
+    Family("qwen4_exp", "qwen4_exp", text_prefix="model.language_model."), Family("qwen4_exp_text", "qwen4_exp"),
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download.
 UNHANDLED_VARIANTS = {

@@ -1,0 +1,177 @@
+"""qwen4_exp (Qwen3.8-Flash-Next; the text model of the multimodal checkpoint too): Gated-DeltaNet and QSA
+indexed-attention layers, the residual as n hyper-connection streams, per-layer embeddings (PLE) of hashed
+n-grams on some DeltaNet layers, a softmax top-k MoE with a sigmoid-gated shared expert, no final norm (the
+last hyper-connection mixer feeds the head). The pieces are in engine.model.qwen4.
+
+A PLE layer's rows come from `Qwen4Model.ngram`: the n-gram tables are the largest tensors of the model, kept
+out of the dense weights at repack (engine.format.ngram) and read by row from their own file
+(engine.runtime.ngram). The step's lookups start at the first layer's mix, so their reads are in flight
+while the layers before a PLE layer run.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from engine.model import deltanet
+from engine.model.block import Rope, Router, Mlp, Step
+from engine.model.families.hybrid import GatedDeltaNet
+from engine.model.layers import embedding, linear
+from engine.model.model import Model
+from engine.model.qwen4.config import Qwen4Dims, read_qwen4_dims, text_config
+from engine.model.qwen4.hyper import GatedResidual, inject
+from engine.model.qwen4.ngram_hash import NgramHasher
+from engine.model.qwen4.ple import Ple
+from engine.model.qwen4.qsa import IndexedAttention
+from engine.model.spec import ModelSpec, as_ids
+from engine.model.state import StateSpec
+
+EMBEDS_ITSELF = True      # the embedding is repeated into the streams and its ids feed the n-gram hashes
+
+
+def read_spec(cfg) -> ModelSpec:
+    text = text_config(cfg)
+    read_qwen4_dims(text)                         # refusals before anything is read or written
+    rope = dict(text.rope_parameters or {})
+    return ModelSpec(
+        family=cfg.model_type, num_layers=text.num_hidden_layers, hidden_size=text.hidden_size,
+        vocab_size=text.vocab_size, num_heads=text.num_attention_heads, num_kv_heads=text.num_key_value_heads,
+        head_dim=text.head_dim, rms_eps=text.rms_norm_eps, num_experts=text.num_experts,
+        top_k=text.num_experts_per_tok, expert_intermediate=text.moe_intermediate_size,
+        norm_topk_prob=bool(text.norm_topk_prob), moe_layers=tuple(range(text.num_hidden_layers)), dense_intermediate=0,
+        shared_expert_intermediate=text.shared_expert_intermediate_size, qk_norm="head", clip_qkv=None,
+        sliding_windows=(None,) * text.num_hidden_layers, tie_word_embeddings=bool(text.tie_word_embeddings),
+        eos_token_ids=as_ids(text.eos_token_id), max_position_embeddings=text.max_position_embeddings,
+        rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)), cfg=text)
+
+
+def dims(spec: ModelSpec) -> Qwen4Dims:
+    return read_qwen4_dims(spec.cfg)
+
+
+def _ple_spec(d: Qwen4Dims) -> dict[str, StateSpec]:
+    return {"ple_conv": StateSpec((d.hc_count * d.hidden, d.ple_conv_state), per_token=False)}
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """DeltaNet layers: conv + recurrent state (+ the PLE conv); indexed layers: k, v and the indexer's keys."""
+    d = dims(spec)
+    out = []
+    for layer in range(spec.num_layers):
+        if d.hybrid.is_linear(layer):
+            specs = dict(GatedDeltaNet.specs(d.hybrid), **(_ple_spec(d) if layer in d.ple_layers else {}))
+        else:
+            specs = {"k": StateSpec((spec.num_kv_heads, spec.head_dim)),
+                     "v": StateSpec((spec.num_kv_heads, spec.head_dim)), "index_k": StateSpec((d.indexer_head_dim,))}
+        out.append(specs)
+    return out
+
+
+class DeltaNet(GatedDeltaNet):
+    """The hybrids' Gated DeltaNet with the output gate's activation a config choice (silu or sigmoid)."""
+
+    def __init__(self, *args, activation: str):
+        super().__init__(*args)
+        self.activation = torch.sigmoid if activation == "sigmoid" else F.silu
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        # T = tokens, Hk / Hv = key / value heads, Dk / Dv = their dims
+        d, T = self.d, x.shape[0]
+        qkv = deltanet.causal_conv(linear(x, self.in_qkv), step.state.fixed(self.layer, "conv"), self.conv)
+        key_dim = d.num_k_heads * d.k_head_dim
+        q, k, v = qkv.split([key_dim, key_dim, d.num_v_heads * d.v_head_dim], dim=-1)
+        q, k = q.view(T, d.num_k_heads, d.k_head_dim), k.view(T, d.num_k_heads, d.k_head_dim)
+        v = v.view(T, d.num_v_heads, d.v_head_dim)
+        g, beta = deltanet.decay_and_beta(linear(x, self.in_a), linear(x, self.in_b), self.a_log, self.dt_bias)
+        rule = deltanet.recurrent_delta_step if T == 1 else deltanet.chunked_delta_rule
+        out = rule(q, k, v, g, beta, step.state.fixed(self.layer, "recurrent"))              # [T, Hv, Dv]
+        z = linear(x, self.in_z).view(T, d.num_v_heads, d.v_head_dim)
+        o32 = out.float()
+        normed = (o32 * torch.rsqrt((o32 * o32).mean(-1, keepdim=True) + self.eps)).to(out.dtype)
+        gated = (self.norm * normed * self.activation(z.float())).to(out.dtype)
+        return linear(gated.reshape(T, -1), self.out)
+
+
+class TokenIds:
+    """The step's token ids [T], set by the model's embed, read when the step's n-gram lookups begin."""
+    value: torch.Tensor | None = None
+
+
+class Qwen4Block:
+    is_moe = True
+
+    def __init__(self, layer: int, mixer, ple: Ple | None, ple_index: int | None, attn_hc: GatedResidual,
+                 mlp_hc: GatedResidual, router: Router, shared: Mlp, model_ref: "Qwen4Model"):
+        self.layer, self.mixer, self.ple, self.ple_index = layer, mixer, ple, ple_index
+        self.attn_hc, self.mlp_hc, self.router, self.shared = attn_hc, mlp_hc, router, shared
+        self._model = model_ref
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        specs = self.mixer.state_specs()
+        if self.ple is not None:
+            specs["ple_conv"] = self.ple.state_spec()
+        return specs
+
+    def mix(self, x: torch.Tensor, step: Step) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """x [T, n * H] -> ((streams, ffn stream weights [T, n]), the MoE input h [T, H])."""
+        if step.start is None:
+            raise RuntimeError("qwen4_exp's n-gram history and QSA need host-known positions (no CUDA graphs).")
+        lookups = step.memo("ngram", lambda: self._model.begin_ngram(step.start))
+        if self.ple is not None:
+            x = x + self.ple(x, lookups.rows(self.ple_index), step.state.fixed(self.layer, "ple_conv"))
+        block_in, weights = self.attn_hc.mix(x)
+        x = inject(x, self.mixer(block_in, step), weights)
+        h, weights = self.mlp_hc.mix(x)
+        return (x, weights), h
+
+    def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.router(h)
+
+    def combine(self, mixed: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, moe_out: torch.Tensor) -> torch.Tensor:
+        x, weights = mixed
+        return inject(x, (moe_out + self.shared(h)).to(x.dtype), weights)
+
+
+class Qwen4Model(Model):
+    graph_safe = False              # the n-gram history and QSA's selection work on host-known positions
+
+    def __init__(self, spec: ModelSpec, d: Qwen4Dims, w: dict[str, torch.Tensor], mixer: GatedResidual):
+        super().__init__(spec, [], w["model.embed_tokens.weight"], None, w["lm_head.weight"], spec.rms_eps)
+        self.d, self.mixer, self.token_ids = d, mixer, TokenIds()
+        self.hasher = NgramHasher(d.vocab_size, d.ngram_size, d.heads_per_ngram, d.ngram_vocab_base, d.seed,
+                                  d.eos_token_id, len(d.ple_layers))
+        self.ngram = None            # the row source: engine.runtime.ngram's tier, attached by the runner
+
+    def begin_ngram(self, start: int):
+        return self.ngram.begin(self.token_ids.value.tolist(), start)
+
+    def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """[T] -> the n streams [T, n * H], each the token's embedding."""
+        self.token_ids.value = token_ids
+        return embedding(token_ids, self.embed_tokens).repeat(1, self.d.hc_count)
+
+    def head(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(self.mixer.mix(x[-1:])[0], self.lm_head)[0].float()
+
+
+def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Qwen4Model:
+    d, eps = dims(spec), spec.rms_eps
+    inv_freq = 1.0 / (spec.rope_theta ** (torch.arange(0, d.hybrid.rotary_dim, 2, dtype=torch.float)
+                                          / d.hybrid.rotary_dim))
+    rope = Rope(inv_freq.to(device), 1.0, dtype)
+    hc = dict(count=d.hc_count, hidden=d.hidden, eps=eps)
+    model = Qwen4Model(spec, d, w, GatedResidual.load(w, "model.hyper_connection_mixer.", **hc))
+    for layer in range(spec.num_layers):
+        p = f"model.layers.{layer}."
+        if d.hybrid.is_linear(layer):
+            mixer = DeltaNet(layer, w, p + "linear_attn.", d.hybrid, eps, activation=d.output_gate)
+        else:
+            mixer = IndexedAttention(layer, w, p + "self_attn.", spec, rope, heads=d.indexer_heads,
+                                     head_dim=d.indexer_head_dim, budget=d.indexer_budget, ratio=d.compress_ratio)
+        index = d.ple_index(layer)
+        ple = Ple(w, p + "ple.", d.hc_count, d.hidden, d.conv_dilation, eps) if index is not None else None
+        router = Router(w[p + "mlp.gate.weight"], spec.top_k, spec.norm_topk_prob)
+        shared = Mlp(w, p + "mlp.shared_expert.", gate=w[p + "mlp.shared_expert_gate.weight"])
+        model.blocks.append(Qwen4Block(layer, mixer, ple, index, GatedResidual.load(w, p + "attn_hyper_connection.", **hc),
+                                       GatedResidual.load(w, p + "mlp_hyper_connection.", **hc), router, shared, model))
+    return model

@@ -1,0 +1,182 @@
+"""The n-gram tier: PLE rows read from ngram.bin as a step needs them, through a RAM cache of hot rows.
+
+A step's lookups start when its first layer mixes (Qwen4Block.mix): the row ids of every PLE layer are hashed
+on the host and each layer's rows are fetched on a worker thread, in layer order, while the layers before it
+run. A fetch takes the step's distinct rows (a prompt reads each once), copies the cached ones, and reads the
+pages holding the others: pages sorted, adjacent ones coalesced into one read (at most MAX_RUN_PAGES), the
+reads in flight together on reader threads, O_DIRECT where the file system allows (what the disk really
+gives; buffered elsewhere). Rows read enter the cache (least recently used out). Nothing of the tables is held
+on the device: a step's rows go there as its PLE layers' input.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+import time
+import weakref
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from engine.errors import SluiceError
+from engine.format.ngram import NGRAM_FILE, PAGE, NgramIndex, read_index
+from engine.runtime.telemetry import Telemetry
+
+MAX_RUN_PAGES = 64          # one read at most 256 KiB
+READER_THREADS = 4
+CACHE_SHARE = 16            # the rows' cache: this fraction (1 / n) of the RAM budget, at most the tables
+
+
+class RowCache:
+    """Least-recently-used rows, (table, row) -> a slot of one preallocated pool [capacity, row bytes]."""
+
+    def __init__(self, capacity: int, row_bytes: int):
+        self.pool = torch.empty((capacity, row_bytes), dtype=torch.uint8)
+        self.slots: OrderedDict[tuple[int, int], int] = OrderedDict()
+        self.free = list(range(capacity))
+
+    def get(self, key: tuple[int, int]) -> torch.Tensor | None:
+        slot = self.slots.get(key)
+        if slot is None:
+            return None
+        self.slots.move_to_end(key)
+        return self.pool[slot]
+
+    def put(self, key: tuple[int, int], row: np.ndarray) -> None:
+        if not self.free and not self.slots:
+            return                                   # no cache at all
+        slot = self.free.pop() if self.free else self.slots.popitem(last=False)[1]
+        self.pool[slot] = torch.from_numpy(row)
+        self.slots[key] = slot
+
+
+class PageReader:
+    """Whole pages of a file into page-aligned buffers: O_DIRECT where it works, else buffered reads."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDONLY)
+        self.direct_fd = None
+        if hasattr(os, "O_DIRECT"):
+            try:
+                self.direct_fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+            except OSError:
+                pass
+
+    def read(self, first_page: int, count: int) -> mmap.mmap:
+        buf = mmap.mmap(-1, count * PAGE)                 # page aligned, as O_DIRECT needs
+        if self.direct_fd is not None:
+            try:
+                os.preadv(self.direct_fd, [buf], first_page * PAGE)
+                return buf
+            except OSError:
+                self.direct_fd = None                     # a file system that refuses it: buffered from now on
+        os.preadv(self.fd, [buf], first_page * PAGE)
+        return buf
+
+    def close(self) -> None:
+        for fd in (self.fd, self.direct_fd):
+            if fd is not None:
+                os.close(fd)
+
+
+def page_runs(pages: np.ndarray) -> list[tuple[int, int]]:
+    """Sorted distinct pages -> (first page, count) reads: adjacent pages together, at most MAX_RUN_PAGES."""
+    runs: list[list[int]] = []
+    for page in pages.tolist():
+        if runs and page == runs[-1][0] + runs[-1][1] and runs[-1][1] < MAX_RUN_PAGES:
+            runs[-1][1] += 1
+        else:
+            runs.append([page, 1])
+    return [(first, count) for first, count in runs]
+
+
+class Lookups:
+    """One step's rows, a future per PLE layer."""
+
+    def __init__(self, futures: list[Future]):
+        self.futures = futures
+
+    def rows(self, ple_index: int) -> torch.Tensor:
+        return self.futures[ple_index].result()
+
+
+class NgramTier:
+    def __init__(self, path: Path, index: NgramIndex, hasher, telemetry: Telemetry, cache_bytes: int,
+                 dtype: torch.dtype, device: torch.device):
+        self.index, self.hasher, self.telemetry = index, hasher, telemetry
+        self.dtype, self.device = dtype, device
+        self.reader = PageReader(path / NGRAM_FILE)
+        self.cache = RowCache(cache_bytes // index.row_bytes, index.row_bytes)
+        self.cache_bytes = self.cache.pool.numel()
+        telemetry.set(ngram_cache_bytes=self.cache_bytes)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="sluice-ngram")       # layer order
+        self._readers = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="sluice-ngram-read")
+        weakref.finalize(self, _close, self._worker, self._readers, self.reader)
+
+    def begin(self, tokens: list[int], start: int) -> Lookups:
+        """The rows of tokens at positions start.. for every PLE layer, fetched in the background."""
+        ids = self.hasher.step(tokens, start)
+        self.telemetry.add(ngram_tokens=len(tokens))
+        return Lookups([self._worker.submit(self._fetch, table, layer_ids) for table, layer_ids in enumerate(ids)])
+
+    def _fetch(self, table: int, ids: torch.Tensor) -> torch.Tensor:
+        """ids [T, heads] -> their rows concatenated [T, heads * row_dim] on the device, compute dtype."""
+        distinct, inverse = torch.unique(ids, return_inverse=True)
+        rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
+        missing = []
+        for j, row in enumerate(distinct.tolist()):
+            cached = self.cache.get((table, row))
+            if cached is None:
+                missing.append(j)
+            else:
+                rows[j] = cached
+        if missing:
+            rows[missing] = torch.from_numpy(self._read(table, distinct[missing].numpy()))
+        self.telemetry.add(ngram_rows=distinct.shape[0], ngram_hits=distinct.shape[0] - len(missing),
+                           ngram_misses=len(missing))
+        values = rows.view(self.index.dtype)[inverse]                            # [T, heads, row_dim]
+        return values.flatten(-2).to(device=self.device, dtype=self.dtype)
+
+    def _read(self, table: int, row_ids: np.ndarray) -> np.ndarray:
+        """Rows [N, row bytes] of `table` read from disk (each page once), put in the cache."""
+        t0 = time.perf_counter()
+        offsets = self.index.tables[table].offset + row_ids.astype(np.int64) * self.index.row_stride
+        pages = np.unique(offsets // PAGE)
+        runs = page_runs(pages)
+        staged = np.concatenate([np.frombuffer(b, dtype=np.uint8)
+                                 for b in self._readers.map(lambda r: self.reader.read(*r), runs)])
+        at = np.searchsorted(pages, offsets // PAGE) * PAGE + offsets % PAGE         # page k staged at k * PAGE
+        rows = staged[at[:, None] + np.arange(self.index.row_bytes)]
+        for row, data in zip(row_ids.tolist(), rows):
+            self.cache.put((table, row), data)
+        self.telemetry.add(ngram_reads=len(runs), ngram_bytes_read=pages.shape[0] * PAGE,
+                           ngram_bytes_used=rows.size, ngram_read_s=time.perf_counter() - t0)
+        return rows
+
+    def close(self) -> None:
+        _close(self._worker, self._readers, self.reader)
+
+
+def _close(worker: ThreadPoolExecutor, readers: ThreadPoolExecutor, reader: PageReader) -> None:
+    worker.shutdown(wait=True)
+    readers.shutdown(wait=True)
+    if reader.fd is not None:
+        reader.close()
+        reader.fd = reader.direct_fd = None
+
+
+def attach_ngram(model, model_dir: Path, ram_budget: int, telemetry: Telemetry) -> int:
+    """A PLE model's rows from the model dir's ngram.bin (model.ngram); returns the RAM its cache takes
+    (0 for other models)."""
+    if not hasattr(model, "ngram") or not model.d.ple_layers:
+        return 0
+    index = read_index(model_dir)
+    if index is None:
+        raise SluiceError(f"'{model_dir}' has no {NGRAM_FILE} for this model's n-gram tables; repack it again.")
+    cache_bytes = min(ram_budget // CACHE_SHARE, index.total_bytes)
+    model.ngram = NgramTier(Path(model_dir), index, model.hasher, telemetry, cache_bytes,
+                            model.embed_tokens.dtype, model.embed_tokens.device)
+    return model.ngram.cache_bytes

@@ -1,0 +1,179 @@
+"""qwen4_exp through the user's path (repack -> engine.load -> generate), token-exact with transformers (float32,
+greedy, streaming forced), from the text-only and the multimodal checkpoint; a prompt that crosses EOS tokens
+(the n-gram history resets) and spans three DeltaNet prefill chunks; the n-gram rows read from ngram.bin."""
+import pytest
+import torch
+from safetensors import safe_open
+
+import engine
+from engine import GenerationParams, SluiceError
+from engine.format.ngram import PAGE, read_index
+from engine.format.repack import repack
+from engine.model.qwen4.ngram_hash import NgramHasher
+from tests.engine.reference import load_reference, reference_greedy
+from tests.families.qwen4_models import EOS, TEXT, build_qwen4
+from tests.streaming.sized import streaming_engine, token_ids
+
+PROMPT_IDS = [(i * 37) % 390 + 3 for i in range(150)]      # 150 tokens: DeltaNet chunks of 64, 64 and 22
+for _at in (40, 41, 97):                                     # EOS twice in a row, then once more
+    PROMPT_IDS[_at] = EOS
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def text_dir(tmp_path_factory):
+    return build_qwen4(tmp_path_factory.mktemp("qwen4_exp_text") / "hf")
+
+
+@pytest.fixture(scope="module")
+def multimodal_dir(tmp_path_factory):
+    return build_qwen4(tmp_path_factory.mktemp("qwen4_exp") / "hf", multimodal=True, seed=1, with_tokenizer=True)
+
+
+def _hasher() -> NgramHasher:
+    return NgramHasher(TEXT["vocab_size"], TEXT["ngram_size"], TEXT["heads_per_ngram"], TEXT["ngram_vocab_size_base"],
+                       TEXT["seed"], EOS, len(TEXT["ple_layer_ids"]))
+
+
+@pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4"])
+@pytest.mark.parametrize("checkpoint", ["text", "multimodal"])
+def test_greedy_tokens_match_transformers(checkpoint, quant, request, tmp_path):
+    hf_dir = request.getfixturevalue(f"{checkpoint}_dir")
+    model_dir = repack(hf_dir, tmp_path / "m", quant=quant)
+    with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert not any("ngram_embedding" in n or "visual" in n or "language_model" in n for n in names)
+    eng = streaming_engine(model_dir, device="cpu", dtype="float32")
+    ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
+    assert ours == reference_greedy(load_reference(hf_dir, quant), PROMPT_IDS, NEW_TOKENS)
+    assert token_ids(eng, PROMPT_IDS, NEW_TOKENS) == ours        # a new conversation: fresh states and history
+    tel = eng.telemetry()
+    assert tel["ram_cache"]["capacity_bytes"] < eng.model.expert_bytes_total
+    assert tel["ram_cache"]["misses"] > 0 and tel["ram_cache"]["evictions"] > 0
+    ngram = tel["ngram"]
+    assert ngram["hits"] > 0 and ngram["misses"] > 0 and ngram["read_amplification"] >= 1.0
+    assert 0 < ngram["cache_bytes"] < tel["ram_cache"]["capacity_bytes"] + ngram["cache_bytes"]
+    eng.close()
+
+
+def test_prefill_reads_each_distinct_row_once(text_dir, tmp_path):
+    model_dir = repack(text_dir, tmp_path / "m")
+    eng = streaming_engine(model_dir, device="cpu", dtype="float32")
+    token_ids(eng, PROMPT_IDS, 1)                                 # the prompt's pass only
+    ngram, index = eng.telemetry()["ngram"], read_index(model_dir)
+    distinct = [torch.unique(ids) for ids in _hasher().step(PROMPT_IDS, 0)]
+    assert ngram["tokens"] == len(PROMPT_IDS)
+    assert ngram["misses"] == ngram["rows"] == sum(d.numel() for d in distinct) and ngram["hits"] == 0
+    pages = sum(len({(t.offset + r * index.row_stride) // PAGE for r in d.tolist()})
+                for t, d in zip(index.tables, distinct))
+    assert ngram["bytes_read"] == pages * PAGE                   # each page once
+    assert ngram["bytes_used"] == ngram["rows"] * index.row_bytes
+    assert ngram["rows_per_token"] == pytest.approx(ngram["rows"] / len(PROMPT_IDS))
+    eng.close()
+
+
+def test_row_ids_match_transformers_across_steps():
+    """The hashed ids, EOS resets included, as transformers' n-gram embedding computes them, whether the tokens
+    come in one step or one at a time (the history carried between steps)."""
+    from transformers import AutoConfig
+    from transformers.models.qwen4_exp.modeling_qwen4_exp import Qwen4ExpTextNGramEmbedding
+
+    cfg = AutoConfig.for_model("qwen4_exp_text", **TEXT)
+    tokens = [EOS, 5, 7, EOS, 9, 9, 9, 11, EOS, EOS, 13, 399, 1, 2, 3]
+    for ple_index, layer in enumerate(cfg.ple_layer_ids):
+        module = Qwen4ExpTextNGramEmbedding(cfg, cfg.ple_embed_dim, layer - 1, ple_index)
+        with torch.no_grad():
+            module.ngram_embedding.weight.zero_()[:, 0] = torch.arange(module.ngram_embedding.weight.shape[0])
+            theirs = module(torch.tensor([tokens]), None)[0, :, ::module.ngram_embedding.weight.shape[1]].long()
+        hasher = _hasher()
+        assert torch.equal(hasher.step(tokens, 0)[ple_index], theirs)
+        one_by_one = [hasher.step([t], i)[ple_index] for i, t in enumerate(tokens)]
+        assert torch.equal(torch.cat(one_by_one), theirs)
+
+
+def test_an_image_in_a_request_gets_one_sentence(multimodal_dir, tmp_path):
+    eng = engine.load(repack(multimodal_dir, tmp_path / "m"), device="cpu")
+    message = {"role": "user", "content": [{"type": "text", "text": "what is this?"}, {"type": "image", "url": "a.png"}]}
+    with pytest.raises(SluiceError, match="Images are not supported"):
+        list(eng.generate([message], GenerationParams(max_new_tokens=2)))
+    eng.close()
+
+
+def test_fused_experts_and_whole_tables_repack_the_same(text_dir, tmp_path):
+    """transformers' in-memory layout (experts fused per layer, each table whole) repacks to the same model as the
+    Hub's (experts one by one, tables in split_ngram_parts shards)."""
+    import re
+    import shutil
+    from safetensors.torch import load_file, save_file
+
+    fused_dir = tmp_path / "fused"
+    shutil.copytree(text_dir, fused_dir)
+    (path,) = fused_dir.glob("*.safetensors")
+    hub = load_file(str(path))
+    out = {n: t for n, t in hub.items() if ".experts." not in n and ".shard_" not in n}
+    for layer in range(TEXT["num_hidden_layers"]):
+        p = f"model.layers.{layer}.mlp.experts."
+        out[p + "gate_up_proj"] = torch.stack([torch.cat([hub[f"{p}{e}.gate_proj.weight"], hub[f"{p}{e}.up_proj.weight"]])
+                                               for e in range(TEXT["num_experts"])])
+        out[p + "down_proj"] = torch.stack([hub[f"{p}{e}.down_proj.weight"] for e in range(TEXT["num_experts"])])
+    for name in [n for n in hub if n.endswith(".shard_0.weight")]:
+        shards = sorted((n for n in hub if n.startswith(name[:-len("shard_0.weight")])),
+                        key=lambda n: int(re.search(r"shard_(\d+)", n).group(1)))
+        out[name.replace(".shard_0", "")] = torch.cat([hub[n] for n in shards])
+    save_file(out, str(path), metadata={"format": "pt"})
+    engines = [streaming_engine(repack(d, tmp_path / f"m{i}"), device="cpu", dtype="float32")
+               for i, d in enumerate((text_dir, fused_dir))]
+    hub_tokens, fused_tokens = (token_ids(e, PROMPT_IDS, 8) for e in engines)
+    assert hub_tokens == fused_tokens
+    for e in engines:
+        e.close()
+
+
+@pytest.mark.parametrize("checkpoint", ["text", "multimodal"])
+def test_the_estimate_counts_parameters_as_transformers_and_n_gram_rows_per_token(checkpoint, request):
+    import json
+    from transformers import AutoModelForCausalLM
+    from engine.plan.estimate import Machine, estimate, model_shape
+
+    hf_dir = request.getfixturevalue(f"{checkpoint}_dir")
+    config = json.loads((hf_dir / "config.json").read_text())
+    params = dict(AutoModelForCausalLM.from_pretrained(str(hf_dir)).named_parameters())
+    shape = model_shape(config)
+    assert shape.total_params == sum(p.numel() for p in params.values())
+    assert shape.dense_params == sum(p.numel() for n, p in params.items()
+                                     if ".experts." not in n and "ngram_embedding" not in n)
+    assert shape.ngram_disk_bytes == len(TEXT["ple_layer_ids"]) * 2 * TEXT["heads_per_ngram"] * PAGE
+    machine = Machine("cpu", ram_available_bytes=1 << 30, mem_bw_bps=20e9, disk_read_bps=1e9, free_disk_bytes=1 << 40)
+    est = estimate(config, 1 << 20, machine)
+    assert est.disk_bytes_per_token >= shape.ngram_disk_bytes
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_damaged_n_gram_file_gets_one_sentence(damage, text_dir, tmp_path):
+    model_dir = repack(text_dir, tmp_path / "m")
+    if damage == "missing":
+        (model_dir / "ngram.bin").unlink()
+    else:
+        with open(model_dir / "ngram.bin", "r+b") as f:
+            f.truncate(PAGE)
+    with pytest.raises(SluiceError, match="repack"):
+        engine.load(model_dir, device="cpu")
+
+
+def test_multi_token_prediction_weights_are_kept_on_disk(text_dir, tmp_path):
+    import shutil
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "with_mtp"
+    shutil.copytree(text_dir, src)
+    (path,) = src.glob("*.safetensors")
+    tensors = load_file(str(path))
+    mtp = {"mtp.fc.weight": torch.randn(64, 128).to(torch.bfloat16), "mtp.norm.weight": torch.randn(64)}
+    save_file({**tensors, **mtp}, str(path), metadata={"format": "pt"})
+    model_dir = repack(src, tmp_path / "m")
+    kept = load_file(str(model_dir / "mtp.safetensors"))
+    assert kept.keys() == mtp.keys() and all(torch.equal(kept[n], mtp[n]) for n in mtp)
+    with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
+        assert not any(n.startswith("mtp.") for n in f.keys())
+    eng = engine.load(model_dir, device="cpu")             # loads (and checks) without them
+    eng.close()
