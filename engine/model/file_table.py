@@ -17,6 +17,7 @@ before they are read, so their reads are in flight together rather than one at a
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 from pathlib import Path
 
