@@ -110,22 +110,31 @@ class Guard:
                     log.exception("request log hook failed")
 
     def _refusal(self, scope) -> RequestError | None:
+        """Why this request is refused before the app sees it (host, origin, key, body type and size), or None."""
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        host, origin = headers.get("host"), headers.get("origin")
-        if host is not None and not self.policy.allows_host(host):
-            return RequestError(f"This server does not answer to the host name '{host_name(host)}'; start it with "
-                                f"--allowed-hosts {host_name(host)} to allow it.", status=403, kind="forbidden")
-        if origin is not None and not self.policy.allows_origin(origin):
-            return RequestError(f"Requests from web pages ({origin}) are refused; start the server with "
-                                f"--allowed-origins {origin} to allow that page.", status=403, kind="forbidden")
+        origin = headers.get("origin")
+        refusal = self._origin_refusal(headers.get("host"), origin)
+        if refusal is not None:
+            return refusal
         if scope["method"] == "OPTIONS" and origin is not None and "access-control-request-method" in headers:
             return None                    # a CORS preflight of an allowed page: no key, no body
         if self.api_key and scope["path"] not in OPEN_PATHS and not _key_matches(headers, self.api_key):
             return RequestError("The API key is missing or wrong; send the header 'Authorization: Bearer <key>' "
                                 "(or 'x-api-key: <key>').",
                                 status=401, kind="authentication_error")
-        if scope["method"] in BODY_METHODS and _has_body(headers) and \
-                not is_json_type(headers.get("content-type", "")):
+        return self._body_refusal(scope["method"], headers)
+
+    def _origin_refusal(self, host: str | None, origin: str | None) -> RequestError | None:
+        if host is not None and not self.policy.allows_host(host):
+            return RequestError(f"This server does not answer to the host name '{host_name(host)}'; start it with "
+                                f"--allowed-hosts {host_name(host)} to allow it.", status=403, kind="forbidden")
+        if origin is not None and not self.policy.allows_origin(origin):
+            return RequestError(f"Requests from web pages ({origin}) are refused; start the server with "
+                                f"--allowed-origins {origin} to allow that page.", status=403, kind="forbidden")
+        return None
+
+    def _body_refusal(self, method: str, headers: dict[str, str]) -> RequestError | None:
+        if method in BODY_METHODS and _has_body(headers) and not is_json_type(headers.get("content-type", "")):
             return RequestError("The request body must be JSON sent with the header 'Content-Type: application/json' "
                                 "(curl: add -H 'Content-Type: application/json').", status=415)
         length = headers.get("content-length")
