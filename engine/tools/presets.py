@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from engine.format.layout import block_layout
 from engine.format.modeldir import DENSE_FILE, EXPERTS_FILE, MANIFEST, build_manifest
+from engine.format.ngram import TABLE_NAME, write_tables
 from engine.model.spec import read_spec
 
 PRESETS = {
@@ -131,8 +132,35 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     cfg = AutoConfig.for_model(config["model_type"], **fields)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    # state_dict: parameters and persistent buffers (correction biases, DeepSeek-V4's tid2eid table)
-    return {n: tuple(p.shape) for n, p in model.state_dict().items() if ".experts." not in n}
+    # state_dict: parameters and persistent buffers (correction biases, DeepSeek-V4's tid2eid table); the n-gram
+    # tables apart (_table_shards)
+    return {n: tuple(p.shape) for n, p in model.state_dict().items()
+            if ".experts." not in n and not TABLE_NAME.match(n)}
+
+
+def _tables(config: dict) -> dict[int, tuple[int, int, int]]:
+    """A PLE model's n-gram tables as the Hub splits them: {layer: (shards, rows a shard, row dim)}."""
+    from engine.model.qwen4.config import read_qwen4_dims
+    if config["model_type"] != "qwen4_exp_text" or not config.get("ple_layer_ids"):
+        return {}
+    d = read_qwen4_dims(read_spec(config).cfg)
+    parts = config["split_ngram_parts"]
+    return {layer: (parts, d.table_rows(i) // parts, d.row_dim) for i, layer in enumerate(d.ple_layers)}
+
+
+def _table_shards(config: dict) -> dict[int, list[str]]:
+    """The Hub's names of each table's shards, in order."""
+    return {layer: [f"model.layers.{layer}.ple.ple_embedding.ngram_embedding.shard_{i}.weight" for i in range(parts)]
+            for layer, (parts, _, _) in _tables(config).items()}
+
+
+def _random_table_shard(config: dict, name: str, device, seed: int) -> torch.Tensor:
+    """One shard of a table [rows, row dim], bf16 of unit size like the token embeddings (its own seed: a shard
+    is written alone, never the whole table in memory)."""
+    layer, shard = (int(v) for v in TABLE_NAME.match(name).groups())
+    _, rows, dim = _tables(config)[layer]
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + layer * 10_007 + shard)
+    return torch.randn((rows, dim), device=device, generator=gen).to(torch.bfloat16).cpu()
 
 
 def _random_dense(shapes: dict, device, generator: torch.Generator, num_experts: int = 0) -> dict[str, torch.Tensor]:
@@ -170,6 +198,10 @@ def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: in
     dense = _random_dense(_dense_shapes(config), device, gen_dev, spec.num_experts)
     save_file(dense, str(dst / DENSE_FILE), metadata={"format": "pt"})
     progress(f"{preset}: dense weights written ({sum(t.numel() * 2 for t in dense.values()) / 1e9:.2f} GB)")
+    if _tables(config):
+        index = write_tables(dst, _table_shards(config), lambda n: _random_table_shard(config, n, device, seed),
+                             tuple(_tables(config)))
+        progress(f"{preset}: n-gram tables written ({index.total_bytes / 1e9:.2f} GB)")
 
     offsets = {f.name: f.offset for f in layout.fields}
     blocks = random_bank(NUM_DISTINCT_BLOCKS, layout.block_bytes, quant, offsets, layout.intermediate,
@@ -227,6 +259,8 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
 
     for name, tensor in _random_dense(_dense_shapes(config), device, gen, spec.num_experts).items():
         add(name, tensor)
+    for name in (n for names in _table_shards(config).values() for n in names):
+        add(name, _random_table_shard(config, name, device, seed))
     if spec.family == "gpt_oss":
         _add_gpt_oss_mxfp4_experts(spec, add, gen, progress)
         config = {**config, "quantization_config": {"quant_method": "mxfp4"}}
@@ -266,4 +300,4 @@ def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> Non
 def _architecture(config: dict) -> str:
     return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM",
-            "deepseek_v4": "DeepseekV4ForCausalLM"}[config["model_type"]]
+            "deepseek_v4": "DeepseekV4ForCausalLM", "qwen4_exp_text": "Qwen4ExpForCausalLM"}[config["model_type"]]
