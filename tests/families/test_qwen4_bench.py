@@ -117,3 +117,13 @@ def test_bench_via_repack_writes_a_hub_checkpoint_transformers_loads(monkeypatch
     last_shard = "model.layers.2.ple.ple_embedding.ngram_embedding.shard_3.weight"
     direct = presets._random_table_shard(presets.preset_config("tiny-q4"), last_shard, "cpu", 0)
     assert torch.equal(direct, expected[-direct.shape[0]:])               # both writers: the same rows
+
+
+def test_the_catalog_lists_flash_next_with_the_estimates_counts():
+    from app.setup.catalog import load_catalog
+    from engine.plan.estimate import model_shape
+    entry = next(m for m in load_catalog() if m.repo == "Qwen/Qwen3.8-Flash-Next")
+    shape = model_shape({**full_config(), "model_type": "qwen4_exp"})
+    assert entry.family == "qwen4_exp"
+    assert (entry.total_params_b, entry.active_params_b) == (round(shape.total_params / 1e9, 1),
+                                                             round(shape.active_params / 1e9, 1))
