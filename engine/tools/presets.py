@@ -111,6 +111,14 @@ PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 
 FULL_MODEL = {"deepseek-v4-flash-4l": {"name": "DeepSeek-V4-Flash", "num_layers": 43,
                                        "reference_bytes_per_token": 4.2 * 2**30},
               "qwen3.8-flash-next-4l": {"name": "Qwen3.8-Flash-Next", "num_layers": 48, "reference_tok_s": 11.65}}
+# what turns a preset's config into its whole model's (the estimate of it: bench/stages/flash_next.py)
+FULL_CONFIG = {"qwen3.8-flash-next-4l": {"num_hidden_layers": 48, "layer_types": None,
+                                         "ngram_vocab_size_base": 20_000_000}}
+
+
+def full_model_config(preset: str) -> dict:
+    """The config of the model a preset takes its layers from (num_layers, its own layer schedule, its real tables)."""
+    return {**preset_config(preset), **FULL_CONFIG[preset]}
 NUM_DISTINCT_BLOCKS = 16
 HF_INDEX = "model.safetensors.index.json"     # written after every shard: a checkpoint with it is complete
 

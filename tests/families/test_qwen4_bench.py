@@ -22,9 +22,7 @@ REAL_TABLE_ROWS = 320_001_536
 
 def full_config() -> dict:
     """The preset's config with the model's own 48 layers and its real table."""
-    config = presets.preset_config(PRESET)
-    config.update(num_hidden_layers=48, layer_types=None, ngram_vocab_size_base=20_000_000)
-    return config
+    return presets.full_model_config(PRESET)
 
 
 def test_flash_next_preset_has_the_models_shapes_with_4_layers_and_a_20th_of_its_table():
@@ -127,3 +125,23 @@ def test_the_catalog_lists_flash_next_with_the_estimates_counts():
     assert entry.family == "qwen4_exp"
     assert (entry.total_params_b, entry.active_params_b) == (round(shape.total_params / 1e9, 1),
                                                              round(shape.active_params / 1e9, 1))
+
+
+def test_the_exceeds_regime_computes_the_models_speed_on_the_origins_machine(monkeypatch, tmp_path, capsys):
+    from bench.__main__ import main as bench_main
+    monkeypatch.setitem(presets.PRESETS, "tiny-q4", {"model_type": "qwen4_exp_text", **TEXT})
+    monkeypatch.setitem(presets.FULL_MODEL, "tiny-q4", {"name": "Tiny-Q4", "num_layers": 8, "reference_tok_s": 11.65})
+    monkeypatch.setitem(presets.FULL_CONFIG, "tiny-q4", {"num_hidden_layers": 8, "layer_types": None})
+    argv = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), "regime", "--regime", "exceeds", "--no-cgroup",
+            "--keep-page-cache"]
+    flags = ["--preset", "tiny-q4", "--quant", "fp8", "--dense-quant", "int8", "--vram-budget", "8GB", "--device",
+             "cpu", "--prompt-tokens", "24", "--new-tokens", "8", "--dtype", "float32"]
+    assert bench_main([*argv, "--json", "--", *flags]) == 0
+    r = json.loads(capsys.readouterr().out)
+    origin = r["origin"]
+    assert r["regime"]["name"] == "exceeds" and r["decode_ngram"]["rows_per_token"] == 8
+    assert origin["computed"] and origin["reference_tok_s"] == 11.65 and origin["dense_quant"] == "int8"
+    assert origin["tok_s"] == pytest.approx(origin["roofline_tok_s"] * r["decode_efficiency"]) and origin["tok_s"] > 0
+    assert origin["disk_bytes_per_token"] >= 2 * 4 * 4096                # its 8 layers' experts, 2 PLE layers' rows
+    assert bench_main([*argv, "--", *flags]) == 0
+    assert "computed     Tiny-Q4 on the origin's machine (8 GB RTX 5060" in capsys.readouterr().out
