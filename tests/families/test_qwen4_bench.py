@@ -40,6 +40,17 @@ def test_flash_next_preset_has_the_models_shapes_with_4_layers_and_a_20th_of_its
     assert presets._tables(presets.preset_config(PRESET)) == {1: (128, d.table_rows(0) // 128, 160)}
 
 
+def test_the_presets_files_fit_a_64_gib_disk_with_the_checkpoint_and_its_repack():
+    import math
+    from engine.format.layout import block_layout
+    config = presets.preset_config(PRESET)
+    dense = sum(math.prod(shape) for shape in presets._dense_shapes(config).values()) * 2            # bf16
+    table_rows = sum(parts * rows for parts, rows, _ in presets._tables(config).values())
+    hub = dense + 4 * 512 * 3 * 640 * 2560 * 2 + table_rows * 160 * 2                                  # bf16
+    repacked = dense + 4 * 512 * block_layout(640, 2560, "nvfp4").block_bytes + table_rows * 512      # ngram.bin
+    assert repacked < 18e9 and hub + repacked < 47e9 < 64 * 2**30 - 16e9    # 16 GB left for the system
+
+
 def test_the_full_configs_counts_are_the_published_125b_and_51b_table():
     from transformers import AutoModelForCausalLM
     from engine.plan.estimate import model_shape
