@@ -43,6 +43,17 @@ def _disk_text(snapshot: dict) -> str:
     return text
 
 
+def _ngram_text(snapshot: dict) -> str | None:
+    """A PLE model's n-gram rows (engine.runtime.ngram), None for other models: rows and bytes a token, the hot
+    rows' hit rate, bytes read per byte used (a row is read with its page)."""
+    ngram = snapshot.get("ngram") or {}
+    if not ngram.get("tokens"):
+        return None
+    return (f"n-gram rows: {ngram['rows_per_token']:.1f} a token · {format_size(ngram['bytes_per_token'])} read a "
+            f"token · hit rate {_percent(ngram['hit_rate'])} · read amplification {ngram['read_amplification']:.1f}x"
+            f" · {format_size(ngram['cache_bytes'])} of hot rows")
+
+
 def _percent(value: float | None) -> str:
     return "—" if value is None else f"{value * 100:.0f} %"
 
@@ -126,9 +137,15 @@ class LivePanels(QWidget):
         self.cache_label.setWordWrap(True)
         self.hit_plot, self.hit_curves = self._plot("hit rate", {"interval": COLORS["hit"]}, y_range=(0, 100),
                                                     units="%")
+        self.ngram_label = QLabel("")          # shown for models with n-gram tables: their rows share the RAM budget
+        self.ngram_label.setWordWrap(True)
+        self.ngram_label.setToolTip("Rows of the model's n-gram tables a token reads from disk, through a cache of "
+                                    "hot rows in RAM; a row is read with its whole 4 KiB page.")
+        self.ngram_label.setVisible(False)
         box_layout = QVBoxLayout(box)
         box_layout.addWidget(self.cache_bar)
         box_layout.addWidget(self.cache_label)
+        box_layout.addWidget(self.ngram_label)
         box_layout.addWidget(self.hit_plot)
         return box
 
@@ -228,6 +245,9 @@ class LivePanels(QWidget):
         self.speculation_label.setText(f"{_percent(self.history.speculation_recall())} "
                                        f"({spec.get('correct', 0)} of {spec.get('predicted', 0)})")
         self._update_cache()
+        ngram = _ngram_text(snapshot)
+        self.ngram_label.setVisible(ngram is not None)
+        self.ngram_label.setText(ngram or "")
         self.disk_label.setText(_disk_text(snapshot))
         self.memory_label.setText(_memory_text(snapshot))
         self.slot_map.set_slots(self.history.slots())

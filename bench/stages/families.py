@@ -25,6 +25,9 @@ RUNS = {
                          "--prompt-tokens", "512", "--new-tokens", "64"],
     "deepseek-v4-flash-4l": ["--preset", "deepseek-v4-flash-4l", "--quant", "mxfp4", *EIGHT, "--prompt-tokens", "256",
                              "--new-tokens", "32"],
+    # int8 dense weights: the whole model's are ~9.9 GB in bf16
+    "qwen3.8-flash-next-4l": ["--preset", "qwen3.8-flash-next-4l", "--quant", "nvfp4", "--dense-quant", "int8",
+                              *EIGHT, "--prompt-tokens", "512", "--new-tokens", "64"],
     # the same HF checkpoint in transformers + accelerate under the same budgets
     "olmoe-vs-accelerate": ["--preset", "olmoe-1b-7b", "--quant", "fp8", "--vram-budget", "4GiB", "--ram-cache", "2GiB",
                             "--prompt-tokens", "32", "--new-tokens", "64", "--baseline", "accelerate",

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bench.cgroup import CgroupUnavailable, MemoryCap, StatPoller, drop_page_cache
 from bench.common import run_sluice_bench
+from bench.origin import origin_lines, origin_projection
 from bench.peer_runs import peer_lines
 from bench.regimes import REGIMES, Regime, describe, regime, regime_budgets
 from engine.errors import SluiceError
@@ -41,8 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     from engine.tools.bench import report
     result = measure_in_regime(args, args.bench_args)
+    result["origin"] = origin_projection(result)          # a model the project's origin ran: its speed there, computed
     print(json.dumps(result, indent=1) if args.json else "\n".join([*regime_lines(result), report(result),
-                                                                      *cap_stat_lines(result), *peer_lines(result)]))
+                                                                      *cap_stat_lines(result), *peer_lines(result),
+                                                                      *origin_lines(result)]))
     return 0
 
 

@@ -58,6 +58,13 @@ class ModelShape:
     exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
     embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.model.file_table)
     ngram_disk_bytes: int = 0      # n-gram rows one token reads from disk, uncached (qwen4_exp: engine.runtime.ngram)
+    ngram_rows: int = 0            # the n-gram tables' rows (ngram.bin in the model dir) and their width
+    ngram_row_dim: int = 0
+
+    def ngram_file_bytes(self, elem_bytes: int) -> int:
+        """ngram.bin's size: rows laid out `row_stride` apart (engine.format.ngram)."""
+        from engine.format.ngram import row_stride
+        return self.ngram_rows * row_stride(self.ngram_row_dim * elem_bytes) if self.ngram_rows else 0
 
     @property
     def expert_params(self) -> int:
@@ -134,7 +141,8 @@ def _qwen4_shape(config: dict) -> ModelShape:
                                          "vocab_size"))
     return ModelShape(config["model_type"], L, L, E, k, H, config["moe_intermediate_size"], V,
                       c.dense + L * E * c.experts + c.table_params, c.dense + L * k * c.experts, c.dense, V * H,
-                      c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes)
+                      c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes, ngram_rows=c.table_rows,
+                      ngram_row_dim=c.table_params // c.table_rows if c.table_rows else 0)
 
 
 # ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
@@ -266,7 +274,7 @@ class Estimate:
     shape: ModelShape
     block_bytes: int
     expert_bytes: int              # all routed experts at this quant
-    repacked_bytes: int            # the Sluice model dir: dense + experts
+    repacked_bytes: int            # the Sluice model dir: dense + experts (+ n-gram tables)
     download_bytes: int
     disk_needed_bytes: int         # download (still missing) + repack
     vram_budget_bytes: int         # the engine's plan (on the CPU device: slot banks in RAM)
@@ -318,7 +326,8 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     num_blocks = shape.num_moe_layers * shape.num_experts
     expert_bytes = num_blocks * block
     source_elem = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
-    repacked = shape.dense_params * source_elem + expert_bytes        # dense tensors keep the source dtype
+    # dense tensors keep the source dtype; n-gram rows too (block-FP8 ones dequantised: bf16 at least)
+    repacked = shape.dense_params * source_elem + expert_bytes + shape.ngram_file_bytes(max(source_elem, 2))
     missing = download_bytes if missing_download_bytes is None else missing_download_bytes
     disk_needed = missing + repacked
 

@@ -178,5 +178,5 @@ def attach_ngram(model, model_dir: Path, ram_budget: int, telemetry: Telemetry) 
         raise SluiceError(f"'{model_dir}' has no {NGRAM_FILE} for this model's n-gram tables; repack it again.")
     cache_bytes = min(ram_budget // CACHE_SHARE, index.total_bytes)
     model.ngram = NgramTier(Path(model_dir), index, model.hasher, telemetry, cache_bytes,
-                            model.embed_tokens.dtype, model.embed_tokens.device)
+                            model.compute_dtype, model.device)
     return model.ngram.cache_bytes

@@ -232,7 +232,8 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
     # blocks read ahead of need into free RAM slots (Experts.fill) are not a token's own reads
     fill_reads = d("ram_cache", "fill_reads")
     tiers["disk"] = max(tiers["disk"] - fill_reads * block_bytes / decoded, 0.0)
-    disk_tok, h2d_tok = tiers["disk"], tiers["h2d"]
+    ngram = _ngram_figures(end, before, decoded)
+    disk_tok, h2d_tok = tiers["disk"] + ngram.get("bytes_read_per_token", 0.0), tiers["h2d"]
     # the GPU reads the dense weights (one embedding row), the KV cache and the active experts the CPU did not compute
     gpu_tok = (plan.dense_bytes - embed_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"]
                + plan.kv_bytes // 2)
@@ -267,8 +268,20 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         **_memory_fields(end, before, plan.vram_budget_bytes),
         "decode_major_faults_per_token": t.decode_major_faults / decoded,
         "warnings": end["warnings"],
-        **_full_model_scale(args.preset, spec, block_bytes, disk_tok),
+        **({"decode_ngram": ngram} if ngram else {}),
+        **_full_model_scale(args.preset, spec, block_bytes, tiers["disk"], ngram),
     }
+
+
+def _ngram_figures(end: dict, before: dict, decoded: int) -> dict:
+    """A PLE model's n-gram rows over the decode ({} for other models): rows and bytes read a token, the RAM
+    cache's hit rate, read amplification (bytes read / bytes of the rows)."""
+    d = lambda key: delta(end, before, "ngram", key)                # noqa: E731
+    if not d("tokens"):
+        return {}
+    return {"rows_per_token": d("rows") / decoded, "bytes_read_per_token": d("bytes_read") / decoded,
+            "hit_rate": ratio(d("hits"), d("hits") + d("misses")),
+            "read_amplification": ratio(d("bytes_read"), d("bytes_used"))}
 
 
 def _decode_times(per_token) -> dict:
@@ -314,18 +327,20 @@ def _placement_lines(r: dict) -> list[str]:
             f"{p['copy_s'] * 1e6:.0f} us"]
 
 
-def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float) -> dict:
-    """For a preset with fewer layers than its model: bytes per token scaled to the whole model, beside
-    the figure the engine the project was created from read per token on it."""
+def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float, ngram: dict) -> dict:
+    """For a preset with fewer layers than its model: bytes per token scaled to the whole model (expert reads by
+    layers; n-gram rows as they are: the preset keeps the model's PLE layers), beside what the engine the project
+    was created from did on it."""
     from engine.tools.presets import FULL_MODEL
     full = FULL_MODEL.get(preset)
     if full is None:
         return {}
     scale = full["num_layers"] / len(spec.moe_layers)
+    reference = {k: v for k, v in full.items() if k.startswith("reference_")}
     return {"full_model": {"name": full["name"], "num_layers": full["num_layers"], "preset_layers": spec.num_layers,
                            "expert_bytes_per_token": spec.top_k * full["num_layers"] * block_bytes,
-                           "disk_bytes_per_token": disk_per_token * scale,
-                           "reference_bytes_per_token": full["reference_bytes_per_token"]}}
+                           "disk_bytes_per_token": disk_per_token * scale + ngram.get("bytes_read_per_token", 0.0),
+                           **reference}}
 
 
 class _Timings:
@@ -367,9 +382,19 @@ def _full_model_lines(r: dict) -> list[str]:
     if not f:
         return []
     gib = lambda n: f"{n / 2**30:.2f} GiB"                               # noqa: E731
+    seed = (f"{gib(f['reference_bytes_per_token'])}/token" if "reference_bytes_per_token" in f
+            else f"{f['reference_tok_s']} tok/s on its own machine")
     return [f"{f['name']}    this preset has {f['preset_layers']} of its {f['num_layers']} layers; scaled to "
             f"{f['num_layers']}: experts per token {gib(f['expert_bytes_per_token'])}, read from disk per token "
-            f"{gib(f['disk_bytes_per_token'])} (the seed engine: {gib(f['reference_bytes_per_token'])}/token)"]
+            f"{gib(f['disk_bytes_per_token'])} (the seed engine: {seed})"]
+
+
+def _ngram_lines(r: dict) -> list[str]:
+    g = r.get("decode_ngram")
+    if not g:
+        return []
+    return [f"n-gram rows  {g['rows_per_token']:.1f} a token, {g['bytes_read_per_token'] / 1024:.1f} KiB read a token "
+            f"(in the roofline's disk term), RAM hit rate {g['hit_rate']:.1%}, read amplification {g['read_amplification']:.1f}x"]
 
 
 def _warm_prefill_lines(r: dict) -> list[str]:
@@ -417,6 +442,7 @@ def report(r: dict) -> str:
            f"thread waited for reads {r.get('decode_read_wait_s_per_token', 0) * 1e3:.1f} ms"
            if r.get("decode_disk_active_s_per_token") else ""),
         *_placement_lines(r),
+        *_ngram_lines(r),
         *_full_model_lines(r),
         f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
         f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",

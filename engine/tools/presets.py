@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from engine.format.layout import block_layout
 from engine.format.modeldir import DENSE_FILE, EXPERTS_FILE, MANIFEST, build_manifest
+from engine.format.ngram import TABLE_NAME, write_tables
 from engine.model.spec import read_spec
 
 PRESETS = {
@@ -56,6 +57,22 @@ PRESETS = {
                                  layer_types=["sliding_attention", "compressed_sparse_attention",
                                               "heavily_compressed_attention", "compressed_sparse_attention"],
                                  mlp_layer_types=["hash_moe", "moe", "moe", "moe"], tie_word_embeddings=False),
+    # Qwen/Qwen3.8-Flash-Next's text model (config.json's text_config) with its first 4 of 48 layers: Gated
+    # DeltaNet, DeltaNet with PLE (its one PLE layer, ple_layer_ids [2]), DeltaNet, QSA indexed attention.
+    # 512 experts of 640, top-10 + a shared expert. The n-gram table keeps its real row width (16 heads of 160)
+    # and 1/20 of its rows (ngram_vocab_size_base 1e6 for 2e7): the real one is 95 GiB in bf16.
+    "qwen3.8-flash-next-4l": dict(
+        model_type="qwen4_exp_text", vocab_size=248320, hidden_size=2560, num_hidden_layers=4,
+        layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        num_attention_heads=24, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=48, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        num_experts=512, num_experts_per_tok=10, moe_intermediate_size=640, shared_expert_intermediate_size=640,
+        hc_count=4, hc_lowrank=320, ple_layer_ids=[2], ple_embed_dim=2560, ple_conv_kernel_size=4, ngram_size=3,
+        heads_per_ngram=8, ngram_vocab_size_base=1_000_000, make_ngram_vocab_size_divisible_by=128, seed=1234,
+        split_ngram_parts=128, indexer_n_heads=4, indexer_kv_heads=1, indexer_head_dim=128, indexer_budget=2048,
+        indexer_compress_ratio=4, output_gate_type="sigmoid", hidden_act="silu", eos_token_id=248044,
+        bos_token_id=248044, max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25}),
 }
 # DeepSeek-style presets (MLA, shared experts, dense first layers, grouped routers)
 _DEEPSEEK_YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=40.0, original_max_position_embeddings=4096,
@@ -84,11 +101,24 @@ PRESETS.update({
 PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)",
                 "gpt-oss-120b": "12 of gpt-oss-120b's 36 layers (every other dimension as released), so that "
                                 "the bench's files stay under ~40 GB at fp8 and ~21 GB at mxfp4",
-                "deepseek-v4-flash-4l": "DeepSeek-V4-Flash layer shapes with 4 of its 43 layers (sliding, CSA, HCA, CSA)"}
+                "deepseek-v4-flash-4l": "DeepSeek-V4-Flash layer shapes with 4 of its 43 layers (sliding, CSA, HCA, CSA)",
+                "qwen3.8-flash-next-4l": "Qwen3.8-Flash-Next layer shapes with its first 4 of 48 layers (DeltaNet, "
+                                         "DeltaNet + PLE, DeltaNet, QSA) and 1/20 of its n-gram table's rows"}
 # Presets with fewer layers than the model they take their shapes from: the full model's layer count, and
-# the bytes per token the engine the project was created from moved on it (DeepSeek-V4.1-Flash: 4.2 GiB).
+# what the engine the project was created from did on it (DeepSeek-V4.1-Flash: 4.2 GiB read a token;
+# Qwen3.8-Flash-Next: 11.65 tok/s on an 8 GB RTX 5060, 31 GiB of RAM, a Gen5 NVMe). The full model's PLE
+# layers are the preset's (Flash-Next has one), so its n-gram rows a token are the preset's, unscaled.
 FULL_MODEL = {"deepseek-v4-flash-4l": {"name": "DeepSeek-V4-Flash", "num_layers": 43,
-                                       "reference_bytes_per_token": 4.2 * 2**30}}
+                                       "reference_bytes_per_token": 4.2 * 2**30},
+              "qwen3.8-flash-next-4l": {"name": "Qwen3.8-Flash-Next", "num_layers": 48, "reference_tok_s": 11.65}}
+# what turns a preset's config into its whole model's (the estimate of it: bench/stages/flash_next.py)
+FULL_CONFIG = {"qwen3.8-flash-next-4l": {"num_hidden_layers": 48, "layer_types": None,
+                                         "ngram_vocab_size_base": 20_000_000}}
+
+
+def full_model_config(preset: str) -> dict:
+    """The config of the model a preset takes its layers from (num_layers, its own layer schedule, its real tables)."""
+    return {**preset_config(preset), **FULL_CONFIG[preset]}
 NUM_DISTINCT_BLOCKS = 16
 HF_INDEX = "model.safetensors.index.json"     # written after every shard: a checkpoint with it is complete
 
@@ -110,8 +140,35 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     cfg = AutoConfig.for_model(config["model_type"], **fields)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(cfg)
-    # state_dict: parameters and persistent buffers (correction biases, DeepSeek-V4's tid2eid table)
-    return {n: tuple(p.shape) for n, p in model.state_dict().items() if ".experts." not in n}
+    # state_dict: parameters and persistent buffers (correction biases, DeepSeek-V4's tid2eid table); the n-gram
+    # tables apart (_table_shards)
+    return {n: tuple(p.shape) for n, p in model.state_dict().items()
+            if ".experts." not in n and not TABLE_NAME.match(n)}
+
+
+def _tables(config: dict) -> dict[int, tuple[int, int, int]]:
+    """A PLE model's n-gram tables as the Hub splits them: {layer: (shards, rows a shard, row dim)}."""
+    from engine.model.qwen4.config import read_qwen4_dims
+    if config["model_type"] != "qwen4_exp_text" or not config.get("ple_layer_ids"):
+        return {}
+    d = read_qwen4_dims(read_spec(config).cfg)
+    parts = config["split_ngram_parts"]
+    return {layer: (parts, d.table_rows(i) // parts, d.row_dim) for i, layer in enumerate(d.ple_layers)}
+
+
+def _table_shards(config: dict) -> dict[int, list[str]]:
+    """The Hub's names of each table's shards, in order."""
+    return {layer: [f"model.layers.{layer}.ple.ple_embedding.ngram_embedding.shard_{i}.weight" for i in range(parts)]
+            for layer, (parts, _, _) in _tables(config).items()}
+
+
+def _random_table_shard(config: dict, name: str, device, seed: int) -> torch.Tensor:
+    """One shard of a table [rows, row dim], bf16 of unit size like the token embeddings (its own seed: a shard
+    is written alone, never the whole table in memory)."""
+    layer, shard = (int(v) for v in TABLE_NAME.match(name).groups())
+    _, rows, dim = _tables(config)[layer]
+    gen = torch.Generator(device=device).manual_seed(seed * 1_000_003 + layer * 10_007 + shard)
+    return torch.randn((rows, dim), device=device, generator=gen).to(torch.bfloat16).cpu()
 
 
 def _random_dense(shapes: dict, device, generator: torch.Generator, num_experts: int = 0) -> dict[str, torch.Tensor]:
@@ -149,6 +206,10 @@ def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: in
     dense = _random_dense(_dense_shapes(config), device, gen_dev, spec.num_experts)
     save_file(dense, str(dst / DENSE_FILE), metadata={"format": "pt"})
     progress(f"{preset}: dense weights written ({sum(t.numel() * 2 for t in dense.values()) / 1e9:.2f} GB)")
+    if _tables(config):
+        index = write_tables(dst, _table_shards(config), lambda n: _random_table_shard(config, n, device, seed),
+                             tuple(_tables(config)))
+        progress(f"{preset}: n-gram tables written ({index.total_bytes / 1e9:.2f} GB)")
 
     offsets = {f.name: f.offset for f in layout.fields}
     blocks = random_bank(NUM_DISTINCT_BLOCKS, layout.block_bytes, quant, offsets, layout.intermediate,
@@ -206,6 +267,8 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
 
     for name, tensor in _random_dense(_dense_shapes(config), device, gen, spec.num_experts).items():
         add(name, tensor)
+    for name in (n for names in _table_shards(config).values() for n in names):
+        add(name, _random_table_shard(config, name, device, seed))
     if spec.family == "gpt_oss":
         _add_gpt_oss_mxfp4_experts(spec, add, gen, progress)
         config = {**config, "quantization_config": {"quant_method": "mxfp4"}}
@@ -245,4 +308,4 @@ def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> Non
 def _architecture(config: dict) -> str:
     return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM",
-            "deepseek_v4": "DeepseekV4ForCausalLM"}[config["model_type"]]
+            "deepseek_v4": "DeepseekV4ForCausalLM", "qwen4_exp_text": "Qwen4ExpForCausalLM"}[config["model_type"]]

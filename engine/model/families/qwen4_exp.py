@@ -27,6 +27,13 @@ from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 
 EMBEDS_ITSELF = True      # the embedding is repeated into the streams and its ids feed the n-gram hashes
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): what only `linear` multiplies by (gated and indexer
+# projections, the DeltaNet's qkv, z and output, shared experts, the hyper-connections' low-rank mixers, PLE's key and
+# value), the head and the embedding. Norms, convs, routers, gates and the streams' inject weights stay exact.
+DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$|\.self_attn\.[qkvo]_proj\.weight$"
+              r"|\.self_attn\.indexer\.index_qk_proj\.weight$|\.linear_attn\.(in_proj_qkv|in_proj_z|out_proj)\.weight$"
+              r"|\.mlp\.shared_expert\.(gate|up|down)_proj\.weight$|\.input_mix_weight_(down|up)\.weight$"
+              r"|\.ple\.(key|value)_proj\.weight$")
 
 
 def read_spec(cfg) -> ModelSpec:
@@ -141,6 +148,7 @@ class Qwen4Model(Model):
         self.hasher = NgramHasher(d.vocab_size, d.ngram_size, d.heads_per_ngram, d.ngram_vocab_base, d.seed,
                                   d.eos_token_id, len(d.ple_layers))
         self.ngram = None            # the row source: engine.runtime.ngram's tier, attached by the runner
+        self.compute_dtype, self.device = torch.float32, torch.device("cpu")      # the rows' (set by build)
 
     def begin_ngram(self, start: int):
         return self.ngram.begin(self.token_ids.value.tolist(), start)
@@ -161,6 +169,7 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
     rope = Rope(inv_freq.to(device), 1.0, dtype)
     hc = dict(count=d.hc_count, hidden=d.hidden, eps=eps)
     model = Qwen4Model(spec, d, w, GatedResidual.load(w, "model.hyper_connection_mixer.", **hc))
+    model.compute_dtype, model.device = dtype, torch.device(device)
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
         if d.hybrid.is_linear(layer):

@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.block import Rope, Step
-from engine.model.families.hybrid import GatedAttention, offset_rms_norm, partial_rope
-from engine.model.layers import linear, rope_cos_sin
+from engine.model.families.hybrid import GatedAttention, OffsetRmsNorm
+from engine.model.layers import apply_rope, linear, rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
 
@@ -28,8 +28,8 @@ class IndexedAttention(GatedAttention):
         self.index_heads, self.index_dim, self.ratio = heads, head_dim, ratio
         self.max_blocks = budget // ratio
         self.index_qk = w[prefix + "indexer.index_qk_proj.weight"]
-        self.index_q_norm = w[prefix + "indexer.q_layernorm.weight"]
-        self.index_k_norm = w[prefix + "indexer.k_layernorm.weight"]
+        self.index_q_norm, self.index_k_norm = (OffsetRmsNorm(w[prefix + f"indexer.{n}_layernorm.weight"], spec.rms_eps)
+                                                for n in "qk")
 
     def state_specs(self) -> dict[str, StateSpec]:
         return {**super().state_specs(), "index_k": StateSpec((self.index_dim,))}
@@ -42,9 +42,9 @@ class IndexedAttention(GatedAttention):
         q, gate = linear(x, *self.q).view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = linear(x, *self.k).view(-1, self.num_kv_heads, self.head_dim)
         v = linear(x, *self.v).view(-1, self.num_kv_heads, self.head_dim)
-        q, k = offset_rms_norm(q, self.q_norm, self.eps), offset_rms_norm(k, self.k_norm, self.eps)
+        q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rope.cos_sin(step)
-        q, k = partial_rope(q, cos, sin), partial_rope(k, cos, sin)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)                         # the first R dims rotate
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
         out = masked_attention(q, keys, values, visible)                                 # [T, Hq * D]
@@ -54,15 +54,15 @@ class IndexedAttention(GatedAttention):
         """Which held positions each of the step's queries sees: [T, S] bool."""
         num_tokens, di, r = x.shape[0], self.index_dim, self.ratio
         q, raw_k = linear(x, self.index_qk).split([self.index_heads * di, di], dim=-1)
-        q = offset_rms_norm(q.reshape(num_tokens, self.index_heads, di), self.index_q_norm, self.eps)
-        q = partial_rope(q, *self.rope.cos_sin(step))                                    # [T, Hi, Di]
+        q = self.index_q_norm(q.reshape(num_tokens, self.index_heads, di))
+        q = apply_rope(q, *self.rope.cos_sin(step))                                    # [T, Hi, Di]
         keys = step.state.append(self.layer, "index_k", step.positions, step.start, raw_k)    # [S, Di]
         held = keys.shape[0]
         blocks = held // r
         pooled = keys[:blocks * r].view(blocks, r, di).float().mean(dim=1).to(keys.dtype)
         starts = torch.arange(0, blocks * r, r, device=x.device)
         cos, sin = rope_cos_sin(starts, self.rope.inv_freq, self.rope.scaling, self.rope.dtype)
-        block_keys = partial_rope(offset_rms_norm(pooled, self.index_k_norm, self.eps)[:, None], cos, sin)[:, 0]
+        block_keys = apply_rope(self.index_k_norm(pooled)[:, None], cos, sin)[:, 0]
         scores = torch.matmul(q.float(), block_keys.float().T).transpose(-1, -2)          # [T, B, Hi]
         scores = torch.relu(scores).sum(dim=-1) / math.sqrt(di)                          # [T, B]
         visible = torch.zeros(num_tokens, held, dtype=torch.bool, device=x.device)

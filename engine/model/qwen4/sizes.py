@@ -13,6 +13,7 @@ class Qwen4Counts:
     exact: int             # of those, what int8 dense weights would leave exact (norms, routers, mixers' gates)
     experts: int           # one routed expert's parameters
     table_params: int      # the n-gram tables, all PLE layers
+    table_rows: int        # their rows (each table padded to its multiple)
     rows_per_token: int    # n-gram rows one token reads (PLE layers x heads)
     row_disk_bytes: int    # what reading one row costs from disk (a page)
 
@@ -53,5 +54,5 @@ def qwen4_counts(c: dict) -> Qwen4Counts:
                for i in range(len(ple_layers)))
     exact = L * (2 * nH + E * H + H) + nH
     return Qwen4Counts(dense=dense, exact=exact, experts=3 * H * c["moe_intermediate_size"],
-                       table_params=rows * (ple_dim // heads if heads else 0),
+                       table_params=rows * (ple_dim // heads if heads else 0), table_rows=rows,
                        rows_per_token=len(ple_layers) * heads, row_disk_bytes=PAGE)
