@@ -25,7 +25,7 @@ from engine.model.qwen4.ple import Ple
 from engine.model.qwen4.qsa import IndexedAttention
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
-from engine.model.param_counts import ModelShape, text_config
+from engine.model.param_counts import ModelShape, text_config as merged_text_config
 
 EMBEDS_ITSELF = True      # the embedding is repeated into the streams and its ids feed the n-gram hashes
 
@@ -182,7 +182,7 @@ def param_counts(config: dict) -> ModelShape:
     """The estimate's parameter counts (engine.model.qwen4.sizes); the n-gram tables stay on disk, a few rows a
     token."""
     from engine.model.qwen4.sizes import qwen4_counts
-    config = text_config(config)
+    config = merged_text_config(config)
     c = qwen4_counts(config)
     L, E, k, H, V = (config[n] for n in ("num_hidden_layers", "num_experts", "num_experts_per_tok", "hidden_size",
                                          "vocab_size"))
