@@ -52,12 +52,12 @@ def run(args) -> int:
 def measure_in_regime(args, bench_args: list[str], tree: Path | None = None) -> dict:
     """One `sluice bench` in the regime (from `tree`, another checkout, when given), and the peer when asked."""
     from engine.tools.bench import build_apart
-    bench, opts = parse_bench_args(bench_args)
+    bench = parse_bench_args(bench_args)
     reg = regime(args.regime)
     if args.llama_bench or args.llama_gguf:
         check_llama_options(args)
     # the peer runs a GGUF of the HF checkpoint, so Sluice runs that checkpoint's repack (the same weights)
-    via_repack = opts.via_repack or bool(args.llama_bench)
+    via_repack = bench.via_repack or bool(args.llama_bench)
     build_apart(bench.preset, bench.quant, args.work_dir, via_repack, bench.device, to_stderr=True)
     cap, why = _make_cap(args, reg)
     flags = _regime_flags(bench, reg, bench_args, via_repack, capped=cap is not None)
@@ -69,10 +69,8 @@ def measure_in_regime(args, bench_args: list[str], tree: Path | None = None) -> 
 
 def parse_bench_args(bench_args: list[str]):
     """`sluice bench`'s own flags, read as the CLI reads them (the child gets them unchanged)."""
-    from engine.tools.bench import extra_parser
     from engine.tools.cli import build_parser
-    bench, extra = build_parser().parse_known_args(["bench", *bench_args])
-    return bench, extra_parser().parse_args(extra)
+    return build_parser().parse_args(["bench", *bench_args])
 
 
 def _regime_flags(bench, reg: Regime, bench_args: list[str], via_repack: bool, capped: bool) -> list[str]:

@@ -34,6 +34,10 @@ def checked_spec(config: dict, where: str) -> ModelSpec:
 
 def spec_problem(spec: ModelSpec) -> str | None:
     """The first thing wrong with the spec's values, as a phrase, or None."""
+    return _type_problem(spec) or _shape_problem(spec) or _number_problem(spec)
+
+
+def _type_problem(spec: ModelSpec) -> str | None:
     for f in fields(spec):
         value = getattr(spec, f.name)
         if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
@@ -43,6 +47,11 @@ def spec_problem(spec: ModelSpec) -> str | None:
     for name in positive:
         if getattr(spec, name) < 1:
             return f"{name} is {getattr(spec, name)}, it must be at least 1"
+    return None
+
+
+def _shape_problem(spec: ModelSpec) -> str | None:
+    """Sizes that contradict each other: experts, heads, layers."""
     if spec.top_k > spec.num_experts:
         return f"each token uses {spec.top_k} experts (num_experts_per_tok) but there are only {spec.num_experts}"
     if spec.num_heads % spec.num_kv_heads:
@@ -55,6 +64,10 @@ def spec_problem(spec: ModelSpec) -> str | None:
         return "an expert layer lies outside the model's layers"
     if len(spec.moe_layers) < spec.num_layers and spec.dense_intermediate < 1:
         return "the dense layers' intermediate_size is 0"
+    return None
+
+
+def _number_problem(spec: ModelSpec) -> str | None:
     if not (math.isfinite(spec.rms_eps) and spec.rms_eps > 0):
         return f"rms_norm_eps is {spec.rms_eps}, it must be a small positive number"
     if not (math.isfinite(spec.rope_theta) and spec.rope_theta > 0):

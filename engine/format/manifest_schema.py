@@ -57,7 +57,6 @@ def _check(value, schema, key: str, where: Path) -> None:
 
 def check_manifest(manifest, where: Path) -> None:
     """Raise SluiceError (naming `where` and the bad field) unless `manifest` follows the schema."""
-    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
     from kernels.quant_formats import FORMATS
     _check(manifest, SCHEMA, "", where)
     if manifest["format"] != "sluice" or manifest["format_version"] != FORMAT_VERSION:
@@ -68,6 +67,19 @@ def check_manifest(manifest, where: Path) -> None:
     experts = manifest["experts"]
     if experts["num_experts"] < 1 or experts["intermediate"] < 1 or experts["hidden"] < 1:
         _fail(where, "the expert sizes are zero")
+    expected = _expected_layout(manifest, where)
+    offset = 0
+    for layer, entry in sorted(experts["layers"].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
+        _check_layer(layer, entry, offset, expected.block_bytes, experts["num_experts"], where)
+        offset += entry["block_bytes"] * experts["num_experts"]
+    if offset != experts["total_bytes"]:
+        _fail(where, f"'experts.total_bytes' is {experts['total_bytes']}, the layers add up to {offset}")
+
+
+def _expected_layout(manifest: dict, where: Path):
+    """The block layout the manifest's quant and sizes imply, checked against the one it declares."""
+    from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
+    experts = manifest["experts"]
     try:
         expected = block_layout(experts["intermediate"], experts["hidden"], manifest["quant"],
                                 bias=manifest.get("family") in FAMILIES_WITH_EXPERT_BIAS)
@@ -78,15 +90,15 @@ def check_manifest(manifest, where: Path) -> None:
     if declared != actual:
         _fail(where, f"the expert layout does not match {manifest['quant']} blocks of "
                      f"{experts['intermediate']}x{experts['hidden']}")
-    offset = 0
-    for layer, entry in sorted(experts["layers"].items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else -1):
-        if not layer.isdigit():
-            _fail(where, f"layer key '{layer}' is not a number")
-        _check(entry, LAYER_SCHEMA, f"experts.layers.{layer}", where)
-        if entry["block_bytes"] != expected.block_bytes or entry["offset"] != offset:
-            _fail(where, f"layer {layer} has a wrong offset or block size")
-        if len(entry["crc32"]) != experts["num_experts"]:
-            _fail(where, f"layer {layer} has {len(entry['crc32'])} checksums for {experts['num_experts']} experts")
-        offset += entry["block_bytes"] * experts["num_experts"]
-    if offset != experts["total_bytes"]:
-        _fail(where, f"'experts.total_bytes' is {experts['total_bytes']}, the layers add up to {offset}")
+    return expected
+
+
+def _check_layer(layer: str, entry, offset: int, block_bytes: int, num_experts: int, where: Path) -> None:
+    """One layer's entry: a numbered key, its schema, right after the layer before, one checksum an expert."""
+    if not layer.isdigit():
+        _fail(where, f"layer key '{layer}' is not a number")
+    _check(entry, LAYER_SCHEMA, f"experts.layers.{layer}", where)
+    if entry["block_bytes"] != block_bytes or entry["offset"] != offset:
+        _fail(where, f"layer {layer} has a wrong offset or block size")
+    if len(entry["crc32"]) != num_experts:
+        _fail(where, f"layer {layer} has {len(entry['crc32'])} checksums for {num_experts} experts")

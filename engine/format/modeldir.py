@@ -86,18 +86,7 @@ def open_model_dir(path: str | Path, verify_experts: bool = False) -> ModelDir:
     dense weights (see engine.format.integrity); with `verify_experts` every expert block's CRC32 too
     (for a cached repack, which can be rebuilt when it fails)."""
     p = Path(path)
-    if not p.exists():
-        raise SluiceError(f"The folder '{p}' does not exist; check the path or pick the model from the list.")
-    if not p.is_dir():
-        raise SluiceError(f"'{p}' is a file, not a folder; choose the model's folder.")
-    try:
-        manifest = json.loads((p / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise SluiceError(f"'{p}' is not a Sluice model folder (no {MANIFEST}); repack it with `sluice repack`.") from None
-    except (ValueError, UnicodeDecodeError):
-        raise SluiceError(f"'{p / MANIFEST}' is damaged; repack the model again.") from None
-    except OSError as exc:
-        raise SluiceError(f"'{p / MANIFEST}' cannot be read ({exc.strerror}); check the folder's permissions.") from None
+    manifest = read_manifest(p)
     check_manifest(manifest, p / MANIFEST)
     for name in (DENSE_FILE, EXPERTS_FILE):
         if not (p / name).is_file():
@@ -107,8 +96,8 @@ def open_model_dir(path: str | Path, verify_experts: bool = False) -> ModelDir:
     integrity.verify_files(p, (lambda d: verify_checksums(d, manifest)) if verify_experts else None)
     spec = checked_spec(manifest["config"], str(p / MANIFEST))
     experts = manifest["experts"]
-    if experts["num_experts"] != spec.num_experts or experts["intermediate"] != spec.expert_intermediate \
-            or experts["hidden"] != spec.hidden_size or sorted(int(k) for k in experts["layers"]) != list(spec.moe_layers):
+    if (experts["num_experts"], experts["intermediate"], experts["hidden"], sorted(int(k) for k in experts["layers"])) \
+            != (spec.num_experts, spec.expert_intermediate, spec.hidden_size, list(spec.moe_layers)):
         raise SluiceError(f"'{p / MANIFEST}' is damaged (its expert table does not match its config); "
                           "repack the model again.")
     fields = tuple(Field(f["name"], getattr(torch, f["dtype"]), tuple(f["shape"]), f["offset"], f["nbytes"])
@@ -116,6 +105,22 @@ def open_model_dir(path: str | Path, verify_experts: bool = False) -> ModelDir:
     block_bytes = next(iter(experts["layers"].values()))["block_bytes"] if experts["layers"] else 0
     layout = Layout(manifest["quant"], experts["intermediate"], experts["hidden"], fields, block_bytes)
     return ModelDir(p, manifest, spec, layout)
+
+
+def read_manifest(p: Path) -> dict:
+    """sluice.json of the folder `p`, parsed: a missing folder, file or a damaged one is one sentence."""
+    if not p.exists():
+        raise SluiceError(f"The folder '{p}' does not exist; check the path or pick the model from the list.")
+    if not p.is_dir():
+        raise SluiceError(f"'{p}' is a file, not a folder; choose the model's folder.")
+    try:
+        return json.loads((p / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise SluiceError(f"'{p}' is not a Sluice model folder (no {MANIFEST}); repack it with `sluice repack`.") from None
+    except (ValueError, UnicodeDecodeError):
+        raise SluiceError(f"'{p / MANIFEST}' is damaged; repack the model again.") from None
+    except OSError as exc:
+        raise SluiceError(f"'{p / MANIFEST}' cannot be read ({exc.strerror}); check the folder's permissions.") from None
 
 
 def verify_checksums(path: Path, manifest: dict) -> None:

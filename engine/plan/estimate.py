@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.errors import SluiceError
+from engine.model.families import FAMILIES, family_module
+from engine.model.param_counts import ModelShape, moe_shape
 from engine.model.spec import read_spec
 from engine.runtime.budget import MAX_CONTEXT_TOKENS
 from kernels.quant_formats import FORMATS as QUANTS, QUANT_FORMATS
@@ -29,194 +31,22 @@ COMPUTE_DTYPE_BYTES = {"cuda": 2, "cpu": 4}      # the engine computes in bf16 o
 COMPUTE_DTYPE = {"cuda": "bfloat16", "cpu": "float32"}
 FAST_TOK_S = 5.0                   # about reading speed: below this a chat feels slow
 # Per layer per token: kernel launches, Python and small-op overhead that no byte count explains.
-# CPU value measured with engine.load on a 12-layer model whose experts all sat in slots (see the
-# setup README notes). CUDA value: OLMoE-1B-7B int8 with every expert in a slot decoded at 5.49 ms a
-# token on the H200 box (BENCHMARKS run 31), 0.37 ms of it reading 1.6 GB of HBM: 320 us for each of
-# its 16 layers (the layer's host sync, the decode thread's Python, launches). A desktop's faster
-# cores take less; 60 us, the figure used before, came from a loop without the host sync.
+# CPU: engine.load on a 12-layer model whose experts all sat in slots. CUDA: OLMoE-1B-7B int8 with every
+# expert in a slot decodes at 5.49 ms a token on an H200, 0.37 ms of it reading 1.6 GB of HBM: 320 us for
+# each of its 16 layers (the layer's host sync, the decode thread's Python, launches).
 LAYER_OVERHEAD_S = {"cuda": 320e-6, "cpu": 800e-6}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 # Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the
-# machine's memory bandwidth (H200 box: 415 us for a 6.3 MB expert while decoding, DRAM 73 GB/s; BENCHMARKS run 22).
+# machine's memory bandwidth (an H200 box: 415 us for a 6.3 MB expert while decoding, DRAM 73 GB/s).
 CPU_EXPERT_SHARE_OF_MEM_BW = 0.2
 
 
-@dataclass
-class ModelShape:
-    family: str
-    num_layers: int
-    num_moe_layers: int
-    num_experts: int
-    top_k: int
-    hidden: int
-    expert_intermediate: int
-    vocab: int
-    total_params: int
-    active_params: int
-    dense_params: int              # everything but routed experts (embeddings included)
-    embedding_params: int          # read one row per token, so not counted as moved bytes
-    exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
-    embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.model.file_table)
-    ngram_disk_bytes: int = 0      # n-gram rows one token reads from disk, uncached (qwen4_exp: engine.runtime.ngram)
-    ngram_rows: int = 0            # the n-gram tables' rows (ngram.bin in the model dir) and their width
-    ngram_row_dim: int = 0
-
-    def ngram_file_bytes(self, elem_bytes: int) -> int:
-        """ngram.bin's size: rows laid out `row_stride` apart (engine.format.ngram)."""
-        from engine.format.ngram import row_stride
-        return self.ngram_rows * row_stride(self.ngram_row_dim * elem_bytes) if self.ngram_rows else 0
-
-    @property
-    def expert_params(self) -> int:
-        return 3 * self.hidden * self.expert_intermediate
-
-
 def model_shape(config: dict) -> ModelShape:
-    """Parameter counts of a supported MoE config (matches transformers' num_parameters())."""
-    family = config.get("model_type", "?")
-    if family == "deepseek_v4":
-        return _deepseek_v4_shape(config)
-    if isinstance(config.get("text_config"), dict):       # a vision-language checkpoint: its text model only
-        config = {**config, **config["text_config"], "model_type": family}
-    if family in ("qwen4_exp", "qwen4_exp_text"):
-        return _qwen4_shape(config)
-    try:
-        H, L, V = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
-        nh = config["num_attention_heads"]
-        nkv = config.get("num_key_value_heads") or nh
-        hd = config.get("head_dim") or H // nh
-        E = next(config[k] for k in ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
-                 if config.get(k))
-        k = config["num_experts_per_tok"]
-    except (KeyError, StopIteration, TypeError) as exc:
-        raise SluiceError(f"This {family} config.json lacks the MoE sizes Sluice needs ({exc}); the repo may be broken.") from exc
-    I_dense = config.get("intermediate_size") or 0
-    I_expert = config.get("moe_intermediate_size") or I_dense
-    attn = H * nh * hd + 2 * H * nkv * hd + nh * hd * H
-    if family == "qwen2_moe" or config.get("qkv_bias") or config.get("attention_bias"):
-        attn += nh * hd + 2 * nkv * hd
-    if family == "qwen3_moe":
-        attn += 2 * hd                                  # per-head q_norm, k_norm
-    elif family == "olmoe":
-        attn += nh * hd + nkv * hd                      # q_norm, k_norm over the whole projection
-    expert = 3 * H * I_expert
-    router = E * H
-    if family == "gpt_oss":                             # o_proj bias, sinks; router and expert biases
-        attn += H + nh
-        router += E
-        expert += 2 * I_expert + H
-    moe_layer_ids = _moe_layers(config, L, E)
-    shared = 0
-    if config.get("shared_expert_intermediate_size"):
-        shared = 3 * H * config["shared_expert_intermediate_size"] + H   # shared expert + its sigmoid gate
-    exact = len(moe_layer_ids) * router + L * 2 * H + H          # routers, norms
-    if shared:
-        exact += len(moe_layer_ids) * H                          # the shared expert's sigmoid gate
-    if family == "gpt_oss":
-        exact += L * (nh * hd + 2 * nkv * hd + H + nh)           # q/k/v/o biases, sinks
-    if family in DEEPSEEK_STYLE:
-        attn, shared, I_expert = _deepseek_style_sizes(config, attn, E)
-        if family in MLA_FAMILIES:              # kv_b_proj stays exact (engine.model.families.deepseek_style)
-            exact += L * config["kv_lora_rank"] * config["num_attention_heads"] * (config["qk_nope_head_dim"] + config["v_head_dim"])
-    mixers = L * attn
-    if family in HYBRID_FAMILIES:
-        mixers = _hybrid_mixer_params(config, attn + nh * hd * H + 2 * hd)  # q_proj doubled (output gate), q/k norm
-        exact += _hybrid_exact_params(config, 2 * hd)
-    dense_params = mixers + L * 2 * H + H + (L - len(moe_layer_ids)) * 3 * H * I_dense
-    dense_params += len(moe_layer_ids) * (router + shared)               # routers, shared experts
-    embedding = V * H
-    dense_params += embedding + (0 if config.get("tie_word_embeddings") else V * H)
-    total = dense_params + len(moe_layer_ids) * E * expert
-    active = dense_params + len(moe_layer_ids) * k * expert
-    from engine.model.file_table import table_in_file
-    return ModelShape(family, L, len(moe_layer_ids), E, k, H, I_expert, V, total, active, dense_params, embedding, exact,
-                      table_in_file(family, tied=bool(config.get("tie_word_embeddings"))))
-
-
-def _qwen4_shape(config: dict) -> ModelShape:
-    """qwen4_exp: its counts (engine.model.qwen4.sizes); the n-gram tables stay on disk, a few rows a token."""
-    from engine.model.qwen4.sizes import qwen4_counts
-    c = qwen4_counts(config)
-    L, E, k, H, V = (config[n] for n in ("num_hidden_layers", "num_experts", "num_experts_per_tok", "hidden_size",
-                                         "vocab_size"))
-    return ModelShape(config["model_type"], L, L, E, k, H, config["moe_intermediate_size"], V,
-                      c.dense + L * E * c.experts + c.table_params, c.dense + L * k * c.experts, c.dense, V * H,
-                      c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes, ngram_rows=c.table_rows,
-                      ngram_row_dim=c.table_params // c.table_rows if c.table_rows else 0)
-
-
-# ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
-HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")
-
-
-def _layer_types(config: dict) -> list[str]:
-    L = config["num_hidden_layers"]
-    interval = config.get("full_attention_interval") or 4
-    return config.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
-                                         for i in range(L)]
-
-
-def _deltanet_dims(config: dict) -> tuple[int, int, int]:
-    """(key width, value width, value heads) of a DeltaNet layer."""
-    nv = config.get("linear_num_value_heads", 32)
-    return (config.get("linear_num_key_heads", 16) * config.get("linear_key_head_dim", 128),
-            nv * config.get("linear_value_head_dim", 128), nv)
-
-
-def _hybrid_mixer_params(config: dict, full_attention: int) -> int:
-    H, kernel = config["hidden_size"], config.get("linear_conv_kernel_dim", 4)
-    key, value, nv = _deltanet_dims(config)
-    deltanet = (H * (2 * key + 2 * value + 2 * nv)           # in_proj q, k, v, z, b, a
-                + (2 * key + value) * kernel + 2 * nv        # conv1d, A_log, dt_bias
-                + value // nv + value * H)                   # gated norm, out_proj
-    types = _layer_types(config)
-    return sum(full_attention if t == "full_attention" else deltanet for t in types)
-
-
-def _hybrid_exact_params(config: dict, full_attention: int) -> int:
-    """What int8 dense weights leave exact in the mixers (engine.model.families.hybrid.DENSE_INT8): the
-    DeltaNet's b/a projections, conv, A_log, dt_bias and gated norm; the attention's q/k norms."""
-    H, kernel = config["hidden_size"], config.get("linear_conv_kernel_dim", 4)
-    key, value, nv = _deltanet_dims(config)
-    deltanet = 2 * H * nv + (2 * key + value) * kernel + 2 * nv + value // nv
-    return sum(full_attention if t == "full_attention" else deltanet for t in _layer_types(config))
-
-
-# DeepSeek-style families (engine.model.families.deepseek_style): MLA, shared experts without a gate,
-# a correction bias per router, leading dense layers (first_k_dense_replace, mlp_layer_types)
-DEEPSEEK_STYLE = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
-MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
-
-
-def _deepseek_style_sizes(config: dict, gqa_attn: int, num_experts: int) -> tuple[int, int, int]:
-    """(attention params per layer, shared expert + router bias params per MoE layer, expert intermediate)."""
-    H, nh = config["hidden_size"], config["num_attention_heads"]
-    family = config["model_type"]
-    if family in MLA_FAMILIES:
-        r, dr = config["kv_lora_rank"], config["qk_rope_head_dim"]
-        qk, v = config["qk_nope_head_dim"] + dr, config["v_head_dim"]
-        q_lora = config.get("q_lora_rank")
-        attn = (H * q_lora + q_lora + q_lora * nh * qk) if q_lora else H * nh * qk
-        attn += H * (r + dr) + r + r * nh * (config["qk_nope_head_dim"] + v) + nh * v * H
-    else:
-        hd = config.get("head_dim") or H // nh
-        nkv = config.get("num_key_value_heads") or nh
-        attn = gqa_attn + (2 * hd if config.get("use_qk_norm") else 0) + (nh * hd + nkv * hd if family == "minimax_m2" else 0)
-    if family == "minimax_m2":
-        return attn, num_experts, config["intermediate_size"]
-    shared = 3 * H * config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0)
-    bias = 0 if family == "deepseek_v2" else num_experts                 # V2 routes without a correction bias
-    return attn, shared + bias, config["moe_intermediate_size"]
-
-
-def _deepseek_v4_shape(config: dict) -> ModelShape:
-    from engine.model.dsv4.params import int8_dense_params, model_dense_params
-    from engine.model.spec import hf_config
-    cfg = hf_config(config)
-    H, L, E, k, I = cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size
-    dense, expert = model_dense_params(cfg), 3 * H * I
-    return ModelShape("deepseek_v4", L, L, E, k, H, I, cfg.vocab_size, dense + L * E * expert, dense + L * k * expert,
-                      dense, cfg.vocab_size * H, dense - int8_dense_params(cfg))
+    """Parameter counts of a supported MoE config (matches transformers' num_parameters()): the family module's
+    `param_counts` where it has one, else the common count (engine.model.param_counts)."""
+    family = FAMILIES.get(config.get("model_type"))
+    counts = getattr(family_module(family.model_type), "param_counts", None) if family else None
+    return (counts or moe_shape)(config)
 
 
 def format_params(n: int) -> str:
@@ -225,15 +55,6 @@ def format_params(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.1f}{unit}"
     return str(n)
-
-
-def _moe_layers(config: dict, num_layers: int, num_experts: int) -> list[int]:
-    skip = set(config.get("mlp_only_layers") or [])
-    step = config.get("decoder_sparse_step") or 1
-    first_dense = config.get("first_k_dense_replace") or 0
-    types = config.get("mlp_layer_types") or ["sparse"] * num_layers        # glm4_moe_lite
-    return [i for i in range(num_layers)
-            if num_experts > 0 and i not in skip and (i + 1) % step == 0 and i >= first_dense and types[i] == "sparse"]
 
 
 def expert_block_bytes(shape: ModelShape, quant: str) -> int:
@@ -274,7 +95,7 @@ class Estimate:
     shape: ModelShape
     block_bytes: int
     expert_bytes: int              # all routed experts at this quant
-    repacked_bytes: int            # the Sluice model dir: dense + experts (+ n-gram tables)
+    repacked_bytes: int            # the Sluice model dir: dense + experts
     download_bytes: int
     disk_needed_bytes: int         # download (still missing) + repack
     vram_budget_bytes: int         # the engine's plan (on the CPU device: slot banks in RAM)
@@ -325,11 +146,10 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
         return unavailable(quant, shape, download_bytes, str(exc))
     num_blocks = shape.num_moe_layers * shape.num_experts
     expert_bytes = num_blocks * block
-    source_elem = DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
+    source_elem = _source_elem(config)
     # dense tensors keep the source dtype; n-gram rows too (block-FP8 ones dequantised: bf16 at least)
     repacked = shape.dense_params * source_elem + expert_bytes + shape.ngram_file_bytes(max(source_elem, 2))
-    missing = download_bytes if missing_download_bytes is None else missing_download_bytes
-    disk_needed = missing + repacked
+    disk_needed = (download_bytes if missing_download_bytes is None else missing_download_bytes) + repacked
 
     plan, problem = _plan_budgets(config, shape, quant, block, machine, vram_budget, ram_cache, dense_quant)
     slot_hit, ram_hit = hit_rates if hit_rates is not None else _uniform_hit_rates(plan, num_blocks, block)
@@ -340,11 +160,21 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason, dense_quant)
     if suggest_int8_dense and machine.device == "cuda" and not dense_quant and dense_quant_.available(shape.family):
-        tip = estimate(config, download_bytes, machine, quant, vram_budget, ram_cache, hit_rates,
-                       missing_download_bytes, dense_quant="int8")
-        if tip.is_usable and (not est.is_usable or tip.tok_s >= 1.1 * est.tok_s):
-            est.int8_dense_tip = tip
+        est.int8_dense_tip = _int8_dense_tip(est, lambda: estimate(
+            config, download_bytes, machine, quant, vram_budget, ram_cache, hit_rates, missing_download_bytes,
+            dense_quant="int8"))
     return est
+
+
+def _int8_dense_tip(est: Estimate, with_int8_dense) -> Estimate | None:
+    """The estimate with int8 dense weights, where it runs a model `est` cannot run, or runs it >= 10% faster."""
+    tip = with_int8_dense()
+    return tip if tip.is_usable and (not est.is_usable or tip.tok_s >= 1.1 * est.tok_s) else None
+
+
+def _source_elem(config: dict) -> int:
+    """Bytes a weight of the checkpoint's dense tensors (2 where the config does not say)."""
+    return DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
 
 
 def dense_bytes(shape: ModelShape, elem: int, dense_quant: str | None) -> int:
@@ -446,7 +276,6 @@ def _uniform_hit_rates(plan, num_blocks: int, block: int) -> tuple[float, float]
 def _state_bytes(config: dict, dtype, context: int | None = None) -> int:
     """The model state (KV cache, ...) the engine reserves: the family's own per-layer state for
     `context` tokens (default: the model's limit, at most the engine's MAX_CONTEXT_TOKENS)."""
-    from engine.model.families import family_module
     from engine.model.state import state_bytes
     spec = read_spec(config)
     context = context or min(spec.max_position_embeddings, MAX_CONTEXT_TOKENS)

@@ -8,7 +8,6 @@ against the roofline of bandwidths measured in the same run (and optionally agai
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import os
@@ -27,60 +26,47 @@ from engine.sizes import format_size
 from engine.options import Options
 
 
-def extra_parser() -> argparse.ArgumentParser:
-    """The bench's own options beyond the CLI's (`sluice bench --help` lists them too)."""
-    p = argparse.ArgumentParser(prog="sluice bench", add_help=False)
-    p.add_argument("--work-dir", help="where preset models are built and kept (default: the user cache dir)")
-    p.add_argument("--via-repack", action="store_true", help="build a bf16 HF checkpoint and repack it (product path)")
-    p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels")
-    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
-                   help="an engine option (engine/options.py), e.g. --set prefetch_reads=2; repeat for more")
-    p.add_argument("--baseline-new-tokens", type=int, default=8)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--dense-quant", choices=["int8"], help="dense weights as int8 (llama.cpp's Q8_0 quantises them too)")
-    p.add_argument("--top-k", type=int, default=0, help="sample the decode with top-k as well (the app's default: 40)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample the decode with top-p as well (the app's default: 0.95)")
-    # memory caps and the llama.cpp peer need the repository's bench tree, not the installed package
-    for flag in ("--regime", "--llama-bench"):
-        p.add_argument(flag, help=argparse.SUPPRESS)
-    return p
-
-
-def _extra_args(extra: list[str]) -> argparse.Namespace:
-    return extra_parser().parse_args(extra)
-
-
 def run(args) -> int:
-    import torch
-
+    """`sluice bench` with the CLI's arguments (engine/tools/cli.py: _add_bench)."""
     from engine.tools.presets import PRESETS
-    opts = _extra_args(getattr(args, "extra", []) or [])
-    if opts.regime or opts.llama_bench:
+    if args.regime or args.llama_bench:
         raise SluiceError("Memory regimes and the llama.cpp peer run from the repository's bench tree: "
                           "python -m bench regime --regime NAME -- [these sluice bench flags].")
     if args.preset not in PRESETS:
         raise SluiceError(f"Unknown preset '{args.preset}': choose one of {', '.join(PRESETS)}.")
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SluiceError("sluice bench needs a CUDA GPU (none is visible); run it on a machine with one.")
+    check_device(args.device)
     log = (lambda msg: print(msg, file=sys.stderr)) if args.json else print
-    work = Path(opts.work_dir) if opts.work_dir else _default_work_dir()
-    opts.via_repack = opts.via_repack or args.baseline == "accelerate"
-    model_dir, hf_dir = build_apart(args.preset, args.quant, work, opts.via_repack, args.device, bool(args.json))
-    result = measure(model_dir, args, opts, log)
+    work = Path(args.work_dir) if args.work_dir else _default_work_dir()
+    args.via_repack = args.via_repack or args.baseline == "accelerate"
+    model_dir, hf_dir = build_apart(args.preset, args.quant, work, args.via_repack, args.device, bool(args.json))
+    result = measure(model_dir, args, log)
     if args.baseline == "accelerate":
         from engine.tools.baseline import run_accelerate
         result["baseline"] = run_accelerate(hf_dir, args.vram_budget, args.ram_cache, args.prompt_tokens,
-                                            opts.baseline_new_tokens, work / "offload", log)
+                                            args.baseline_new_tokens, work / "offload", log)
         base = result["baseline"]["decode_tok_s"]
         result["speedup_vs_baseline"] = result["decode_tok_s"] / base if base else None
     print(json.dumps(result, indent=1) if args.json else report(result))
     return 0
 
 
-def engine_options(opts) -> Options:
-    """The engine's options from `--eager` and `--set KEY=VALUE` (a bad setting: one sentence)."""
-    return Options.parse(opts.settings, Options(eager=opts.eager))
+def check_device(device: str) -> None:
+    """A device the bench can run on, before anything is built: one sentence saying what to do otherwise."""
+    import torch
+    if device != "cpu" and device != "cuda" and not device.startswith("cuda:"):
+        raise SluiceError(f"Unknown device '{device}': use --device cuda (a GPU) or --device cpu.")
+    if device == "cpu" or torch.cuda.is_available():
+        return
+    if torch.version.cuda is None:
+        raise SluiceError("This PyTorch is a CPU-only build, so sluice bench cannot use a GPU: add --device cpu to "
+                          "run it on the CPU, or install the CUDA build of torch into .venv.")
+    raise SluiceError("No CUDA GPU is visible to PyTorch (check the NVIDIA driver with nvidia-smi); "
+                      "add --device cpu to run the bench on the CPU instead.")
 
+
+def engine_options(args) -> Options:
+    """The engine's options from `--eager` and `--set KEY=VALUE` (a bad setting: one sentence)."""
+    return Options.parse(args.settings, Options(eager=args.eager))
 
 
 def _default_work_dir() -> Path:
@@ -146,7 +132,7 @@ def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, l
     return model_dir, hf_dir
 
 
-def measure(model_dir: Path, args, opts, log) -> dict:
+def measure(model_dir: Path, args, log) -> dict:
     from engine.plan import bandwidth
     from engine.format.modeldir import EXPERTS_FILE, open_model_dir
     md = open_model_dir(model_dir)
@@ -164,13 +150,13 @@ def measure(model_dir: Path, args, opts, log) -> dict:
         import torch
         torch.cuda.empty_cache()      # the probes' buffers: the driver-view VRAM below is the engine's own
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=opts.dtype, max_context=max_tokens, dense_quant=opts.dense_quant,
-                      options=engine_options(opts))
+                      dtype=args.dtype, max_context=max_tokens, dense_quant=args.dense_quant,
+                      options=engine_options(args))
     rng = random.Random(0)
     prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
     # Sampled at temperature 1 (a random model's logits are nearly flat): varied tokens route to varied
     # experts, like real text; greedy decoding of random weights repeats itself, and so would its experts.
-    params = GenerationParams(max_new_tokens=args.new_tokens, temperature=1.0, top_k=opts.top_k, top_p=opts.top_p,
+    params = GenerationParams(max_new_tokens=args.new_tokens, temperature=1.0, top_k=args.top_k, top_p=args.top_p,
                               seed=0, ignore_eos=True)
     try:
         t = timed_generate(eng, prompt, params)
@@ -178,10 +164,10 @@ def measure(model_dir: Path, args, opts, log) -> dict:
         warm = _warm_prefill(eng, [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)], end, params)
     finally:
         eng.close()
-    return {**_summary(args, opts, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
+    return {**_summary(args, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
                        {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)),
             **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup,
-            "sampling": {"temperature": 1.0, "top_k": opts.top_k, "top_p": opts.top_p}, "settings": opts.settings}
+            "sampling": {"temperature": 1.0, "top_k": args.top_k, "top_p": args.top_p}, "settings": args.settings}
 
 
 def _embed_bytes(model) -> int:
@@ -220,7 +206,7 @@ def _tier_bytes(after: dict, before: dict, tokens: int) -> dict:
     return {"disk": d("disk", "bytes_read"), "h2d": d("h2d", "bytes"), "cpu": d("cpu", "bytes")}
 
 
-def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int) -> dict:
+def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int) -> dict:
     """The bench's JSON: decode-phase figures are deltas between the snapshot after prefill and the end."""
     import torch
     spec, block_bytes = md.spec, md.layout.block_bytes
@@ -247,7 +233,7 @@ def _summary(args, opts, md, plan, verdict, t, end: dict, bps: dict, embed_bytes
         "streaming_factor": expert_bytes / (plan.vram_budget_bytes + plan.ram_cache_bytes),
         "expert_cache_factor": expert_bytes / (2 * plan.slots_per_bank * block_bytes + plan.ram_cache_bytes),
         "kernel": "triton" if verdict and verdict.ok else "torch",
-        "cuda_graphs": not opts.eager,
+        "cuda_graphs": args.device.startswith("cuda") and not args.eager,
         "bandwidth_gbps": {"disk": disk_bps / 1e9, "h2d": h2d_bps / 1e9, "hbm_copy": hbm_bps / 1e9},
         "prompt_tokens": args.prompt_tokens, "new_tokens": t.new_tokens,
         "ttft_s": t.prefill_s, "prefill_tok_s": args.prompt_tokens / t.prefill_s,
@@ -401,9 +387,10 @@ def _warm_prefill_lines(r: dict) -> list[str]:
     if "warm_prefill_tok_s" not in r:
         return []
     w = r["warm_prefill_bytes"]
+    moved = (f"copied into slots {_gb(w['h2d'])}" if _on_cpu(r) else
+             f"h2d {_gb(w['h2d'])}, computed on the CPU {_gb(w['cpu'])}")
     return [f"prefill warm {r['prompt_tokens']} tokens after the first generation: {r['warm_prefill_tok_s']:.1f} tok/s "
-            f"(TTFT {r['warm_ttft_s']:.2f} s), disk {w['disk'] / 1e9:.2f} GB, h2d {w['h2d'] / 1e9:.2f} GB, "
-            f"computed on the CPU {w['cpu'] / 1e9:.2f} GB"]
+            f"(TTFT {r['warm_ttft_s']:.2f} s), disk {_gb(w['disk'])}, {moved}"]
 
 
 def _warmup_note(outcome: str | None) -> str:
@@ -412,49 +399,12 @@ def _warmup_note(outcome: str | None) -> str:
 
 
 def report(r: dict) -> str:
-    gb = lambda n: f"{n / 1e9:.2f} GB"                                  # noqa: E731
+    """The bench's JSON as lines a person reads; on the CPU device without a GPU's words (the slot banks live in
+    RAM, the "PCIe" is a RAM copy, there are no CUDA graphs, VRAM or HBM)."""
     from engine.tools.presets import PRESET_NOTES
     lines = [f"note: {PRESET_NOTES[r['preset']]}"] if r["preset"] in PRESET_NOTES else []
-    lines += [
-        f"{r['preset']} {r['quant']} on {r['device']}: experts {gb(r['expert_bytes'])}, VRAM budget "
-        f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
-        f"{format_size(r['ram_cache_bytes'])}, experts / (VRAM + RAM) = {r['streaming_factor']:.1f}x",
-        f"dense weights {r.get('dense_quant', 'none').replace('none', 'as stored')} "
-        f"({format_size(r['dense_bytes'])}), kernel {r['kernel']}{_warmup_note(r.get('kernel_warmup'))}, CUDA graphs {'on' if r['cuda_graphs'] else 'off'}, KV {r['kv_tokens']} tokens, "
-        f"decode: Engine.generate, tokens sampled at temperature 1{_sampling_note(r.get('sampling'))} (varied routing, like real text)",
-        f"bandwidth    disk {r['bandwidth_gbps']['disk']:.2f} GB/s   h2d {r['bandwidth_gbps']['h2d']:.1f} GB/s   "
-        f"HBM copy {r['bandwidth_gbps']['hbm_copy'] / 1e3:.2f} TB/s",
-        f"prefill      {r['prompt_tokens']} tokens, cold: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "
-        f"disk {gb(r['prefill_bytes']['disk'])}, max reads/expert/layer {r['prefill_max_reads_per_expert_per_layer']:.0f}, "
-        f"roofline {r['prefill_roofline_s']:.2f} s",
-        *_warm_prefill_lines(r),
-        f"decode       {r['new_tokens']} tokens: {r['decode_tok_s']:.2f} tok/s "
-        f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
-        f"efficiency {r['decode_efficiency']:.2f})",
-        f"per token    disk {gb(r['decode_bytes_per_token']['disk'])}"
-        + (f" (and {r['decode_fill_reads']:.0f} blocks read ahead into free RAM over the decode)"
-           if r.get("decode_fill_reads") else "")
-        + f", h2d {gb(r['decode_bytes_per_token']['h2d'])}, "
-        f"computed on the CPU {gb(r['decode_bytes_per_token']['cpu'])} ({r['decode_cpu_per_token']['experts']:.1f} "
-        f"experts), GPU reads {gb(r['decode_bytes_per_token']['gpu_reads'])}; the decode thread waited "
-        f"{r.get('decode_sync_wait_s_per_token', 0) * 1e3:.1f} ms of it at the layers' syncs (the GPU's side)"
-        + (f"; a read was in flight {r['decode_disk_active_s_per_token'] * 1e3:.1f} ms of it, and the decode "
-           f"thread waited for reads {r.get('decode_read_wait_s_per_token', 0) * 1e3:.1f} ms"
-           if r.get("decode_disk_active_s_per_token") else ""),
-        *_placement_lines(r),
-        *_ngram_lines(r),
-        *_full_model_lines(r),
-        f"hit rates    VRAM {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
-        f"speculation recall {r['speculation_recall']:.1%}, prefetch used {r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}",
-        f"VRAM peak    {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget "
-        f"({'within' if r['vram_peak_within_budget'] else 'OVER'}); the driver shows "
-        f"{format_size(r['vram_driver_bytes']) if r['vram_driver_bytes'] else 'n/a (no NVML)'} for the process",
-        f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
-        f"{format_size(r['process_non_cache_bytes'])} ({format_size(r.get('process_non_cache_anon_bytes', 0))} "
-        f"anonymous, the rest the libraries' file pages); {r.get('decode_major_faults_per_token', 0):.1f} "
-        f"pages a token read from files while decoding (evicted library pages; a new token's embedding row, 1-2)",
-        *_mapping_lines(r),
-    ]
+    lines += [*_setup_lines(r), *_prefill_lines(r), *_warm_prefill_lines(r), *_decode_lines(r),
+              *_placement_lines(r), *_ngram_lines(r), *_full_model_lines(r), *_memory_lines(r), *_mapping_lines(r)]
     if "baseline" in r:
         b = r["baseline"]
         lines.append(f"accelerate   decode {b['decode_tok_s']:.3f} tok/s, TTFT {b['ttft_s']:.2f} s "
@@ -462,3 +412,78 @@ def report(r: dict) -> str:
     lines += [f"warning      {w}" for w in r["warnings"]]
     return "\n".join(lines)
 
+
+def _on_cpu(r: dict) -> bool:
+    return r["device"] == "cpu"
+
+
+def _gb(n: float) -> str:
+    return f"{n / 1e9:.2f} GB"
+
+
+def _setup_lines(r: dict) -> list[str]:
+    """What ran: the model against its budgets, the kernels, the bandwidths measured."""
+    bw = r["bandwidth_gbps"]
+    if _on_cpu(r):
+        budget, engine = "slot budget", f"kernels {r['kernel']}"
+        bandwidth = f"disk {bw['disk']:.2f} GB/s   RAM -> slot copy {bw['h2d']:.1f} GB/s   memory copy {bw['hbm_copy']:.1f} GB/s"
+    else:
+        budget = "VRAM budget"
+        engine = (f"kernel {r['kernel']}{_warmup_note(r.get('kernel_warmup'))}, "
+                  f"CUDA graphs {'on' if r['cuda_graphs'] else 'off'}")
+        bandwidth = (f"disk {bw['disk']:.2f} GB/s   h2d {bw['h2d']:.1f} GB/s   "
+                     f"HBM copy {bw['hbm_copy'] / 1e3:.2f} TB/s")
+    return [
+        f"{r['preset']} {r['quant']} on {r['device']}: experts {_gb(r['expert_bytes'])}, {budget} "
+        f"{format_size(r['vram_budget_bytes'])} ({r['slots_per_bank']} slots/bank), RAM cache "
+        f"{format_size(r['ram_cache_bytes'])}, experts / ({budget} + RAM) = {r['streaming_factor']:.1f}x",
+        f"dense weights {r.get('dense_quant', 'none').replace('none', 'as stored')} "
+        f"({format_size(r['dense_bytes'])}), {engine}, KV {r['kv_tokens']} tokens, decode: Engine.generate, tokens "
+        f"sampled at temperature 1{_sampling_note(r.get('sampling'))} (varied routing, like real text)",
+        f"bandwidth    {bandwidth}"]
+
+
+def _prefill_lines(r: dict) -> list[str]:
+    return [f"prefill      {r['prompt_tokens']} tokens, cold: {r['prefill_tok_s']:.1f} tok/s, TTFT {r['ttft_s']:.2f} s, "
+            f"disk {_gb(r['prefill_bytes']['disk'])}, max reads/expert/layer "
+            f"{r['prefill_max_reads_per_expert_per_layer']:.0f}, roofline {r['prefill_roofline_s']:.2f} s"]
+
+
+def _decode_lines(r: dict) -> list[str]:
+    """A decode token: speed against the roofline, its bytes by tier, where its time went, the hit rates."""
+    per, cpu = r["decode_bytes_per_token"], _on_cpu(r)
+    fill = (f" (and {r['decode_fill_reads']:.0f} blocks read ahead into free RAM over the decode)"
+            if r.get("decode_fill_reads") else "")
+    moved = (f"copied into slots {_gb(per['h2d'])}, computed where it sits in RAM {_gb(per['cpu'])}, compute reads "
+             f"{_gb(per['gpu_reads'])}" if cpu else
+             f"h2d {_gb(per['h2d'])}, computed on the CPU {_gb(per['cpu'])} "
+             f"({r['decode_cpu_per_token']['experts']:.1f} experts), GPU reads {_gb(per['gpu_reads'])}")
+    waits = f"the decode thread waited {r.get('decode_sync_wait_s_per_token', 0) * 1e3:.1f} ms of it at the layers' syncs"
+    waits += "" if cpu else " (the GPU's side)"
+    if r.get("decode_disk_active_s_per_token"):
+        waits += (f"; a read was in flight {r['decode_disk_active_s_per_token'] * 1e3:.1f} ms of it, and the decode "
+                  f"thread waited for reads {r.get('decode_read_wait_s_per_token', 0) * 1e3:.1f} ms")
+    tier = "slots" if cpu else "VRAM"
+    return [f"decode       {r['new_tokens']} tokens: {r['decode_tok_s']:.2f} tok/s "
+            f"({r['decode_s_per_token'] * 1e3:.1f} ms/token, roofline {r['decode_roofline_s_per_token'] * 1e3:.1f} ms, "
+            f"efficiency {r['decode_efficiency']:.2f})",
+            f"per token    disk {_gb(per['disk'])}{fill}, {moved}; {waits}",
+            f"hit rates    {tier} {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
+            f"speculation recall {r['speculation_recall']:.1%}, prefetch used "
+            f"{r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}"]
+
+
+def _memory_lines(r: dict) -> list[str]:
+    """The budget held (the driver's view on a GPU), and the process's memory besides the RAM cache."""
+    within = "within" if r["vram_peak_within_budget"] else "OVER"
+    if _on_cpu(r):
+        held = f"slots peak   {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget ({within})"
+    else:
+        driver = format_size(r["vram_driver_bytes"]) if r["vram_driver_bytes"] else "n/a (no NVML)"
+        held = (f"VRAM peak    {format_size(r['vram_peak_bytes'])} of {format_size(r['vram_budget_bytes'])} budget "
+                f"({within}); the driver shows {driver} for the process")
+    return [held,
+            f"process      RSS {format_size(r['process_rss_bytes'])}, of which besides the RAM cache "
+            f"{format_size(r['process_non_cache_bytes'])} ({format_size(r.get('process_non_cache_anon_bytes', 0))} "
+            f"anonymous, the rest the libraries' file pages); {r.get('decode_major_faults_per_token', 0):.1f} "
+            f"pages a token read from files while decoding (evicted library pages; a new token's embedding row, 1-2)"]

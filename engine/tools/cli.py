@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from engine.errors import SluiceError, allocation_sentence, fs_error_sentence
+from engine.options import Options
 
 EXIT_USER_ERROR = 2
 # kernels.formats.FORMATS, written out: building the parser must not import torch (tests check they agree)
@@ -71,19 +72,39 @@ def _add_download(sub) -> None:
 
 
 def _add_bench(sub) -> None:
-    from engine.tools.bench import extra_parser
-    more = extra_parser().format_help().split("\n\n", 1)[-1]          # without its usage line
-    p = sub.add_parser("bench", help="benchmark a preset model with budgets that force streaming",
-                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog="more options:\n" + more)
-    p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ...")
+    p = sub.add_parser(
+        "bench", help="benchmark a preset model with budgets that force streaming",
+        description="A random-weight model with a real architecture's dimensions, run through Engine.generate under "
+                    "budgets that force streaming, against the roofline of bandwidths measured in the same run. "
+                    "Without a GPU, --device cpu runs it (slowly: try --prompt-tokens 128 --new-tokens 16).")
+    p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ... (engine/tools/presets.py)")
     p.add_argument("--quant", choices=QUANTS, default="fp8", help="expert format (default fp8)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
-    p.add_argument("--vram-budget", help="e.g. 4GB; what the driver shows for the process")
+    p.add_argument("--vram-budget", help="e.g. 4GB; what the driver shows for the process (on the CPU: the slots)")
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
+    p.add_argument("--dtype", choices=["bfloat16", "float32"],
+                   help="compute dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    p.add_argument("--dense-quant", choices=["int8"], help="dense weights as int8 (llama.cpp's Q8_0 quantises them too)")
     p.add_argument("--prompt-tokens", type=int, default=2048, help="prompt length (default 2048)")
     p.add_argument("--new-tokens", type=int, default=256, help="tokens to decode (default 256)")
+    p.add_argument("--top-k", type=int, default=0, help="sample the decode with top-k as well (the app's default: 40)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample the decode with top-p as well (the app's default: 0.95)")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels (same as --set eager=true)")
+    _add_settings(p)
+    p.add_argument("--work-dir", help="where preset models are built and kept (default: the user cache dir)")
+    p.add_argument("--via-repack", action="store_true", help="build a bf16 HF checkpoint and repack it (product path)")
     p.add_argument("--baseline", choices=["accelerate"], help="also run this reference engine for comparison")
+    p.add_argument("--baseline-new-tokens", type=int, default=8, help="tokens the baseline decodes (default 8)")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results")
+    # memory caps and the llama.cpp peer need the repository's bench tree: these get a sentence saying so
+    for flag in ("--regime", "--llama-bench"):
+        p.add_argument(flag, help=argparse.SUPPRESS)
+
+
+def _add_settings(p) -> None:
+    p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+                   help="an engine option (engine/options.py: eager, cpu_experts, cpu_kernel, ram_fill, "
+                        "prefetch_reads, prefetch_copies, kernel_warmup), e.g. --set ram_fill=false; repeatable")
 
 
 def _add_serve(sub) -> None:
@@ -116,15 +137,13 @@ def _add_engine_options(p) -> None:
     p.add_argument("--ram-cache", help="e.g. 16GB; RAM cache of expert blocks")
     p.add_argument("--dense-quant", choices=["int8"],
                    help="keep the dense weights as int8 (half their VRAM goes to expert slots); default: as stored")
+    _add_settings(p)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra and args.command != "bench":
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    args.extra = extra     # bench-only options the bench module parses itself
+    args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 0
@@ -210,7 +229,7 @@ def _generate(args) -> int:
                               top_k=args.top_k, seed=args.seed, stop=args.stop, grammar=_grammar(args))
     params.validate()                 # before loading: the engine checks again, with the vocabulary
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=args.dtype, dense_quant=args.dense_quant)
+                      dtype=args.dtype, dense_quant=args.dense_quant, options=Options.parse(args.settings))
     try:
         token_ids, pieces = [], []
         for event in eng.generate(prompt, params):
@@ -282,7 +301,8 @@ def _serve(args) -> int:
         print(f"sluice: warning: serving on {args.host} without --api-key: anyone who can reach this computer "
               f"can use the model.", file=sys.stderr)
     eng = engine.load(args.model_dir, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
-                      dtype=args.dtype, max_context=args.ctx, dense_quant=args.dense_quant)
+                      dtype=args.dtype, max_context=args.ctx, dense_quant=args.dense_quant,
+                      options=Options.parse(args.settings))
     try:
         def log_request(r: dict) -> None:
             print(f"{r['client']} {r['method']} {r['path']} {r['status']} {r['duration_s'] * 1000:.0f} ms",

@@ -77,13 +77,13 @@ def test_regime_budgets_map_to_the_issue_settings():
 def test_regime_child_gets_the_users_flags_and_the_regimes_budgets():
     flags = ["--preset", "olmoe-1b-7b", "--quant", "nvfp4", "--prompt-tokens", "512", "--eager", "--set",
              "ram_fill=false", "--dense-quant", "int8", "--top-k", "40"]
-    bench, opts = regime_stage.parse_bench_args(flags)
-    assert bench.preset == "olmoe-1b-7b" and opts.eager and opts.settings == ["ram_fill=false"] and opts.top_k == 40
+    bench = regime_stage.parse_bench_args(flags)
+    assert bench.preset == "olmoe-1b-7b" and bench.eager and bench.settings == ["ram_fill=false"] and bench.top_k == 40
     child = regime_stage._regime_flags(bench, REGIMES["exceeds"], flags, via_repack=True, capped=False)
     assert child[:len(flags)] == flags                                         # every flag of the user's, unchanged
     assert child[len(flags):] == ["--vram-budget", "2GB", "--ram-cache", str(5 << 28), "--via-repack"]
     given = flags + ["--vram-budget", "3GB"]                                   # the user's own budget wins
-    child = regime_stage._regime_flags(regime_stage.parse_bench_args(given)[0], REGIMES["exceeds"], given, False,
+    child = regime_stage._regime_flags(regime_stage.parse_bench_args(given), REGIMES["exceeds"], given, False,
                                        capped=True)
     assert child == given                              # under a real cap the engine sizes its RAM cache
 

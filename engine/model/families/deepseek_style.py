@@ -25,6 +25,7 @@ from engine.model.routers import GroupedRouter
 from engine.model.rotary import rope_frequencies
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
+from engine.model.param_counts import ModelShape, Parts, moe_shape
 
 FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
@@ -168,3 +169,37 @@ def is_beyond_last_layer(name: str, num_layers: int) -> bool:
     """A tensor of a layer after the decoder's last (multi-token prediction): not needed to decode."""
     m = _LAYER.match(name)
     return m is not None and int(m.group(1)) >= num_layers
+
+
+def param_counts(config: dict) -> ModelShape:
+    """The estimate's parameter counts (engine.model.param_counts): MLA or GQA attention, shared experts without a
+    gate, a correction bias per router, leading dense layers."""
+    return moe_shape(config, _adjust_counts)
+
+
+def _adjust_counts(config: dict, p: Parts) -> None:
+    family = config["model_type"]
+    p.attn = _mla_params(config) if family in MLA_FAMILIES else _gqa_params(config, p)
+    if family in MLA_FAMILIES:                   # kv_b_proj stays exact with int8 dense weights
+        p.exact_extra += p.L * config["kv_lora_rank"] * p.nh * (config["qk_nope_head_dim"] + config["v_head_dim"])
+    if family == "minimax_m2":
+        p.shared, p.I_expert = p.E, config["intermediate_size"]     # router bias; no shared expert
+        return
+    shared = 3 * p.H * config["moe_intermediate_size"] * (config.get("n_shared_experts") or 0)
+    p.shared = shared + (0 if family == "deepseek_v2" else p.E)     # V2 routes without a correction bias
+    p.I_expert = config["moe_intermediate_size"]
+
+
+def _mla_params(config: dict) -> int:
+    H, nh = config["hidden_size"], config["num_attention_heads"]
+    r, dr = config["kv_lora_rank"], config["qk_rope_head_dim"]
+    qk, v = config["qk_nope_head_dim"] + dr, config["v_head_dim"]
+    q_lora = config.get("q_lora_rank")
+    attn = (H * q_lora + q_lora + q_lora * nh * qk) if q_lora else H * nh * qk
+    return attn + H * (r + dr) + r + r * nh * (config["qk_nope_head_dim"] + v) + nh * v * H
+
+
+def _gqa_params(config: dict, p: Parts) -> int:
+    """GLM-4.5 and MiniMax-M2: the common attention, with q/k norms (per head; MiniMax: over the projection)."""
+    attn = p.attn + (2 * p.hd if config.get("use_qk_norm") else 0)
+    return attn + (p.nh * p.hd + p.nkv * p.hd if config["model_type"] == "minimax_m2" else 0)

@@ -24,6 +24,7 @@ from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 from kernels.activation import clamped_silu
+from engine.model.param_counts import ModelShape
 
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
 # by (attention's q_a, q_b, kv, o_a (a group of rows at a time) and o_b, the shared expert), the head and the
@@ -119,3 +120,15 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
     blocks = [Dsv4Block(Dsv4Layer(cfg, i, lambda name, p=f"model.layers.{i}.": w[p + name]), token_ids, dtype)
               for i in range(spec.num_layers)]
     return Dsv4Model(spec, blocks, token_ids, w)
+
+
+def param_counts(config: dict) -> ModelShape:
+    """The estimate's parameter counts (engine.model.param_counts), from its own dense count (dsv4/params.py)."""
+    from engine.model.dsv4.params import int8_dense_params, model_dense_params
+    from engine.model.spec import hf_config
+    cfg = hf_config(config)
+    H, L, E, k, I = (cfg.hidden_size, cfg.num_hidden_layers, cfg.n_routed_experts, cfg.num_experts_per_tok,
+                     cfg.moe_intermediate_size)
+    dense, expert = model_dense_params(cfg), 3 * H * I
+    return ModelShape("deepseek_v4", L, L, E, k, H, I, cfg.vocab_size, dense + L * E * expert, dense + L * k * expert,
+                      dense, cfg.vocab_size * H, dense - int8_dense_params(cfg))

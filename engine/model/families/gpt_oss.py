@@ -16,6 +16,7 @@ from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.families import standard
 from kernels.activation import clamped_swiglu
+from engine.model.param_counts import ModelShape, Parts, moe_shape
 
 FAMILY_NAMES = ("gpt_oss",)
 SWIGLU_ALPHA = 1.702     # the clamped SwiGLU's sigmoid scale where the config does not say
@@ -58,3 +59,15 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
     alpha, limit = getattr(spec.cfg, "swiglu_alpha", SWIGLU_ALPHA), spec.cfg.swiglu_limit
     expert = partial(clamped_swiglu_expert, alpha=alpha, limit=limit)
     return standard.assemble(spec, w, blocks, expert_mlp=expert, expert_kernel=clamped_swiglu(alpha, limit))
+
+
+def param_counts(config: dict) -> ModelShape:
+    """The estimate's parameter counts (engine.model.param_counts) with gpt-oss's biases and sinks."""
+    return moe_shape(config, _adjust_counts)
+
+
+def _adjust_counts(config: dict, p: Parts) -> None:
+    p.attn += p.H + p.nh                                             # o_proj bias, sinks
+    p.router += p.E                                                  # router bias
+    p.expert += 2 * p.I_expert + p.H                                 # expert biases
+    p.exact_extra += p.L * (p.nh * p.hd + 2 * p.nkv * p.hd + p.H + p.nh)     # q/k/v/o biases, sinks stay exact

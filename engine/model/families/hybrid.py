@@ -22,6 +22,7 @@ from engine.model.rotary import rope_frequencies
 from engine.model.spec import ModelSpec, as_ids
 from kernels.norms import rms_normalized
 from engine.model.state import StateSpec
+from engine.model.param_counts import ModelShape, Parts, moe_shape
 
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
 # by (gated attention, the DeltaNet's qkv(z) and output, dense MLPs and shared experts), the head and the
@@ -191,3 +192,36 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         blocks.append(OffsetNormBlock(mixer, *norms, router=router, shared=shared))
     embed = w["model.embed_tokens.weight"]
     return HybridModel(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps)
+
+
+def param_counts(config: dict) -> ModelShape:
+    """The estimate's parameter counts (engine.model.param_counts): DeltaNet layers between gated attention."""
+    return moe_shape(config, _adjust_counts)
+
+
+def _adjust_counts(config: dict, p: Parts) -> None:
+    full_attention = p.attn + p.nh * p.hd * p.H + 2 * p.hd            # q_proj doubled (output gate), q/k norm
+    H, kernel = config["hidden_size"], config.get("linear_conv_kernel_dim", 4)
+    key, value, nv = _deltanet_widths(config)
+    deltanet = (H * (2 * key + 2 * value + 2 * nv)                   # in_proj q, k, v, z, b, a
+                + (2 * key + value) * kernel + 2 * nv                # conv1d, A_log, dt_bias
+                + value // nv + value * H)                           # gated norm, out_proj
+    # int8 dense weights leave exact (DENSE_INT8): the DeltaNet's b/a projections, conv, A_log, dt_bias and gated
+    # norm; the attention's q/k norms
+    deltanet_exact = 2 * H * nv + (2 * key + value) * kernel + 2 * nv + value // nv
+    is_full = [t == "full_attention" for t in _layer_types(config)]
+    p.mixers = sum(full_attention if full else deltanet for full in is_full)
+    p.exact_extra += sum(2 * p.hd if full else deltanet_exact for full in is_full)
+
+
+def _layer_types(config: dict) -> list[str]:
+    interval = config.get("full_attention_interval") or 4
+    return config.get("layer_types") or ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                                         for i in range(config["num_hidden_layers"])]
+
+
+def _deltanet_widths(config: dict) -> tuple[int, int, int]:
+    """(key width, value width, value heads) of a DeltaNet layer."""
+    nv = config.get("linear_num_value_heads", 32)
+    return (config.get("linear_num_key_heads", 16) * config.get("linear_key_head_dim", 128),
+            nv * config.get("linear_value_head_dim", 128), nv)

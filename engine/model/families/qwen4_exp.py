@@ -25,6 +25,7 @@ from engine.model.qwen4.ple import Ple
 from engine.model.qwen4.qsa import IndexedAttention
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
+from engine.model.param_counts import ModelShape, text_config as merged_text_config
 
 EMBEDS_ITSELF = True      # the embedding is repeated into the streams and its ids feed the n-gram hashes
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): what only `linear` multiplies by (gated and indexer
@@ -184,3 +185,17 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         model.blocks.append(Qwen4Block(layer, mixer, ple, index, GatedResidual.load(w, p + "attn_hyper_connection.", **hc),
                                        GatedResidual.load(w, p + "mlp_hyper_connection.", **hc), router, shared, model))
     return model
+
+
+def param_counts(config: dict) -> ModelShape:
+    """The estimate's parameter counts (engine.model.qwen4.sizes); the n-gram tables stay on disk, a few rows a
+    token."""
+    from engine.model.qwen4.sizes import qwen4_counts
+    config = merged_text_config(config)
+    c = qwen4_counts(config)
+    L, E, k, H, V = (config[n] for n in ("num_hidden_layers", "num_experts", "num_experts_per_tok", "hidden_size",
+                                         "vocab_size"))
+    return ModelShape(config["model_type"], L, L, E, k, H, config["moe_intermediate_size"], V,
+                      c.dense + L * E * c.experts + c.table_params, c.dense + L * k * c.experts, c.dense, V * H,
+                      c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes, ngram_rows=c.table_rows,
+                      ngram_row_dim=c.table_params // c.table_rows if c.table_rows else 0)

@@ -14,6 +14,7 @@ from engine.model.model import Model
 from engine.model.rotary import rope_frequencies
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
+from engine.model.param_counts import ModelShape, Parts, moe_shape
 
 FAMILY_NAMES = ("qwen3_moe", "mixtral", "olmoe", "qwen2_moe")
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the weights only `linear` multiplies by
@@ -105,3 +106,18 @@ def assemble(spec: ModelSpec, w: dict[str, torch.Tensor], blocks: list, **model_
     embed = w["model.embed_tokens.weight"]
     return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps,
                  **model_options)
+
+
+def param_counts(config: dict) -> ModelShape:
+    """The estimate's parameter counts (engine.model.param_counts): the common count and each family's norms."""
+    return moe_shape(config, _adjust_counts)
+
+
+def _adjust_counts(config: dict, p: Parts) -> None:
+    family = config["model_type"]
+    if family == "qwen2_moe" and not (config.get("qkv_bias") or config.get("attention_bias")):
+        p.attn += p.nh * p.hd + 2 * p.nkv * p.hd                     # q/k/v biases, whatever the config says
+    if family == "qwen3_moe":
+        p.attn += 2 * p.hd                                           # per-head q_norm, k_norm
+    elif family == "olmoe":
+        p.attn += p.nh * p.hd + p.nkv * p.hd                         # q_norm, k_norm over the whole projection
