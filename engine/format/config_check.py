@@ -66,6 +66,9 @@ def spec_problem(spec: ModelSpec) -> str | None:
 
 def required_dense_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]] | None:
     """Canonical dense tensor name -> shape the forward pass needs (None for a family not known here)."""
+    if spec.generic is not None:            # what transformers' own model of it loads
+        from engine.model.families.generic import required_dense_tensors as generic_tensors
+        return generic_tensors(spec)
     if spec.family not in KNOWN_FAMILIES:
         return None
     H, V, D = spec.hidden_size, spec.vocab_size, spec.head_dim
@@ -110,8 +113,9 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)
         if gate_up in ckpt:
-            _check_present(ckpt, gate_up, (E, 2 * I, H), where)
-            _check_present(ckpt, down, (E, H, I), where)
+            transposed = spec.generic is not None and spec.generic.is_transposed
+            _check_present(ckpt, gate_up, (E, H, 2 * I) if transposed else (E, 2 * I, H), where)
+            _check_present(ckpt, down, (E, I, H) if transposed else (E, H, I), where)
             continue
         for expert in range(E):
             for proj, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):

@@ -96,6 +96,9 @@ def expert_source(ckpt: Checkpoint, spec: ModelSpec):
     if spec.family == "gpt_oss":
         from engine.format.gptoss_experts import GptOssExpertSource
         return GptOssExpertSource(ckpt, spec)
+    if spec.generic is not None:
+        from engine.format.generic_experts import GenericExpertSource
+        return GenericExpertSource(ckpt, spec)
     return ExpertSource(ckpt, spec)
 
 

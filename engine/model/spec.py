@@ -45,6 +45,7 @@ class ModelSpec:
     rope_type: str
     rope_theta: float
     cfg: Any = field(default=None, compare=False, repr=False)   # the transformers config: family quirks
+    generic: Any = field(default=None, compare=False, repr=False)  # generic families: their ExpertsInterface
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -57,13 +58,22 @@ class ModelSpec:
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         family = FAMILIES[self.family]
+        if self.generic is not None:
+            return f"{self._checkpoint_experts(layer)}.{expert}.{family.expert_proj[proj]}.weight"
         return (f"{family.text_prefix}layers.{layer}.{family.expert_prefix}.experts.{expert}."
                 f"{family.expert_proj[proj]}.weight")
 
     def fused_expert_names(self, layer: int) -> tuple[str, str]:
         """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
-        p = f"{FAMILIES[self.family].text_prefix}layers.{layer}.mlp.experts."
+        if self.generic is not None:
+            p = self._checkpoint_experts(layer) + "."
+        else:
+            p = f"{FAMILIES[self.family].text_prefix}layers.{layer}.mlp.experts."
         return p + "gate_up_proj", p + "down_proj"
+
+    def _checkpoint_experts(self, layer: int) -> str:
+        """A generic family's experts module as the checkpoint spells it (the text model's prefix)."""
+        return FAMILIES[self.family].text_prefix + self.generic.paths[layer].removeprefix("model.")
 
 
 def canonical_dense_name(family: str, name: str) -> str:

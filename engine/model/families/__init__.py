@@ -10,6 +10,9 @@ nothing of the model, so engine.model.spec and engine.format can read the descri
 
     family = FAMILIES["mixtral"]
     family.expert_prefix, family.expert_proj["gate"], family.has_expert_bias     # "block_sparse_moe", "w1", False
+
+Families with module "generic" run as transformers' own modules with streamed experts (engine.model.generic):
+token for token the same, slower (no CUDA graphs, no fused dense kernels), which `path` says to the user.
 """
 from __future__ import annotations
 
@@ -18,6 +21,11 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 _W123 = {"gate": "w1", "up": "w3", "down": "w2"}     # Mixtral-style checkpoint names of gate, up, down
+GENERIC_PATH = "generic (slower, no CUDA graphs)"
+
+
+# transformers families whose experts use its shared experts interface, each tested token for token
+GENERIC_FAMILIES = ("dots1", "ernie4_5_moe")
 
 
 @dataclass(frozen=True)
@@ -28,6 +36,15 @@ class Family:
     expert_proj: dict[str, str] = field(default_factory=lambda: {p: f"{p}_proj" for p in ("gate", "up", "down")})
     text_prefix: str = "model."          # checkpoint prefix of the text model
     has_expert_bias: bool = False        # experts add a bias to gate, up and down (blocks carry bias fields)
+
+    @property
+    def is_generic(self) -> bool:
+        return self.module == "generic"
+
+    @property
+    def path(self) -> str:
+        """How Sluice runs it, as the catalog and the estimate say: "native" or GENERIC_PATH."""
+        return GENERIC_PATH if self.is_generic else "native"
 
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
@@ -43,6 +60,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
     # hybrids with hyper-connections, per-layer n-gram embeddings and QSA indexed attention
     Family("qwen4_exp", "qwen4_exp", text_prefix="model.language_model."), Family("qwen4_exp_text", "qwen4_exp"),
+    # generic: transformers' modules, Sluice's streamed experts
+    *(Family(name, "generic") for name in GENERIC_FAMILIES),
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download.
 UNHANDLED_VARIANTS = {

@@ -1,0 +1,169 @@
+"""A transformers causal LM whose routed experts stream: prefill and decode passes for the runner.
+
+The model is transformers' own (built from the config with its experts classes on the meta device, so only
+the dense weights take memory), its dense weights the checkpoint's, its cache its own (any kind: KV,
+recurrent, sliding). Each experts module is a StreamedExperts adapter; a pass calls them in layer order with
+the runtime's Experts (engine.runtime.experts), which brings each layer's experts in as the native families'
+blocks do: resident first, misses in batches, and in decode the next MoE layer's experts prefetched from
+that layer's own router on this layer's input. No CUDA graphs: the modules run eagerly.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from engine.errors import SluiceError
+from engine.model.generic.adapter import StreamedExperts, expert_math
+from engine.model.generic.scan import ExpertsInterface, experts_on_meta
+from engine.model.spec import ModelSpec
+from engine.model.state import StateSpec
+
+
+class Passes:
+    """What one pass (a prompt or a decode step) hands the adapters: the runtime's experts and its options."""
+
+    def __init__(self, experts, decode: bool, defer: bool = False, check_cancel: Callable[[], None] | None = None):
+        self.experts, self.decode, self.defer, self.check_cancel = experts, decode, defer, check_cancel
+
+
+class GenericModel:
+    runs_passes = True       # the runner hands it whole passes (no blocks for its decode step)
+    graph_safe = False
+    blocks: list = []
+    embed_tokens = None
+    embed_in_ram = False
+
+    def __init__(self, spec: ModelSpec, hf, experts_module: torch.nn.Module, device: torch.device):
+        self.spec, self.hf, self.device = spec, hf, torch.device(device)
+        self.interface: ExpertsInterface = spec.generic
+        self.expert_mlp, self.expert_kernel = expert_math(experts_module, self.interface.is_concatenated)
+        self._routers = _routers(hf, self.interface)
+        self._moe_layers = self.interface.moe_layers
+        self._passes: Passes | None = None
+        self._cache = None
+        for layer, path in self.interface.paths.items():
+            parent, _, name = path.rpartition(".")
+            setattr(hf.get_submodule(parent), name, StreamedExperts(layer, self.run_experts))
+
+    def state_specs(self) -> list[dict[str, StateSpec]]:
+        """For the budget only (transformers keeps the cache): keys and values per layer, from the config."""
+        return state_specs(self.spec)
+
+    # ---------------------------------------------------------------- passes
+    def prefill(self, token_ids: list[int], experts, check_cancel: Callable[[], None]) -> torch.Tensor:
+        """A new conversation's prompt -> logits of its last token [V] float32 (the cache starts again)."""
+        self._cache = None
+        ids = torch.tensor([token_ids], device=self.device)
+        return self._forward(ids, Passes(experts, decode=False, check_cancel=check_cancel))
+
+    def decode(self, token: int, experts, defer: bool) -> torch.Tensor:
+        """The next token of the conversation -> its logits [V] float32."""
+        ids = torch.tensor([[token]], device=self.device)
+        return self._forward(ids, Passes(experts, decode=True, defer=defer))
+
+    def _forward(self, ids: torch.Tensor, passes: Passes) -> torch.Tensor:
+        self._passes = passes
+        try:
+            out = self.hf(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+        finally:
+            self._passes = None
+        self._cache = out.past_key_values
+        return out.logits[0, -1].float()
+
+    def run_experts(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor,
+                    top_k_weights: torch.Tensor) -> torch.Tensor:
+        """The adapters' call: x [T, H], top_k_index / top_k_weights [T, K] -> the weighted sum [T, H] (x's dtype)."""
+        p = self._passes
+        p.experts.run_deferred()           # the previous MoE layer's prefetch, behind this layer's mixer
+        if p.check_cancel is not None:
+            p.check_cancel()
+        ids, next_layer = top_k_index.flatten(), None
+        if p.decode:
+            next_layer, guesses = self._guess_next(layer, x)
+            if guesses is not None:
+                ids = torch.cat([ids, guesses.to(ids.dtype)])
+        out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+        p.experts.run(layer, x, top_k_weights, ids, out, next_layer, defer=p.defer)
+        return out.to(x.dtype)
+
+    def _guess_next(self, layer: int, x: torch.Tensor) -> tuple[int | None, torch.Tensor | None]:
+        """The next MoE layer and its experts guessed from its own router on this layer's input, best first
+        (a guess only decides what is prefetched)."""
+        later = [m for m in self._moe_layers if m > layer]
+        if not later or later[0] not in self._routers:
+            return None, None
+        return later[0], _best_first(self._routers[later[0]](x), self.spec.top_k, self.spec.num_experts)
+
+
+def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
+    """Keys and values per layer (a recurrent layer's fixed state is smaller than a long context's keys)."""
+    kv = {"k": StateSpec((spec.num_kv_heads, spec.head_dim)), "v": StateSpec((spec.num_kv_heads, spec.head_dim))}
+    return [dict(kv) for _ in range(spec.num_layers)]
+
+
+def build(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> GenericModel:
+    """transformers' model of `spec` on `device` in `dtype`, its experts modules on the meta device (then replaced),
+    its dense weights the checkpoint's."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    interface: ExpertsInterface = spec.generic
+    with experts_on_meta(interface.experts_class), torch.device(device), no_init_weights():
+        hf = AutoModelForCausalLM.from_config(spec.cfg, dtype=dtype)
+    experts_module = hf.get_submodule(next(iter(interface.paths.values())))
+    model = GenericModel(spec, hf, experts_module, device)
+    _load_dense(hf, weights, spec)
+    hf.eval().requires_grad_(False)
+    return model
+
+
+def _load_dense(hf, weights: dict[str, torch.Tensor], spec: ModelSpec) -> None:
+    """The checkpoint's dense tensors put in place (each kept in the dtype transformers gives it: float32 router
+    buffers stay float32); a tensor the model needs and the checkpoint lacks is one sentence."""
+    expected = hf.state_dict(keep_vars=True)
+    for name, tensor in weights.items():
+        if name not in expected:
+            continue                        # e.g. a rotary table older checkpoints saved
+        module_path, _, attr = name.rpartition(".")
+        module = hf.get_submodule(module_path)
+        current = expected[name]
+        value = tensor.to(dtype=current.dtype)
+        if isinstance(current, torch.nn.Parameter):
+            setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
+        else:
+            module._buffers[attr] = value
+    if "lm_head.weight" not in weights and getattr(spec.cfg, "tie_word_embeddings", False):
+        hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
+    missing = [n for n in expected if n not in weights and not (n == "lm_head.weight" and spec.tie_word_embeddings)]
+    if missing:
+        raise SluiceError(f"This {spec.family} model's dense weights lack '{missing[0]}' (and {len(missing) - 1} more), "
+                          "which transformers' model needs; repack it from the original checkpoint.")
+
+
+def _routers(hf, interface: ExpertsInterface) -> dict[int, torch.nn.Module]:
+    """layer -> the router beside its experts (the MoE block's `gate` or `router`), where it takes the hidden
+    states alone."""
+    routers = {}
+    for layer, path in interface.paths.items():
+        block = hf.get_submodule(path.rpartition(".")[0])
+        router = getattr(block, "gate", None) or getattr(block, "router", None)
+        if isinstance(router, torch.nn.Module):
+            routers[layer] = router
+    return routers
+
+
+def _best_first(routed, top_k: int, num_experts: int) -> torch.Tensor | None:
+    """A router's output -> one token's expert ids [K] best first, or None where its output is not one of the
+    usual forms: (..., weights [T, K], ids [T, K]), or logits [T, E]."""
+    outputs = routed if isinstance(routed, tuple) else (routed,)
+    ids = next((t for t in outputs if isinstance(t, torch.Tensor) and not t.is_floating_point()
+                and t.dim() == 2 and t.shape[-1] == top_k), None)
+    if ids is None:
+        logits = next((t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()
+                       and t.shape[-1] == num_experts), None)
+        return None if logits is None else logits.reshape(-1, num_experts)[0].topk(top_k).indices
+    weights = next((t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()
+                    and t.shape == ids.shape), None)
+    if weights is None:
+        return ids[0]
+    return ids[0][torch.argsort(weights[0], descending=True)]

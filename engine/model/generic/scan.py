@@ -1,0 +1,126 @@
+"""A transformers MoE model read from its config alone: built on the meta device (no memory, no weights),
+its routed-experts modules found by transformers' shared experts interface.
+
+transformers gives most MoE families one experts class shape (`use_experts_implementation`): fused
+`gate_up_proj` [E, 2I, H] (or transposed [E, H, 2I], or gate and up interleaved) and `down_proj` [E, H, I]
+parameters, called as experts(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]. The
+decorator leaves its flags on every instance (has_gate, has_bias, is_transposed, ...), which is how an
+experts module is recognised here, whatever its family calls it.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from dataclasses import dataclass
+
+import torch
+
+from engine.errors import SluiceError
+
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+@dataclass(frozen=True)
+class ExpertsInterface:
+    """What every routed-experts module of one model shares, and where each one sits."""
+    paths: dict[int, str]           # layer -> the experts module's path in the causal LM ("model.layers.3.mlp.experts")
+    num_experts: int
+    intermediate: int
+    hidden: int
+    is_transposed: bool             # gate_up_proj [E, H, 2I] and down_proj [E, I, H]
+    is_concatenated: bool           # gate rows then up rows (else interleaved: gate0, up0, gate1, ...)
+    has_bias: bool
+    experts_class: type             # the family's experts class (its `_apply_gate` and `act_fn` are the math)
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(sorted(self.paths))
+
+
+def meta_model(cfg):
+    """The causal LM of `cfg` on the meta device: every module, no memory (one sentence where transformers has
+    no causal LM for the config)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+    try:
+        with torch.device("meta"), no_init_weights():
+            return AutoModelForCausalLM.from_config(cfg)
+    except ValueError as exc:
+        raise SluiceError(f"transformers has no text generation model for '{cfg.model_type}' ({exc}); "
+                          "Sluice cannot run it.") from None
+
+
+def is_experts_module(module: torch.nn.Module) -> bool:
+    """A module of transformers' shared experts interface (the decorator's flags, 3-D expert weights)."""
+    down = getattr(module, "down_proj", None)
+    return hasattr(module, "is_transposed") and isinstance(down, torch.nn.Parameter) and down.dim() == 3
+
+
+def find_experts(model) -> dict[str, torch.nn.Module]:
+    """path -> module of every routed-experts module of the interface."""
+    return {name: module for name, module in model.named_modules() if is_experts_module(module)}
+
+
+def unsupported_experts(model) -> str | None:
+    """Why this model's experts cannot be streamed, as a phrase, or None."""
+    experts = find_experts(model)
+    others = [name for name, module in model.named_modules() if not is_experts_module(module)
+              and any(p.dim() == 3 for p in module.parameters(recurse=False)) and name.endswith("experts")]
+    if others:
+        return (f"its experts ({type(model.get_submodule(others[0])).__name__}) do not use transformers' shared "
+                "experts interface")
+    if not experts:
+        return "it has no routed experts that transformers' shared experts interface describes"
+    first = next(iter(experts.values()))
+    if not first.has_gate:
+        return "its experts have no gate projection"
+    if first.has_post_expert_norm:
+        return "its experts norm their outputs"
+    if any(_LAYER.search(name + ".") is None for name in experts):
+        return "an experts module lies outside the decoder layers"
+    return None
+
+
+_INTERFACES: dict[str, ExpertsInterface] = {}      # config (JSON) -> its interface: the spec is read often
+
+
+def read_interface(cfg) -> ExpertsInterface:
+    """The experts interface of `cfg`'s model (one sentence naming what is missing where it has none)."""
+    key = cfg.to_json_string(use_diff=False)
+    if key not in _INTERFACES:
+        _INTERFACES.clear()            # one model at a time is the usual case: no growth over a long session
+        _INTERFACES[key] = _read_interface(cfg)
+    return _INTERFACES[key]
+
+
+def _read_interface(cfg) -> ExpertsInterface:
+    model = meta_model(cfg)
+    problem = unsupported_experts(model)
+    if problem:
+        raise SluiceError(f"Sluice cannot run '{cfg.model_type}' models: {problem}.")
+    experts = find_experts(model)
+    first = next(iter(experts.values()))
+    down = first.down_proj
+    num_experts, intermediate = down.shape[0], down.shape[1] if first.is_transposed else down.shape[2]
+    paths = {int(_LAYER.search(name + ".").group(1)): name for name in experts}
+    return ExpertsInterface(paths, num_experts, intermediate, cfg.hidden_size, first.is_transposed,
+                            first.is_concatenated, first.has_bias, type(first))
+
+
+@contextlib.contextmanager
+def experts_on_meta(experts_class: type):
+    """While a model is built, its experts classes allocate on the meta device: only the dense weights take memory
+    (the experts modules are then replaced by adapters)."""
+    original = experts_class.__init__
+
+    @functools.wraps(original)
+    def init_on_meta(self, *args, **kwargs):
+        with torch.device("meta"):
+            original(self, *args, **kwargs)
+
+    experts_class.__init__ = init_on_meta
+    try:
+        yield
+    finally:
+        experts_class.__init__ = original
