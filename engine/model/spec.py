@@ -84,6 +84,9 @@ def canonical_dense_name(family: str, name: str) -> str:
         return canonical_name(name)
     descriptor = FAMILIES[family]
     name = "model." + name.removeprefix(descriptor.text_prefix) if name.startswith(descriptor.text_prefix) else name
+    if descriptor.is_generic:                   # the names transformers' own model loads
+        from engine.model.generic.scan import in_memory_name
+        return in_memory_name(family, name)
     return name.replace(f".{descriptor.expert_prefix}.", ".mlp.")
 
 

@@ -124,3 +124,17 @@ def experts_on_meta(experts_class: type):
         yield
     finally:
         experts_class.__init__ = original
+
+
+@functools.lru_cache(maxsize=None)
+def _renamings(model_type: str) -> tuple:
+    from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming
+    return tuple(t for t in get_checkpoint_conversion_mapping(model_type) or () if isinstance(t, WeightRenaming))
+
+
+def in_memory_name(model_type: str, name: str) -> str:
+    """A checkpoint's dense tensor name as transformers' model holds it (the family's renamings, as its loader
+    applies them: ERNIE-4.5's `mlp.moe_statics.` -> `mlp.gate.moe_statics.`)."""
+    from transformers.core_model_loading import apply_renamings
+    return apply_renamings(name, list(_renamings(model_type)))
