@@ -107,15 +107,14 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
         present = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}
         for name, shape in needed.items():
             _check_present(ckpt, present.get(name, name), shape, where)
-    if spec.family == "gpt_oss":
-        return          # fused, interleaved (or MXFP4) experts: engine.format.gptoss_experts checks them
+    if spec.family == "gpt_oss" or spec.generic is not None:
+        return          # their expert sources check them (engine.format.gptoss_experts, generic_experts)
     I, H, E = spec.expert_intermediate, spec.hidden_size, spec.num_experts
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)
         if gate_up in ckpt:
-            transposed = spec.generic is not None and spec.generic.is_transposed
-            _check_present(ckpt, gate_up, (E, H, 2 * I) if transposed else (E, 2 * I, H), where)
-            _check_present(ckpt, down, (E, I, H) if transposed else (E, H, I), where)
+            _check_present(ckpt, gate_up, (E, 2 * I, H), where)
+            _check_present(ckpt, down, (E, H, I), where)
             continue
         for expert in range(E):
             for proj, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):

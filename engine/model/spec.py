@@ -59,7 +59,7 @@ class ModelSpec:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         family = FAMILIES[self.family]
         if self.generic is not None:
-            return f"{self._checkpoint_experts(layer)}.{expert}.{family.expert_proj[proj]}.weight"
+            return f"{self._checkpoint_experts(layer)}.{expert}.{self.generic.hub_names[proj]}"
         return (f"{family.text_prefix}layers.{layer}.{family.expert_prefix}.experts.{expert}."
                 f"{family.expert_proj[proj]}.weight")
 
@@ -72,8 +72,9 @@ class ModelSpec:
         return p + "gate_up_proj", p + "down_proj"
 
     def _checkpoint_experts(self, layer: int) -> str:
-        """A generic family's experts module as the checkpoint spells it (the text model's prefix)."""
-        return FAMILIES[self.family].text_prefix + self.generic.paths[layer].removeprefix("model.")
+        """A generic family's experts module, named as its checkpoint's tensors are after the family's renamings
+        (canonical_dense_name; engine.format.generic_experts finds the stored names)."""
+        return self.generic.paths[layer]
 
 
 def canonical_dense_name(family: str, name: str) -> str:

@@ -25,7 +25,8 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 
 
 # transformers families whose experts use its shared experts interface, each tested token for token
-GENERIC_FAMILIES = ("dots1", "ernie4_5_moe")
+GENERIC_FAMILIES = ("dots1", "ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "kimi_linear", "bailing_hybrid",
+                    "granitemoehybrid")
 
 
 @dataclass(frozen=True)

@@ -147,9 +147,15 @@ def _routers(hf, interface: ExpertsInterface) -> dict[int, torch.nn.Module]:
     for layer, path in interface.paths.items():
         block = hf.get_submodule(path.rpartition(".")[0])
         router = getattr(block, "gate", None) or getattr(block, "router", None)
-        if isinstance(router, torch.nn.Module):
+        if isinstance(router, torch.nn.Module) and _takes_one_input(router):
             routers[layer] = router
     return routers
+
+
+def _takes_one_input(module: torch.nn.Module) -> bool:
+    """Whether the module's forward takes the hidden states alone (some routers also take their block's bias)."""
+    import inspect
+    return len(inspect.signature(module.forward).parameters) == 1
 
 
 def _best_first(routed, top_k: int, num_experts: int) -> torch.Tensor | None:

@@ -32,6 +32,7 @@ class ExpertsInterface:
     is_concatenated: bool           # gate rows then up rows (else interleaved: gate0, up0, gate1, ...)
     has_bias: bool
     experts_class: type             # the family's experts class (its `_apply_gate` and `act_fn` are the math)
+    hub_names: dict[str, str]       # gate | up | down -> one expert's tensor in the Hub's layout ("gate_proj.weight")
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -96,7 +97,7 @@ def read_interface(cfg) -> ExpertsInterface:
 
 def _read_interface(cfg) -> ExpertsInterface:
     model = meta_model(cfg)
-    problem = unsupported_experts(model)
+    problem = unsupported_experts(model) or dense_conversion(cfg.model_type)
     if problem:
         raise SluiceError(f"Sluice cannot run '{cfg.model_type}' models: {problem}.")
     experts = find_experts(model)
@@ -105,7 +106,7 @@ def _read_interface(cfg) -> ExpertsInterface:
     num_experts, intermediate = down.shape[0], down.shape[1] if first.is_transposed else down.shape[2]
     paths = {int(_LAYER.search(name + ".").group(1)): name for name in experts}
     return ExpertsInterface(paths, num_experts, intermediate, cfg.hidden_size, first.is_transposed,
-                            first.is_concatenated, first.has_bias, type(first))
+                            first.is_concatenated, first.has_bias, type(first), hub_expert_names(cfg.model_type))
 
 
 @contextlib.contextmanager
@@ -127,14 +128,41 @@ def experts_on_meta(experts_class: type):
 
 
 @functools.lru_cache(maxsize=None)
-def _renamings(model_type: str) -> tuple:
+def _transforms(model_type: str, kind: str) -> tuple:
+    """The family's checkpoint conversions of one kind ("WeightRenaming", "WeightConverter"), as its loader has them."""
     from transformers.conversion_mapping import get_checkpoint_conversion_mapping
-    from transformers.core_model_loading import WeightRenaming
-    return tuple(t for t in get_checkpoint_conversion_mapping(model_type) or () if isinstance(t, WeightRenaming))
+    return tuple(t for t in get_checkpoint_conversion_mapping(model_type) or () if type(t).__name__ == kind)
+
+
+def hub_expert_names(model_type: str) -> dict[str, str]:
+    """One expert's gate, up and down tensors as the Hub stores them, read from the converters transformers fuses
+    them with (`feed_forward.experts.*.w1.weight` + `*.w3.weight` -> `gate_up_proj`: gate "w1.weight"); the
+    usual `gate_proj.weight`, ... where the family has none."""
+    names = {proj: f"{proj}_proj.weight" for proj in ("gate", "up", "down")}
+    for converter in _transforms(model_type, "WeightConverter"):
+        sources, targets = converter.source_patterns, converter.target_patterns
+        per_expert = [p.split("experts.*.", 1)[1] for p in sources if "experts.*." in p]
+        if len(per_expert) != len(sources) or len(targets) != 1:
+            continue
+        if targets[0].endswith("experts.gate_up_proj") and len(per_expert) == 2:
+            names["gate"], names["up"] = per_expert
+        elif targets[0].endswith("experts.down_proj") and len(per_expert) == 1:
+            names["down"] = per_expert[0]
+    return names
+
+
+def dense_conversion(model_type: str) -> str | None:
+    """Why the checkpoint's dense tensors cannot be loaded by name, as a phrase, or None: transformers merges or
+    splits some of them as it loads them (Kimi-Linear's q/k/v convolutions), which the generic path does not."""
+    for converter in _transforms(model_type, "WeightConverter"):
+        targets = converter.target_patterns
+        if not all(t.endswith(("experts.gate_up_proj", "experts.down_proj")) for t in targets):
+            return f"transformers converts some of its dense weights as it loads them ({targets[0]})"
+    return None
 
 
 def in_memory_name(model_type: str, name: str) -> str:
     """A checkpoint's dense tensor name as transformers' model holds it (the family's renamings, as its loader
     applies them: ERNIE-4.5's `mlp.moe_statics.` -> `mlp.gate.moe_statics.`)."""
     from transformers.core_model_loading import apply_renamings
-    return apply_renamings(name, list(_renamings(model_type)))
+    return apply_renamings(name, list(_transforms(model_type, "WeightRenaming")))

@@ -1,0 +1,30 @@
+"""Tiny random-weight checkpoints of the families Sluice runs generically (engine.model.generic): transformers'
+config class and save_pretrained, every routing quirk on (shared experts, dense first layers, expert groups,
+score-correction biases, sliding and global attention, recurrent mixers)."""
+from __future__ import annotations
+
+_E8 = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+GENERIC_KWARGS = {
+    "dots1": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+                  norm_topk_prob=True, routed_scaling_factor=2.0, sliding_window=None),
+    "ernie4_5_moe": dict(_E8, moe_num_experts=8, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=1),
+    "afmoe": dict(_E8, num_experts=8, num_shared_experts=1, num_dense_layers=1, global_attn_every_n_layers=2,
+                  sliding_window=8, route_scale=1.5),
+    "hy_v3": dict(_E8, num_experts=8, num_shared_experts=1),
+    "mimo_v2_flash": dict(_E8, n_routed_experts=8, head_dim=16, v_head_dim=16, sliding_window=8),
+    "lfm2_moe": dict(_E8, num_experts=8, num_dense_layers=1, layer_types=["full_attention", "conv", "full_attention"]),
+    "kimi_linear": dict(_E8, num_experts=8),
+    "bailing_hybrid": dict(_E8, num_experts=8),
+    "granitemoehybrid": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "deepseek_v32": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                         topk_group=1, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                         v_head_dim=16, head_dim=8, num_key_value_heads=4),
+    "glm_moe_dsa": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
+                        topk_group=1, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                        v_head_dim=16, head_dim=8, num_key_value_heads=4),
+}
+
+
+def build_generic_model(family: str, dst, num_layers: int = 3, **overrides):
+    from engine.tools.demo import build_hf_model
+    return build_hf_model(family, dst, num_layers=num_layers, **{**GENERIC_KWARGS[family], **overrides})
