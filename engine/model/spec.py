@@ -113,18 +113,42 @@ def hf_config(config: dict):
     if model_type in UNHANDLED_VARIANTS:
         raise SluiceError(UNHANDLED_VARIANTS[model_type])
     if model_type not in SUPPORTED_FAMILIES:
-        raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+        _refuse_unknown(config)
     refuse_unhandled = getattr(family_module(model_type), "refuse_unhandled", None)   # the family's own refusals
     if refuse_unhandled:
         refuse_unhandled(config)
+    return _transformers_config(config)
+
+
+def _transformers_config(config: dict):
     from huggingface_hub.errors import StrictDataclassClassValidationError
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PreTrainedConfig
+    model_type = config.get("model_type")
     fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
+    fields = PreTrainedConfig._decode_special_floats(fields)      # {"__float__": "Infinity"}, as transformers writes it
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         return AutoConfig.for_model(model_type, **fields)
     except (TypeError, ValueError, KeyError, StrictDataclassClassValidationError) as exc:
         raise SluiceError(f"The config.json of this {model_type} model cannot be read ({exc}); download the model again.") from exc
+
+
+def _refuse_unknown(config: dict) -> None:
+    """One sentence for a model type Sluice does not list: what the generic path misses for it, where transformers
+    knows the type and the model can be laid out from its config (engine.model.generic.scan); else the families
+    Sluice runs."""
+    from transformers import CONFIG_MAPPING
+    model_type = config.get("model_type")
+    if model_type in CONFIG_MAPPING:
+        from engine.model.generic.scan import read_interface
+        try:
+            read_interface(_transformers_config(config))
+        except SluiceError as refusal:
+            if refusal.args[0].startswith("Sluice cannot run"):
+                raise
+        except (TypeError, ValueError, KeyError, AttributeError):
+            pass                        # a partial config that transformers cannot lay out: the plain sentence
+    raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
 
 
 def read_spec(config: dict | str | Path) -> ModelSpec:

@@ -4,6 +4,10 @@ score-correction biases, sliding and global attention, recurrent mixers)."""
 from __future__ import annotations
 
 _E8 = dict(num_experts_per_tok=2, moe_intermediate_size=32)
+# DSA: an indexer that keeps fewer keys than the test's context, so the sparse selection decides
+_DSA = dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
+            kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
+            num_key_value_heads=4, index_topk=6, index_head_dim=16, index_n_heads=2)
 GENERIC_KWARGS = {
     "dots1": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
                   norm_topk_prob=True, routed_scaling_factor=2.0, sliding_window=None),
@@ -15,13 +19,11 @@ GENERIC_KWARGS = {
     "lfm2_moe": dict(_E8, num_experts=8, num_dense_layers=1, layer_types=["full_attention", "conv", "full_attention"]),
     "kimi_linear": dict(_E8, num_experts=8),
     "bailing_hybrid": dict(_E8, num_experts=8),
-    "granitemoehybrid": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
-    "deepseek_v32": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
-                         topk_group=1, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
-                         v_head_dim=16, head_dim=8, num_key_value_heads=4),
-    "glm_moe_dsa": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2,
-                        topk_group=1, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
-                        v_head_dim=16, head_dim=8, num_key_value_heads=4),
+    "granitemoehybrid": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, mamba_n_heads=8,
+                             mamba_d_state=16, mamba_chunk_size=16,
+                             layer_types=["linear_attention", "attention", "linear_attention"]),
+    "deepseek_v32": _DSA,
+    "glm_moe_dsa": _DSA,
 }
 
 

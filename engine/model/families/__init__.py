@@ -25,8 +25,8 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 
 
 # transformers families whose experts use its shared experts interface, each tested token for token
-GENERIC_FAMILIES = ("dots1", "ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "kimi_linear", "bailing_hybrid",
-                    "granitemoehybrid")
+GENERIC_FAMILIES = ("dots1", "ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
+                    "deepseek_v32", "glm_moe_dsa")
 
 
 @dataclass(frozen=True)
@@ -64,12 +64,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # generic: transformers' modules, Sluice's streamed experts
     *(Family(name, "generic") for name in GENERIC_FAMILIES),
 )}
-# Neighbours of supported families whose extra machinery Sluice does not run: refused before any download.
-UNHANDLED_VARIANTS = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
-                    "DeepSeek-V3, V3.1 and R1 are.",
-    "glm_moe_dsa": "GLM-5's sparse attention (its indexer) is not supported yet; GLM-4.5 to 4.7 are.",
-}
+# Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
+# (one sentence each). DeepSeek-V3.2 and GLM-5, once here, now run generically.
+UNHANDLED_VARIANTS: dict[str, str] = {}
 
 
 def family_module(model_type: str) -> ModuleType:

@@ -65,10 +65,10 @@ class GenericModel:
     def _forward(self, ids: torch.Tensor, passes: Passes) -> torch.Tensor:
         self._passes = passes
         try:
-            out = self.hf(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1)
+            out = self.hf(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1)
         finally:
             self._passes = None
-        self._cache = out.past_key_values
+        self._cache = out.cache
         return out.logits[0, -1].float()
 
     def run_experts(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor,

@@ -1,0 +1,48 @@
+"""The generic path (engine.model.generic): families without a native module run as transformers' own modules
+while their routed experts stream through Sluice's tiers; greedy tokens identical to transformers' (float32,
+24 tokens, slots and RAM far below the experts), on the CPU. Families it cannot run are refused from the
+config alone, in one sentence naming what is missing."""
+import re
+
+import pytest
+
+from engine.errors import SluiceError
+from engine.format.repack import repack
+from engine.model.families import FAMILIES, GENERIC_FAMILIES
+from engine.model.spec import read_spec
+from tests.families.generic_models import build_generic_model
+from tests.families.tokens import assert_streamed_tokens_match
+
+
+@pytest.fixture(scope="module")
+def generic_models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("generic")
+
+    def get(family: str):
+        hf = build_generic_model(family, root / family / "hf")
+        return hf, repack(hf, root / family / "sluice")
+    return get
+
+
+@pytest.mark.parametrize("family", GENERIC_FAMILIES)
+def test_greedy_tokens_match_transformers_while_experts_stream(family, generic_models):
+    hf_dir, model_dir = generic_models(family)
+    assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
+
+
+def test_generic_families_say_so():
+    assert FAMILIES["dots1"].path == "generic (slower, no CUDA graphs)" and FAMILIES["qwen3_moe"].path == "native"
+
+
+@pytest.mark.parametrize("family,missing", [
+    ("llama4_text", "its experts (Llama4TextExperts) do not use transformers' shared experts interface"),
+    ("longcat_flash", "its experts (LongcatFlashExperts) do not use transformers' shared experts interface"),
+    ("nemotron_h", "its experts have no gate projection"),
+    ("kimi_linear", "transformers converts some of its dense weights as it loads them"),
+    ("bailing_hybrid", "transformers converts some of its dense weights as it loads them"),
+    ("llama", "it has no routed experts"),
+])
+def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family, missing):
+    with pytest.raises(SluiceError, match=re.escape(f"Sluice cannot run '{family}' models: {missing}")) as refusal:
+        read_spec({"model_type": family})
+    assert "\n" not in str(refusal.value)
