@@ -46,3 +46,13 @@ def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family
     with pytest.raises(SluiceError, match=re.escape(f"Sluice cannot run '{family}' models: {missing}")) as refusal:
         read_spec({"model_type": family})
     assert "\n" not in str(refusal.value)
+
+
+def test_the_estimate_says_a_family_runs_generically(generic_models):
+    import json
+
+    from engine.plan.estimate import Machine, estimate
+    hf_dir, _ = generic_models("dots1")
+    machine = Machine("cpu", 16 << 30, 20e9, 2e9, 100 << 30)
+    reason = estimate(json.loads((hf_dir / "config.json").read_text()), 1 << 20, machine).reason
+    assert reason.endswith("Sluice runs dots1 on its generic (slower, no CUDA graphs) path.")
