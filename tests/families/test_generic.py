@@ -16,11 +16,13 @@ from tests.families.tokens import assert_streamed_tokens_match
 
 @pytest.fixture(scope="module")
 def generic_models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("generic")
+    root, built = tmp_path_factory.mktemp("generic"), {}
 
     def get(family: str):
-        hf = build_generic_model(family, root / family / "hf")
-        return hf, repack(hf, root / family / "sluice")
+        if family not in built:
+            hf = build_generic_model(family, root / family / "hf")
+            built[family] = hf, repack(hf, root / family / "sluice")
+        return built[family]
     return get
 
 
