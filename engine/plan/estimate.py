@@ -138,7 +138,7 @@ def _qwen4_shape(config: dict) -> ModelShape:
 
 
 # ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers
-HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe")
+HYBRID_FAMILIES = ("qwen3_next", "qwen3_5_moe", "qwen3_5_moe_text")
 
 
 def _layer_types(config: dict) -> list[str]:

@@ -53,6 +53,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("olmoe", "standard"), Family("qwen2_moe", "standard"),
     # Gated-DeltaNet hybrids
     Family("qwen3_next", "hybrid"), Family("qwen3_5_moe", "hybrid", text_prefix="model.language_model."),
+    Family("qwen3_5_moe_text", "hybrid"),          # the text model saved on its own
     # DeepSeek-style: MLA or GQA, grouped sigmoid/softmax routers, shared experts, leading dense layers
     Family("deepseek_v2", "deepseek_style"), Family("deepseek_v3", "deepseek_style"),
     Family("glm4_moe", "deepseek_style"), Family("glm4_moe_lite", "deepseek_style"),

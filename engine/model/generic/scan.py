@@ -110,6 +110,25 @@ def _read_interface(cfg) -> ExpertsInterface:
 
 
 @contextlib.contextmanager
+def parameters_on_meta():
+    """While a model is built, each parameter moves to the meta device as it is registered (one tensor's memory at
+    a time: the checkpoint's dense weights take their place); buffers stay where they are made (the rotary tables
+    the constructors compute)."""
+    original = torch.nn.Module.register_parameter
+
+    def register_on_meta(self, name, param):
+        if param is not None and param.device.type != "meta":
+            param = torch.nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
+        original(self, name, param)
+
+    torch.nn.Module.register_parameter = register_on_meta
+    try:
+        yield
+    finally:
+        torch.nn.Module.register_parameter = original
+
+
+@contextlib.contextmanager
 def experts_on_meta(experts_class: type):
     """While a model is built, its experts classes allocate on the meta device: only the dense weights take memory
     (the experts modules are then replaced by adapters)."""
