@@ -73,6 +73,9 @@ def model_shape(config: dict) -> ModelShape:
         config = {**config, **config["text_config"], "model_type": family}
     if family in ("qwen4_exp", "qwen4_exp_text"):
         return _qwen4_shape(config)
+    from engine.model.families import FAMILIES
+    if family in FAMILIES and FAMILIES[family].is_generic:
+        return _generic_shape(config)
     try:
         H, L, V = config["hidden_size"], config["num_hidden_layers"], config["vocab_size"]
         nh = config["num_attention_heads"]
@@ -135,6 +138,18 @@ def _qwen4_shape(config: dict) -> ModelShape:
     return ModelShape(config["model_type"], L, L, E, k, H, config["moe_intermediate_size"], V,
                       c.dense + L * E * c.experts + c.table_params, c.dense + L * k * c.experts, c.dense, V * H,
                       c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes)
+
+
+def _generic_shape(config: dict) -> ModelShape:
+    """A family run generically (engine.model.generic): its counts from transformers' model on the meta device."""
+    from engine.model.generic.scan import parameter_counts
+    spec = read_spec(config)
+    total, experts, embedding = parameter_counts(spec.cfg)
+    dense = total - experts
+    expert = 3 * spec.hidden_size * spec.expert_intermediate
+    return ModelShape(spec.family, spec.num_layers, len(spec.moe_layers), spec.num_experts, spec.top_k,
+                      spec.hidden_size, spec.expert_intermediate, spec.vocab_size, total,
+                      dense + len(spec.moe_layers) * spec.top_k * expert, dense, embedding)
 
 
 # ---- Gated-DeltaNet hybrids (qwen3_next, qwen3_5_moe): DeltaNet layers between gated attention layers

@@ -58,3 +58,16 @@ def test_the_estimate_says_a_family_runs_generically(generic_models):
     machine = Machine("cpu", 16 << 30, 20e9, 2e9, 100 << 30)
     reason = estimate(json.loads((hf_dir / "config.json").read_text()), 1 << 20, machine).reason
     assert reason.endswith("Sluice runs dots1 on its generic (slower, no CUDA graphs) path.")
+
+
+@pytest.mark.parametrize("family", ["dots1", "lfm2_moe"])
+def test_the_estimate_counts_a_generic_family_as_transformers_does(family, generic_models):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from engine.plan.estimate import model_shape
+    hf_dir, _ = generic_models(family)
+    shape = model_shape(json.loads((hf_dir / "config.json").read_text()))
+    assert shape.total_params == AutoModelForCausalLM.from_pretrained(str(hf_dir)).num_parameters()
+    assert shape.num_moe_layers == 2 and shape.num_experts == 8

@@ -185,3 +185,11 @@ def in_memory_name(model_type: str, name: str) -> str:
     applies them: ERNIE-4.5's `mlp.moe_statics.` -> `mlp.gate.moe_statics.`)."""
     from transformers.core_model_loading import apply_renamings
     return apply_renamings(name, list(_transforms(model_type, "WeightRenaming")))
+
+
+def parameter_counts(cfg) -> tuple[int, int, int]:
+    """(all parameters, the routed experts', the input embedding's) of `cfg`'s model, counted on the meta device
+    (tied weights once, as transformers' num_parameters counts them)."""
+    model = meta_model(cfg)
+    experts = sum(p.numel() for module in find_experts(model).values() for p in module.parameters())
+    return model.num_parameters(), experts, model.get_input_embeddings().weight.numel()
