@@ -112,8 +112,8 @@ def hf_config(config: dict):
     model_type = config.get("model_type")
     if model_type in UNHANDLED_VARIANTS:
         raise SluiceError(UNHANDLED_VARIANTS[model_type])
-    if model_type not in SUPPORTED_FAMILIES:
-        _refuse_unknown(config)
+    if model_type not in FAMILIES:
+        _adopt_generic(config)
     refuse_unhandled = getattr(family_module(model_type), "refuse_unhandled", None)   # the family's own refusals
     if refuse_unhandled:
         refuse_unhandled(config)
@@ -133,22 +133,26 @@ def _transformers_config(config: dict):
         raise SluiceError(f"The config.json of this {model_type} model cannot be read ({exc}); download the model again.") from exc
 
 
-def _refuse_unknown(config: dict) -> None:
-    """One sentence for a model type Sluice does not list: what the generic path misses for it, where transformers
-    knows the type and the model can be laid out from its config (engine.model.generic.scan); else the families
-    Sluice runs."""
+def _adopt_generic(config: dict) -> None:
+    """A model type Sluice does not list: run generically where transformers knows it and its routed experts use
+    transformers' shared experts interface (engine.model.generic: day-0 families); else one sentence, naming what
+    the generic path misses for a MoE model, or the families Sluice runs."""
     from transformers import CONFIG_MAPPING
+
+    from engine.model.families import Family
+    from engine.model.generic.scan import has_routed_experts, read_interface
     model_type = config.get("model_type")
-    if model_type in CONFIG_MAPPING:
-        from engine.model.generic.scan import read_interface
-        try:
-            read_interface(_transformers_config(config))
-        except SluiceError as refusal:
-            if refusal.args[0].startswith("Sluice cannot run"):
-                raise
-        except (TypeError, ValueError, KeyError, AttributeError):
-            pass                        # a partial config that transformers cannot lay out: the plain sentence
-    raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    plain = SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    if model_type not in CONFIG_MAPPING:
+        raise plain
+    try:
+        cfg = _transformers_config(config)
+        if not has_routed_experts(cfg):
+            raise plain
+    except (TypeError, ValueError, KeyError, AttributeError, SluiceError):
+        raise plain from None          # a partial config transformers cannot lay out, or a dense model
+    read_interface(cfg)                # one sentence naming what is missing
+    FAMILIES[model_type] = Family(model_type, "generic")
 
 
 def read_spec(config: dict | str | Path) -> ModelSpec:

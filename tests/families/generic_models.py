@@ -25,6 +25,19 @@ GENERIC_KWARGS = {
     "deepseek_v32": _DSA,
     "glm_moe_dsa": _DSA,
 }
+# families Sluice does not list: adopted on first sight (engine.model.spec), as a new transformers family would be
+UNLISTED_KWARGS = {
+    "phimoe": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "minimax": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "granitemoe": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32),
+    "cohere2_moe": dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+                        sliding_window_pattern=2),
+    "exaone_moe": dict(_E8, num_experts=8, sliding_window=8, sliding_window_pattern=2),
+    "jamba": dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32, attn_layer_period=2,
+                  attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=0, use_mamba_kernels=False),
+    "solar_open": dict(_E8, n_routed_experts=8, n_shared_experts=1),
+}
+GENERIC_KWARGS.update(UNLISTED_KWARGS)
 
 
 def build_generic_model(family: str, dst, num_layers: int = 3, **overrides):

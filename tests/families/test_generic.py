@@ -9,8 +9,8 @@ import pytest
 from engine.errors import SluiceError
 from engine.format.repack import repack
 from engine.model.families import FAMILIES, GENERIC_FAMILIES
-from engine.model.spec import read_spec
-from tests.families.generic_models import build_generic_model
+from engine.model.spec import SUPPORTED_FAMILIES, read_spec
+from tests.families.generic_models import UNLISTED_KWARGS, build_generic_model
 from tests.families.tokens import assert_streamed_tokens_match
 
 
@@ -32,6 +32,14 @@ def test_greedy_tokens_match_transformers_while_experts_stream(family, generic_m
     assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
 
 
+@pytest.mark.parametrize("family", UNLISTED_KWARGS)
+def test_a_family_sluice_does_not_list_runs_generically_on_first_sight(family, generic_models):
+    assert family not in SUPPORTED_FAMILIES
+    hf_dir, model_dir = generic_models(family)
+    assert FAMILIES[family].is_generic
+    assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
+
+
 def test_generic_families_say_so():
     assert FAMILIES["dots1"].path == "generic (slower, no CUDA graphs)" and FAMILIES["qwen3_moe"].path == "native"
 
@@ -42,7 +50,6 @@ def test_generic_families_say_so():
     ("nemotron_h", "its experts have no gate projection"),
     ("kimi_linear", "transformers converts some of its dense weights as it loads them"),
     ("bailing_hybrid", "transformers converts some of its dense weights as it loads them"),
-    ("llama", "it has no routed experts"),
 ])
 def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family, missing):
     with pytest.raises(SluiceError, match=re.escape(f"Sluice cannot run '{family}' models: {missing}")) as refusal:

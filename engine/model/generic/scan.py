@@ -63,11 +63,20 @@ def find_experts(model) -> dict[str, torch.nn.Module]:
     return {name: module for name, module in model.named_modules() if is_experts_module(module)}
 
 
+def has_routed_experts(cfg) -> bool:
+    """Whether `cfg`'s model has routed experts (modules named `experts` holding 3-D weights), of any interface."""
+    return bool(_expert_like(meta_model(cfg)))
+
+
+def _expert_like(model) -> list[str]:
+    return [name for name, module in model.named_modules() if name.endswith("experts")
+            and any(p.dim() == 3 for p in module.parameters(recurse=False))]
+
+
 def unsupported_experts(model) -> str | None:
     """Why this model's experts cannot be streamed, as a phrase, or None."""
     experts = find_experts(model)
-    others = [name for name, module in model.named_modules() if not is_experts_module(module)
-              and any(p.dim() == 3 for p in module.parameters(recurse=False)) and name.endswith("experts")]
+    others = [name for name in _expert_like(model) if name not in experts]
     if others:
         return (f"its experts ({type(model.get_submodule(others[0])).__name__}) do not use transformers' shared "
                 "experts interface")
