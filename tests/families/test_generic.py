@@ -48,8 +48,7 @@ def test_generic_families_say_so():
     ("llama4_text", "its experts (Llama4TextExperts) do not use transformers' shared experts interface"),
     ("longcat_flash", "its experts (LongcatFlashExperts) do not use transformers' shared experts interface"),
     ("nemotron_h", "its experts have no gate projection"),
-    ("kimi_linear", "transformers converts some of its dense weights as it loads them"),
-    ("bailing_hybrid", "transformers converts some of its dense weights as it loads them"),
+    ("sarvam_moe", "transformers splits some of its dense weights as it loads them (query_key_value into q_proj"),
 ])
 def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family, missing):
     with pytest.raises(SluiceError, match=re.escape(f"Sluice cannot run '{family}' models: {missing}")) as refusal:

@@ -179,13 +179,20 @@ def hub_expert_names(model_type: str) -> dict[str, str]:
     return names
 
 
+def dense_converters(model_type: str) -> list:
+    """The family's converters of dense tensors (its experts' aside): each merges tensors into one (Kimi-Linear's
+    q/k/v convolutions), applied at repack (engine.format.generic_checkpoint)."""
+    return [c for c in _transforms(model_type, "WeightConverter")
+            if not all(t.endswith(("experts.gate_up_proj", "experts.down_proj")) for t in c.target_patterns)]
+
+
 def dense_conversion(model_type: str) -> str | None:
-    """Why the checkpoint's dense tensors cannot be loaded by name, as a phrase, or None: transformers merges or
-    splits some of them as it loads them (Kimi-Linear's q/k/v convolutions), which the generic path does not."""
-    for converter in _transforms(model_type, "WeightConverter"):
-        targets = converter.target_patterns
-        if not all(t.endswith(("experts.gate_up_proj", "experts.down_proj")) for t in targets):
-            return f"transformers converts some of its dense weights as it loads them ({targets[0]})"
+    """Why the checkpoint's dense tensors cannot be read into transformers' names, as a phrase, or None: a converter
+    that splits one tensor into several (the repack merges, it does not split)."""
+    for converter in dense_converters(model_type):
+        if len(converter.target_patterns) != 1:
+            return (f"transformers splits some of its dense weights as it loads them "
+                    f"({converter.source_patterns[0]} into {', '.join(converter.target_patterns)})")
     return None
 
 
