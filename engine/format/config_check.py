@@ -110,7 +110,7 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
         for name, shape in needed.items():
             _check_present(ckpt, present.get(name, name), shape, where)
     if spec.family == "gpt_oss" or spec.generic is not None:
-        return          # their expert sources check them (engine.format.gptoss_experts, generic_checkpoint)
+        return          # their expert sources check them (engine.format.gptoss_experts, generic_experts)
     I, H, E = spec.expert_intermediate, spec.hidden_size, spec.num_experts
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)
@@ -126,7 +126,7 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
 def _check_generic_dense(spec: ModelSpec, ckpt, needed: dict[str, tuple[int, ...]], where: str) -> None:
     """Every dense tensor transformers' model loads is in the checkpoint under its name or its sources (a merged
     one's shape is known once merged)."""
-    from engine.format.generic_checkpoint import GenericDense
+    from engine.format.generic_dense import GenericDense
     dense = GenericDense(spec, [n for n in ckpt.names() if ".experts." not in n])
     shapes = dense.shapes(ckpt)
     for name, shape in needed.items():

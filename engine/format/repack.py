@@ -97,7 +97,7 @@ def expert_source(ckpt: Checkpoint, spec: ModelSpec):
         from engine.format.gptoss_experts import GptOssExpertSource
         return GptOssExpertSource(ckpt, spec)
     if spec.generic is not None:
-        from engine.format.generic_checkpoint import GenericExpertSource
+        from engine.format.generic_experts import GenericExpertSource
         return GenericExpertSource(ckpt, spec)
     return ExpertSource(ckpt, spec)
 
@@ -251,7 +251,7 @@ def _check_destination(dst: Path) -> None:
 def _write_dense(work: Path, ckpt: Checkpoint, spec: ModelSpec, dense_names: list[str], state: dict) -> None:
     """dense.safetensors under the canonical names, synced; its hash marks it done in the progress state."""
     if spec.generic is not None:          # transformers' names, tensors merged where its loader merges them
-        from engine.format.generic_checkpoint import GenericDense
+        from engine.format.generic_dense import GenericDense
         tensors = GenericDense(spec, dense_names).tensors(lambda n: dense_tensor(ckpt, n))
         tensors = {name: t.contiguous() for name, t in tensors.items()}
     else:

@@ -73,7 +73,7 @@ class ModelSpec:
 
     def _checkpoint_experts(self, layer: int) -> str:
         """A generic family's experts module, named as its checkpoint's tensors are after the family's renamings
-        (canonical_dense_name; engine.format.generic_checkpoint finds the stored names)."""
+        (canonical_dense_name; engine.format.generic_experts finds the stored names)."""
         return self.generic.paths[layer]
 
 

@@ -77,3 +77,25 @@ def test_the_estimate_counts_a_generic_family_as_transformers_does(family, gener
     shape = model_shape(json.loads((hf_dir / "config.json").read_text()))
     assert shape.total_params == AutoModelForCausalLM.from_pretrained(str(hf_dir)).num_parameters()
     assert shape.num_moe_layers == 2 and shape.num_experts == 8
+
+
+def test_tied_embeddings_load_as_the_head(tmp_path):
+    hf_dir = build_generic_model("ernie4_5_moe", tmp_path / "hf", tie_word_embeddings=True)
+    assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice"), "bf16")
+
+
+def test_a_generic_prompt_is_cancelled_between_layers(generic_models):
+    import threading
+
+    import engine
+    from engine.runtime.runner import PrefillCancelled
+    _, model_dir = generic_models("dots1")
+    eng = engine.load(model_dir, dtype="float32")
+    cancel = threading.Event()
+    cancel.set()
+    try:
+        with pytest.raises(PrefillCancelled):
+            eng.runner.prefill([5, 17, 42], cancel)
+        assert len(eng.runner.prefill([5, 17, 42], threading.Event())) == eng.spec.vocab_size
+    finally:
+        eng.close()

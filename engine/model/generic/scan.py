@@ -181,7 +181,7 @@ def hub_expert_names(model_type: str) -> dict[str, str]:
 
 def dense_converters(model_type: str) -> list:
     """The family's converters of dense tensors (its experts' aside): each merges tensors into one (Kimi-Linear's
-    q/k/v convolutions), applied at repack (engine.format.generic_checkpoint)."""
+    q/k/v convolutions), applied at repack (engine.format.generic_dense)."""
     return [c for c in _transforms(model_type, "WeightConverter")
             if not all(t.endswith(("experts.gate_up_proj", "experts.down_proj")) for t in c.target_patterns)]
 

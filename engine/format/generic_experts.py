@@ -1,8 +1,4 @@
-"""A generic family's checkpoint (engine.model.generic) read as transformers' model holds it.
-
-Dense tensors: renamed as the family's loader renames them, and merged where its converters merge them
-(Kimi-Linear's q/k/v convolutions into one), so the Sluice dir holds what the model loads by name.
-Experts: one expert's gate, up and
+"""A generic family's experts as its checkpoint stores them (engine.model.generic): one expert's gate, up and
 down per tensor (the Hub's layout, `<experts>.<e>.gate_proj.weight` or the family's own names), or fused as
 transformers holds them (`<experts>.gate_up_proj` [E, 2I, H], `<experts>.down_proj` [E, H, I]; transposed
 [E, H, 2I] and [E, I, H], or gate and up interleaved, where the family's experts interface says so).
@@ -13,49 +9,22 @@ import torch
 
 from engine.errors import SluiceError
 from engine.format.checkpoint import Checkpoint
-from engine.format.repack import ExpertSource
-from engine.model.generic.scan import dense_converters
 from engine.model.spec import ModelSpec, canonical_dense_name
 
 
-class GenericDense:
-    """The checkpoint's dense tensors `names` (as stored) under the names transformers' model loads."""
+class GenericExpertSource:
+    has_bias = False
 
-    def __init__(self, spec: ModelSpec, names: list[str]):
-        self.plain: dict[str, str] = {}                          # model name -> stored name
-        self.merged: dict[str, tuple[object, dict[str, str]]] = {}   # model name -> (converter, {pattern: stored})
-        converters = dense_converters(spec.family)
-        for stored in names:
-            name = canonical_dense_name(spec.family, stored)
-            for converter in converters:
-                target, pattern = converter.rename_source_key(name)
-                if pattern is not None:
-                    self.merged.setdefault(target, (converter, {}))[1][pattern] = stored
-                    break
-            else:
-                self.plain[name] = stored
-
-    def tensors(self, read) -> dict[str, torch.Tensor]:
-        """name -> tensor; read(stored name) -> the stored tensor."""
-        out = {name: read(stored) for name, stored in self.plain.items()}
-        for name, (converter, sources) in self.merged.items():
-            parts = {pattern: read(stored) for pattern, stored in sources.items()}
-            for op in converter.operations:
-                parts = op.convert(parts, source_patterns=converter.source_patterns,
-                                   target_patterns=converter.target_patterns, full_layer_name=name)
-            (out[name],) = parts.values()
-        return out
-
-    def shapes(self, ckpt: Checkpoint) -> dict[str, tuple[int, ...] | None]:
-        """name -> shape (None for a merged tensor: known once merged)."""
-        return {**{name: tuple(ckpt.logical_shape(stored)) for name, stored in self.plain.items()},
-                **dict.fromkeys(self.merged)}
-
-
-class GenericExpertSource(ExpertSource):
     def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
-        super().__init__(ckpt, spec)
+        self.ckpt, self.spec = ckpt, spec
+        self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._stored = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}   # renamed -> stored
+
+    def is_expert_tensor(self, name: str) -> bool:
+        return ".experts." in name
+
+    def native_parts(self, layer: int, expert: int, quant: str) -> None:
+        return None                     # blocks are quantised from the stored weights
 
     def _name(self, layer: int, expert: int, proj: str) -> str:
         name = self.spec.expert_tensor_name(layer, expert, proj)
