@@ -99,3 +99,19 @@ def test_a_generic_prompt_is_cancelled_between_layers(generic_models):
         assert len(eng.runner.prefill([5, 17, 42], threading.Event())) == eng.spec.vocab_size
     finally:
         eng.close()
+
+
+@pytest.mark.parametrize("family", ["dots1", "hy_v3"])    # a router of one input; one that takes its bias too
+def test_decode_guesses_the_next_layers_experts_from_its_own_router(family, generic_models):
+    from tests.streaming.sized import streaming_engine, token_ids
+    _, model_dir = generic_models(family)
+    eng = streaming_engine(model_dir, dtype="float32")
+    try:
+        token_ids(eng, [5, 17, 42, 99], 12)
+        speculation = eng.telemetry()["speculation"]
+    finally:
+        eng.close()
+    if family == "dots1":
+        assert speculation["predicted"] > 0 and speculation["correct"] > 0
+    else:                              # no guess where the router needs more than the hidden states
+        assert speculation["predicted"] == 0

@@ -163,15 +163,14 @@ def _takes_one_input(module: torch.nn.Module) -> bool:
 def _best_first(routed, top_k: int, num_experts: int) -> torch.Tensor | None:
     """A router's output -> one token's expert ids [K] best first, or None where its output is not one of the
     usual forms: (..., weights [T, K], ids [T, K]), or logits [T, E]."""
-    outputs = routed if isinstance(routed, tuple) else (routed,)
-    ids = next((t for t in outputs if isinstance(t, torch.Tensor) and not t.is_floating_point()
-                and t.dim() == 2 and t.shape[-1] == top_k), None)
+    tensors = [t for t in (routed if isinstance(routed, tuple) else (routed,)) if isinstance(t, torch.Tensor)]
+    ids = _first(tensors, lambda t: not t.is_floating_point() and t.dim() == 2 and t.shape[-1] == top_k)
     if ids is None:
-        logits = next((t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()
-                       and t.shape[-1] == num_experts), None)
+        logits = _first(tensors, lambda t: t.is_floating_point() and t.shape[-1] == num_experts)
         return None if logits is None else logits.reshape(-1, num_experts)[0].topk(top_k).indices
-    weights = next((t for t in outputs if isinstance(t, torch.Tensor) and t.is_floating_point()
-                    and t.shape == ids.shape), None)
-    if weights is None:
-        return ids[0]
-    return ids[0][torch.argsort(weights[0], descending=True)]
+    weights = _first(tensors, lambda t: t.is_floating_point() and t.shape == ids.shape)
+    return ids[0] if weights is None else ids[0][torch.argsort(weights[0], descending=True)]
+
+
+def _first(tensors: list[torch.Tensor], test) -> torch.Tensor | None:
+    return next((t for t in tensors if test(t)), None)
