@@ -84,15 +84,19 @@ def canonical_dense_name(family: str, name: str) -> str:
         from engine.model.dsv4.names import canonical_name
         return canonical_name(name)
     descriptor = FAMILIES[family]
-    name = "model." + name.removeprefix(descriptor.text_prefix) if name.startswith(descriptor.text_prefix) else name
     if descriptor.is_generic:                   # the names transformers' own model loads
         from engine.model.generic.scan import in_memory_name
         return in_memory_name(family, name)
+    name = "model." + name.removeprefix(descriptor.text_prefix) if name.startswith(descriptor.text_prefix) else name
     return name.replace(f".{descriptor.expert_prefix}.", ".mlp.")
 
 
 def is_text_model_tensor(family: str, name: str) -> bool:
-    """False for the parts Sluice does not run: a vision tower, multi-token-prediction heads."""
+    """False for the parts Sluice does not run: a vision tower, multi-token-prediction heads. A generic family's
+    text model is its descriptor's text_prefix (a vision-language checkpoint's language model)."""
+    descriptor = FAMILIES[family]
+    if descriptor.is_generic and descriptor.text_prefix != "model.":        # judged by the name transformers loads
+        return canonical_dense_name(family, name).startswith((descriptor.text_prefix, "lm_head."))
     return not name.startswith(("model.visual.", "mtp.", "model.mtp."))
 
 
@@ -151,8 +155,8 @@ def _adopt_generic(config: dict) -> None:
             raise plain
     except (TypeError, ValueError, KeyError, AttributeError, SluiceError):
         raise plain from None          # a partial config transformers cannot lay out, or a dense model
-    read_interface(cfg)                # one sentence naming what is missing
-    FAMILIES[model_type] = Family(model_type, "generic")
+    interface = read_interface(cfg)            # one sentence naming what is missing
+    FAMILIES[model_type] = Family(model_type, "generic", text_prefix=interface.text_model + ".")
 
 
 def read_spec(config: dict | str | Path) -> ModelSpec:

@@ -46,3 +46,61 @@ GENERIC_KWARGS.update(UNLISTED_KWARGS)
 def build_generic_model(family: str, dst, num_layers: int = 3, **overrides):
     from engine.tools.demo import build_hf_model
     return build_hf_model(family, dst, num_layers=num_layers, **{**GENERIC_KWARGS[family], **overrides})
+
+# vision-language checkpoints: a small vision tower the engine must skip, the language model run generically
+_TEXT = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+             num_hidden_layers=3, max_position_embeddings=512, rms_norm_eps=1e-6, tie_word_embeddings=False,
+             eos_token_id=None, bos_token_id=None, pad_token_id=None)
+VL_KWARGS = {
+    "qwen3_vl_moe": (dict(_TEXT, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32),
+                     dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                          patch_size=8, deepstack_visual_indexes=[0])),
+    "glm4v_moe": (dict(_TEXT, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                       first_k_dense_replace=1, routed_scaling_factor=2.0,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
+                                        "mrope_section": [2, 1, 1]}),
+                  dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)),
+    "minimax_m3_vl": (dict(_TEXT, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32,
+                           dense_intermediate_size=64, shared_intermediate_size=32, rotary_dim=8, swiglu_limit=1.5,
+                           index_head_dim=16, index_block_size=4, index_topk_blocks=2, mlp_layer_types=None),
+                      dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)),
+}
+
+
+def build_vl_model(family: str, dst, seed: int = 0):
+    """A vision-language checkpoint as transformers saves it (bf16), with a tokenizer."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from engine.tools.demo import train_tiny_tokenizer
+    dst.mkdir(parents=True, exist_ok=True)
+    vocab_size = len(train_tiny_tokenizer(dst))
+    text, vision = VL_KWARGS[family]
+    config = AutoConfig.for_model(family, text_config=dict(text, vocab_size=vocab_size), vision_config=vision)
+    model = AutoModelForImageTextToText.from_config(config).eval()
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and param.dim() == 1:
+                param.copy_(1.0 + 0.1 * torch.randn_like(param))
+            elif name.endswith("bias"):
+                param.copy_(0.1 * torch.randn_like(param))
+            else:
+                param.copy_(torch.randn_like(param) * 0.25 * (64 / param.shape[-1]) ** 0.5)
+        for name, buffer in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                buffer.copy_(0.5 * torch.randn_like(buffer))
+    model.to(torch.bfloat16).save_pretrained(str(dst))
+    return dst
+
+
+def vl_reference_greedy(hf_dir, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' own vision-language model on a text prompt, float32, greedy."""
+    import torch
+    from transformers import AutoModelForImageTextToText
+    model = AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
+                                                        attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, min_new_tokens=max_new_tokens)
+    return out[0, len(prompt_ids):].tolist()

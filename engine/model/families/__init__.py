@@ -29,6 +29,7 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 # transformers families whose experts use its shared experts interface, each tested token for token
 GENERIC_FAMILIES = ("dots1", "ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
                     "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid")
+GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl")
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen4_exp", "qwen4_exp", text_prefix="model.language_model."), Family("qwen4_exp_text", "qwen4_exp"),
     # generic: transformers' modules, Sluice's streamed experts
     *(Family(name, "generic") for name in GENERIC_FAMILIES),
+    # vision-language checkpoints: their language model, generically (images are refused in one sentence)
+    *(Family(name, "generic", text_prefix="model.language_model.") for name in GENERIC_VL_FAMILIES),
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
 # (one sentence each). DeepSeek-V3.2 and GLM-5, once here, now run generically.

@@ -17,13 +17,14 @@ from engine.model.state import StateSpec
 EMBEDS_ITSELF = True         # transformers' embedding module looks its rows up: the table is loaded, not mapped
 
 
-def read_spec(cfg) -> ModelSpec:
-    interface = read_interface(cfg)
+def read_spec(full_cfg) -> ModelSpec:
+    """full_cfg: the checkpoint's config (a vision-language one included: its text config gives the sizes)."""
+    interface, cfg = read_interface(full_cfg), full_cfg.get_text_config()
     num_heads = getattr(cfg, "num_attention_heads", None) or 1
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
     rope = dict(getattr(cfg, "rope_parameters", None) or {})
     return ModelSpec(
-        family=cfg.model_type, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
+        family=full_cfg.model_type, num_layers=cfg.num_hidden_layers, hidden_size=cfg.hidden_size,
         vocab_size=cfg.vocab_size, num_heads=num_heads,
         num_kv_heads=getattr(cfg, "num_key_value_heads", None) or num_heads, head_dim=head_dim,
         rms_eps=float(getattr(cfg, "rms_norm_eps", None) or 1e-6), num_experts=interface.num_experts,
@@ -36,7 +37,7 @@ def read_spec(cfg) -> ModelSpec:
         eos_token_ids=as_ids(getattr(cfg, "eos_token_id", None)),
         max_position_embeddings=getattr(cfg, "max_position_embeddings", None) or 4096,
         rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)),
-        cfg=cfg, generic=interface,
+        cfg=full_cfg, generic=interface,
     )
 
 
@@ -52,7 +53,8 @@ def required_dense_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     """In-memory name -> shape of every dense tensor transformers' model loads (its experts' aside)."""
     model = meta_model(spec.cfg)
     experts = tuple(path + "." for path in find_experts(model))
-    need = {name: tuple(t.shape) for name, t in model.state_dict().items() if not name.startswith(experts)}
+    need = {name: tuple(t.shape) for name, t in model.state_dict().items()
+            if spec.generic.is_text_tensor(name) and not name.startswith(experts)}
     if spec.tie_word_embeddings:
         need.pop("lm_head.weight", None)
     return need

@@ -15,7 +15,7 @@ import torch
 
 from engine.errors import SluiceError
 from engine.model.generic.adapter import StreamedExperts, expert_math
-from engine.model.generic.scan import ExpertsInterface, experts_on_meta, parameters_on_meta
+from engine.model.generic.scan import ExpertsInterface, experts_on_meta, model_class, parameters_on_meta
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
 
@@ -105,11 +105,10 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
 def build(spec: ModelSpec, weights: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> GenericModel:
     """transformers' model of `spec` on `device` in `dtype`: its parameters made on the meta device (the experts'
     never allocated), then the checkpoint's dense weights put in their place; its experts modules replaced."""
-    from transformers import AutoModelForCausalLM
     from transformers.initialization import no_init_weights
     interface: ExpertsInterface = spec.generic
     with experts_on_meta(interface.experts_class), parameters_on_meta(), torch.device(device), no_init_weights():
-        hf = AutoModelForCausalLM.from_config(spec.cfg, dtype=dtype)
+        hf = model_class(spec.cfg).from_config(spec.cfg, dtype=dtype)
     experts_module = hf.get_submodule(next(iter(interface.paths.values())))
     model = GenericModel(spec, hf, experts_module, device)
     _load_dense(hf, weights, spec)
@@ -135,8 +134,9 @@ def _load_dense(hf, weights: dict[str, torch.Tensor], spec: ModelSpec) -> None:
     tied = "lm_head.weight" not in weights and spec.tie_word_embeddings
     if tied:
         hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
-    missing = [n for n in expected if n not in weights and not (tied and n == "lm_head.weight")]
-    missing += [n for n, p in hf.named_parameters() if p.device.type == "meta" and n not in missing]
+    text = spec.generic.is_text_tensor              # a vision tower stays on the meta device, never called
+    missing = [n for n in expected if text(n) and n not in weights and not (tied and n == "lm_head.weight")]
+    missing += [n for n, p in hf.named_parameters() if text(n) and p.device.type == "meta" and n not in missing]
     if missing:
         raise SluiceError(f"This {spec.family} model's dense weights lack '{missing[0]}' (and {len(missing) - 1} more), "
                           "which transformers' model needs; repack it from the original checkpoint.")

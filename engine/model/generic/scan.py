@@ -33,20 +33,34 @@ class ExpertsInterface:
     has_bias: bool
     experts_class: type             # the family's experts class (its `_apply_gate` and `act_fn` are the math)
     hub_names: dict[str, str]       # gate | up | down -> one expert's tensor in the Hub's layout ("gate_proj.weight")
+    text_model: str                 # the language model's path: "model", or "model.language_model" in a VL model
+
+    def is_text_tensor(self, name: str) -> bool:
+        """Whether the tensor is one Sluice runs (the language model and its head; not a vision tower)."""
+        return name.startswith((self.text_model + ".", "lm_head."))
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
         return tuple(sorted(self.paths))
 
 
+def model_class(cfg):
+    """transformers' class for `cfg`: its causal LM, or for a vision-language checkpoint its image-text model (whose
+    language model Sluice runs; the vision tower is never built into memory)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        return AutoModelForCausalLM
+    return AutoModelForImageTextToText
+
+
 def meta_model(cfg):
-    """The causal LM of `cfg` on the meta device: every module, no memory (one sentence where transformers has
-    no causal LM for the config)."""
-    from transformers import AutoModelForCausalLM
+    """transformers' model of `cfg` on the meta device: every module, no memory (one sentence where transformers
+    has no text generation model for the config)."""
     from transformers.initialization import no_init_weights
     try:
         with torch.device("meta"), no_init_weights():
-            return AutoModelForCausalLM.from_config(cfg)
+            return model_class(cfg).from_config(cfg)
     except ValueError as exc:
         raise SluiceError(f"transformers has no text generation model for '{cfg.model_type}' ({exc}); "
                           "Sluice cannot run it.") from None
@@ -114,8 +128,10 @@ def _read_interface(cfg) -> ExpertsInterface:
     down = first.down_proj
     num_experts, intermediate = down.shape[0], down.shape[1] if first.is_transposed else down.shape[2]
     paths = {int(_LAYER.search(name + ".").group(1)): name for name in experts}
-    return ExpertsInterface(paths, num_experts, intermediate, cfg.hidden_size, first.is_transposed,
-                            first.is_concatenated, first.has_bias, type(first), hub_expert_names(cfg.model_type))
+    text_model = next(iter(experts)).partition(".layers.")[0]
+    return ExpertsInterface(paths, num_experts, intermediate, cfg.get_text_config().hidden_size, first.is_transposed,
+                            first.is_concatenated, first.has_bias, type(first), hub_expert_names(cfg.model_type),
+                            text_model)
 
 
 @contextlib.contextmanager
@@ -204,8 +220,9 @@ def in_memory_name(model_type: str, name: str) -> str:
 
 
 def parameter_counts(cfg) -> tuple[int, int, int]:
-    """(all parameters, the routed experts', the input embedding's) of `cfg`'s model, counted on the meta device
-    (tied weights once, as transformers' num_parameters counts them)."""
-    model = meta_model(cfg)
+    """(the text model's parameters, the routed experts', the input embedding's) of `cfg`'s model, counted on the
+    meta device (tied weights once, as transformers' num_parameters counts them; no vision tower)."""
+    model, interface = meta_model(cfg), read_interface(cfg)
     experts = sum(p.numel() for module in find_experts(model).values() for p in module.parameters())
-    return model.num_parameters(), experts, model.get_input_embeddings().weight.numel()
+    text = sum(p.numel() for name, p in model.named_parameters() if interface.is_text_tensor(name))
+    return text, experts, model.get_input_embeddings().weight.numel()
