@@ -27,24 +27,48 @@ class GenerationParams:
         """Raise SluiceError (one sentence) for a value outside its range. The engine calls this first
         thing in generate(); the CLI, the app and the server call it to refuse early. With `vocab_size`,
         a prompt given as token ids must hold ids in [0, vocab_size)."""
-        if not _is_int(self.max_new_tokens) or self.max_new_tokens < 1:
-            raise SluiceError(f"max new tokens must be a whole number of at least 1 (got {self.max_new_tokens!r}).")
-        if not _is_number(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
-            raise SluiceError(f"The temperature must be a finite number of 0 or more (0 = greedy); got {self.temperature!r}.")
-        if not _is_number(self.top_p) or not (0 < self.top_p <= 1):
-            raise SluiceError(f"top-p must be above 0 and at most 1 (1 = off); got {self.top_p!r}.")
-        if not _is_int(self.top_k) or self.top_k < 0:
-            raise SluiceError(f"top-k must be a whole number of 0 or more (0 = off); got {self.top_k!r}.")
-        if self.seed is not None and (not _is_int(self.seed) or not 0 <= self.seed <= MAX_SEED):
-            raise SluiceError(f"The seed must be a whole number from 0 to 2^64-1; got {self.seed!r}.")
-        if not isinstance(self.stop, (list, tuple)) or not all(isinstance(s, str) and s for s in self.stop):
-            raise SluiceError("Stop strings must be a list of non-empty texts.")
-        if self.logprobs is not None and (not _is_int(self.logprobs) or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise SluiceError(f"top logprobs must be a whole number from 0 to {MAX_LOGPROBS}; got {self.logprobs!r}.")
-        if vocab_size is not None and isinstance(prompt, (list, tuple)) and prompt and all(_is_int(i) for i in prompt):
-            bad = next((i for i in prompt if not 0 <= i < vocab_size), None)
-            if bad is not None:
-                raise SluiceError(f"Prompt token id {bad} is outside this model's vocabulary (ids 0 to {vocab_size - 1}).")
+        checks = (
+            (_whole(self.max_new_tokens, 1), f"max new tokens must be a whole number of at least 1 "
+                                             f"(got {self.max_new_tokens!r})."),
+            (_real(self.temperature, 0), f"The temperature must be a finite number of 0 or more (0 = greedy); "
+                                         f"got {self.temperature!r}."),
+            (_real(self.top_p, 0, 1, above_low=True), f"top-p must be above 0 and at most 1 (1 = off); "
+                                                      f"got {self.top_p!r}."),
+            (_whole(self.top_k, 0), f"top-k must be a whole number of 0 or more (0 = off); got {self.top_k!r}."),
+            (self.seed is None or _whole(self.seed, 0, MAX_SEED),
+             f"The seed must be a whole number from 0 to 2^64-1; got {self.seed!r}."),
+            (_texts(self.stop), "Stop strings must be a list of non-empty texts."),
+            (self.logprobs is None or _whole(self.logprobs, 0, MAX_LOGPROBS),
+             f"top logprobs must be a whole number from 0 to {MAX_LOGPROBS}; got {self.logprobs!r}."),
+        )
+        for ok, sentence in checks:
+            if not ok:
+                raise SluiceError(sentence)
+        bad = _token_outside(prompt, vocab_size)
+        if bad is not None:
+            raise SluiceError(f"Prompt token id {bad} is outside this model's vocabulary (ids 0 to {vocab_size - 1}).")
+
+
+def _whole(value, low: int, high: float = math.inf) -> bool:
+    return _is_int(value) and low <= value <= high
+
+
+def _real(value, low: float, high: float = math.inf, above_low: bool = False) -> bool:
+    """A finite number in [low, high], or (low, high] with `above_low`."""
+    if not _is_number(value) or not math.isfinite(value):
+        return False
+    return (value > low if above_low else value >= low) and value <= high
+
+
+def _texts(stop) -> bool:
+    return isinstance(stop, (list, tuple)) and all(isinstance(s, str) and s for s in stop)
+
+
+def _token_outside(prompt, vocab_size: int | None) -> int | None:
+    """The first id of a token-id prompt outside [0, vocab_size), if any."""
+    if vocab_size is None or not isinstance(prompt, (list, tuple)) or not all(_is_int(i) for i in prompt):
+        return None
+    return next((i for i in prompt if not 0 <= i < vocab_size), None)
 
 
 def _is_int(value) -> bool:

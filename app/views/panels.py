@@ -194,18 +194,19 @@ class LivePanels(QWidget):
         self.is_busy = is_busy
         self.timer.setInterval(REFRESH_MS if is_busy else IDLE_REFRESH_MS)
         if not is_busy and self.isVisible():
-            self.refresh()
+            self.refresh(every_plot=True)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
-        self.refresh()
+        self.refresh(every_plot=True)
         self.timer.start()
 
     def hideEvent(self, event) -> None:
         super().hideEvent(event)
         self.timer.stop()
 
-    def refresh(self) -> None:
+    def refresh(self, every_plot: bool = False) -> None:
+        """One tick: the labels, and the plot whose turn it is (every plot when asked: shown, or work ended)."""
         snapshot = self._telemetry_source() or {}
         try:
             system_read = psutil.disk_io_counters().read_bytes
@@ -215,7 +216,7 @@ class LivePanels(QWidget):
         self._ticks += 1
         self._update_labels(snapshot)
         if self.isVisible():
-            self._update_plots(self._ticks if self.is_busy else None)
+            self._update_plots(None if every_plot else self._ticks)
 
     def _update_labels(self, snapshot: dict) -> None:
         self._update_device(snapshot)
@@ -288,9 +289,9 @@ class LivePanels(QWidget):
                                  + (f" · {filled} filled ahead" if filled else ""))
 
     def _update_plots(self, only_turn: int | None = None) -> None:
-        """Every plot, or only the one whose turn it is (`only_turn` counts refreshes): while the engine works
-        the plots take turns, each still moving 2.5 times a second, so that a refresh paints one plot (3-5 ms
-        with 60 s of history), not all four (11-20 ms in one go) while an answer streams."""
+        """Every plot, or only the one whose turn it is (`only_turn` counts refreshes): the plots take turns, so
+        that a refresh paints one plot (3-5 ms with 60 s of history), not all four (11-20 ms in one go); each
+        still moves 2.5 times a second while the engine works, and every 4 s while it waits."""
         h = self.history
         times = h.values("time_s")
         if not times:

@@ -40,6 +40,10 @@ def variants(args) -> list[tuple[str, list[str], Path | None]]:
 
 
 def run(args) -> int:
+    from engine.options import Options
+    for setting in args.variant:
+        if setting != "-":
+            Options.parse(setting.split())             # a typo: one sentence before any run
     runs = variants(args)
     if args.warmup:
         _one(args, runs[0][1], runs[0][2])

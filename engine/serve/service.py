@@ -200,11 +200,20 @@ class Service:
 
     async def prepare(self, prompt, sampling: Sampling, tools: list | None = None,
                       max_tokens_param: str = "max_tokens") -> Prepared:
+        """The request's prompt tokens, generation parameters and output parser; a RequestError (400) naming
+        the part that is wrong."""
         if tools and not self.supports_tools:
             raise RequestError("This model's chat template defines no tool calls; send the request without 'tools'.",
                                param="tools")
         if tools:
             prompt = {"messages": prompt, "tools": tools}
+        prompt_ids, is_chat = await self._encode(prompt)
+        room = self._room(len(prompt_ids), sampling.max_tokens, max_tokens_param)
+        params = self._params(sampling, room)
+        return Prepared(prompt, prompt_ids, params, self._parser(prompt_ids, is_chat, tools, sampling, params))
+
+    async def _encode(self, prompt) -> tuple[list[int], bool]:
+        """(prompt token ids, whether the chat template made them) for text, messages or token ids."""
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int) and self.tokenizer is not None:
             bad = [i for i in prompt if not 0 <= i < len(self.tokenizer)]
             if bad:
@@ -220,30 +229,39 @@ class Service:
                                param="messages") from None
         if not prompt_ids:
             raise RequestError("The prompt is empty; send some text.", param="prompt")
-        room = self.ctx - len(prompt_ids)
+        return prompt_ids, is_chat
+
+    def _room(self, prompt_tokens: int, max_tokens: int | None, max_tokens_param: str) -> int:
+        """The tokens the context leaves for the answer, refusing a request that cannot fit."""
+        room = self.ctx - prompt_tokens
         if room < 1:
-            raise RequestError(f"The prompt is {len(prompt_ids)} tokens but this model's context is {self.ctx} "
+            raise RequestError(f"The prompt is {prompt_tokens} tokens but this model's context is {self.ctx} "
                                f"tokens; shorten the prompt.", param="messages", kind="context_length_exceeded")
-        if sampling.max_tokens is not None and sampling.max_tokens > room:
-            raise RequestError(f"The prompt ({len(prompt_ids)} tokens) plus {max_tokens_param} "
-                               f"({sampling.max_tokens}) exceeds this model's {self.ctx}-token context; "
+        if max_tokens is not None and max_tokens > room:
+            raise RequestError(f"The prompt ({prompt_tokens} tokens) plus {max_tokens_param} "
+                               f"({max_tokens}) exceeds this model's {self.ctx}-token context; "
                                f"lower {max_tokens_param} to at most {room}.", param=max_tokens_param,
                                kind="context_length_exceeded")
+        return room
+
+    def _params(self, sampling: Sampling, room: int) -> GenerationParams:
+        """The request's sampling over the server's defaults, checked."""
         stop = [sampling.stop] if isinstance(sampling.stop, str) else list(sampling.stop or [])
-        stop = [s for s in stop if s]
         d = self.defaults
+
+        def chosen(name: str):
+            value = getattr(sampling, name)
+            return d[name] if value is None else value
         params = GenerationParams(
-            max_new_tokens=sampling.max_tokens or room,
-            temperature=d["temperature"] if sampling.temperature is None else sampling.temperature,
-            top_p=d["top_p"] if sampling.top_p is None else sampling.top_p,
-            top_k=d["top_k"] if sampling.top_k is None else sampling.top_k,
+            max_new_tokens=sampling.max_tokens or room, temperature=chosen("temperature"), top_p=chosen("top_p"),
+            top_k=chosen("top_k"),
             seed=None if sampling.seed is None or sampling.seed < 0 else sampling.seed % 2**63,   # -1: random
-            stop=stop, logprobs=sampling.logprobs, grammar=self._grammar(sampling))
+            stop=[s for s in stop if s], logprobs=sampling.logprobs, grammar=self._grammar(sampling))
         try:
             params.validate()
         except SluiceError as exc:
             raise RequestError(str(exc)) from None
-        return Prepared(prompt, prompt_ids, params, self._parser(prompt_ids, is_chat, tools, sampling, params))
+        return params
 
     def _parser(self, prompt_ids: list[int], is_chat: bool, tools, sampling: Sampling, params: GenerationParams):
         """The output parser for this template and request; sets what it needs in params (special tokens in

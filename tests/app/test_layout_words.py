@@ -55,6 +55,9 @@ def test_while_the_engine_works_the_plots_take_turns_and_each_moves_2_5_times_a_
     moved.clear()
     panels.set_busy(False)                                             # idle: one refresh moves them all
     assert set(moved) == set(plots)
+    moved.clear()
+    panels.refresh()                                                   # then, at 1 Hz, one plot a tick again
+    assert len(set(moved)) == 1
 
 
 def test_the_ram_cache_line_says_how_many_blocks_were_filled_ahead_and_nothing_before(qtbot):
