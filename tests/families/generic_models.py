@@ -27,6 +27,9 @@ GENERIC_KWARGS = {
                              layer_types=["linear_attention", "attention", "linear_attention"]),
     "deepseek_v32": _DSA,
     "glm_moe_dsa": _DSA,
+    # Llama 4 ships top-1; 2 is the harder case (several scaled copies of a token); chunked attention and NoPE on
+    "llama4_text": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, intermediate_size_mlp=64,
+                        interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
 }
 # families Sluice does not list: adopted on first sight (engine.model.spec), as a new transformers family would be
 UNLISTED_KWARGS = {

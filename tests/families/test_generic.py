@@ -45,7 +45,6 @@ def test_generic_families_say_so():
 
 
 @pytest.mark.parametrize("family,missing", [
-    ("llama4_text", "its experts (Llama4TextExperts) do not use transformers' shared experts interface"),
     ("longcat_flash", "its experts (LongcatFlashExperts) do not use transformers' shared experts interface"),
     ("nemotron_h", "its experts have no gate projection"),
     ("sarvam_moe", "transformers splits some of its dense weights as it loads them (query_key_value into q_proj"),

@@ -28,14 +28,26 @@ class StreamedExperts(torch.nn.Module):
         return self._run(self.layer, hidden_states, top_k_index, top_k_weights)
 
 
+class StreamedScaledExperts(torch.nn.Module):
+    """Llama 4's routed experts (every expert's copy of the tokens, scaled by its routing score), served by the
+    runtime."""
+
+    def __init__(self, layer: int, run: Callable):
+        super().__init__()
+        self.layer, self._run = layer, run
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self._run(self.layer, hidden_states)
+
+
 def expert_math(experts: torch.nn.Module, is_concatenated: bool) -> tuple[Callable, Activation | None]:
     """One expert's math from a family's experts module (its weights need not exist: only `act_fn` and
     `_apply_gate` are used) -> (expert_mlp(x, w) for the runtime, the GPU kernels' activation or None).
     The plain SwiGLU of most families is Sluice's own (its kernels apply); anything else is the family's gate."""
     from transformers.integrations.moe import _default_apply_gate
-    gate_fn = type(experts)._apply_gate
+    gate_fn = getattr(type(experts), "_apply_gate", _default_apply_gate)     # Llama 4's: act(gate) * up
     is_silu = type(getattr(experts, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
-    if gate_fn is _default_apply_gate and is_silu and not experts.has_bias:
+    if gate_fn is _default_apply_gate and is_silu and not getattr(experts, "has_bias", False):
         return swiglu_expert, SILU
 
     def apply_gate(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from engine.errors import SluiceError
-from engine.model.generic.adapter import StreamedExperts, expert_math
+from engine.model.generic.adapter import StreamedExperts, StreamedScaledExperts, expert_math
 from engine.model.generic.scan import ExpertsInterface, experts_on_meta, model_class, parameters_on_meta
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
@@ -44,7 +44,9 @@ class GenericModel:
         self._cache = None
         for layer, path in self.interface.paths.items():
             parent, _, name = path.rpartition(".")
-            setattr(hf.get_submodule(parent), name, StreamedExperts(layer, self.run_experts))
+            adapter = StreamedScaledExperts(layer, self.run_scaled_experts) if self.interface.scaled_inputs \
+                else StreamedExperts(layer, self.run_experts)
+            setattr(hf.get_submodule(parent), name, adapter)
 
     def state_specs(self) -> list[dict[str, StateSpec]]:
         """For the budget only (transformers keeps the cache): keys and values per layer, from the config."""
@@ -86,6 +88,18 @@ class GenericModel:
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         p.experts.run(layer, x, top_k_weights, ids, out, next_layer, defer=p.defer)
         return out.to(x.dtype)
+
+    def run_scaled_experts(self, layer: int, routed_in: torch.Tensor) -> torch.Tensor:
+        """Llama 4's call: routed_in [E*T, H], each expert's copy of the tokens scaled by its routing score (zero
+        where a token does not use it) -> each expert's output on its copy [E*T, H]. The non-zero rows go to the
+        runtime as tokens of one expert each, weight 1 (exact); a zero row's output is zero (no expert bias)."""
+        # E = experts, T = tokens, P = (expert, token) pairs routed, H = hidden
+        rows = routed_in.view(self.interface.num_experts, -1, routed_in.shape[-1])          # [E, T, H]
+        expert_ids, token_ids = (rows != 0).any(-1).nonzero(as_tuple=True)                # [P], [P]
+        ones = torch.ones(len(expert_ids), 1, dtype=torch.float32, device=rows.device)
+        out = torch.zeros_like(rows)
+        out[expert_ids, token_ids] = self.run_experts(layer, rows[expert_ids, token_ids], expert_ids[:, None], ones)
+        return out.view(routed_in.shape)
 
     def _guess_next(self, layer: int, x: torch.Tensor) -> tuple[int | None, torch.Tensor | None]:
         """The next MoE layer and its experts guessed from its own router on this layer's input, best first

@@ -5,7 +5,9 @@ transformers gives most MoE families one experts class shape (`use_experts_imple
 `gate_up_proj` [E, 2I, H] (or transposed [E, H, 2I], or gate and up interleaved) and `down_proj` [E, H, I]
 parameters, called as experts(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]. The
 decorator leaves its flags on every instance (has_gate, has_bias, is_transposed, ...), which is how an
-experts module is recognised here, whatever its family calls it.
+experts module is recognised here, whatever its family calls it. One other contract is known: Llama 4's experts
+take every expert's copy of the tokens already scaled by its routing score (experts(x [E*T, H]) -> [E*T, H],
+zero rows for the experts a token does not use), `scaled_inputs` below.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ class ExpertsInterface:
     experts_class: type             # the family's experts class (its `_apply_gate` and `act_fn` are the math)
     hub_names: dict[str, str]       # gate | up | down -> one expert's tensor in the Hub's layout ("gate_proj.weight")
     text_model: str                 # the language model's path: "model", or "model.language_model" in a VL model
+    scaled_inputs: bool = False     # Llama 4's contract: experts(x [E*T, H]) on inputs scaled by the routing scores
 
     def is_text_tensor(self, name: str) -> bool:
         """Whether the tensor is one Sluice runs (the language model and its head; not a vision tower)."""
@@ -67,9 +70,24 @@ def meta_model(cfg):
 
 
 def is_experts_module(module: torch.nn.Module) -> bool:
-    """A module of transformers' shared experts interface (the decorator's flags, 3-D expert weights)."""
+    """A module of transformers' shared experts interface (the decorator's flags, 3-D expert weights), or of
+    Llama 4's scaled-inputs contract."""
     down = getattr(module, "down_proj", None)
-    return hasattr(module, "is_transposed") and isinstance(down, torch.nn.Parameter) and down.dim() == 3
+    has_weights = isinstance(down, torch.nn.Parameter) and down.dim() == 3
+    return has_weights and (hasattr(module, "is_transposed") or takes_scaled_inputs(module))
+
+
+def takes_scaled_inputs(module: torch.nn.Module) -> bool:
+    """Llama 4's experts: fused gate_up_proj [E, H, 2I] and down_proj [E, I, H], called with the inputs alone."""
+    import inspect
+    gate_up = getattr(module, "gate_up_proj", None)
+    return (not hasattr(module, "is_transposed") and isinstance(gate_up, torch.nn.Parameter) and gate_up.dim() == 3
+            and len(inspect.signature(module.forward).parameters) == 1)
+
+
+def _flag(module: torch.nn.Module, name: str) -> bool:
+    """A decorator flag; Llama 4's experts: gated, transposed, concatenated, no bias, no norm."""
+    return getattr(module, name, name in ("has_gate", "is_transposed", "is_concatenated"))
 
 
 def find_experts(model) -> dict[str, torch.nn.Module]:
@@ -97,9 +115,9 @@ def unsupported_experts(model) -> str | None:
     if not experts:
         return "it has no routed experts that transformers' shared experts interface describes"
     first = next(iter(experts.values()))
-    if not first.has_gate:
+    if not _flag(first, "has_gate"):
         return "its experts have no gate projection"
-    if first.has_post_expert_norm:
+    if _flag(first, "has_post_expert_norm"):
         return "its experts norm their outputs"
     if any(_LAYER.search(name + ".") is None for name in experts):
         return "an experts module lies outside the decoder layers"
@@ -125,13 +143,13 @@ def _read_interface(cfg) -> ExpertsInterface:
         raise SluiceError(f"Sluice cannot run '{cfg.model_type}' models: {problem}.")
     experts = find_experts(model)
     first = next(iter(experts.values()))
-    down = first.down_proj
-    num_experts, intermediate = down.shape[0], down.shape[1] if first.is_transposed else down.shape[2]
+    down, transposed = first.down_proj, _flag(first, "is_transposed")
+    num_experts, intermediate = down.shape[0], down.shape[1] if transposed else down.shape[2]
     paths = {int(_LAYER.search(name + ".").group(1)): name for name in experts}
     text_model = next(iter(experts)).partition(".layers.")[0]
-    return ExpertsInterface(paths, num_experts, intermediate, cfg.get_text_config().hidden_size, first.is_transposed,
-                            first.is_concatenated, first.has_bias, type(first), hub_expert_names(cfg.model_type),
-                            text_model)
+    return ExpertsInterface(paths, num_experts, intermediate, cfg.get_text_config().hidden_size, transposed,
+                            _flag(first, "is_concatenated"), _flag(first, "has_bias"), type(first),
+                            hub_expert_names(cfg.model_type), text_model, takes_scaled_inputs(first))
 
 
 @contextlib.contextmanager
