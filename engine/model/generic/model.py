@@ -148,6 +148,10 @@ def _load_dense(hf, weights: dict[str, torch.Tensor], spec: ModelSpec) -> None:
     tied = "lm_head.weight" not in weights and spec.tie_word_embeddings
     if tied:
         hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
+    _refuse_missing(hf, expected, weights, spec, tied)
+
+
+def _refuse_missing(hf, expected: dict, weights: dict, spec: ModelSpec, tied: bool) -> None:
     text = spec.generic.is_text_tensor              # a vision tower stays on the meta device, never called
     missing = [n for n in expected if text(n) and n not in weights and not (tied and n == "lm_head.weight")]
     missing += [n for n, p in hf.named_parameters() if text(n) and p.device.type == "meta" and n not in missing]
