@@ -114,3 +114,18 @@ def test_decode_guesses_the_next_layers_experts_from_its_own_router(family, gene
         assert speculation["predicted"] > 0 and speculation["correct"] > 0
     else:                              # no guess where the router needs more than the hidden states
         assert speculation["predicted"] == 0
+
+
+def test_a_checkpoint_lacking_a_dense_tensor_is_refused_at_repack(generic_models, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    hf_dir, _ = generic_models("dots1")
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.1.mlp.gate.e_score_correction_bias"]
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(SluiceError, match="has no tensor for 'model.layers.1.mlp.gate.e_score_correction_bias', which transformers' dots1"):
+        repack(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
