@@ -156,7 +156,7 @@ def _read_interface(cfg) -> ExpertsInterface:
 def parameters_on_meta():
     """While a model is built, each parameter moves to the meta device as it is registered (one tensor's memory at
     a time: the checkpoint's dense weights take their place); buffers stay where they are made (the rotary tables
-    the constructors compute)."""
+    the constructors compute). Process-wide while it lasts: the engine loads one model at a time."""
     original = torch.nn.Module.register_parameter
 
     def register_on_meta(self, name, param):
