@@ -28,6 +28,10 @@ GENERIC_KWARGS = {
     "deepseek_v32": _DSA,
     "glm_moe_dsa": _DSA,
     # Llama 4 ships top-1; 2 is the harder case (several scaled copies of a token); chunked attention and NoPE on
+    "longcat_flash": dict(n_routed_experts=8, zero_expert_num=4, moe_topk=3, expert_ffn_hidden_size=32,
+                          ffn_hidden_size=64, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
+                          qk_rope_head_dim=8, v_head_dim=16, head_dim=8, num_key_value_heads=4,
+                          routed_scaling_factor=2.0, num_hidden_layers=4),      # two layers of two sublayers
     "llama4_text": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, intermediate_size_mlp=64,
                         interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
 }

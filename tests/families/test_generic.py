@@ -45,8 +45,8 @@ def test_generic_families_say_so():
 
 
 @pytest.mark.parametrize("family,missing", [
-    ("longcat_flash", "its experts (LongcatFlashExperts) do not use transformers' shared experts interface"),
     ("nemotron_h", "its experts have no gate projection"),
+    ("inkling_text", "its experts (InklingSharedExperts) do not use transformers' shared experts interface"),
     ("sarvam_moe", "transformers splits some of its dense weights as it loads them (query_key_value into q_proj"),
 ])
 def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family, missing):

@@ -76,6 +76,13 @@ class GenericModel:
     def run_experts(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor,
                     top_k_weights: torch.Tensor) -> torch.Tensor:
         """The adapters' call: x [T, H], top_k_index / top_k_weights [T, K] -> the weighted sum [T, H] (x's dtype)."""
+        if self.interface.num_zero_experts:
+            return self._with_zero_experts(layer, x, top_k_index, top_k_weights)
+        return self._routed(layer, x, top_k_index, top_k_weights).to(x.dtype)
+
+    def _routed(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor,
+                top_k_weights: torch.Tensor) -> torch.Tensor:
+        """Sluice's experts on x [T, H] -> the weighted sum [T, H] float32."""
         p = self._passes
         p.experts.run_deferred()           # the previous MoE layer's prefetch, behind this layer's mixer
         if p.check_cancel is not None:
@@ -87,6 +94,21 @@ class GenericModel:
                 ids = torch.cat([ids, guesses.to(ids.dtype)])
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         p.experts.run(layer, x, top_k_weights, ids, out, next_layer, defer=p.defer)
+        return out
+
+    def _with_zero_experts(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor,
+                           top_k_weights: torch.Tensor) -> torch.Tensor:
+        """LongCat-Flash: ids past the routed experts are identity experts (x times its weight, added here); the
+        routed (token, choice) pairs go to the runtime as tokens of one expert each."""
+        # T = tokens, K = choices a token, P = routed pairs, H = hidden
+        is_zero = top_k_index >= self.interface.num_experts                                   # [T, K]
+        identity = (x[:, None, :] * (top_k_weights * is_zero)[..., None].to(x.dtype)).sum(1)     # [T, H]
+        token_ids, choice_ids = (~is_zero).nonzero(as_tuple=True)                             # [P], [P]
+        out = identity.float()
+        if len(token_ids):
+            routed = self._routed(layer, x[token_ids], top_k_index[token_ids, choice_ids][:, None],
+                                  top_k_weights[token_ids, choice_ids][:, None])
+            out.index_add_(0, token_ids, routed)
         return out.to(x.dtype)
 
     def run_scaled_experts(self, layer: int, routed_in: torch.Tensor) -> torch.Tensor:
@@ -107,7 +129,10 @@ class GenericModel:
         later = [m for m in self._moe_layers if m > layer]
         if not later or later[0] not in self._routers:
             return None, None
-        return later[0], _best_first(self._routers[later[0]](x), self.spec.top_k, self.spec.num_experts)
+        guesses = _best_first(self._routers[later[0]](x), self.spec.top_k, self.spec.num_experts)
+        if guesses is not None:
+            guesses = guesses[guesses < self.spec.num_experts]       # not LongCat's zero-compute experts
+        return later[0], guesses
 
 
 def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:

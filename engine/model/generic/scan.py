@@ -7,7 +7,8 @@ parameters, called as experts(hidden [T, H], top_k_index [T, K], top_k_weights [
 decorator leaves its flags on every instance (has_gate, has_bias, is_transposed, ...), which is how an
 experts module is recognised here, whatever its family calls it. One other contract is known: Llama 4's experts
 take every expert's copy of the tokens already scaled by its routing score (experts(x [E*T, H]) -> [E*T, H],
-zero rows for the experts a token does not use), `scaled_inputs` below.
+zero rows for the experts a token does not use), `scaled_inputs` below; and LongCat-Flash's experts take the
+shared call with ids past the routed experts for its zero-compute (identity) experts, `num_zero_experts`.
 """
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ class ExpertsInterface:
     hub_names: dict[str, str]       # gate | up | down -> one expert's tensor in the Hub's layout ("gate_proj.weight")
     text_model: str                 # the language model's path: "model", or "model.language_model" in a VL model
     scaled_inputs: bool = False     # Llama 4's contract: experts(x [E*T, H]) on inputs scaled by the routing scores
+    num_zero_experts: int = 0       # LongCat-Flash: ids E.. E+Z-1 are identity experts (their output: the input)
 
     def is_text_tensor(self, name: str) -> bool:
         """Whether the tensor is one Sluice runs (the language model and its head; not a vision tower)."""
@@ -74,7 +76,16 @@ def is_experts_module(module: torch.nn.Module) -> bool:
     Llama 4's scaled-inputs contract."""
     down = getattr(module, "down_proj", None)
     has_weights = isinstance(down, torch.nn.Parameter) and down.dim() == 3
-    return has_weights and (hasattr(module, "is_transposed") or takes_scaled_inputs(module))
+    return has_weights and (hasattr(module, "is_transposed") or takes_scaled_inputs(module)
+                            or zero_experts(module) > 0)
+
+
+def zero_experts(module: torch.nn.Module) -> int:
+    """How many zero-compute (identity) experts follow the routed ones (LongCat-Flash's), called the shared way."""
+    import inspect
+    if not hasattr(module, "num_routed_experts") or len(inspect.signature(module.forward).parameters) != 3:
+        return 0
+    return getattr(module, "zero_expert_num", 0) or 0
 
 
 def takes_scaled_inputs(module: torch.nn.Module) -> bool:
@@ -86,8 +97,13 @@ def takes_scaled_inputs(module: torch.nn.Module) -> bool:
 
 
 def _flag(module: torch.nn.Module, name: str) -> bool:
-    """A decorator flag; Llama 4's experts: gated, transposed, concatenated, no bias, no norm."""
-    return getattr(module, name, name in ("has_gate", "is_transposed", "is_concatenated"))
+    """A decorator flag; undecorated experts (Llama 4's, LongCat's): gated, concatenated, no bias, no norm,
+    transposed where gate_up_proj's last dim is not down_proj's output (2I, not H)."""
+    if hasattr(module, name):
+        return getattr(module, name)
+    if name == "is_transposed":
+        return module.gate_up_proj.shape[2] != module.down_proj.shape[1]
+    return name in ("has_gate", "is_concatenated")
 
 
 def find_experts(model) -> dict[str, torch.nn.Module]:
@@ -149,7 +165,8 @@ def _read_interface(cfg) -> ExpertsInterface:
     text_model = next(iter(experts)).partition(".layers.")[0]
     return ExpertsInterface(paths, num_experts, intermediate, cfg.get_text_config().hidden_size, transposed,
                             _flag(first, "is_concatenated"), _flag(first, "has_bias"), type(first),
-                            hub_expert_names(cfg.model_type), text_model, takes_scaled_inputs(first))
+                            hub_expert_names(cfg.model_type), text_model, takes_scaled_inputs(first),
+                            zero_experts(first))
 
 
 @contextlib.contextmanager
