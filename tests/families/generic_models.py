@@ -71,6 +71,14 @@ VL_KWARGS = {
                            dense_intermediate_size=64, shared_intermediate_size=32, rotary_dim=8, swiglu_limit=1.5,
                            index_head_dim=16, index_block_size=4, index_topk_blocks=2, mlp_layer_types=None),
                       dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2)),
+    # hyper-connections, linear attention and an indexed (DSA) attention layer, a clamped SwiGLU
+    "glm5_next": (dict(_TEXT, num_hidden_layers=4, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                       num_key_value_heads=4, kv_lora_rank=32, q_lora_rank=24, v_head_dim=16, qk_nope_head_dim=16,
+                       index_head_dim=16, index_n_heads=2, index_topk=4, index_kpool=2, linear_head_dim=16,
+                       linear_num_heads=4,
+                       swiglu_limit=1.5, mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
+                  dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
+                       projection_intermediate_size=64)),
 }
 
 

@@ -29,7 +29,7 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 # transformers families whose experts use its shared experts interface, each tested token for token
 GENERIC_FAMILIES = ("dots1", "ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
                     "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "llama4_text", "longcat_flash")
-GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl")
+GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next")
 
 
 @dataclass(frozen=True)
