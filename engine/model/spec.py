@@ -159,6 +159,15 @@ def _adopt_generic(config: dict) -> None:
     FAMILIES[model_type] = Family(model_type, "generic", text_prefix=interface.text_model + ".")
 
 
+def runs_generically(config: dict) -> bool:
+    """Whether Sluice runs a config of a model type it does not list (adopting the type: _adopt_generic)."""
+    try:
+        hf_config(config)
+    except SluiceError:
+        return False
+    return FAMILIES[config.get("model_type")].is_generic
+
+
 def read_spec(config: dict | str | Path) -> ModelSpec:
     if not isinstance(config, dict):
         config = load_config_dict(config)

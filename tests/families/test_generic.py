@@ -129,3 +129,14 @@ def test_a_checkpoint_lacking_a_dense_tensor_is_refused_at_repack(generic_models
     with pytest.raises(SluiceError, match="has no tensor for 'model.layers.1.mlp.gate.e_score_correction_bias', which transformers' dots1"):
         repack(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config,supported", [
+    ({"model_type": "qwen3_moe"}, True),                 # listed
+    ({"model_type": "granitemoeshared"}, True),          # unlisted: transformers' experts interface
+    ({"model_type": "nemotron_h"}, False),               # no gate projection
+    ({"model_type": "llama"}, False),                    # dense
+])
+def test_the_download_wizard_offers_families_the_generic_path_runs(config, supported):
+    from engine.hub.search import RepoInfo
+    assert RepoInfo("someone/model", "0" * 40, [], config).is_supported is supported

@@ -69,6 +69,9 @@ def meta_model(cfg):
     except ValueError as exc:
         raise SluiceError(f"transformers has no text generation model for '{cfg.model_type}' ({exc}); "
                           "Sluice cannot run it.") from None
+    except (TypeError, KeyError, AttributeError, RuntimeError, AssertionError) as exc:   # its own checks of a config
+        raise SluiceError(f"transformers cannot build a '{cfg.model_type}' model from this config.json "
+                          f"({type(exc).__name__}: {exc}); download the model again or fix it.") from None
 
 
 def is_experts_module(module: torch.nn.Module) -> bool:
