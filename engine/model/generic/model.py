@@ -1,4 +1,5 @@
-"""A transformers causal LM whose routed experts stream: prefill and decode passes for the runner.
+"""A transformers model (a causal LM, or a vision-language model's language part) whose routed experts stream:
+prefill and decode passes for the runner.
 
 The model is transformers' own (built from the config with its experts classes on the meta device, so only
 the dense weights take memory), its dense weights the checkpoint's, its cache its own (any kind: KV,
@@ -28,6 +29,8 @@ class Passes:
 
 
 class GenericModel:
+    """What the runner loads for a generic family: transformers' model with StreamedExperts in place."""
+
     runs_passes = True       # the runner hands it whole passes (no blocks for its decode step)
     graph_safe = False
     blocks: list = []
