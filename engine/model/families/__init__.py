@@ -71,7 +71,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *(Family(name, "generic", text_prefix="model.language_model.") for name in GENERIC_VL_FAMILIES),
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
-# (one sentence each). DeepSeek-V3.2 and GLM-5, once here, now run generically.
+# (model_type -> one sentence); none at present (DeepSeek-V3.2's and GLM-5's sparse attention run generically).
 UNHANDLED_VARIANTS: dict[str, str] = {}
 
 
