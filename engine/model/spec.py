@@ -156,7 +156,8 @@ def _adopt_generic(config: dict) -> None:
     except (TypeError, ValueError, KeyError, AttributeError, SluiceError):
         raise plain from None          # a partial config transformers cannot lay out, or a dense model
     interface = read_interface(cfg)            # one sentence naming what is missing
-    FAMILIES[model_type] = Family(model_type, "generic", text_prefix=interface.text_model + ".")
+    text_model = interface.text_model if interface.head == "lm_head" else interface.head.rpartition(".")[0]
+    FAMILIES[model_type] = Family(model_type, "generic", text_prefix=text_model + ".")
 
 
 def runs_generically(config: dict) -> bool:

@@ -79,6 +79,11 @@ VL_KWARGS = {
                        swiglu_limit=1.5, mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
                   dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                        projection_intermediate_size=64)),
+    # its language model is a causal LM of its own (`language_model.model.`, `language_model.lm_head`)
+    "llama4": (dict(_TEXT, num_local_experts=8, num_experts_per_tok=1, intermediate_size=32, intermediate_size_mlp=64,
+                    interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
+               dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=56,
+                    patch_size=14, vision_output_dim=64, projector_input_dim=64, projector_output_dim=64)),
 }
 
 
@@ -115,6 +120,8 @@ def vl_reference_greedy(hf_dir, prompt_ids: list[int], max_new_tokens: int) -> l
     from transformers import AutoModelForImageTextToText
     model = AutoModelForImageTextToText.from_pretrained(str(hf_dir), dtype=torch.float32, experts_implementation="eager",
                                                         attn_implementation="eager").eval()
+    if hasattr(model, "language_model") and hasattr(model.language_model, "generate"):
+        model = model.language_model      # Llama 4: its wrapper fails on a text-only output in transformers 5.24
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0, min_new_tokens=max_new_tokens)

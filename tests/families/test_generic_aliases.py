@@ -9,7 +9,7 @@ from safetensors import safe_open
 import engine
 from engine import GenerationParams, SluiceError
 from engine.format.repack import repack
-from engine.model.families import GENERIC_VL_FAMILIES
+from engine.model.families import FAMILIES, GENERIC_VL_FAMILIES
 from tests.families.generic_models import build_vl_model, vl_reference_greedy
 from tests.families.hybrid_models import QWEN3_5_TEXT, _random_like
 from tests.families.tokens import NEW_TOKENS, PROMPT_IDS, assert_streamed_tokens_match
@@ -58,11 +58,11 @@ def vl_models(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("family", GENERIC_VL_FAMILIES)
+@pytest.mark.parametrize("family", [*GENERIC_VL_FAMILIES, "llama4"])
 def test_a_vision_language_checkpoints_language_model_runs_token_exact(family, vl_models):
     hf_dir, model_dir = vl_models(family)
-    with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
-        assert all(n.startswith(("model.language_model.", "lm_head.")) for n in f.keys())   # no vision tower
+    with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:       # no vision tower
+        assert all(n.startswith((FAMILIES[family].text_prefix, "lm_head.")) for n in f.keys())
     vram, ram = streaming_budgets(model_dir)
     eng = engine.load(model_dir, vram_budget=vram, ram_cache=ram)
     try:

@@ -69,6 +69,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *(Family(name, "generic") for name in GENERIC_FAMILIES),
     # vision-language checkpoints: their language model, generically (images are refused in one sentence)
     *(Family(name, "generic", text_prefix="model.language_model.") for name in GENERIC_VL_FAMILIES),
+    Family("llama4", "generic", text_prefix="language_model."),     # its language model and head
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
 # (model_type -> one sentence); none at present (DeepSeek-V3.2's and GLM-5's sparse attention run generically).

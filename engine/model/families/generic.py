@@ -56,5 +56,5 @@ def required_dense_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
     need = {name: tuple(t.shape) for name, t in model.state_dict().items()
             if spec.generic.is_text_tensor(name) and not name.startswith(experts)}
     if spec.tie_word_embeddings:
-        need.pop("lm_head.weight", None)
+        need.pop(spec.generic.head + ".weight", None)
     return need

@@ -45,6 +45,9 @@ class GenericModel:
         self._moe_layers = self.interface.moe_layers
         self._passes: Passes | None = None
         self._cache = None
+        # the module holding the language model and its head: the root, or Llama 4's `language_model` (its VL
+        # wrapper adds nothing for text and fails on a text-only output in transformers 5.24)
+        self._lm = hf.get_submodule(self.interface.head.rpartition(".")[0])
         for layer, path in self.interface.paths.items():
             parent, _, name = path.rpartition(".")
             adapter = StreamedScaledExperts(layer, self.run_scaled_experts) if self.interface.scaled_inputs \
@@ -70,7 +73,7 @@ class GenericModel:
     def _forward(self, ids: torch.Tensor, passes: Passes) -> torch.Tensor:
         self._passes = passes
         try:
-            out = self.hf(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1)
+            out = self._lm(input_ids=ids, cache=self._cache, use_cache=True, logits_to_keep=1)
         finally:
             self._passes = None
         self._cache = out.cache
@@ -173,15 +176,16 @@ def _load_dense(hf, weights: dict[str, torch.Tensor], spec: ModelSpec) -> None:
             setattr(module, attr, torch.nn.Parameter(value, requires_grad=False))
         else:
             module._buffers[attr] = value
-    tied = "lm_head.weight" not in weights and spec.tie_word_embeddings
+    head = spec.generic.head + ".weight"
+    tied = head not in weights and spec.tie_word_embeddings
     if tied:
         hf.get_output_embeddings().weight = hf.get_input_embeddings().weight
-    _refuse_missing(hf, expected, weights, spec, tied)
+    _refuse_missing(hf, expected, weights, spec, head if tied else None)
 
 
-def _refuse_missing(hf, expected: dict, weights: dict, spec: ModelSpec, tied: bool) -> None:
+def _refuse_missing(hf, expected: dict, weights: dict, spec: ModelSpec, tied_head: str | None) -> None:
     text = spec.generic.is_text_tensor              # a vision tower stays on the meta device, never called
-    missing = [n for n in expected if text(n) and n not in weights and not (tied and n == "lm_head.weight")]
+    missing = [n for n in expected if text(n) and n not in weights and n != tied_head]
     missing += [n for n, p in hf.named_parameters() if text(n) and p.device.type == "meta" and n not in missing]
     if missing:
         raise SluiceError(f"This {spec.family} model's dense weights lack '{missing[0]}' (and {len(missing) - 1} more), "

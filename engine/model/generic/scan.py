@@ -37,12 +37,13 @@ class ExpertsInterface:
     experts_class: type             # the family's experts class (its `_apply_gate` and `act_fn` are the math)
     hub_names: dict[str, str]       # gate | up | down -> one expert's tensor in the Hub's layout ("gate_proj.weight")
     text_model: str                 # the language model's path: "model", or "model.language_model" in a VL model
+    head: str                       # the output head's path: "lm_head" ("language_model.lm_head": Llama 4's VL)
     scaled_inputs: bool = False     # Llama 4's contract: experts(x [E*T, H]) on inputs scaled by the routing scores
     num_zero_experts: int = 0       # LongCat-Flash: ids E.. E+Z-1 are identity experts (their output: the input)
 
     def is_text_tensor(self, name: str) -> bool:
         """Whether the tensor is one Sluice runs (the language model and its head; not a vision tower)."""
-        return name.startswith((self.text_model + ".", "lm_head."))
+        return name.startswith((self.text_model + ".", self.head + "."))
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -54,7 +55,7 @@ def model_class(cfg):
     language model Sluice runs; the vision tower is never built into memory)."""
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-    if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    if cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and getattr(cfg, "vision_config", None) is None:
         return AutoModelForCausalLM
     return AutoModelForImageTextToText
 
@@ -166,9 +167,11 @@ def _read_interface(cfg) -> ExpertsInterface:
     num_experts, intermediate = down.shape[0], down.shape[1] if transposed else down.shape[2]
     paths = {int(_LAYER.search(name + ".").group(1)): name for name in experts}
     text_model = next(iter(experts)).partition(".layers.")[0]
+    output = model.get_output_embeddings()
+    head = next(name for name, module in model.named_modules() if module is output)
     return ExpertsInterface(paths, num_experts, intermediate, cfg.get_text_config().hidden_size, transposed,
                             _flag(first, "is_concatenated"), _flag(first, "has_bias"), type(first),
-                            hub_expert_names(cfg.model_type), text_model, takes_scaled_inputs(first),
+                            hub_expert_names(cfg.model_type), text_model, head, takes_scaled_inputs(first),
                             zero_experts(first))
 
 
