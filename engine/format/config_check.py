@@ -79,6 +79,9 @@ def _number_problem(spec: ModelSpec) -> str | None:
 
 def required_dense_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]] | None:
     """Canonical dense tensor name -> shape the forward pass needs (None for a family not known here)."""
+    if spec.generic is not None:            # what transformers' own model of it loads
+        from engine.model.families.generic import required_dense_tensors as generic_tensors
+        return generic_tensors(spec)
     if spec.family not in KNOWN_FAMILIES:
         return None
     H, V, D = spec.hidden_size, spec.vocab_size, spec.head_dim
@@ -113,12 +116,14 @@ def required_dense_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]] | None
 def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
     """Every tensor the model needs is in the checkpoint `ckpt` with the shape its config implies."""
     needed = required_dense_tensors(spec)
-    if needed is not None:
+    if spec.generic is not None:
+        _check_generic_dense(spec, ckpt, needed, where)
+    elif needed is not None:
         present = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}
         for name, shape in needed.items():
             _check_present(ckpt, present.get(name, name), shape, where)
-    if spec.family == "gpt_oss":
-        return          # fused, interleaved (or MXFP4) experts: engine.format.gptoss_experts checks them
+    if spec.family == "gpt_oss" or spec.generic is not None:
+        return          # their expert sources check them (engine.format.gptoss_experts, generic_experts)
     I, H, E = spec.expert_intermediate, spec.hidden_size, spec.num_experts
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)
@@ -129,6 +134,20 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
         for expert in range(E):
             for proj, shape in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
                 _check_present(ckpt, ckpt.spelling(spec.expert_tensor_name(layer, expert, proj)), shape, where)
+
+
+def _check_generic_dense(spec: ModelSpec, ckpt, needed: dict[str, tuple[int, ...]], where: str) -> None:
+    """Every dense tensor transformers' model loads is in the checkpoint under its name or its sources (a merged
+    one's shape is known once merged)."""
+    from engine.format.generic_dense import GenericDense
+    dense = GenericDense(spec, [n for n in ckpt.names() if ".experts." not in n])
+    shapes = dense.shapes(ckpt)
+    for name, shape in needed.items():
+        if name in dense.plain:
+            _check_present(ckpt, dense.plain[name], shape, where)
+        elif name not in shapes:
+            raise SluiceError(f"The checkpoint in '{where}' has no tensor for '{name}', which transformers' "
+                              f"{spec.family} model needs; it is incomplete or not the model its config says.")
 
 
 def _check_present(ckpt, name: str, shape: tuple[int, ...], where: str) -> None:

@@ -96,6 +96,9 @@ def expert_source(ckpt: Checkpoint, spec: ModelSpec):
     if spec.family == "gpt_oss":
         from engine.format.gptoss_experts import GptOssExpertSource
         return GptOssExpertSource(ckpt, spec)
+    if spec.generic is not None:
+        from engine.format.generic_experts import GenericExpertSource
+        return GenericExpertSource(ckpt, spec)
     return ExpertSource(ckpt, spec)
 
 
@@ -216,7 +219,7 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
         name=display_name or src.name, spec=spec, quant=quant, layout=layout,
         config={k: v for k, v in config.items() if k != "quantization_config"},   # weights are plain now
         layer_checksums={int(k): v for k, v in state["layers"].items()},
-        dense_tensors={canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names},
+        dense_tensors=_dense_shapes(work, ckpt, spec, dense_names),
         tokenizer_files=tokenizer_files, source=source_record(src, ckpt))
     manifest[integrity.MANIFEST_RECORD] = integrity.integrity_record(manifest, state["dense"])
     modeldir.verify_checksums(work, manifest)
@@ -247,11 +250,25 @@ def _check_destination(dst: Path) -> None:
 
 def _write_dense(work: Path, ckpt: Checkpoint, spec: ModelSpec, dense_names: list[str], state: dict) -> None:
     """dense.safetensors under the canonical names, synced; its hash marks it done in the progress state."""
-    tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
+    if spec.generic is not None:          # transformers' names, tensors merged where its loader merges them
+        from engine.format.generic_dense import GenericDense
+        tensors = GenericDense(spec, dense_names).tensors(lambda n: dense_tensor(ckpt, n))
+        tensors = {name: t.contiguous() for name, t in tensors.items()}
+    else:
+        tensors = {canonical_dense_name(spec.family, n): dense_tensor(ckpt, n).contiguous() for n in dense_names}
     save_file(tensors, str(work / modeldir.DENSE_FILE), metadata={"format": "pt"})
     _fsync(work / modeldir.DENSE_FILE)
     state["dense"] = integrity.sha256_file(work / modeldir.DENSE_FILE)
     _save_state(work, state)
+
+
+def _dense_shapes(work: Path, ckpt: Checkpoint, spec: ModelSpec, dense_names: list[str]) -> dict:
+    """The manifest's dense table: canonical name -> shape (a generic family's as written: some are merged)."""
+    if spec.generic is None:
+        return {canonical_dense_name(spec.family, n): {"shape": list(ckpt.shape(n))} for n in dense_names}
+    from engine.format.checkpoint import read_header
+    header = read_header(work / modeldir.DENSE_FILE)
+    return {name: {"shape": entry["shape"]} for name, entry in header.items() if name != "__metadata__"}
 
 
 def _copy_tokenizer(src: Path, work: Path) -> list[str]:

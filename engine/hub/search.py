@@ -5,6 +5,8 @@ Talks to `HF_ENDPOINT` (read at call time, so tests and mirrors can point it any
 """
 from __future__ import annotations
 
+import functools
+
 import json
 import os
 import re
@@ -69,9 +71,11 @@ class RepoInfo:
     def family(self) -> str | None:
         return self.config.get("model_type")
 
-    @property
+    @functools.cached_property
     def is_supported(self) -> bool:
-        return self.family in supported_families()
+        """A family Sluice lists, or one transformers knows whose experts the generic path streams (day 0)."""
+        from engine.model.spec import runs_generically
+        return self.family in supported_families() or (bool(self.config) and runs_generically(self.config))
 
     @property
     def total_bytes(self) -> int:

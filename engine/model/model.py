@@ -20,6 +20,7 @@ def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
 
 class Model:
     graph_safe = True        # False: the family's blocks need host-known positions (decode runs eagerly)
+    runs_passes = False      # True: the model runs whole passes itself (engine.model.generic), not block by block
     norm_type = RmsNorm      # what the final norm's weight becomes (a family's own: (1 + w) norms)
 
     def __init__(self, spec: ModelSpec, blocks: list, embed_tokens: torch.Tensor, final_norm: torch.Tensor,

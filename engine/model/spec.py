@@ -45,6 +45,7 @@ class ModelSpec:
     rope_type: str
     rope_theta: float
     cfg: Any = field(default=None, compare=False, repr=False)   # the transformers config: family quirks
+    generic: Any = field(default=None, compare=False, repr=False)  # generic families: their ExpertsInterface
 
     def is_moe_layer(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -57,13 +58,23 @@ class ModelSpec:
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         family = FAMILIES[self.family]
+        if self.generic is not None:
+            return f"{self._checkpoint_experts(layer)}.{expert}.{self.generic.hub_names[proj]}"
         return (f"{family.text_prefix}layers.{layer}.{family.expert_prefix}.experts.{expert}."
                 f"{family.expert_proj[proj]}.weight")
 
     def fused_expert_names(self, layer: int) -> tuple[str, str]:
         """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
-        p = f"{FAMILIES[self.family].text_prefix}layers.{layer}.mlp.experts."
+        if self.generic is not None:
+            p = self._checkpoint_experts(layer) + "."
+        else:
+            p = f"{FAMILIES[self.family].text_prefix}layers.{layer}.mlp.experts."
         return p + "gate_up_proj", p + "down_proj"
+
+    def _checkpoint_experts(self, layer: int) -> str:
+        """A generic family's experts module, named as its checkpoint's tensors are after the family's renamings
+        (canonical_dense_name; engine.format.generic_experts finds the stored names)."""
+        return self.generic.paths[layer]
 
 
 def canonical_dense_name(family: str, name: str) -> str:
@@ -73,12 +84,19 @@ def canonical_dense_name(family: str, name: str) -> str:
         from engine.model.dsv4.names import canonical_name
         return canonical_name(name)
     descriptor = FAMILIES[family]
+    if descriptor.is_generic:                   # the names transformers' own model loads
+        from engine.model.generic.scan import in_memory_name
+        return in_memory_name(family, name)
     name = "model." + name.removeprefix(descriptor.text_prefix) if name.startswith(descriptor.text_prefix) else name
     return name.replace(f".{descriptor.expert_prefix}.", ".mlp.")
 
 
 def is_text_model_tensor(family: str, name: str) -> bool:
-    """False for the parts Sluice does not run: a vision tower, multi-token-prediction heads."""
+    """False for the parts Sluice does not run: a vision tower, multi-token-prediction heads. A generic family's
+    text model is its descriptor's text_prefix (a vision-language checkpoint's language model)."""
+    descriptor = FAMILIES[family]
+    if descriptor.is_generic and descriptor.text_prefix != "model.":        # judged by the name transformers loads
+        return canonical_dense_name(family, name).startswith((descriptor.text_prefix, "lm_head."))
     return not name.startswith(("model.visual.", "mtp.", "model.mtp."))
 
 
@@ -98,19 +116,57 @@ def hf_config(config: dict):
     model_type = config.get("model_type")
     if model_type in UNHANDLED_VARIANTS:
         raise SluiceError(UNHANDLED_VARIANTS[model_type])
-    if model_type not in SUPPORTED_FAMILIES:
-        raise SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    if model_type not in FAMILIES:
+        _adopt_generic(config)
     refuse_unhandled = getattr(family_module(model_type), "refuse_unhandled", None)   # the family's own refusals
     if refuse_unhandled:
         refuse_unhandled(config)
+    return _transformers_config(config)
+
+
+def _transformers_config(config: dict):
     from huggingface_hub.errors import StrictDataclassClassValidationError
-    from transformers import AutoConfig
+    from transformers import AutoConfig, PreTrainedConfig
+    model_type = config.get("model_type")
     fields = {k: v for k, v in config.items() if k not in ("model_type", "transformers_version", "architectures")}
+    fields = PreTrainedConfig._decode_special_floats(fields)      # {"__float__": "Infinity"}, as transformers writes it
     logging.getLogger("transformers").setLevel(logging.ERROR)
     try:
         return AutoConfig.for_model(model_type, **fields)
     except (TypeError, ValueError, KeyError, StrictDataclassClassValidationError) as exc:
         raise SluiceError(f"The config.json of this {model_type} model cannot be read ({exc}); download the model again.") from exc
+
+
+def _adopt_generic(config: dict) -> None:
+    """A model type Sluice does not list: run generically where transformers knows it and its routed experts use
+    transformers' shared experts interface (engine.model.generic: day-0 families); else one sentence, naming what
+    the generic path misses for a MoE model, or the families Sluice runs."""
+    from transformers import CONFIG_MAPPING
+
+    from engine.model.families import Family
+    from engine.model.generic.scan import has_routed_experts, read_interface
+    model_type = config.get("model_type")
+    plain = SluiceError(f"Model type '{model_type}' is not supported: Sluice runs {', '.join(SUPPORTED_FAMILIES)} models.")
+    if model_type not in CONFIG_MAPPING:
+        raise plain
+    try:
+        cfg = _transformers_config(config)
+        if not has_routed_experts(cfg):
+            raise plain
+    except (TypeError, ValueError, KeyError, AttributeError, SluiceError):
+        raise plain from None          # a partial config transformers cannot lay out, or a dense model
+    interface = read_interface(cfg)            # one sentence naming what is missing
+    text_model = interface.text_model if interface.head == "lm_head" else interface.head.rpartition(".")[0]
+    FAMILIES[model_type] = Family(model_type, "generic", text_prefix=text_model + ".")
+
+
+def runs_generically(config: dict) -> bool:
+    """Whether Sluice runs a config of a model type it does not list (adopting the type: _adopt_generic)."""
+    try:
+        hf_config(config)
+    except SluiceError:
+        return False
+    return FAMILIES[config.get("model_type")].is_generic
 
 
 def read_spec(config: dict | str | Path) -> ModelSpec:

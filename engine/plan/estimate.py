@@ -156,6 +156,9 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit, quant, dense_quant)
 
     verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
+    from engine.model.families import FAMILIES
+    if shape.family in FAMILIES and FAMILIES[shape.family].is_generic:     # transformers' modules run its dense parts
+        reason += f" Sluice runs {shape.family} on its {FAMILIES[shape.family].path} path."
     est = Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason, dense_quant)

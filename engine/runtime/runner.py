@@ -85,7 +85,9 @@ class Runner:
         # The self-check's scratch bank (top_k + 1 blocks) comes and goes before the state and slots exist.
         kernel, prefill_kernel, self.kernel_verdict = expert_kernels(self.model, layout, spec.top_k, self.device,
                                                                      dtype, self.options, telemetry.warn)
-        self.state = ModelState(self.model.state_specs(), max_tokens, dtype, self.device, static=self.is_cuda)
+        # a model that runs its own passes (engine.model.generic) keeps its own cache: no state here
+        own_state = [] if self.model.runs_passes else self.model.state_specs()
+        self.state = ModelState(own_state, max_tokens, dtype, self.device, static=self.is_cuda)
         self.step = DecodeStep(self.model, self.state, self.device, not options.eager and self.model.graph_safe)
         self.plan = self._final_plan(budgets, base_bytes, dense_bytes + kv_bytes, work, ram_cache, max_tokens)
         self._make_experts(model_dir, kernel, prefill_kernel, dense_bytes + kv_bytes)
@@ -256,6 +258,8 @@ class Runner:
         step = Step(torch.arange(len(token_ids), device=self.device), 0, self.state)
         self.experts.begin_pass()
         try:                                  # a pass changes the eviction policy (residency.py): end it always
+            if self.model.runs_passes:
+                return self.model.prefill(token_ids, self.experts, lambda: _check_cancel(cancel))
             x = self.model.embed(ids)                                                 # [T, H]
             for layer, block in enumerate(self.model.blocks):
                 if cancel is not None and cancel.is_set():
@@ -280,9 +284,19 @@ class Runner:
                 self._used_at = time.monotonic()
 
     def _decode(self, token: int, position: int) -> torch.Tensor:
+        self.experts.begin_step()
+        logits = self._own_step(token) if self.model.runs_passes else self._block_step(token, position)
+        self.experts.run_deferred()
+        if self.fills:                         # where no allocation waits: the idle filler's may
+            self.experts.fill(grow=False)
+        if self.is_cuda and position % 16 == 0:   # a host-side counter (~60 us a read): a step's graphs allocate
+            stats = torch.cuda.memory_stats_as_nested_dict(self.device)          # nothing, so now and then
+            self.telemetry.set(vram_peak_bytes=stats["allocated_bytes"]["all"]["peak"])
+        return logits
+
+    def _block_step(self, token: int, position: int) -> torch.Tensor:
         s = self.step
         s.set_step(token, position)
-        self.experts.begin_step()
         for layer, block in enumerate(self.model.blocks):
             o = s.run_layer(layer)
             self.experts.run_deferred()        # the previous MoE layer's prefetch, behind this layer's mixer
@@ -290,18 +304,21 @@ class Runner:
                 self.experts.run(layer, o.h, o.route_weights, o.ids, s.moe_out[layer], s.next_moe[layer],
                                  static_inputs=s.use_graphs, defer=self.defer_prefetch)
         s.run_head()
-        self.experts.run_deferred()
-        if self.fills:                         # where no allocation waits: the idle filler's may
-            self.experts.fill(grow=False)
-        if self.is_cuda and position % 16 == 0:   # a host-side counter (~60 us a read): a step's graphs allocate
-            stats = torch.cuda.memory_stats_as_nested_dict(self.device)          # nothing, so now and then
-            self.telemetry.set(vram_peak_bytes=stats["allocated_bytes"]["all"]["peak"])
         return s.logits
+
+    def _own_step(self, token: int) -> torch.Tensor:
+        """A model that runs its own passes: its modules call the experts layer by layer (engine.model.generic)."""
+        return self.model.decode(token, self.experts, defer=self.defer_prefetch)
 
     def close(self) -> None:
         with self._lock:
             self.experts.synchronize()
             self.store.close()
+
+
+def _check_cancel(cancel) -> None:
+    if cancel is not None and cancel.is_set():
+        raise PrefillCancelled()
 
 
 def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress,

@@ -90,7 +90,8 @@ def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: 
     vocab_size = 512
     if with_tokenizer:
         vocab_size = len(train_tiny_tokenizer(dst))
-    kwargs = {**COMMON, **FAMILY_KWARGS[family], "num_hidden_layers": num_layers, "vocab_size": vocab_size, **overrides}
+    kwargs = {**COMMON, **FAMILY_KWARGS.get(family, {}), "num_hidden_layers": num_layers, "vocab_size": vocab_size,
+              **overrides}
     config = AutoConfig.for_model(family, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()

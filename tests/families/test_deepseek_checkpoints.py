@@ -97,7 +97,6 @@ def test_partial_edge_blocks_dequantize_with_or_without_the_block_size():
 
 
 @pytest.mark.parametrize("change,message", [
-    ({"model_type": "deepseek_v32"}, "lightning indexer"),
     ({"topk_method": "greedy"}, "topk_method 'greedy'"),
     ({"scoring_func": "softmax"}, "scores experts with 'softmax'"),
     ({"moe_layer_freq": 2}, "moe_layer_freq"),

@@ -10,6 +10,11 @@ nothing of the model, so engine.model.spec and engine.format can read the descri
 
     family = FAMILIES["mixtral"]
     family.expert_prefix, family.expert_proj["gate"], family.has_expert_bias     # "block_sparse_moe", "w1", False
+
+Families with module "generic" run as transformers' own modules with streamed experts (engine.model.generic):
+token for token the same, slower (no CUDA graphs, no fused dense kernels), which `path` says to the user. A model
+type listed nowhere here is added as generic when it is first read, where transformers knows it and its experts
+fit the generic path (engine.model.spec.hf_config): a family transformers adds runs on day 0.
 """
 from __future__ import annotations
 
@@ -18,6 +23,13 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 _W123 = {"gate": "w1", "up": "w3", "down": "w2"}     # Mixtral-style checkpoint names of gate, up, down
+GENERIC_PATH = "generic (slower, no CUDA graphs)"
+
+
+# transformers families whose experts use its shared experts interface, each tested token for token
+GENERIC_FAMILIES = ("dots1", "ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
+                    "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "llama4_text", "longcat_flash")
+GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next")
 
 
 @dataclass(frozen=True)
@@ -29,12 +41,22 @@ class Family:
     text_prefix: str = "model."          # checkpoint prefix of the text model
     has_expert_bias: bool = False        # experts add a bias to gate, up and down (blocks carry bias fields)
 
+    @property
+    def is_generic(self) -> bool:
+        return self.module == "generic"
+
+    @property
+    def path(self) -> str:
+        """How Sluice runs it, as the catalog and the estimate say: "native" or GENERIC_PATH."""
+        return GENERIC_PATH if self.is_generic else "native"
+
 
 FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("qwen3_moe", "standard"), Family("mixtral", "standard", "block_sparse_moe", _W123),
     Family("olmoe", "standard"), Family("qwen2_moe", "standard"),
     # Gated-DeltaNet hybrids
     Family("qwen3_next", "hybrid"), Family("qwen3_5_moe", "hybrid", text_prefix="model.language_model."),
+    Family("qwen3_5_moe_text", "hybrid"),          # the text model saved on its own
     # DeepSeek-style: MLA or GQA, grouped sigmoid/softmax routers, shared experts, leading dense layers
     Family("deepseek_v2", "deepseek_style"), Family("deepseek_v3", "deepseek_style"),
     Family("glm4_moe", "deepseek_style"), Family("glm4_moe_lite", "deepseek_style"),
@@ -43,13 +65,15 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
     # hybrids with hyper-connections, per-layer n-gram embeddings and QSA indexed attention
     Family("qwen4_exp", "qwen4_exp", text_prefix="model.language_model."), Family("qwen4_exp_text", "qwen4_exp"),
+    # generic: transformers' modules, Sluice's streamed experts
+    *(Family(name, "generic") for name in GENERIC_FAMILIES),
+    # vision-language checkpoints: their language model, generically (images are refused in one sentence)
+    *(Family(name, "generic", text_prefix="model.language_model.") for name in GENERIC_VL_FAMILIES),
+    Family("llama4", "generic", text_prefix="language_model."),     # its language model and head
 )}
-# Neighbours of supported families whose extra machinery Sluice does not run: refused before any download.
-UNHANDLED_VARIANTS = {
-    "deepseek_v32": "DeepSeek-V3.2's sparse attention (its lightning indexer) is not supported yet; "
-                    "DeepSeek-V3, V3.1 and R1 are.",
-    "glm_moe_dsa": "GLM-5's sparse attention (its indexer) is not supported yet; GLM-4.5 to 4.7 are.",
-}
+# Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
+# (model_type -> one sentence); none at present (DeepSeek-V3.2's and GLM-5's sparse attention run generically).
+UNHANDLED_VARIANTS: dict[str, str] = {}
 
 
 def family_module(model_type: str) -> ModuleType:

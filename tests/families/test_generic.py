@@ -1,0 +1,142 @@
+"""The generic path (engine.model.generic): families without a native module run as transformers' own modules
+while their routed experts stream through Sluice's tiers; greedy tokens identical to transformers' (float32,
+24 tokens, slots and RAM far below the experts), on the CPU. Families it cannot run are refused from the
+config alone, in one sentence naming what is missing."""
+import re
+
+import pytest
+
+from engine.errors import SluiceError
+from engine.format.repack import repack
+from engine.model.families import FAMILIES, GENERIC_FAMILIES
+from engine.model.spec import SUPPORTED_FAMILIES, read_spec
+from tests.families.generic_models import UNLISTED_KWARGS, build_generic_model
+from tests.families.tokens import assert_streamed_tokens_match
+
+
+@pytest.fixture(scope="module")
+def generic_models(tmp_path_factory):
+    root, built = tmp_path_factory.mktemp("generic"), {}
+
+    def get(family: str):
+        if family not in built:
+            hf = build_generic_model(family, root / family / "hf")
+            built[family] = hf, repack(hf, root / family / "sluice")
+        return built[family]
+    return get
+
+
+@pytest.mark.parametrize("family", GENERIC_FAMILIES)
+def test_greedy_tokens_match_transformers_while_experts_stream(family, generic_models):
+    hf_dir, model_dir = generic_models(family)
+    assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
+
+
+@pytest.mark.parametrize("family", UNLISTED_KWARGS)
+def test_a_family_sluice_does_not_list_runs_generically_on_first_sight(family, generic_models):
+    assert family not in SUPPORTED_FAMILIES
+    hf_dir, model_dir = generic_models(family)
+    assert FAMILIES[family].is_generic
+    assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
+
+
+def test_generic_families_say_so():
+    assert FAMILIES["dots1"].path == "generic (slower, no CUDA graphs)" and FAMILIES["qwen3_moe"].path == "native"
+
+
+@pytest.mark.parametrize("family,missing", [
+    ("nemotron_h", "its experts have no gate projection"),
+    ("inkling_text", "its experts (InklingSharedExperts) do not use transformers' shared experts interface"),
+    ("sarvam_moe", "transformers splits some of its dense weights as it loads them (query_key_value into q_proj"),
+])
+def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family, missing):
+    with pytest.raises(SluiceError, match=re.escape(f"Sluice cannot run '{family}' models: {missing}")) as refusal:
+        read_spec({"model_type": family})
+    assert "\n" not in str(refusal.value)
+
+
+def test_the_estimate_says_a_family_runs_generically(generic_models):
+    import json
+
+    from engine.plan.estimate import Machine, estimate
+    hf_dir, _ = generic_models("dots1")
+    machine = Machine("cpu", 16 << 30, 20e9, 2e9, 100 << 30)
+    reason = estimate(json.loads((hf_dir / "config.json").read_text()), 1 << 20, machine).reason
+    assert reason.endswith("Sluice runs dots1 on its generic (slower, no CUDA graphs) path.")
+
+
+@pytest.mark.parametrize("family", ["dots1", "lfm2_moe"])
+def test_the_estimate_counts_a_generic_family_as_transformers_does(family, generic_models):
+    import json
+
+    from transformers import AutoModelForCausalLM
+
+    from engine.plan.estimate import model_shape
+    hf_dir, _ = generic_models(family)
+    shape = model_shape(json.loads((hf_dir / "config.json").read_text()))
+    assert shape.total_params == AutoModelForCausalLM.from_pretrained(str(hf_dir)).num_parameters()
+    assert shape.num_moe_layers == 2 and shape.num_experts == 8
+
+
+def test_tied_embeddings_load_as_the_head(tmp_path):
+    hf_dir = build_generic_model("ernie4_5_moe", tmp_path / "hf", tie_word_embeddings=True)
+    assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice"), "bf16")
+
+
+def test_a_generic_prompt_is_cancelled_between_layers(generic_models):
+    import threading
+
+    import engine
+    from engine.runtime.runner import PrefillCancelled
+    _, model_dir = generic_models("dots1")
+    eng = engine.load(model_dir, dtype="float32")
+    cancel = threading.Event()
+    cancel.set()
+    try:
+        with pytest.raises(PrefillCancelled):
+            eng.runner.prefill([5, 17, 42], cancel)
+        assert len(eng.runner.prefill([5, 17, 42], threading.Event())) == eng.spec.vocab_size
+    finally:
+        eng.close()
+
+
+@pytest.mark.parametrize("family", ["dots1", "hy_v3"])    # a router of one input; one that takes its bias too
+def test_decode_guesses_the_next_layers_experts_from_its_own_router(family, generic_models):
+    from tests.streaming.sized import streaming_engine, token_ids
+    _, model_dir = generic_models(family)
+    eng = streaming_engine(model_dir, dtype="float32")
+    try:
+        token_ids(eng, [5, 17, 42, 99], 12)
+        speculation = eng.telemetry()["speculation"]
+    finally:
+        eng.close()
+    if family == "dots1":
+        assert speculation["predicted"] > 0 and speculation["correct"] > 0
+    else:                              # no guess where the router needs more than the hidden states
+        assert speculation["predicted"] == 0
+
+
+def test_a_checkpoint_lacking_a_dense_tensor_is_refused_at_repack(generic_models, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    hf_dir, _ = generic_models("dots1")
+    broken = tmp_path / "broken"
+    shutil.copytree(hf_dir, broken)
+    tensors = load_file(str(broken / "model.safetensors"))
+    del tensors["model.layers.1.mlp.gate.e_score_correction_bias"]
+    save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(SluiceError, match="has no tensor for 'model.layers.1.mlp.gate.e_score_correction_bias', which transformers' dots1"):
+        repack(broken, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("config,supported", [
+    ({"model_type": "qwen3_moe"}, True),                 # listed
+    ({"model_type": "granitemoeshared"}, True),          # unlisted: transformers' experts interface
+    ({"model_type": "nemotron_h"}, False),               # no gate projection
+    ({"model_type": "llama"}, False),                    # dense
+])
+def test_the_download_wizard_offers_families_the_generic_path_runs(config, supported):
+    from engine.hub.search import RepoInfo
+    assert RepoInfo("someone/model", "0" * 40, [], config).is_supported is supported
