@@ -132,7 +132,7 @@ class EngineWorker:
         """Streams an answer as Chunks (a ContextFit first); returns its stats: num_tokens, tok_s, ttft_s,
         finish_reason. A stop asked before it starts ends it at once ("cancelled")."""
         from engine import GenerationParams, SluiceError
-        from engine.grammar import grammar_for_setting
+        from engine.setup import grammar_for_setting
         if self.engine is None:
             raise SluiceError("No model is loaded; pick one in the model list first.")
         if stop.is_set():

@@ -24,15 +24,14 @@ BASE = ("engine.errors", "engine.sizes", "engine.options", "engine.params", "eng
 LAYERS = [("kernels",), BASE, ("engine.model",), ("engine.format",), ("engine.runtime",),
           ("engine.plan", "engine.hub"), ("engine.engine", "engine"), ("engine.serve", "engine.tools", "engine.setup")]
 # Imports that break the order today, each to be deleted by its owner's change (a stale entry fails the test):
-# the model reads the checkpoint (file_table) and quantises (dense_quant) through format; layers asks the
-# runtime's switches until kernels are attached at load; the kernel warm-up child loads through the public API.
+# the model reads the checkpoint (file_table) and quantises (dense_quant) through format; the kernel warm-up
+# child loads through the public API.
 KNOWN_ORDER_VIOLATIONS = {
     "engine.model.file_table -> engine.format.checkpoint", "engine.model.file_table -> engine.format.quant",
-    "engine.model.dense_quant -> engine.format.quant", "engine.model.layers -> engine.runtime.switches",
+    "engine.model.dense_quant -> engine.format.quant",
     "engine.runtime.kernel_warmup -> engine",
 }
-KNOWN_CYCLES = {("engine", "engine.engine", "engine.runtime.kernel_warmup"),
-                ("engine.serve", "engine.serve.app", "engine.serve.server")}
+KNOWN_CYCLES = {("engine", "engine.engine", "engine.runtime.kernel_warmup")}
 # The app's rule (it reaches the engine only through its public API and the engine.setup facade) goes here.
 
 
@@ -153,9 +152,15 @@ def test_app_reaches_the_engine_through_its_public_api_and_the_setup_facade():
     """The app imports `engine` (load, GenerationParams, ...) and `engine.setup` (hub, plan, repack, demo), nothing
     deeper; every name the facade offers resolves."""
     import engine.setup
-    reached = [f"{path.relative_to(ROOT)} imports {module}" for path in (ROOT / "app").rglob("*.py")
-               for module in imported_modules(path)
-               if module.split(".")[0] == "engine" and module not in ("engine", "engine.setup")]
+    modules = _modules()
+
+    def module_of(name: str) -> str:        # `from engine import SluiceError` names the module `engine`
+        while name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+    reached = [f"{path.relative_to(ROOT)} imports {name}" for path in (ROOT / "app").rglob("*.py")
+               for name in imported_modules(path)
+               if name.split(".")[0] == "engine" and module_of(name) not in ("engine", "engine.setup")]
     assert not reached
     for name in engine.setup.__all__:
         assert getattr(engine.setup, name) is not None, name

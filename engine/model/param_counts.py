@@ -32,14 +32,9 @@ class ModelShape:
     embedding_params: int          # read one row per token, so not counted as moved bytes
     exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
     embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.model.file_table)
-    ngram_disk_bytes: int = 0      # n-gram rows one token reads from disk, uncached (qwen4_exp: engine.runtime.ngram)
+    ngram_rows_per_token: int = 0  # n-gram rows one token reads (qwen4_exp: engine.runtime.ngram)
     ngram_rows: int = 0            # the n-gram tables' rows (ngram.bin in the model dir) and their width
     ngram_row_dim: int = 0
-
-    def ngram_file_bytes(self, elem_bytes: int) -> int:
-        """ngram.bin's size: rows laid out `row_stride` apart (engine.format.ngram)."""
-        from engine.format.ngram import row_stride
-        return self.ngram_rows * row_stride(self.ngram_row_dim * elem_bytes) if self.ngram_rows else 0
 
     @property
     def expert_params(self) -> int:

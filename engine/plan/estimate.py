@@ -148,7 +148,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     expert_bytes = num_blocks * block
     source_elem = _source_elem(config)
     # dense tensors keep the source dtype; n-gram rows too (block-FP8 ones dequantised: bf16 at least)
-    repacked = shape.dense_params * source_elem + expert_bytes + shape.ngram_file_bytes(max(source_elem, 2))
+    repacked = shape.dense_params * source_elem + expert_bytes + ngram_file_bytes(shape, max(source_elem, 2))
     disk_needed = (download_bytes if missing_download_bytes is None else missing_download_bytes) + repacked
 
     plan, problem = _plan_budgets(config, shape, quant, block, machine, vram_budget, ram_cache, dense_quant)
@@ -173,6 +173,18 @@ def _int8_dense_tip(est: Estimate, with_int8_dense) -> Estimate | None:
     """The estimate with int8 dense weights, where it runs a model `est` cannot run, or runs it >= 10% faster."""
     tip = with_int8_dense()
     return tip if tip.is_usable and (not est.is_usable or tip.tok_s >= 1.1 * est.tok_s) else None
+
+
+def ngram_file_bytes(shape: ModelShape, elem_bytes: int) -> int:
+    """ngram.bin's size: rows laid out `row_stride` apart (engine.format.ngram)."""
+    from engine.format.ngram import row_stride
+    return shape.ngram_rows * row_stride(shape.ngram_row_dim * elem_bytes) if shape.ngram_rows else 0
+
+
+def ngram_disk_bytes(shape: ModelShape) -> int:
+    """What a token's n-gram rows cost from disk, uncached: a page each (engine.runtime.ngram reads by page)."""
+    from engine.format.ngram import PAGE
+    return shape.ngram_rows_per_token * PAGE
 
 
 def _source_elem(config: dict) -> int:
@@ -245,7 +257,7 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
     on_gpu = machine.device == "cuda"
     needed = shape.num_moe_layers * shape.top_k * block                  # expert bytes one token touches
     h2d = needed * (1 - slot_hit)
-    disk = h2d * (1 - ram_hit) + shape.ngram_disk_bytes
+    disk = h2d * (1 - ram_hit) + ngram_disk_bytes(shape)
     pcie_bps = machine.pcie_bps if on_gpu and machine.pcie_bps else machine.mem_bw_bps
     cpu_bps = CPU_EXPERT_SHARE_OF_MEM_BW * machine.mem_bw_bps
     if on_gpu and QUANT_FORMATS[quant].cpu_kernel and cpu_bps > pcie_bps:     # as "auto" decides: the CPU beats a copy

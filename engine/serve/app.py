@@ -14,7 +14,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import PlainTextResponse
 from starlette.exceptions import HTTPException
 
-from engine.serve import anthropic_api, ollama_api, openai_api, responses_api
+import engine.serve.anthropic_api as anthropic_api
+import engine.serve.ollama_api as ollama_api
+import engine.serve.openai_api as openai_api
+import engine.serve.responses_api as responses_api
 from engine.serve.guard import Guard, HostPolicy, error_response
 from engine.serve.service import RequestError, Service, validation_error
 

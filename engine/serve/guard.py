@@ -16,7 +16,8 @@ from typing import Callable, Iterable
 
 from starlette.responses import JSONResponse
 
-from engine.serve import anthropic_api, openai_api
+import engine.serve.anthropic_api as anthropic_api
+import engine.serve.openai_api as openai_api
 from engine.serve.service import RequestError
 
 log = logging.getLogger("sluice.serve")

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-from engine.serve.parsing import Piece, ToolCall, _held_tail
+from engine.serve.parsing import Piece, _held_tail
+from engine.serve.tool_syntax import ToolCall
 
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")

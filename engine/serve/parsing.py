@@ -10,18 +10,11 @@ pieces: "tool_call" (its name, and the arguments known so far), "tool_args" (mor
 """
 from __future__ import annotations
 
-import json
-import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from engine.serve.tool_syntax import HERMES, ToolCall, syntax_of
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-@dataclass
-class ToolCall:
-    name: str
-    arguments: str                   # a JSON object, as text (what the OpenAI API carries)
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
 
 
 @dataclass
@@ -34,26 +27,9 @@ class Piece:
 def template_features(chat_template: str | None, prompt_tail: str = "") -> dict:
     """What the model's chat template tells: does it think, does the prompt open the thought, tool syntax."""
     template = chat_template or ""
-    from engine.serve.tool_syntax import syntax_of
     return {"think": THINK_OPEN in template,
             "starts_in_think": prompt_tail.rstrip().endswith(THINK_OPEN),
             "tools": "tools" in template and syntax_of(template) is not None}
-
-
-def parse_tool_call(body: str) -> ToolCall | None:
-    try:
-        obj = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):        # some models write the arguments as a JSON string
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
 def _held_tail(text: str, tags: tuple[str, ...]) -> int:
@@ -66,7 +42,6 @@ def _held_tail(text: str, tags: tuple[str, ...]) -> int:
 
 class OutputParser:
     def __init__(self, think: bool = False, starts_in_think: bool = False, tools: bool = False, syntax=None):
-        from engine.serve.tool_syntax import HERMES
         self.think, self.tools, self.syntax = think, tools, syntax or HERMES
         self.state = "think" if starts_in_think else ("start" if think else "content")
         self.pending = ""

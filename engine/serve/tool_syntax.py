@@ -15,13 +15,36 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Callable
 
 from engine.grammar import COMPACT
-from engine.serve.parsing import parse_tool_call
 
 _HERMES_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?=\{)', re.S)
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str                   # a JSON object, as text (what the OpenAI API carries)
+    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+
+
+def parse_tool_call(body: str) -> ToolCall | None:
+    try:
+        obj = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    if isinstance(args, str):        # some models write the arguments as a JSON string
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return None
+    return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
 
 
 @dataclass(frozen=True)

@@ -133,7 +133,7 @@ def test_fused_experts_and_whole_tables_repack_the_same(text_dir, tmp_path):
 def test_the_estimate_counts_parameters_as_transformers_and_n_gram_rows_per_token(checkpoint, request):
     import json
     from transformers import AutoModelForCausalLM
-    from engine.plan.estimate import Machine, estimate, model_shape
+    from engine.plan.estimate import Machine, estimate, model_shape, ngram_disk_bytes
 
     hf_dir = request.getfixturevalue(f"{checkpoint}_dir")
     config = json.loads((hf_dir / "config.json").read_text())
@@ -142,10 +142,10 @@ def test_the_estimate_counts_parameters_as_transformers_and_n_gram_rows_per_toke
     assert shape.total_params == sum(p.numel() for p in params.values())
     assert shape.dense_params == sum(p.numel() for n, p in params.items()
                                      if ".experts." not in n and "ngram_embedding" not in n)
-    assert shape.ngram_disk_bytes == len(TEXT["ple_layer_ids"]) * 2 * TEXT["heads_per_ngram"] * PAGE
+    assert ngram_disk_bytes(shape) == len(TEXT["ple_layer_ids"]) * 2 * TEXT["heads_per_ngram"] * PAGE
     machine = Machine("cpu", ram_available_bytes=1 << 30, mem_bw_bps=20e9, disk_read_bps=1e9, free_disk_bytes=1 << 40)
     est = estimate(config, 1 << 20, machine)
-    assert est.disk_bytes_per_token >= shape.ngram_disk_bytes
+    assert est.disk_bytes_per_token >= ngram_disk_bytes(shape)
 
 
 @pytest.mark.parametrize("damage", ["missing", "truncated"])

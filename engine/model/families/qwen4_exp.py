@@ -197,5 +197,5 @@ def param_counts(config: dict) -> ModelShape:
                                          "vocab_size"))
     return ModelShape(config["model_type"], L, L, E, k, H, config["moe_intermediate_size"], V,
                       c.dense + L * E * c.experts + c.table_params, c.dense + L * k * c.experts, c.dense, V * H,
-                      c.exact, ngram_disk_bytes=c.rows_per_token * c.row_disk_bytes, ngram_rows=c.table_rows,
+                      c.exact, ngram_rows_per_token=c.rows_per_token, ngram_rows=c.table_rows,
                       ngram_row_dim=c.table_params // c.table_rows if c.table_rows else 0)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.format.ngram import PAGE
 
 
 @dataclass(frozen=True)
@@ -15,7 +14,6 @@ class Qwen4Counts:
     table_params: int      # the n-gram tables, all PLE layers
     table_rows: int        # their rows (each table padded to its multiple)
     rows_per_token: int    # n-gram rows one token reads (PLE layers x heads)
-    row_disk_bytes: int    # what reading one row costs from disk (a page)
 
 
 def _layer_types(c: dict) -> list[str]:
@@ -55,4 +53,4 @@ def qwen4_counts(c: dict) -> Qwen4Counts:
     exact = L * (2 * nH + E * H + H) + nH
     return Qwen4Counts(dense=dense, exact=exact, experts=3 * H * c["moe_intermediate_size"],
                        table_params=rows * (ple_dim // heads if heads else 0), table_rows=rows,
-                       rows_per_token=len(ple_layers) * heads, row_disk_bytes=PAGE)
+                       rows_per_token=len(ple_layers) * heads)
