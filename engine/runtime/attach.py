@@ -49,7 +49,7 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
         elif type(piece) is Router:
             key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize)
             piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
-        elif hasattr(piece, "attention_kernel"):
+        elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):
             _attach_attention(chosen, piece, device, dtype)
 
 
@@ -90,6 +90,8 @@ def _once(chosen: dict, key: tuple, select: Callable[[], object]):
 
 def _norm_kernel(chosen: dict, norm: RmsNorm, device, dtype):
     from kernels.selfcheck import select_rms_norm
+    if norm.weight is None:                           # a norm without a scale (qwen4_exp's hyper-connections)
+        return None
     width = norm.weight.shape[-1]
     if width > MAX_NORM_WIDTH:
         return None

@@ -14,6 +14,7 @@ from engine.tools.demo import build_hf_model
 import kernels.selfcheck
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.hybrid_models import build_hybrid
+from tests.families.qwen4_models import build_qwen4
 from tests.streaming.sized import token_ids
 
 pytest.importorskip("triton")
@@ -28,6 +29,7 @@ EXPECTED = {
     "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel"},
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel"},
     "deepseek_v3": {"RmsNorm.kernel"},
+    "qwen4_exp_text": {"Router.kernel"},           # QSA's indexed attention keeps its own masked attention
 }
 # the kernel functions the self-checks hand out, counted where the pieces call them
 KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kernel": ("kernels.rope", "rope_pair"),
@@ -40,6 +42,8 @@ def model_dir(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
     if request.param == "qwen3_next":
         build_hybrid(request.param, tmp / "hf", seed=3)
+    elif request.param == "qwen4_exp_text":
+        build_qwen4(tmp / "hf", seed=3)
     else:
         build_hf_model(request.param, tmp / "hf", num_layers=2, with_tokenizer=False, seed=3)
     repack(tmp / "hf", tmp / "sluice", quant="bf16")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 _E8 = dict(num_experts_per_tok=2, moe_intermediate_size=32)
 # DSA: an indexer that keeps fewer keys than the test's context, so the sparse selection decides
+# 8 indexer heads: a key scores exactly 0 (a tie that top-k may break either way on a GPU) only if every head's relu is 0
 _DSA = dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
             kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
-            num_key_value_heads=4, index_topk=6, index_head_dim=16, index_n_heads=2)
+            num_key_value_heads=4, index_topk=6, index_head_dim=16, index_n_heads=8)
 GENERIC_KWARGS = {
     "dots1": dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
                   norm_topk_prob=True, routed_scaling_factor=2.0, sliding_window=None),

@@ -32,6 +32,13 @@ def test_greedy_tokens_match_transformers_while_experts_stream(family, generic_m
     assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
 
 
+@pytest.mark.parametrize("family,quant", [("lfm2_moe", "fp8"), ("llama4_text", "int8"), ("granitemoehybrid", "nvfp4")])
+def test_quantized_experts_match_transformers_on_the_same_rounded_weights(family, quant, generic_models, tmp_path):
+    """Each layout of transformers' experts (feed_forward, transposed, ...) quantised as repack does."""
+    hf_dir, _ = generic_models(family)
+    assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice", quant=quant), quant)
+
+
 @pytest.mark.parametrize("family", UNLISTED_KWARGS)
 def test_a_family_sluice_does_not_list_runs_generically_on_first_sight(family, generic_models):
     assert family not in SUPPORTED_FAMILIES

@@ -24,7 +24,7 @@ def test_cuda_float32_tokens_match_transformers(family, quant, tmp_path):
 def _decode_tok_s(model_dir, runs: int = 3) -> float:
     import engine
     from engine import GenerationParams
-    eng = engine.load(model_dir, device="cuda", dtype="bfloat16", max_context=1024)
+    eng = engine.load(model_dir, device="cuda", dtype="bfloat16", max_context=512)
     try:
         best = 0.0
         for _ in range(runs):

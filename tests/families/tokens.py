@@ -19,6 +19,6 @@ def assert_streamed_tokens_match(hf_dir, model_dir, quant: str, **load) -> None:
     finally:
         eng.close()
     theirs = reference_greedy(load_reference(hf_dir, quant), PROMPT_IDS, NEW_TOKENS)
-    assert ours == theirs
+    assert ours == theirs, f"Sluice {ours}\ntransformers {theirs}"
     assert tel["ram_cache"]["capacity_bytes"] < eng.model.expert_bytes_total
     assert tel["ram_cache"]["evictions"] > 0 and tel["disk"]["bytes_read"] > eng.model.expert_bytes_total // 3

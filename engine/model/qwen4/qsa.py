@@ -22,6 +22,8 @@ from engine.model.state import StateSpec
 
 
 class IndexedAttention(GatedAttention):
+    takes_kernels = False            # its own rope and masked attention over the selected keys (attach skips it)
+
     def __init__(self, layer: int, w: dict, prefix: str, spec: ModelSpec, rope: Rope, *, heads: int, head_dim: int,
                  budget: int, ratio: int):
         super().__init__(layer, w, prefix, spec, rope)
