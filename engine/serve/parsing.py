@@ -40,7 +40,25 @@ def _held_tail(text: str, tags: tuple[str, ...]) -> int:
     return len(text)
 
 
-class OutputParser:
+class StreamParser:
+    """Text in as it streams, pieces out: `_step(out, final)` takes what it can from `pending` (True: call again)."""
+    pending = ""
+
+    def push(self, text: str) -> list[Piece]:
+        self.pending += text
+        return self._drain(final=False)
+
+    def _drain(self, final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        while self._step(out, final=final):
+            pass
+        return out
+
+    def _step(self, out: list[Piece], final: bool) -> bool:
+        raise NotImplementedError
+
+
+class OutputParser(StreamParser):
     def __init__(self, think: bool = False, starts_in_think: bool = False, tools: bool = False, syntax=None):
         self.think, self.tools, self.syntax = think, tools, syntax or HERMES
         self.state = "think" if starts_in_think else ("start" if think else "content")
@@ -49,17 +67,8 @@ class OutputParser:
         self._open: ToolCall | None = None           # the call whose arguments are streaming
         self._after_thought = False
 
-    def push(self, text: str) -> list[Piece]:
-        self.pending += text
-        out: list[Piece] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
     def flush(self) -> list[Piece]:
-        out: list[Piece] = []
-        while self._step(out, final=True):
-            pass
+        out = self._drain(final=True)
         if self.state == "tool" and self.pending:        # an unterminated call: use it if it parses
             self._close_block(self.pending, out)
         elif self.pending:
