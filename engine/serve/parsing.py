@@ -114,43 +114,52 @@ class OutputParser(StreamParser):
 
     def _step(self, out: list[Piece], final: bool) -> bool:
         """Consume what can be decided in pending; True if the state changed (run again)."""
+        return getattr(self, "_in_" + self.state)(out, final)
+
+    def _in_start(self, out: list[Piece], final: bool) -> bool:
+        stripped = self.pending.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self.pending, self.state = stripped[len(THINK_OPEN):], "think"
+            return True
+        if stripped and not THINK_OPEN.startswith(stripped) or final:
+            self.state = "content"
+            return True
+        return False
+
+    def _in_think(self, out: list[Piece], final: bool) -> bool:
         p = self.pending
-        if self.state == "start":
-            stripped = p.lstrip()
-            if stripped.startswith(THINK_OPEN):
-                self.pending, self.state = stripped[len(THINK_OPEN):], "think"
-                return True
-            if stripped and not THINK_OPEN.startswith(stripped) or final:
-                self.state = "content"
-                return True
-            return False
-        if self.state == "think":
-            end = p.find(THINK_CLOSE)
-            if end >= 0:
-                self._emit(out, "reasoning", p[:end])
-                self.pending, self.state = p[end + len(THINK_CLOSE):], "content"
-                self._after_thought = True
-                return True
-            keep = len(p) if final else _held_tail(p, (THINK_CLOSE,))
-            self._emit(out, "reasoning", p[:keep])
-            self.pending = p[keep:]
-            return False
-        if self.state == "content":
-            if self._after_thought:                       # the newlines that follow </think> are layout
-                p = self.pending = p.lstrip("\n")
-                if not p:
-                    return False
-                self._after_thought = False
-            start = p.find(self.syntax.open) if self.tools else -1
-            if start >= 0:
-                self._emit(out, "content", p[:start])
-                self.pending, self.state = p[start + len(self.syntax.open):], "tool"
-                return True
-            keep = len(p) if final or not self.tools else _held_tail(p, (self.syntax.open,))
-            self._emit(out, "content", p[:keep])
-            self.pending = p[keep:]
-            return False
-        end = p.find(self.syntax.close)                   # state "tool": stream the call until its end
+        end = p.find(THINK_CLOSE)
+        if end >= 0:
+            self._emit(out, "reasoning", p[:end])
+            self.pending, self.state = p[end + len(THINK_CLOSE):], "content"
+            self._after_thought = True
+            return True
+        keep = len(p) if final else _held_tail(p, (THINK_CLOSE,))
+        self._emit(out, "reasoning", p[:keep])
+        self.pending = p[keep:]
+        return False
+
+    def _in_content(self, out: list[Piece], final: bool) -> bool:
+        p = self.pending
+        if self._after_thought:                           # the newlines that follow </think> are layout
+            p = self.pending = p.lstrip("\n")
+            if not p:
+                return False
+            self._after_thought = False
+        start = p.find(self.syntax.open) if self.tools else -1
+        if start >= 0:
+            self._emit(out, "content", p[:start])
+            self.pending, self.state = p[start + len(self.syntax.open):], "tool"
+            return True
+        keep = len(p) if final or not self.tools else _held_tail(p, (self.syntax.open,))
+        self._emit(out, "content", p[:keep])
+        self.pending = p[keep:]
+        return False
+
+    def _in_tool(self, out: list[Piece], final: bool) -> bool:
+        """Stream the call until its closing tag."""
+        p = self.pending
+        end = p.find(self.syntax.close)
         if end >= 0:
             self._close_block(p[:end], out)
             self.pending, self.state = p[end + len(self.syntax.close):], "content"
