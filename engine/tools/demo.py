@@ -52,6 +52,10 @@ FAMILY_KWARGS.update({
                           routed_scaling_factor=1.8, norm_topk_prob=True),
     "minimax_m2": dict(num_local_experts=16, num_experts_per_tok=3, intermediate_size=32,
                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5}),
+    # a window shorter than the test prompts on the layers from max_window_layers on
+    "dots1": dict(n_routed_experts=16, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
+                  first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
+                  attention_bias=True, sliding_window=8, max_window_layers=2),
 })
 
 

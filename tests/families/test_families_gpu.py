@@ -8,6 +8,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.mark.parametrize("quant", ["bf16", "fp8", "nvfp4", "int8"])
-@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2"])
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2",
+                                    "dots1"])
 def test_cuda_float32_tokens_match_transformers(family, quant, hf_models, sluice_models):
     assert_streamed_tokens_match(hf_models(family), sluice_models(family, quant), quant, device="cuda", dtype="float32")

@@ -10,7 +10,7 @@ from engine.plan.estimate import model_shape
 from engine.tools.demo import COMMON, FAMILY_KWARGS
 from engine.tools.presets import preset_config
 
-FAMILIES = ["deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2"]
+FAMILIES = ["deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2", "dots1"]
 
 
 def _config(family):

@@ -41,7 +41,7 @@ def test_a_family_sluice_does_not_list_runs_generically_on_first_sight(family, g
 
 
 def test_generic_families_say_so():
-    assert FAMILIES["dots1"].path == "generic (slower, no CUDA graphs)" and FAMILIES["qwen3_moe"].path == "native"
+    assert FAMILIES["afmoe"].path == "generic (slower, no CUDA graphs)" and FAMILIES["qwen3_moe"].path == "native"
 
 
 @pytest.mark.parametrize("family,missing", [
@@ -59,13 +59,13 @@ def test_the_estimate_says_a_family_runs_generically(generic_models):
     import json
 
     from engine.plan.estimate import Machine, estimate
-    hf_dir, _ = generic_models("dots1")
+    hf_dir, _ = generic_models("afmoe")
     machine = Machine("cpu", 16 << 30, 20e9, 2e9, 100 << 30)
     reason = estimate(json.loads((hf_dir / "config.json").read_text()), 1 << 20, machine).reason
-    assert reason.endswith("Sluice runs dots1 on its generic (slower, no CUDA graphs) path.")
+    assert reason.endswith("Sluice runs afmoe on its generic (slower, no CUDA graphs) path.")
 
 
-@pytest.mark.parametrize("family", ["dots1", "lfm2_moe"])
+@pytest.mark.parametrize("family", ["afmoe", "lfm2_moe"])
 def test_the_estimate_counts_a_generic_family_as_transformers_does(family, generic_models):
     import json
 
@@ -88,7 +88,7 @@ def test_a_generic_prompt_is_cancelled_between_layers(generic_models):
 
     import engine
     from engine.runtime.runner import PrefillCancelled
-    _, model_dir = generic_models("dots1")
+    _, model_dir = generic_models("afmoe")
     eng = engine.load(model_dir, dtype="float32")
     cancel = threading.Event()
     cancel.set()
@@ -100,7 +100,7 @@ def test_a_generic_prompt_is_cancelled_between_layers(generic_models):
         eng.close()
 
 
-@pytest.mark.parametrize("family", ["dots1", "hy_v3"])    # a router of one input; one that takes its bias too
+@pytest.mark.parametrize("family", ["mimo_v2_flash", "hy_v3"])    # a router of one input; one that takes its bias too
 def test_decode_guesses_the_next_layers_experts_from_its_own_router(family, generic_models):
     from tests.streaming.sized import streaming_engine, token_ids
     _, model_dir = generic_models(family)
@@ -110,7 +110,7 @@ def test_decode_guesses_the_next_layers_experts_from_its_own_router(family, gene
         speculation = eng.telemetry()["speculation"]
     finally:
         eng.close()
-    if family == "dots1":
+    if family == "mimo_v2_flash":
         assert speculation["predicted"] > 0 and speculation["correct"] > 0
     else:                              # no guess where the router needs more than the hidden states
         assert speculation["predicted"] == 0
@@ -120,13 +120,14 @@ def test_a_checkpoint_lacking_a_dense_tensor_is_refused_at_repack(generic_models
     import shutil
 
     from safetensors.torch import load_file, save_file
-    hf_dir, _ = generic_models("dots1")
+    hf_dir, _ = generic_models("mimo_v2_flash")
     broken = tmp_path / "broken"
     shutil.copytree(hf_dir, broken)
     tensors = load_file(str(broken / "model.safetensors"))
     del tensors["model.layers.1.mlp.gate.e_score_correction_bias"]
     save_file(tensors, str(broken / "model.safetensors"), metadata={"format": "pt"})
-    with pytest.raises(SluiceError, match="has no tensor for 'model.layers.1.mlp.gate.e_score_correction_bias', which transformers' dots1"):
+    with pytest.raises(SluiceError, match="has no tensor for 'model.layers.1.mlp.gate.e_score_correction_bias', "
+                                          "which transformers' mimo_v2_flash"):
         repack(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

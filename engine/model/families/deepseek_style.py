@@ -5,6 +5,7 @@
   glm4_moe       GQA with partial rotary, optional per-head QK norm and qkv bias; V3's router (GLM-4.5..4.7)
   glm4_moe_lite  MLA with V3's router; dense/sparse layers from mlp_layer_types (GLM-4.7-Flash)
   minimax_m2     GQA with QK norm over the whole projection and partial rotary; sigmoid + bias, no groups
+  dots1          GQA with per-head QK norm (always), full rotary, sliding windows from layer_types; V3's router
 All but MiniMax-M2 have shared experts (plain SwiGLU, no gate) and leading dense layers.
 Checkpoints may hold multi-token-prediction layers after the last decoder layer
 (`model.layers.{num_hidden_layers}...`); Sluice decodes without them, as transformers does, and
@@ -27,7 +28,7 @@ from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 from engine.model.param_counts import ModelShape, Parts, moe_shape
 
-FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2")
+FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2", "dots1")
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
 # by; MLA's kv_b_proj stays (one decode token folds it into the query and the output as a view).
 DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$"
@@ -86,7 +87,7 @@ def read_spec(cfg) -> ModelSpec:
         rms_eps=cfg.rms_norm_eps, num_experts=num_experts, top_k=cfg.num_experts_per_tok,
         expert_intermediate=expert_intermediate, norm_topk_prob=router.renormalize, moe_layers=moe_layers,
         dense_intermediate=cfg.intermediate_size, shared_expert_intermediate=shared, qk_norm=_qk_norm(cfg),
-        clip_qkv=None, sliding_windows=(None,) * num_layers,
+        clip_qkv=None, sliding_windows=_sliding_windows(cfg),
         tie_word_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         eos_token_ids=as_ids(getattr(cfg, "eos_token_id", None)), max_position_embeddings=cfg.max_position_embeddings,
         rope_type=rope.get("rope_type", "default"), rope_theta=float(rope.get("rope_theta", 10000.0)), cfg=cfg)
@@ -146,7 +147,8 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
             mixer = MlaMixer(layer, MlaAttention(mla, {k[len(a):]: v for k, v in w.items() if k.startswith(a)}), rope)
         else:
             mixer = Attention(layer, w, a, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                              head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm)
+                              head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm,
+                              window=spec.sliding_windows[layer])
         norms = (w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"], spec.rms_eps)
         if not spec.is_moe_layer(layer):
             blocks.append(Block(mixer, *norms, mlp=Mlp(w, p + "mlp.")))
@@ -162,7 +164,15 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
 def _qk_norm(cfg) -> str:
     if cfg.model_type == "glm4_moe":
         return "head" if cfg.use_qk_norm else "none"
-    return "full" if cfg.model_type == "minimax_m2" else "none"     # MiniMax-M2 always norms q and k
+    # dots1 always norms q and k per head (Qwen3's attention); MiniMax-M2 over the whole projection
+    return {"dots1": "head", "minimax_m2": "full"}.get(cfg.model_type, "none")
+
+
+def _sliding_windows(cfg) -> tuple[int | None, ...]:
+    """dots1's layer_types: "sliding_attention" layers see the last `sliding_window` positions; the others all
+    (the other families have full attention everywhere)."""
+    types = cfg.layer_types if cfg.model_type == "dots1" else ["full_attention"] * cfg.num_hidden_layers
+    return tuple(cfg.sliding_window if t == "sliding_attention" else None for t in types)
 
 
 def is_beyond_last_layer(name: str, num_layers: int) -> bool:
@@ -200,6 +210,9 @@ def _mla_params(config: dict) -> int:
 
 
 def _gqa_params(config: dict, p: Parts) -> int:
-    """GLM-4.5 and MiniMax-M2: the common attention, with q/k norms (per head; MiniMax: over the projection)."""
+    """GLM-4.5, dots1 and MiniMax-M2: the common attention, with q/k norms (per head; MiniMax: over the
+    projection; dots1 always) and, in dots1, an o_proj bias beside the qkv biases."""
+    if config["model_type"] == "dots1":
+        return p.attn + 2 * p.hd + (p.H if config.get("attention_bias") else 0)
     attn = p.attn + (2 * p.hd if config.get("use_qk_norm") else 0)
     return attn + (p.nh * p.hd + p.nkv * p.hd if config["model_type"] == "minimax_m2" else 0)
