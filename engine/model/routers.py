@@ -1,12 +1,12 @@
-"""Group-limited MoE routers (DeepSeek-V2/V3, Kimi-K2, GLM-4.x, MiniMax-M2; reused by DeepSeek-V4).
+"""Group-limited MoE routers (DeepSeek-V2/V3, Kimi-K2, GLM-4.x, MiniMax-M2, dots1, ERNIE-4.5; reused by DeepSeek-V4).
 
 One parameterised router covers them, read from the config:
-  scores    softmax (V2) or sigmoid (V3, GLM, MiniMax) of the float32 router logits
+  scores    softmax (V2, ERNIE) or sigmoid (V3, GLM, MiniMax, dots1) of the float32 router logits
   choice    scores + e_score_correction_bias (selection only: the weights use the unbiased scores)
   groups    experts split into n_group groups; a group's score is its max (V2) or the sum of its
             top-2 choice scores (V3, GLM); only the topk_group best groups stay selectable
-  weights   the chosen scores, renormalised to sum 1 if norm_topk_prob (V2 never), times
-            routed_scaling_factor
+  weights   the chosen scores, renormalised to sum 1 if norm_topk_prob (V2 never; ERNIE divides by the sum
+            clamped to at least moe_norm_min), times routed_scaling_factor
 `route` is a pure function of its input, so the runtime may call layer L+1's router on layer L's
 hidden state to guess the next experts (speculative prefetch).
 """
@@ -28,7 +28,8 @@ class GroupedRouter:
     keep_groups: int = 1
     group_score: str = "top2_sum"         # "max" (V2) | "top2_sum" (V3, GLM)
     renormalize: bool = True
-    renorm_eps: float = 1e-20             # V3/GLM add 1e-20 to the sum; MiniMax-M2 adds nothing
+    renorm_eps: float = 1e-20             # V3/GLM add 1e-20 to the sum; MiniMax-M2 and ERNIE add nothing
+    renorm_min: float = 0.0               # ERNIE clamps the sum to at least this (moe_norm_min)
     scaling: float = 1.0
 
     @classmethod
@@ -44,7 +45,9 @@ class GroupedRouter:
                        renormalize=False, scaling=float(cfg.routed_scaling_factor))
         if family == "minimax_m2":
             return cls(top_k, "sigmoid", renormalize=True, renorm_eps=0.0)
-        # deepseek_v3 (Kimi-K2), glm4_moe, glm4_moe_lite: identical code in transformers
+        if family == "ernie4_5_moe":
+            return cls(top_k, "softmax", renormalize=True, renorm_eps=0.0, renorm_min=float(cfg.moe_norm_min))
+        # deepseek_v3 (Kimi-K2), glm4_moe, glm4_moe_lite, dots1: identical code in transformers
         return cls(top_k, "sigmoid", getattr(cfg, "n_group", None) or 1, getattr(cfg, "topk_group", None) or 1,
                    "top2_sum", renormalize=bool(cfg.norm_topk_prob),
                    scaling=float(getattr(cfg, "routed_scaling_factor", 1.0) or 1.0))
@@ -75,5 +78,5 @@ class GroupedRouter:
         expert_ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices          # [T, K]
         weights = scores.gather(1, expert_ids)
         if self.renormalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True) + self.renorm_eps)
+            weights = weights / (weights.sum(dim=-1, keepdim=True).clamp(min=self.renorm_min) + self.renorm_eps)
         return weights * self.scaling, expert_ids

@@ -97,7 +97,7 @@ def is_text_model_tensor(family: str, name: str) -> bool:
     descriptor = FAMILIES[family]
     if descriptor.is_generic and descriptor.text_prefix != "model.":        # judged by the name transformers loads
         return canonical_dense_name(family, name).startswith((descriptor.text_prefix, "lm_head."))
-    return not name.startswith(("model.visual.", "mtp.", "model.mtp."))
+    return not name.startswith(("model.visual.", "mtp.", "model.mtp.", "model.mtp_"))     # model.mtp_: ERNIE-4.5
 
 
 def load_config_dict(path: str | Path) -> dict:

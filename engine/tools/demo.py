@@ -56,6 +56,9 @@ FAMILY_KWARGS.update({
     "dots1": dict(n_routed_experts=16, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
                   first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
                   attention_bias=True, sliding_window=8, max_window_layers=2),
+    # ERNIE-4.5's defaults: tied embeddings, a dense first layer; its own names for the MoE sizes
+    "ernie4_5_moe": dict(moe_num_experts=16, moe_k=3, moe_intermediate_size=32, moe_num_shared_experts=1,
+                         moe_layer_start_index=1, tie_word_embeddings=True),
 })
 
 

@@ -10,7 +10,6 @@ _DSA = dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1
             kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
             num_key_value_heads=4, index_topk=6, index_head_dim=16, index_n_heads=8)
 GENERIC_KWARGS = {
-    "ernie4_5_moe": dict(_E8, moe_num_experts=8, moe_k=2, moe_num_shared_experts=1, moe_layer_start_index=1),
     "afmoe": dict(_E8, num_experts=8, num_shared_experts=1, num_dense_layers=1, global_attn_every_n_layers=2,
                   sliding_window=8, route_scale=1.5),
     "hy_v3": dict(_E8, num_experts=8, num_shared_experts=1),

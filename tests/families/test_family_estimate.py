@@ -1,4 +1,4 @@
-"""The estimate knows the DeepSeek-style families: parameters as transformers counts them (MLA, shared
+"""The estimate knows the DeepSeek-style families and ERNIE-4.5: parameters as transformers counts them (MLA, shared
 experts, dense first layers, correction biases) and MLA's latent state bytes per token (the family's state specs, as the runtime holds them)."""
 import pytest
 import torch
@@ -10,7 +10,8 @@ from engine.plan.estimate import model_shape
 from engine.tools.demo import COMMON, FAMILY_KWARGS
 from engine.tools.presets import preset_config
 
-FAMILIES = ["deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2", "dots1"]
+FAMILIES = ["deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2", "dots1",
+            "ernie4_5_moe"]
 
 
 def _config(family):
@@ -24,7 +25,8 @@ def _transformers_count(config):
     fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures", "transformers_version")}
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields))
-    return sum(t.numel() for t in model.state_dict().values())
+    tensors = {id(t): t for t in model.state_dict(keep_vars=True).values()}       # a tied head once
+    return sum(t.numel() for t in tensors.values())
 
 
 @pytest.mark.parametrize("family", FAMILIES)

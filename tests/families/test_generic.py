@@ -79,7 +79,7 @@ def test_the_estimate_counts_a_generic_family_as_transformers_does(family, gener
 
 
 def test_tied_embeddings_load_as_the_head(tmp_path):
-    hf_dir = build_generic_model("ernie4_5_moe", tmp_path / "hf", tie_word_embeddings=True)
+    hf_dir = build_generic_model("hy_v3", tmp_path / "hf", tie_word_embeddings=True)
     assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice"), "bf16")
 
 

@@ -27,7 +27,7 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 
 
 # transformers families whose experts use its shared experts interface, each tested token for token
-GENERIC_FAMILIES = ("ernie4_5_moe", "afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
+GENERIC_FAMILIES = ("afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
                     "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "llama4_text", "longcat_flash")
 GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next")
 
@@ -61,6 +61,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("deepseek_v2", "deepseek_style"), Family("deepseek_v3", "deepseek_style"),
     Family("glm4_moe", "deepseek_style"), Family("glm4_moe_lite", "deepseek_style"),
     Family("minimax_m2", "deepseek_style", "block_sparse_moe", _W123), Family("dots1", "deepseek_style"),
+    # GQA with interleaved rope, a softmax router with a correction bias, shared experts
+    Family("ernie4_5_moe", "ernie"),
     Family("gpt_oss", "gpt_oss", has_expert_bias=True),
     Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
     # hybrids with hyper-connections, per-layer n-gram embeddings and QSA indexed attention
