@@ -181,11 +181,7 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
                    layout, quant: str, progress, cancel_event, display_name) -> Path:
     _check_destination(dst)
     layer_bytes = spec.num_experts * layout.block_bytes
-    # layers after the last decoder layer are multi-token-prediction modules (DeepSeek-V3, GLM): not used to decode
-    scales = {ckpt.scale_of(n) for n in ckpt.names()} - {None}
-    dense_names = [n for n in ckpt.names() if not experts.is_expert_tensor(n) and n not in scales
-                   and is_text_model_tensor(spec.family, n) and not is_beyond_last_layer(n, spec.num_layers)
-                   and not ngram.is_table(spec, canonical_dense_name(spec.family, n))]   # PLE tables: ngram.bin
+    dense_names = _dense_names(ckpt, spec, experts)
     dense_bytes = sum(ckpt.nbytes(n) * (2 if ckpt.scale_of(n) else 1) for n in dense_names)
     canonical = functools.partial(canonical_dense_name, spec.family)
     total_bytes = dense_bytes + layer_bytes * len(spec.moe_layers) + ngram.table_bytes(spec, ckpt.names(), ckpt.nbytes,
@@ -222,6 +218,25 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
         dense_tensors=_dense_shapes(work, ckpt, spec, dense_names),
         tokenizer_files=tokenizer_files, source=source_record(src, ckpt))
     manifest[integrity.MANIFEST_RECORD] = integrity.integrity_record(manifest, state["dense"])
+    _finish(work, dst, manifest, state, ngram_files)
+    report("done")
+    return dst
+
+
+def _dense_names(ckpt: Checkpoint, spec: ModelSpec, experts: ExpertSource) -> list[str]:
+    """The checkpoint's tensors dense.safetensors holds: not experts, scales, a vision tower, the layers after the
+    last decoder layer (multi-token prediction: DeepSeek-V3, GLM; not used to decode) or PLE tables (ngram.bin)."""
+    scales = {ckpt.scale_of(n) for n in ckpt.names()} - {None}
+
+    def is_dense(n: str) -> bool:
+        return (not experts.is_expert_tensor(n) and n not in scales and is_text_model_tensor(spec.family, n)
+                and not is_beyond_last_layer(n, spec.num_layers)
+                and not ngram.is_table(spec, canonical_dense_name(spec.family, n)))
+    return [n for n in ckpt.names() if is_dense(n)]
+
+
+def _finish(work: Path, dst: Path, manifest: dict, state: dict, ngram_files: tuple[str, ...]) -> None:
+    """Verify what was written, write sluice.json and the checksums, and move the folder into place."""
     modeldir.verify_checksums(work, manifest)
     if integrity.sha256_file(work / modeldir.DENSE_FILE) != state["dense"]:
         state["dense"] = False        # changed on disk since it was written: the next run writes it again
@@ -234,8 +249,6 @@ def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Ch
     if dst.exists():
         dst.rmdir()
     os.replace(work, dst)
-    report("done")
-    return dst
 
 
 def _check_destination(dst: Path) -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import re
 
-from engine.serve.parsing import Piece, _held_tail
+from engine.serve.parsing import Piece, StreamParser, _held_tail
 from engine.serve.tool_syntax import ToolCall
 
 MESSAGE = "<|message|>"
 ENDS = ("<|end|>", "<|call|>", "<|return|>", "<|start|>")
 
 
-class HarmonyParser:
+class HarmonyParser(StreamParser):
     def __init__(self, think: bool = True, starts_in_think: bool = False, tools: bool = False):
         self.think, self.tools = think, tools
         self.pending, self.state = "", "header"
@@ -26,17 +26,8 @@ class HarmonyParser:
         self._call: ToolCall | None = None
         self._saw_header = False
 
-    def push(self, text: str) -> list[Piece]:
-        self.pending += text
-        out: list[Piece] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
     def flush(self) -> list[Piece]:
-        out: list[Piece] = []
-        while self._step(out, final=True):
-            pass
+        out = self._drain(final=True)
         if self.state == "header" and self.pending and not self._saw_header:
             out.append(Piece("content", self.pending))     # a model that ignored the format: plain text
         self._end_message(out)

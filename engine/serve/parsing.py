@@ -40,7 +40,25 @@ def _held_tail(text: str, tags: tuple[str, ...]) -> int:
     return len(text)
 
 
-class OutputParser:
+class StreamParser:
+    """Text in as it streams, pieces out: `_step(out, final)` takes what it can from `pending` (True: call again)."""
+    pending = ""
+
+    def push(self, text: str) -> list[Piece]:
+        self.pending += text
+        return self._drain(final=False)
+
+    def _drain(self, final: bool) -> list[Piece]:
+        out: list[Piece] = []
+        while self._step(out, final=final):
+            pass
+        return out
+
+    def _step(self, out: list[Piece], final: bool) -> bool:
+        raise NotImplementedError
+
+
+class OutputParser(StreamParser):
     def __init__(self, think: bool = False, starts_in_think: bool = False, tools: bool = False, syntax=None):
         self.think, self.tools, self.syntax = think, tools, syntax or HERMES
         self.state = "think" if starts_in_think else ("start" if think else "content")
@@ -49,17 +67,8 @@ class OutputParser:
         self._open: ToolCall | None = None           # the call whose arguments are streaming
         self._after_thought = False
 
-    def push(self, text: str) -> list[Piece]:
-        self.pending += text
-        out: list[Piece] = []
-        while self._step(out, final=False):
-            pass
-        return out
-
     def flush(self) -> list[Piece]:
-        out: list[Piece] = []
-        while self._step(out, final=True):
-            pass
+        out = self._drain(final=True)
         if self.state == "tool" and self.pending:        # an unterminated call: use it if it parses
             self._close_block(self.pending, out)
         elif self.pending:
@@ -105,43 +114,52 @@ class OutputParser:
 
     def _step(self, out: list[Piece], final: bool) -> bool:
         """Consume what can be decided in pending; True if the state changed (run again)."""
+        return getattr(self, "_in_" + self.state)(out, final)
+
+    def _in_start(self, out: list[Piece], final: bool) -> bool:
+        stripped = self.pending.lstrip()
+        if stripped.startswith(THINK_OPEN):
+            self.pending, self.state = stripped[len(THINK_OPEN):], "think"
+            return True
+        if stripped and not THINK_OPEN.startswith(stripped) or final:
+            self.state = "content"
+            return True
+        return False
+
+    def _in_think(self, out: list[Piece], final: bool) -> bool:
         p = self.pending
-        if self.state == "start":
-            stripped = p.lstrip()
-            if stripped.startswith(THINK_OPEN):
-                self.pending, self.state = stripped[len(THINK_OPEN):], "think"
-                return True
-            if stripped and not THINK_OPEN.startswith(stripped) or final:
-                self.state = "content"
-                return True
-            return False
-        if self.state == "think":
-            end = p.find(THINK_CLOSE)
-            if end >= 0:
-                self._emit(out, "reasoning", p[:end])
-                self.pending, self.state = p[end + len(THINK_CLOSE):], "content"
-                self._after_thought = True
-                return True
-            keep = len(p) if final else _held_tail(p, (THINK_CLOSE,))
-            self._emit(out, "reasoning", p[:keep])
-            self.pending = p[keep:]
-            return False
-        if self.state == "content":
-            if self._after_thought:                       # the newlines that follow </think> are layout
-                p = self.pending = p.lstrip("\n")
-                if not p:
-                    return False
-                self._after_thought = False
-            start = p.find(self.syntax.open) if self.tools else -1
-            if start >= 0:
-                self._emit(out, "content", p[:start])
-                self.pending, self.state = p[start + len(self.syntax.open):], "tool"
-                return True
-            keep = len(p) if final or not self.tools else _held_tail(p, (self.syntax.open,))
-            self._emit(out, "content", p[:keep])
-            self.pending = p[keep:]
-            return False
-        end = p.find(self.syntax.close)                   # state "tool": stream the call until its end
+        end = p.find(THINK_CLOSE)
+        if end >= 0:
+            self._emit(out, "reasoning", p[:end])
+            self.pending, self.state = p[end + len(THINK_CLOSE):], "content"
+            self._after_thought = True
+            return True
+        keep = len(p) if final else _held_tail(p, (THINK_CLOSE,))
+        self._emit(out, "reasoning", p[:keep])
+        self.pending = p[keep:]
+        return False
+
+    def _in_content(self, out: list[Piece], final: bool) -> bool:
+        p = self.pending
+        if self._after_thought:                           # the newlines that follow </think> are layout
+            p = self.pending = p.lstrip("\n")
+            if not p:
+                return False
+            self._after_thought = False
+        start = p.find(self.syntax.open) if self.tools else -1
+        if start >= 0:
+            self._emit(out, "content", p[:start])
+            self.pending, self.state = p[start + len(self.syntax.open):], "tool"
+            return True
+        keep = len(p) if final or not self.tools else _held_tail(p, (self.syntax.open,))
+        self._emit(out, "content", p[:keep])
+        self.pending = p[keep:]
+        return False
+
+    def _in_tool(self, out: list[Piece], final: bool) -> bool:
+        """Stream the call until its closing tag."""
+        p = self.pending
+        end = p.find(self.syntax.close)
         if end >= 0:
             self._close_block(p[:end], out)
             self.pending, self.state = p[end + len(self.syntax.close):], "content"

@@ -95,6 +95,15 @@ def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: 
     config = AutoConfig.for_model(family, **kwargs)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
+    randomize_weights(model, weight_std)
+    model.to(getattr(torch, dtype)).save_pretrained(str(dst))
+    return dst
+
+
+def randomize_weights(model, weight_std: float = 0.25) -> None:
+    """Weights that make a tiny model's tokens depend on every piece: norms near 1, small biases, matrices scaled
+    to their fan-in, and the routers' selection-only correction bias (zero at init) non-zero."""
+    import torch
     with torch.no_grad():
         for name, param in model.named_parameters():
             if "norm" in name and param.dim() == 1:
@@ -102,13 +111,10 @@ def build_hf_model(family: str, dst_dir: str | Path, seed: int = 0, num_layers: 
             elif name.endswith("bias"):
                 param.copy_(0.1 * torch.randn_like(param))
             else:
-                fan_in = param.shape[-1]
-                param.copy_(torch.randn_like(param) * weight_std * (64 / fan_in) ** 0.5)
+                param.copy_(torch.randn_like(param) * weight_std * (64 / param.shape[-1]) ** 0.5)
         for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):     # zero at init: make the selection-only bias matter
+            if name.endswith("e_score_correction_bias"):
                 buffer.copy_(0.5 * torch.randn_like(buffer))
-    model.to(getattr(torch, dtype)).save_pretrained(str(dst))
-    return dst
 
 
 def write_mxfp4_checkpoint(src_dir: str | Path, dst_dir: str | Path) -> Path:

@@ -88,29 +88,32 @@ VL_KWARGS = {
 }
 
 
+def built_once(root, build):
+    """family -> (HF dir, its bf16 Sluice repack), each built the first time a test asks (a module fixture's)."""
+    from engine.format.repack import repack
+    built = {}
+
+    def get(family: str):
+        if family not in built:
+            hf = build(family, root / family / "hf")
+            built[family] = hf, repack(hf, root / family / "sluice")
+        return built[family]
+    return get
+
+
 def build_vl_model(family: str, dst, seed: int = 0):
     """A vision-language checkpoint as transformers saves it (bf16), with a tokenizer."""
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from engine.tools.demo import train_tiny_tokenizer
+    from engine.tools.demo import randomize_weights, train_tiny_tokenizer
     dst.mkdir(parents=True, exist_ok=True)
     vocab_size = len(train_tiny_tokenizer(dst))
     text, vision = VL_KWARGS[family]
     config = AutoConfig.for_model(family, text_config=dict(text, vocab_size=vocab_size), vision_config=vision)
     model = AutoModelForImageTextToText.from_config(config).eval()
     torch.manual_seed(seed)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and param.dim() == 1:
-                param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
-            else:
-                param.copy_(torch.randn_like(param) * 0.25 * (64 / param.shape[-1]) ** 0.5)
-        for name, buffer in model.named_buffers():
-            if name.endswith("e_score_correction_bias"):
-                buffer.copy_(0.5 * torch.randn_like(buffer))
+    randomize_weights(model)
     model.to(torch.bfloat16).save_pretrained(str(dst))
     return dst
 

@@ -10,20 +10,13 @@ from engine.errors import SluiceError
 from engine.format.repack import repack
 from engine.model.families import FAMILIES, GENERIC_FAMILIES
 from engine.model.spec import SUPPORTED_FAMILIES, read_spec
-from tests.families.generic_models import UNLISTED_KWARGS, build_generic_model
+from tests.families.generic_models import UNLISTED_KWARGS, build_generic_model, built_once
 from tests.families.tokens import assert_streamed_tokens_match
 
 
 @pytest.fixture(scope="module")
 def generic_models(tmp_path_factory):
-    root, built = tmp_path_factory.mktemp("generic"), {}
-
-    def get(family: str):
-        if family not in built:
-            hf = build_generic_model(family, root / family / "hf")
-            built[family] = hf, repack(hf, root / family / "sluice")
-        return built[family]
-    return get
+    return built_once(tmp_path_factory.mktemp("generic"), build_generic_model)
 
 
 @pytest.mark.parametrize("family", GENERIC_FAMILIES)

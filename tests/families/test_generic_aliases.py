@@ -10,7 +10,7 @@ import engine
 from engine import GenerationParams, SluiceError
 from engine.format.repack import repack
 from engine.model.families import FAMILIES, GENERIC_VL_FAMILIES
-from tests.families.generic_models import build_vl_model, vl_reference_greedy
+from tests.families.generic_models import build_vl_model, built_once, vl_reference_greedy
 from tests.families.hybrid_models import QWEN3_5_TEXT, _random_like
 from tests.families.tokens import NEW_TOKENS, PROMPT_IDS, assert_streamed_tokens_match
 from tests.streaming.sized import streaming_budgets
@@ -48,14 +48,7 @@ def test_the_estimate_counts_a_qwen3_5_text_checkpoint_as_its_model(tmp_path):
 
 @pytest.fixture(scope="module")
 def vl_models(tmp_path_factory):
-    root, built = tmp_path_factory.mktemp("vl"), {}
-
-    def get(family: str):
-        if family not in built:
-            hf = build_vl_model(family, root / family / "hf")
-            built[family] = hf, repack(hf, root / family / "sluice")
-        return built[family]
-    return get
+    return built_once(tmp_path_factory.mktemp("vl"), build_vl_model)
 
 
 @pytest.mark.parametrize("family", [*GENERIC_VL_FAMILIES, "llama4"])

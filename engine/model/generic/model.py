@@ -136,8 +136,8 @@ class GenericModel:
         if not later or later[0] not in self._routers:
             return None, None
         guesses = _best_first(self._routers[later[0]](x), self.spec.top_k, self.spec.num_experts)
-        if guesses is not None:
-            guesses = guesses[guesses < self.spec.num_experts]       # not LongCat's zero-compute experts
+        if guesses is not None and self.interface.num_zero_experts:     # not LongCat's zero-compute experts (a
+            guesses = guesses[guesses < self.spec.num_experts]            # mask's size waits for the GPU)
         return later[0], guesses
 
 
