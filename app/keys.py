@@ -19,6 +19,15 @@ def store(url: str, key: str) -> bool:
         return False
 
 
+def forget(url: str) -> None:
+    """Delete the endpoint's key from the keyring (its endpoint was removed or replaced)."""
+    try:
+        import keyring
+        keyring.delete_password(SERVICE, url)
+    except Exception as exc:          # noqa: BLE001 - no keyring, or no key there (it was in sluice.db): none to delete
+        log.info("no API key of %s to delete from the OS keyring (%s)", url, exc)
+
+
 def load(url: str) -> str | None:
     try:
         import keyring

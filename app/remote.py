@@ -144,13 +144,15 @@ class RemoteEngine:
         max_context = models[model].get("max_model_len")       # vLLM, SGLang and Sluice say it
         return cls(url, model, api_key, max_context if isinstance(max_context, int) else None)
 
-    def generate(self, prompt, params: GenerationParams | None = None):
+    def generate(self, prompt, params: GenerationParams | None = None, response_format: dict | None = None):
+        """TokenEvents of the endpoint's streamed answer; `response_format` (OpenAI's) is sent for the endpoint
+        to constrain the answer with."""
         params = params or GenerationParams()
         self._cancel.clear()
         self._stats.update(generated=0, decode_tok_s=0.0, ttft_s=0.0)
         finish = None
         try:
-            with self._client.stream("POST", self.url + "/chat/completions", json=self._body(prompt, params)) as response:
+            with self._client.stream("POST", self.url + "/chat/completions", json=self._body(prompt, params, response_format)) as response:
                 if response.status_code != 200:
                     response.read()
                     raise _http_error(self.url, response)
@@ -169,11 +171,12 @@ class RemoteEngine:
             self._response = None
         yield TokenEvent(None, "", True, "cancelled" if self._cancel.is_set() else FINISH.get(finish, "eos"))
 
-    def _body(self, prompt, params: GenerationParams) -> dict:
+    def _body(self, prompt, params: GenerationParams, response_format: dict | None = None) -> dict:
         body = {"model": self.model, "messages": list(prompt), "stream": True, "max_tokens": params.max_new_tokens,
                 "temperature": params.temperature, "top_p": params.top_p,
                 "stream_options": {"include_usage": True}}
-        optional = {"seed": params.seed, "stop": params.stop or None, "top_k": params.top_k or None}
+        optional = {"seed": params.seed, "stop": params.stop or None, "top_k": params.top_k or None,
+                    "response_format": response_format}
         return {**body, **{key: value for key, value in optional.items() if value is not None}}
 
     def _chunks(self, response: httpx.Response):

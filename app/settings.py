@@ -42,6 +42,12 @@ class AppSettings:
     def remote_api_key(self, url: str) -> str | None:
         return next((e.get("api_key") or None for e in self.remote_endpoints if e.get("url") == url), None)
 
+    def remove_remote_endpoint(self, url: str) -> None:
+        """Leave the endpoint out, and its API key out of the OS keyring (a saved one would outlive it)."""
+        if any(e.get("url") == url and (e.get("api_key") or e.get("key_in_keyring")) for e in self.remote_endpoints):
+            keys.forget(url)
+        self.remote_endpoints = [e for e in self.remote_endpoints if e.get("url") != url]
+
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device

@@ -131,8 +131,8 @@ class EngineWorker:
     def generate(self, messages: list, params: dict, report, stop: threading.Event) -> dict:
         """Streams an answer as Chunks (a ContextFit first); returns its stats: num_tokens, tok_s, ttft_s,
         finish_reason. A stop asked before it starts ends it at once ("cancelled")."""
-        from engine import GenerationParams, SluiceError
-        from engine.setup import grammar_for_setting
+        from engine import SluiceError
+        from engine.setup import response_format_for_setting
         if self.engine is None:
             raise SluiceError("No model is loaded; pick one in the model list first.")
         if stop.is_set():
@@ -141,8 +141,8 @@ class EngineWorker:
         stream = _TokenStream(report)
         self._running_stop = stop
         try:
-            grammar = grammar_for_setting(params.pop("structured_output", ""))       # the chat's "Structured output"
-            events = self._start_generation(messages, GenerationParams(**params, grammar=grammar))
+            response_format = response_format_for_setting(params.pop("structured_output", ""))   # the chat's setting
+            events = self._start_generation(messages, params, response_format)
             for event in events:
                 stream.add(event)
                 if not event.finished and stop.is_set():
@@ -154,8 +154,15 @@ class EngineWorker:
             self._running_stop = self._stop_running = None
         return stats_with_reason(stream.stats(), params.get("max_new_tokens", 0), asked_max_new_tokens)
 
-    def _start_generation(self, messages: list, params):
-        """The events of a new generation; shares the engine with the Local server's requests, in turn."""
+    def _start_generation(self, messages: list, params: dict, response_format: dict | None):
+        """The events of a new generation; shares the engine with the Local server's requests, in turn.
+        A local engine follows the response format through its grammar; a remote endpoint is sent it."""
+        from engine import GenerationParams
+        from engine.setup import grammar_for
+        if self.engine.info.get("device") == "remote":
+            self._stop_running = self.engine.cancel
+            return self.engine.generate(messages, GenerationParams(**params), response_format)
+        params = GenerationParams(**params, grammar=grammar_for(response_format))
         if self.queue is not None:
             job = self.queue.submit(messages, params, origin="app", bounded=False)
             self._stop_running = job.cancel

@@ -44,13 +44,14 @@ def grammar_for(response_format: dict | None) -> str | None:
     raise SluiceError(f"Unknown response format {kind!r}: use text, json_object, json_schema, regex or grammar.")
 
 
-def grammar_for_setting(text: str) -> str | None:
-    """The app's "Structured output" chat setting: "" off, "json" any JSON object, else a JSON Schema's text."""
+def response_format_for_setting(text: str) -> dict | None:
+    """The app's "Structured output" chat setting ("" off, "json" any JSON object, else a JSON Schema's text)
+    as an OpenAI-style response format: grammar_for's input, or what a remote endpoint is sent."""
     text = (text or "").strip()
     if not text:
         return None
     if text.lower() == "json":
-        return grammar_for({"type": "json_object"})
+        return {"type": "json_object"}
     try:
         schema = json.loads(text)
     except ValueError as exc:
@@ -58,7 +59,7 @@ def grammar_for_setting(text: str) -> str | None:
                           f"fix it in the chat settings.") from None
     if not isinstance(schema, dict):
         raise SluiceError("The structured output setting must be 'json' or a JSON Schema object.")
-    return grammar_for({"type": "json_schema", "json_schema": {"schema": schema}})
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
 
 
 def ll_tokenizer(tokenizer, vocab_size: int, eos_ids=()):

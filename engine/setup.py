@@ -20,7 +20,7 @@ _SOURCES = {
     "engine.model.spec": ("load_config_dict", "read_spec"),
     "engine.tools.demo": ("build_demo_model", "demo_load_options"),
     "engine.serve": ("GenerationQueue", "Server", "is_loopback"),
-    "engine.grammar": ("grammar_for_setting",),
+    "engine.grammar": ("grammar_for", "response_format_for_setting"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _RENAMED = {"dense_quant_available": "available", "run_cli": "main"}

@@ -48,7 +48,8 @@ class ChatSettingsDialog(QDialog):
         form.addRow("Seed", self.seed)
         form.addRow("When the chat is full", self.context_overflow)
         self.structured_output = QLineEdit(placeholderText="Off. 'json' for any JSON object, or a JSON Schema")
-        self.structured_output.setToolTip("The answer is forced to follow it, token by token (local models)")
+        self.structured_output.setToolTip("The answer is forced to follow it, token by token (a remote endpoint "
+                                          "is sent it as response_format)")
         form.addRow("Structured output", self.structured_output)
         self.set_value(settings)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)

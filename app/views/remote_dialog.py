@@ -81,8 +81,8 @@ class RemoteEndpointsDialog(QDialog):
         if error:
             self.status.setText(error)
             return
-        endpoints = [e for e in self.settings.remote_endpoints if e.get("url") != url]
-        self.settings.remote_endpoints = endpoints + [{"url": url, "api_key": key, "models": models}]
+        self.settings.remove_remote_endpoint(url)          # replaced: the old key goes too
+        self.settings.remote_endpoints.append({"url": url, "api_key": key, "models": models})
         self.status.setText(f"Connected: {len(models)} model{'s' if len(models) != 1 else ''} "
                             f"({', '.join(models[:3])}{'…' if len(models) > 3 else ''}).")
         self._refresh_list()
@@ -101,7 +101,6 @@ class RemoteEndpointsDialog(QDialog):
         item = self.list.currentItem()
         if item is None:
             return
-        url = item.data(256)
-        self.settings.remote_endpoints = [e for e in self.settings.remote_endpoints if e.get("url") != url]
+        self.settings.remove_remote_endpoint(item.data(256))
         self._refresh_list()
         self.changed.emit()

@@ -2,6 +2,7 @@
 
 System text, content blocks, `tool_use` / `tool_result` and token counts map onto the same chat template,
 queue and output parser as the OpenAI routes; the key may come as `x-api-key` (the guard in app.py).
+The Messages API defines no logprobs, so none are offered here.
 """
 from __future__ import annotations
 

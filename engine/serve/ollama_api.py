@@ -89,25 +89,7 @@ def _generate_prompt(service: Service, body: OllamaGenerateRequest) -> str | lis
 
 def router(service: Service) -> APIRouter:
     api = APIRouter()
-
-    @api.get("/api/version")
-    async def version():
-        return {"version": API_VERSION}
-
-    @api.get("/api/tags")
-    async def tags():
-        return {"models": [_model_entry(service)]}
-
-    @api.get("/api/ps")
-    async def ps():
-        return {"models": [{**_model_entry(service), "expires_at": "2999-01-01T00:00:00Z",
-                            "size_vram": int(service.engine.info.get("vram_budget_bytes") or 0),
-                            "context_length": service.ctx}]}
-
-    @api.post("/api/show")
-    async def show(request: Request):
-        await parse_body(request, OllamaShowRequest)
-        return _show(service)
+    _add_model_routes(api, service)
 
     @api.post("/api/chat")
     async def chat(request: Request):
@@ -140,6 +122,28 @@ def router(service: Service) -> APIRouter:
         return await _complete(gen, service.model_id, request, chat=False)
 
     return api
+
+
+def _add_model_routes(api: APIRouter, service: Service) -> None:
+    """What Ollama clients ask about the model: version, tags, ps, show."""
+    @api.get("/api/version")
+    async def version():
+        return {"version": API_VERSION}
+
+    @api.get("/api/tags")
+    async def tags():
+        return {"models": [_model_entry(service)]}
+
+    @api.get("/api/ps")
+    async def ps():
+        return {"models": [{**_model_entry(service), "expires_at": "2999-01-01T00:00:00Z",
+                            "size_vram": int(service.engine.info.get("vram_budget_bytes") or 0),
+                            "context_length": service.ctx}]}
+
+    @api.post("/api/show")
+    async def show(request: Request):
+        await parse_body(request, OllamaShowRequest)
+        return _show(service)
 
 
 def _as_object(arguments) -> dict:

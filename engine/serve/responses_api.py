@@ -1,5 +1,6 @@
 """The OpenAI Responses API: POST /v1/responses (text, named streaming events, function tools, structured
-output through `text.format`, and `previous_response_id` against this server's recent responses)."""
+output through `text.format`, logprobs of the output text, and `previous_response_id` against this server's
+recent responses)."""
 from __future__ import annotations
 
 import json
@@ -11,10 +12,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import Field
 
+from engine.serve.openai_api import chat_logprobs, scored
 from engine.serve.protocol import _Body
 from engine.serve.service import Generation, RequestError, Sampling, Service, parse_body
 
 MAX_REMEMBERED = 64          # responses kept for previous_response_id (their whole conversation each)
+LOGPROBS = "message.output_text.logprobs"
 
 
 class ResponsesRequest(_Body):
@@ -30,6 +33,14 @@ class ResponsesRequest(_Body):
     previous_response_id: Optional[str] = None
     text: Optional[dict] = None
     store: bool = True
+    include: Optional[list[str]] = None
+    top_logprobs: Optional[int] = Field(None, ge=0, le=20)
+
+    def logprobs(self) -> int | None:
+        """Sampling.logprobs: on when `include` asks for them or top_logprobs is given (None: off)."""
+        if LOGPROBS in (self.include or []) or self.top_logprobs is not None:
+            return self.top_logprobs or 0
+        return None
 
 
 def _item_text(content) -> str:
@@ -80,11 +91,11 @@ def _format(body: ResponsesRequest) -> dict | None:
                                                    "strict": fmt.get("strict")}}
 
 
-def _output(pieces) -> list[dict]:
-    """Parser pieces -> output items: reasoning, one message, function calls."""
+def _output(pieces, logprobs: list[dict]) -> list[dict]:
+    """Parser pieces -> output items: reasoning, one message (with its text's logprobs), function calls."""
     items, text = [], "".join(p.text for p in pieces if p.kind == "content")
     if text or not any(p.kind == "tool_end" for p in pieces):
-        items.append(_message_item(text))
+        items.append(_message_item(text, logprobs=logprobs))
     items += [_call_item(p.call) for p in pieces if p.kind == "tool_end"]
     reasoning = "".join(p.text for p in pieces if p.kind == "reasoning")
     if reasoning:                                      # last, so that the streamed items keep their indices
@@ -93,8 +104,9 @@ def _output(pieces) -> list[dict]:
     return items
 
 
-def _message_item(text: str, status: str = "completed") -> dict:
-    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}] if status == "completed" else []
+def _message_item(text: str, status: str = "completed", logprobs: list[dict] = ()) -> dict:
+    content = [{"type": "output_text", "text": text, "annotations": [], "logprobs": list(logprobs)}] \
+        if status == "completed" else []
     return {"type": "message", "id": "msg_" + uuid.uuid4().hex, "status": status, "role": "assistant",
             "content": content}
 
@@ -102,6 +114,23 @@ def _message_item(text: str, status: str = "completed") -> dict:
 def _call_item(call, arguments: str | None = None) -> dict:
     return {"type": "function_call", "id": "fc_" + call.id.removeprefix("call_"), "call_id": call.id,
             "name": call.name, "arguments": call.arguments if arguments is None else arguments, "status": "completed"}
+
+
+class _TextLogprobs:
+    """The output text's logprobs: a token's go out with the next text it releases (the parser may hold text
+    back a few tokens), and are dropped when it releases reasoning or a tool call instead."""
+
+    def __init__(self, service: Service, is_on: bool):
+        self.service, self.is_on, self.pending = service, is_on, []
+
+    def take(self, event, pieces) -> list[dict]:
+        """The logprobs that go with `pieces`, the parser's output for this token."""
+        if self.is_on and scored(event):
+            self.pending.append(chat_logprobs(self.service, event))
+        if not pieces:
+            return []
+        taken, self.pending = (self.pending if any(p.kind == "content" for p in pieces) else []), []
+        return taken
 
 
 class Responses:
@@ -141,7 +170,7 @@ class Responses:
                 "instructions": body.instructions, "output": output, "parallel_tool_calls": False,
                 "previous_response_id": body.previous_response_id, "tools": body.tools or [],
                 "tool_choice": body.tool_choice or "auto", "temperature": body.temperature, "top_p": body.top_p,
-                "max_output_tokens": body.max_output_tokens, "text": body.text or {"format": {"type": "text"}},
+                "max_output_tokens": body.max_output_tokens, "top_logprobs": body.top_logprobs, "text": body.text or {"format": {"type": "text"}},
                 "metadata": {}, "store": body.store, "usage": {
                     "input_tokens": gen.prompt_tokens, "output_tokens": gen.completion_tokens,
                     "total_tokens": gen.prompt_tokens + gen.completion_tokens,
@@ -156,20 +185,22 @@ def router(service: Service) -> APIRouter:
         body = await parse_body(request, ResponsesRequest)
         messages = state.messages(body)
         sampling = Sampling(max_tokens=body.max_output_tokens, temperature=body.temperature, top_p=body.top_p,
-                            response_format=_format(body), format_param="text.format", tool_choice=body.tool_choice)
+                            response_format=_format(body), format_param="text.format", tool_choice=body.tool_choice,
+                            logprobs=body.logprobs())
         prepared = await service.prepare(messages, sampling, _tools(body), "max_output_tokens")
         gen = service.start(prepared)
         if body.stream:
             return StreamingResponse(_stream(state, body, gen, messages), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        pieces = []
+        pieces, logprobs, text_logprobs = [], [], _TextLogprobs(service, sampling.logprobs is not None)
         try:
             async for event in gen.events_until_disconnect(request):
-                pieces += prepared.parser.push(event.text)
-            pieces += prepared.parser.flush()
+                released = prepared.parser.push(event.text) + (prepared.parser.flush() if event.finished else [])
+                pieces += released
+                logprobs += text_logprobs.take(event, released)
         finally:
             gen.cancel()
-        response_id, output = "resp_" + uuid.uuid4().hex, _output(pieces)
+        response_id, output = "resp_" + uuid.uuid4().hex, _output(pieces, logprobs)
         if body.store:
             state.remember(response_id, messages, output)
         return state.response(body, gen, response_id, output, "completed")
@@ -195,9 +226,13 @@ async def _stream(state: Responses, body: ResponsesRequest, gen: Generation, mes
     yield event("response.created", response=started)
     yield event("response.in_progress", response=started)
     pieces, text_item, index = [], None, 0
+    logprobs, text_logprobs = [], _TextLogprobs(state.service, gen.prepared.params.logprobs is not None)
     try:
         async for token in gen.events():
-            for piece in parser.push(token.text) + (parser.flush() if token.finished else []):
+            released = parser.push(token.text) + (parser.flush() if token.finished else [])
+            scores = text_logprobs.take(token, released)
+            logprobs += scores
+            for piece in released:
                 pieces.append(piece)
                 if piece.kind == "content":
                     if text_item is None:
@@ -206,12 +241,13 @@ async def _stream(state: Responses, body: ResponsesRequest, gen: Generation, mes
                         yield event("response.content_part.added", item_id=text_item["id"], output_index=index,
                                     content_index=0, part={"type": "output_text", "text": "", "annotations": []})
                     yield event("response.output_text.delta", item_id=text_item["id"], output_index=index,
-                                content_index=0, delta=piece.text, logprobs=[])
+                                content_index=0, delta=piece.text, logprobs=scores)
+                    scores = []
                 elif piece.kind in ("tool_call", "tool_args", "tool_end"):
                     index += piece.kind == "tool_call"
                     for line in _call_events(event, piece, index - (text_item is None)):
                         yield line
-        output = _output(pieces)
+        output = _output(pieces, logprobs)
         for line in _text_done(event, text_item, output, 0):
             yield line
         if body.store:
@@ -248,6 +284,6 @@ def _text_done(event: _Events, text_item: dict | None, output: list[dict], index
     final["id"] = text_item["id"]
     part = done["content"][0]
     return [event("response.output_text.done", item_id=done["id"], output_index=index, content_index=0,
-                  text=part["text"], logprobs=[]),
+                  text=part["text"], logprobs=part["logprobs"]),
             event("response.content_part.done", item_id=done["id"], output_index=index, content_index=0, part=part),
             event("response.output_item.done", output_index=index, item=done)]

@@ -206,9 +206,27 @@ def _tier_bytes(after: dict, before: dict, tokens: int) -> dict:
     return {"disk": d("disk", "bytes_read"), "h2d": d("h2d", "bytes"), "cpu": d("cpu", "bytes")}
 
 
+def _setup_fields(args, md, plan, verdict, bps: dict) -> dict:
+    """What was run: the model, its budgets and kernels, and the bandwidths measured in the same run."""
+    import torch
+    expert_bytes, block_bytes = md.expert_bytes_total, md.layout.block_bytes
+    return {
+        "preset": args.preset, "quant": md.quant, "model_dir": str(md.path),
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
+        "expert_bytes": expert_bytes, "vram_budget_bytes": plan.vram_budget_bytes,
+        "ram_cache_bytes": plan.ram_cache_bytes, "slots_per_bank": plan.slots_per_bank,
+        "kv_tokens": args.prompt_tokens + args.new_tokens, "device_slot_bytes": plan.device_slot_bytes,
+        "dense_bytes": plan.dense_bytes, "workspace_bytes": plan.workspace_bytes,
+        "streaming_factor": expert_bytes / (plan.vram_budget_bytes + plan.ram_cache_bytes),
+        "expert_cache_factor": expert_bytes / (2 * plan.slots_per_bank * block_bytes + plan.ram_cache_bytes),
+        "kernel": "triton" if verdict and verdict.ok else "torch",
+        "cuda_graphs": args.device.startswith("cuda") and not args.eager,
+        "bandwidth_gbps": {k: bps[k] / 1e9 for k in ("disk", "h2d", "hbm_copy")},
+    }
+
+
 def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int) -> dict:
     """The bench's JSON: decode-phase figures are deltas between the snapshot after prefill and the end."""
-    import torch
     spec, block_bytes = md.spec, md.layout.block_bytes
     disk_bps, h2d_bps, hbm_bps = bps["disk"], bps["h2d"], bps["hbm_copy"]
     before = t.after_prefill
@@ -224,17 +242,9 @@ def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int)
     gpu_tok = (plan.dense_bytes - embed_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"]
                + plan.kv_bytes // 2)
     roofline_s, measured_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps, t.decode_s / decoded
-    prefill, expert_bytes = _tier_bytes(before, {}, 1), md.expert_bytes_total     # prefill: the whole prompt, cold
+    prefill = _tier_bytes(before, {}, 1)                                    # prefill: the whole prompt, cold
     return {
-        "preset": args.preset, "quant": md.quant, "model_dir": str(md.path), "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu",
-        "expert_bytes": expert_bytes, "vram_budget_bytes": plan.vram_budget_bytes,
-        "ram_cache_bytes": plan.ram_cache_bytes, "slots_per_bank": plan.slots_per_bank,
-        "kv_tokens": args.prompt_tokens + args.new_tokens, "device_slot_bytes": plan.device_slot_bytes, "dense_bytes": plan.dense_bytes, "workspace_bytes": plan.workspace_bytes,
-        "streaming_factor": expert_bytes / (plan.vram_budget_bytes + plan.ram_cache_bytes),
-        "expert_cache_factor": expert_bytes / (2 * plan.slots_per_bank * block_bytes + plan.ram_cache_bytes),
-        "kernel": "triton" if verdict and verdict.ok else "torch",
-        "cuda_graphs": args.device.startswith("cuda") and not args.eager,
-        "bandwidth_gbps": {"disk": disk_bps / 1e9, "h2d": h2d_bps / 1e9, "hbm_copy": hbm_bps / 1e9},
+        **_setup_fields(args, md, plan, verdict, bps),
         "prompt_tokens": args.prompt_tokens, "new_tokens": t.new_tokens,
         "ttft_s": t.prefill_s, "prefill_tok_s": args.prompt_tokens / t.prefill_s,
         "decode_tok_s": decoded / t.decode_s,

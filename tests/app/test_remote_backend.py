@@ -1,4 +1,6 @@
 """The app chatting with a model on a remote OpenAI-compatible endpoint: a second, real `sluice serve` process."""
+import json
+
 import httpx
 import pytest
 from PySide6.QtCore import Qt
@@ -9,6 +11,7 @@ from tests.serve.serve_helpers import start_server
 from app_helpers import WAIT_MS, make_window
 
 KEY = "sk-remote"
+SCHEMA = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
@@ -69,4 +72,22 @@ def test_endpoint_errors_are_one_sentence(qtbot, data_dir, remote):
     status = add_endpoint(qtbot, window, "http://127.0.0.1:9", "")
     assert status.startswith("Cannot reach 127.0.0.1:9")
     assert window.settings.remote_endpoints == []
+    assert window.shutdown()
+
+
+def test_a_remote_chat_with_a_schema_answers_in_it(qtbot, data_dir, remote):
+    """The chat's "Structured output" goes to the endpoint as response_format; a random-weight model
+    answers JSON only if the remote server constrains it."""
+    window = make_window(qtbot, data_dir)
+    add_endpoint(qtbot, window, remote.url, KEY)
+    index = window.model_picker.findText("remote-demo", Qt.MatchFlag.MatchStartsWith)
+    with qtbot.waitSignal(window.model_loaded, timeout=WAIT_MS):
+        window.model_picker.setCurrentIndex(index)
+        window.model_picker.activated.emit(index)
+    window.controller.new_conversation()
+    window.controller.set_chat_settings(ChatSettings(max_new_tokens=16, temperature=0.9, seed=2,
+                                                     structured_output=json.dumps(SCHEMA)))
+    with qtbot.waitSignal(window.controller.message_finished, timeout=WAIT_MS) as finished:
+        window.send("Is it?")
+    assert isinstance(json.loads(finished.args[0].content)["ok"], bool)
     assert window.shutdown()

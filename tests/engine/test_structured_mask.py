@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import engine
-from engine.grammar import Constraint, grammar_for
+from engine.grammar import Constraint, grammar_for, response_format_for_setting
 from engine.params import GenerationParams
 from engine.runtime.sampling import TokenMask, TokenSampler
 
@@ -72,3 +72,18 @@ def test_special_tokens_stay_in_the_text_when_a_tool_parser_needs_them(tokenizer
     kept, skipped = IncrementalDetokenizer(tokenizer, keep_special=True), IncrementalDetokenizer(tokenizer)
     assert "".join(kept.push(i) for i in ids) == "hello<|im_end|>"
     assert "".join(skipped.push(i) for i in ids) == "hello"
+
+
+@pytest.mark.parametrize("setting, expected", [
+    ("", None),
+    (" JSON ", {"type": "json_object"}),
+    (json.dumps(SCHEMA), {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}}),
+])
+def test_the_structured_output_setting_is_a_response_format(setting, expected):
+    assert response_format_for_setting(setting) == expected     # a remote endpoint is sent this as it is
+
+
+@pytest.mark.parametrize("setting", ["{not json", "[1, 2]"])
+def test_a_structured_output_setting_that_is_neither_json_nor_a_schema_is_one_sentence(setting):
+    with pytest.raises(engine.SluiceError, match="structured output setting"):
+        response_format_for_setting(setting)

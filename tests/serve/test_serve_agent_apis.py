@@ -143,3 +143,28 @@ def test_responses_function_call_round_trip(scripted):
                                              "output": "18 C"}])
     assert follow.output_text == "It is 18 degrees."
     assert "<tool_response>\n18 C\n</tool_response>" in eng.prompts[-1] and "Weather in Paris?" in eng.prompts[-1]
+
+
+def test_responses_logprobs_streamed_and_not_agree_with_the_chat_api(served):
+    client, _ = clients(served)
+    ask = dict(model="m", input="Give me a colour.", max_output_tokens=10, temperature=0)
+    response = client.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3)
+    logprobs = response.output[0].content[0].logprobs
+    assert len(logprobs) == response.usage.output_tokens
+    assert "".join(t.token for t in logprobs) == response.output_text
+    for t in logprobs:                            # greedy: the chosen token is the most likely one
+        assert len(t.top_logprobs) == 3 and t.top_logprobs[0].token == t.token
+        assert t.logprob == pytest.approx(t.top_logprobs[0].logprob) and t.logprob < 0
+    chat = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Give me a colour."}],
+                                          max_tokens=10, temperature=0, logprobs=True, top_logprobs=3)
+    scores = [(t.token, round(t.logprob, 4)) for t in logprobs]
+    assert scores == [(t.token, round(t.logprob, 4)) for t in chat.choices[0].logprobs.content]
+
+    events = list(client.responses.create(**ask, include=["message.output_text.logprobs"], top_logprobs=3,
+                                          stream=True))
+    streamed = [t for e in events if e.type == "response.output_text.delta" for t in e.logprobs]
+    assert [(t.token, round(t.logprob, 4)) for t in streamed] == scores
+    done = next(e for e in events if e.type == "response.output_text.done")
+    assert [(t.token, round(t.logprob, 4)) for t in done.logprobs] == scores
+    assert events[-1].response.output[0].content[0].logprobs[0].token == logprobs[0].token
+    assert client.responses.create(**ask).output[0].content[0].logprobs == []      # only when asked
