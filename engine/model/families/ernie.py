@@ -67,15 +67,10 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Model:
     rope = standard.make_rope(spec, dtype, device)
     router = GroupedRouter.from_config(spec.cfg)
-    w = dict(w)                     # the de-interleaved projections replace the loaded ones in this model only
+    deinterleave_rope_rows(w, spec)
     blocks = []
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
-        for proj, heads in (("q_proj", spec.num_heads), ("k_proj", spec.num_kv_heads)):
-            rows = _deinterleaved_rows(heads, spec.head_dim)
-            for name in (f"{p}self_attn.{proj}.weight", f"{p}self_attn.{proj}.bias"):
-                if name in w:
-                    w[name] = take_rows(w[name], rows)
         attn, norms = standard.attention(spec, w, layer, rope)
         if not spec.is_moe_layer(layer):
             blocks.append(Block(attn, *norms, mlp=Mlp(w, p + "mlp.")))
@@ -88,10 +83,17 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
     return standard.assemble(spec, w, blocks)
 
 
-def _deinterleaved_rows(num_heads: int, head_dim: int) -> torch.Tensor:
-    """Row order [heads * D] that puts each head's even dimensions first, then its odd ones."""
-    within = torch.cat((torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)))          # [D]
-    return (torch.arange(num_heads)[:, None] * head_dim + within).reshape(-1)
+def deinterleave_rope_rows(w: dict[str, torch.Tensor], spec: ModelSpec) -> None:
+    """The query and key projections' rows (and biases), each head's even dimensions first, then its odd ones, in
+    place (int8 weights too: their codes and row scales move together; the kernels attach to what is in `w`)."""
+    within = torch.cat((torch.arange(0, spec.head_dim, 2), torch.arange(1, spec.head_dim, 2)))     # [D]
+    for layer in range(spec.num_layers):
+        for proj, heads in (("q_proj", spec.num_heads), ("k_proj", spec.num_kv_heads)):
+            rows = (torch.arange(heads)[:, None] * spec.head_dim + within).reshape(-1)          # [heads * D]
+            prefix = f"model.layers.{layer}.self_attn.{proj}."
+            for name in (prefix + "weight", prefix + "bias"):
+                if name in w:
+                    w[name] = take_rows(w[name], rows)
 
 
 def param_counts(config: dict) -> ModelShape:
