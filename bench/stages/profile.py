@@ -67,7 +67,6 @@ def py_spy(args, path, budget: str) -> None:
 def trace(args, path, budget: str) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from bench import trace_summary
     from engine.tools.bench import timed_generate
     eng, prompt = _warm_engine(path, budget, seed=1)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
