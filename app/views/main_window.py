@@ -27,6 +27,7 @@ from .composer import Composer
 from .conversation_list import ConversationList
 from .chat_settings_dialog import ChatSettingsDialog
 from .dialogs import error_box
+from .elided_label import ElidedLabel
 from .settings_dialog import AppSettingsDialog
 from .first_run import FirstRunPage
 from .panels import LivePanels
@@ -193,7 +194,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
 
     def _build_status_bar(self) -> None:
         status = self.statusBar()
-        self.model_label = QLabel("No model")
+        self.model_label = ElidedLabel("No model")        # the longest: it gives way to the speed and device
         self.device_label = QLabel("")
         self.speed_label = QLabel("")
         self.load_bar = QProgressBar()

@@ -123,7 +123,6 @@ class ModelActionsMixin:
         dense = " · int8 dense" if info.get("dense_quant") == "int8" else ""
         self.model_label.setText(f"{info.get('name')} · {info.get('family')} · {info.get('quant')}{dense} · "
                                  f"context {info.get('max_context', 0):,} tokens")
-        self.model_label.setToolTip(self.model_label.text())
         device = str(info.get("device", "cpu"))
         self.device_label.setText("CPU" if device.startswith("cpu") else "Remote" if device == "remote" else f"GPU {device}")
         self.panels.engine_device = device
