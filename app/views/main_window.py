@@ -43,6 +43,18 @@ def first_size(available) -> tuple[int, int]:
     return min(FIRST_SIZE[0], available.width() * 95 // 100), min(FIRST_SIZE[1], available.height() * 92 // 100)
 
 
+def _scrolling(panel: QWidget) -> QScrollArea:
+    """A dock's panel that scrolls up and down below its own height, so that a short window or a dock beside it
+    never squeezes its rows onto each other; as wide as its widest row, so it never scrolls sideways."""
+    scroll = QScrollArea()
+    scroll.setWidget(panel)
+    scroll.setWidgetResizable(True)
+    scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+    width = max(panel.minimumSizeHint().width(), panel.minimumWidth())
+    scroll.setMinimumWidth(width + scroll.verticalScrollBar().sizeHint().width() + 2 * scroll.frameWidth())
+    return scroll
+
+
 class MainWindow(ModelActionsMixin, QMainWindow):
     model_loaded = Signal(dict)          # engine.info, after a model finished loading
 
@@ -160,16 +172,9 @@ class MainWindow(ModelActionsMixin, QMainWindow):
     def _build_panels(self) -> None:
         self.panels = LivePanels(self.host.telemetry, lambda: self.host.native_thread_id,
                                  lambda: self.host.worker.pinned_cores, lambda: self.host.worker.compute_threads)
-        scroll = QScrollArea()
-        scroll.setWidget(self.panels)
-        scroll.setWidgetResizable(True)
-        # as wide as the panels' widest row (the slot legend), so the dock never scrolls sideways
-        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        scroll.setMinimumWidth(self.panels.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width()
-                               + 2 * scroll.frameWidth())
         self.panels_dock = QDockWidget("Machinery (live)", self)
         self.panels_dock.setObjectName("panelsDock")
-        self.panels_dock.setWidget(scroll)
+        self.panels_dock.setWidget(_scrolling(self.panels))
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.panels_dock)
         self.panels_dock.setVisible(self.settings.show_panels)
         self.panels_action.setChecked(self.settings.show_panels)
@@ -181,7 +186,7 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.server_panel.error.connect(self.show_error)
         self.server_dock = QDockWidget("Local server", self)
         self.server_dock.setObjectName("serverDock")
-        self.server_dock.setWidget(self.server_panel)
+        self.server_dock.setWidget(_scrolling(self.server_panel))
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.server_dock)
         # a tab beside Machinery, not stacked under it: opening it never squeezes the panels to one box
         self.tabifyDockWidget(self.panels_dock, self.server_dock)

@@ -12,6 +12,7 @@ from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, Q
 from ..local_server import LocalServer, curl_example, new_api_key
 
 LOG_LINES = 500
+MIN_LOG_LINES = 6            # below it the panel scrolls (the dock holds it in a scroll area)
 
 
 def _monospace_log() -> QPlainTextEdit:
@@ -71,8 +72,9 @@ class ServerPanel(QWidget):
         self.lan = QCheckBox("Reachable from other computers (0.0.0.0)")
         self.lan.setChecked(bool(settings.get("lan", False)))
         self.key = QLineEdit(settings.get("api_key", ""))
-        self.key.setToolTip("Clients send it as 'Authorization: Bearer KEY'")
-        self.key.setPlaceholderText("none: anyone who can connect may use it")
+        self.key.setToolTip("Clients send it as 'Authorization: Bearer KEY'. Without one, anyone who can connect "
+                            "may use the server.")
+        self.key.setPlaceholderText("none: open to anyone")
         self.new_key = QPushButton("New key")
         self.new_key.clicked.connect(lambda: self.key.setText(new_api_key()))
         key_row = QHBoxLayout()
@@ -95,7 +97,7 @@ class ServerPanel(QWidget):
         hint.setWordWrap(True)
         row = QHBoxLayout()
         row.addWidget(hint, 1)
-        row.addWidget(self.copy)
+        row.addWidget(self.copy, 0, Qt.AlignmentFlag.AlignTop)
         box_layout = QVBoxLayout(box)
         box_layout.addWidget(self.curl)
         box_layout.addLayout(row)
@@ -107,6 +109,7 @@ class ServerPanel(QWidget):
         self.counters = QLabel("not serving")
         self.log = _monospace_log()
         self.log.setMaximumBlockCount(LOG_LINES)
+        self.log.setMinimumHeight(self.log.fontMetrics().lineSpacing() * MIN_LOG_LINES)
         box_layout = QVBoxLayout(box)
         box_layout.addWidget(self.counters)
         box_layout.addWidget(self.log)

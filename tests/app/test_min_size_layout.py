@@ -35,3 +35,52 @@ def test_status_bar_labels_never_overlap_and_the_long_one_elides(qtbot, loaded_w
         assert window.model_label.text() == full and window.model_label.toolTip() == full
     shown = window.model_label.shown_text()                                       # at the minimum size
     assert shown.endswith("…") and full.startswith(shown[:-1]) and LONG_MODEL in window.model_label.toolTip()
+
+
+def _overlapping_rows(panel) -> list[tuple[str, str]]:
+    """Pairs of visible widgets laid out side by side in one box (a row, a form) that overlap."""
+    from PySide6.QtWidgets import QGroupBox
+    pairs = []
+    for box in [panel, *panel.findChildren(QGroupBox)]:
+        children = [w for w in box.findChildren(QWidget) if w.parentWidget() is box and w.isVisible()
+                    and not w.isWindow()]
+        for i, first in enumerate(children):
+            pairs += [(type(first).__name__, type(second).__name__) for second in children[i + 1:]
+                      if first.geometry().intersects(second.geometry())]
+    return pairs
+
+
+def _usable_height(dock) -> int:
+    return dock.widget().viewport().height()
+
+
+def test_local_server_dock_fits_the_minimum_size_and_leaves_machinery_room(qtbot, data_dir):
+    from PySide6.QtCore import Qt
+
+    from app.views.main_window import MIN_HEIGHT
+    from app_helpers import make_window
+    window = make_window(qtbot, data_dir)
+    panel = window.server_panel
+    window.server_action.trigger()                              # opened as a tab beside Machinery
+    qtbot.wait(100)
+    assert window.minimumSize().height() == MIN_HEIGHT          # it scrolls below its height: the window keeps its own
+    for size in _sizes(window):
+        window.resize(*size)
+        qtbot.wait(100)
+        assert not _overlapping_rows(panel), size
+        assert panel.width() <= window.server_dock.widget().viewport().width(), size    # nothing cut on the right
+        placeholder = panel.key.fontMetrics().horizontalAdvance(panel.key.placeholderText())
+        assert placeholder + 16 <= panel.key.width(), (size, panel.key.placeholderText())
+        assert panel.log.height() >= 6 * panel.log.fontMetrics().lineSpacing()
+
+    # Stacked under Machinery instead of tabbed (a dock dragged there): both keep a usable height.
+    window.removeDockWidget(window.server_dock)
+    window.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, window.server_dock)
+    window.splitDockWidget(window.panels_dock, window.server_dock, Qt.Orientation.Vertical)
+    window.server_dock.show()
+    qtbot.wait(100)
+    window.resize(window.minimumSize())
+    qtbot.wait(100)
+    assert window.height() == MIN_HEIGHT
+    assert _usable_height(window.panels_dock) >= 120 and _usable_height(window.server_dock) >= 120
+    assert window.shutdown()
