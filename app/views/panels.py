@@ -15,7 +15,7 @@ from engine.setup import format_cpu_list
 
 from ..gpu_info import GpuInfo
 from ..telemetry_history import GB, TelemetryHistory, thread_last_core
-from .slot_map import STATE_COLORS, SlotMap
+from .slot_map import NO_MODEL_TEXT, REMOTE_TEXT, STATE_COLORS, SlotMap
 
 REFRESH_MS = 100          # while the engine works (generating, loading)
 IDLE_REFRESH_MS = 1000    # while it waits: nothing moves but the clock; hidden panels do not refresh at all
@@ -263,7 +263,8 @@ class LivePanels(QWidget):
             self.device_label.setText(f"remote ({remote['url']})")
         else:
             self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU ({device})")
-        self.slots_box.setTitle("Device slots (VRAM)" if device.startswith("cuda")
+        self.slot_map.empty_text = REMOTE_TEXT if remote else NO_MODEL_TEXT
+        self.slots_box.setTitle("Device slots" if remote else "Device slots (VRAM)" if device.startswith("cuda")
                                 else "Device slots (in RAM: CPU device)")
 
     def _update_gpu(self) -> None:

@@ -16,12 +16,15 @@ CELL_PX = 18
 GAP_PX = 3
 BANK_GAP_PX = 8
 LABEL_PX = 46
+NO_MODEL_TEXT = "No slots yet: load a model."
+REMOTE_TEXT = "No slots here: a remote model runs on its own server."
 
 
 class SlotMap(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.slots: list[dict] = []
+        self.empty_text = NO_MODEL_TEXT          # shown while there are no slots
         self._cells: list[tuple[QRectF, dict]] = []
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
         self.setMouseTracking(True)
@@ -69,8 +72,7 @@ class SlotMap(QWidget):
         text_color = self.palette().color(self.foregroundRole())
         if not self._cells:
             painter.setPen(text_color)
-            painter.drawText(self.rect(), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
-                             "No slots yet: load a model.")
+            painter.drawText(self.rect(), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter, self.empty_text)
             return
         painter.setPen(text_color)
         for bank, y in self._bank_rows:

@@ -62,6 +62,9 @@ def test_remote_model_chats_with_client_side_speed_and_panels_say_remote(qtbot, 
     window.panels.refresh()
     assert window.panels.remote_label.isVisible() or not window.panels.isVisible()
     assert "runs remotely" in window.panels.remote_label.text()
+    slot_map = window.panels.slot_map                       # not "load a model": one is loaded, remotely
+    assert not slot_map.slots and slot_map.empty_text == "No slots here: a remote model runs on its own server."
+    assert window.panels.slots_box.title() == "Device slots"
     assert window.shutdown()
 
 
