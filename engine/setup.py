@@ -18,7 +18,7 @@ _SOURCES = {
     "engine.format.modeldir": ("is_model_dir", "open_model_dir"),
     "engine.format.manifest_schema": ("check_manifest",),
     "engine.model.spec": ("load_config_dict", "read_spec"),
-    "engine.tools.demo": ("build_demo_model", "demo_load_options"),
+    "engine.tools.demo": ("build_demo_model", "demo_load_options", "DEMO_DIR_NAME"),
     "engine.serve": ("GenerationQueue", "Server", "is_loopback"),
     "engine.grammar": ("grammar_for", "response_format_for_setting"),
 }

@@ -9,14 +9,12 @@ from urllib.parse import urlparse
 from PySide6.QtWidgets import QFileDialog
 
 from engine import SluiceError
-from engine.setup import read_spec
+from engine.setup import DEMO_DIR_NAME, read_spec
 
 from ..model_options import load_options
 from ..models_dir import installed_models, is_hf_snapshot, is_sluice_model
 from ..remote import REMOTE_PREFIX, model_key, parse_model_key
 from .dialogs import JobDialog
-
-DEMO_DIR_NAME = "sluice-demo-random-moe"
 
 
 def freeze_heap() -> None:

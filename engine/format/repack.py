@@ -179,7 +179,7 @@ def _holds_repack_of(dst: Path, ckpt: Checkpoint, quant: str) -> bool:
 
 def _repack_locked(src: Path, dst: Path, config: dict, spec: ModelSpec, ckpt: Checkpoint, experts: ExpertSource,
                    layout, quant: str, progress, cancel_event, display_name) -> Path:
-    _check_destination(dst)
+    check_destination(dst)
     layer_bytes = spec.num_experts * layout.block_bytes
     dense_names = _dense_names(ckpt, spec, experts)
     dense_bytes = sum(ckpt.nbytes(n) * (2 if ckpt.scale_of(n) else 1) for n in dense_names)
@@ -251,7 +251,7 @@ def _finish(work: Path, dst: Path, manifest: dict, state: dict, ngram_files: tup
     os.replace(work, dst)
 
 
-def _check_destination(dst: Path) -> None:
+def check_destination(dst: Path) -> None:
     """A new or empty folder, never one holding a model."""
     if (dst / modeldir.MANIFEST).exists():
         raise SluiceError(f"'{dst}' already holds a Sluice model; choose another destination or delete it first.")

@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(sub)
     sub.add_parser("install-launcher", help="add Sluice to the applications menu and desktop")
     _add_serve(sub)
+    _add_demo(sub)
     return parser
 
 
@@ -123,6 +124,12 @@ def _add_serve(sub) -> None:
                    help="comma-separated web page origins (e.g. http://localhost:3000) allowed to call the server "
                         "from a browser ('*': any); default none")
     _add_engine_options(p)
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser("demo", help="build the demo model (a tiny random-weight MoE, no download; it produces noise)")
+    p.add_argument("--dir", dest="dst_dir", help="the folder to build it in (default: <data dir>/models/"
+                                                 "sluice-demo-random-moe, where the app finds it)")
 
 
 def _names(value: str) -> list[str]:
@@ -321,8 +328,28 @@ def _serve(args) -> int:
     return 0
 
 
+def _demo(args) -> int:
+    """The app's "Try the demo model", headless: built once, then found where it is."""
+    import shlex
+    from engine.tools.cli_download import user_models_dir
+    from engine.tools.demo import DEMO_DIR_NAME, build_demo_model, check_demo_folder, is_demo_model
+    dst = Path(args.dst_dir).expanduser() if args.dst_dir else user_models_dir() / DEMO_DIR_NAME
+    if not is_demo_model(dst):
+        check_demo_folder(dst)
+        from transformers.utils import logging as transformers_logging
+        transformers_logging.disable_progress_bar()         # its bar for a 1-shard save is noise here
+        print("Building the demo model (a tiny random-weight MoE: its answers are noise)…", file=sys.stderr)
+        build_demo_model(dst)
+    where = shlex.quote(str(dst))
+    print(f"The demo model is in {dst}\n"
+          f"Chat with it:  sluice generate {where} --chat --prompt 'Hello'\n"
+          f"Serve it:      sluice serve {where}", file=sys.stderr)
+    print(dst)
+    return 0
+
+
 _COMMANDS = {"repack": _repack, "generate": _generate, "download": _download, "bench": _bench,
-             "install-launcher": _install_launcher, "serve": _serve}
+             "install-launcher": _install_launcher, "serve": _serve, "demo": _demo}
 
 
 if __name__ == "__main__":

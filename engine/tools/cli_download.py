@@ -14,13 +14,18 @@ from pathlib import Path
 from engine.errors import SluiceError
 
 
-def default_download_dir(repo_id: str) -> Path:
-    """Beside the installed models, hidden so the model picker does not list raw snapshots."""
+def user_models_dir() -> Path:
+    """The app's default models folder: <data dir>/models (app.paths, read the same way)."""
     root = os.environ.get("SLUICE_DATA_DIR")
     if not root:
         import platformdirs
         root = platformdirs.user_data_dir("sluice", appauthor=False)
-    return Path(root) / "models" / ".downloads" / repo_id.replace("/", "--")
+    return Path(root) / "models"
+
+
+def default_download_dir(repo_id: str) -> Path:
+    """Beside the installed models, hidden so the model picker does not list raw snapshots."""
+    return user_models_dir() / ".downloads" / repo_id.replace("/", "--")
 
 
 def run(args: argparse.Namespace) -> int:

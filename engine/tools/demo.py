@@ -155,6 +155,7 @@ def write_mxfp4_checkpoint(src_dir: str | Path, dst_dir: str | Path) -> Path:
 
 
 DEMO_NAME = "Sluice demo (random weights, produces noise)"
+DEMO_DIR_NAME = "sluice-demo-random-moe"        # its folder in the models folder (the app's and `sluice demo`'s)
 DEMO_CONTEXT_TOKENS = 4096      # holds a real multi-turn chat: several exchanges of 512-token answers
 # Budgets that make the demo really stream, so its panels show hits and misses: 6 device slots per bank
 # and a 32-block RAM cache, against its 64 experts (tests/app/test_demo_model.py checks these numbers).
@@ -166,6 +167,7 @@ def build_demo_model(dst_dir: str | Path, progress=None) -> Path:
     from engine.format.repack import repack
 
     dst = Path(dst_dir)
+    check_demo_folder(dst)                  # before building: a wrong folder is one sentence, not a wasted build
     with tempfile.TemporaryDirectory(prefix="sluice-demo-") as tmp:
         if progress:
             progress(0, 1, "Building a small random-weight model")
@@ -176,14 +178,26 @@ def build_demo_model(dst_dir: str | Path, progress=None) -> Path:
     return dst
 
 
-def demo_load_options(model_dir: str | Path) -> dict:
-    """engine.load options for the demo model (its budgets and context), {} for any other model."""
+def check_demo_folder(dst: Path) -> None:
+    """Raises SluiceError (or OSError) unless dst can take the demo model: a new or empty folder."""
+    from engine.format.repack import check_destination
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    check_destination(dst)
+
+
+def is_demo_model(model_dir: str | Path) -> bool:
+    """Whether model_dir holds the demo model (its manifest's name)."""
     import json
     try:
         manifest = json.loads((Path(model_dir) / "sluice.json").read_text())
     except (OSError, ValueError):
-        return {}
-    return dict(DEMO_LOAD_OPTIONS) if manifest.get("name") == DEMO_NAME else {}
+        return False
+    return isinstance(manifest, dict) and manifest.get("name") == DEMO_NAME
+
+
+def demo_load_options(model_dir: str | Path) -> dict:
+    """engine.load options for the demo model (its budgets and context), {} for any other model."""
+    return dict(DEMO_LOAD_OPTIONS) if is_demo_model(model_dir) else {}
 
 
 def _mute_unprintable_tokens(model_dir: Path) -> None:

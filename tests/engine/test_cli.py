@@ -91,3 +91,35 @@ def test_every_option_has_help_and_plain_sluice_opens_the_app():
         for action in sub._actions:
             if not isinstance(action, argparse._HelpAction):
                 assert action.help, f"sluice {name}: {action.dest} has no help text"
+
+
+def test_demo_builds_the_apps_demo_model_and_prints_a_command_that_chats_with_it(tmp_path, monkeypatch, capsys):
+    import shlex
+    from engine.tools.cli import main
+    from engine.tools.demo import DEMO_DIR_NAME, is_demo_model
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
+    assert main(["demo"]) == 0
+    out, err = capsys.readouterr()
+    where = tmp_path / "data" / "models" / DEMO_DIR_NAME              # where the app's "Try the demo model" looks
+    assert out == f"{where}\n" and is_demo_model(where)
+    chat = next(line for line in err.splitlines() if line.startswith("Chat with it:"))
+    command = shlex.split(chat.removeprefix("Chat with it:"))
+    assert command[:3] == ["sluice", "generate", str(where)]
+    assert main([*command[1:], "--max-new-tokens", "4"]) == 0            # the printed command, as a user runs it
+    assert "[4 tokens" in capsys.readouterr().err
+
+    assert main(["demo"]) == 0                                           # built once: found again, not rebuilt
+    out, err = capsys.readouterr()
+    assert out == f"{where}\n" and "Building" not in err and f"sluice serve {where}" in err
+
+
+def test_demo_into_a_wrong_folder_is_one_sentence(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("mine")
+    for dst, sentence in [(a_file, f"sluice: '{a_file}' is a file, not a folder; choose a new or empty destination "
+                                   f"folder.\n"),
+                          (tmp_path, f"sluice: '{tmp_path}' is not empty; choose a new or empty destination folder.\n")]:
+        result = subprocess.run([sys.executable, "-m", "app.main", "demo", "--dir", str(dst)], capture_output=True,
+                                text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", sentence)
+    assert a_file.read_text() == "mine"
