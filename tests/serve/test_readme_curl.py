@@ -1,0 +1,41 @@
+"""README's curl examples, run as written (the address aside: a free port) against a real `sluice serve`."""
+import json
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from serve_helpers import start_server
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+README_ADDRESS = "http://127.0.0.1:8000"         # `sluice serve`'s default, and the app's Local server's
+KEY = "sk-readme"
+
+
+def readme_curls() -> list[str]:
+    return re.findall(r"`(curl [^`]+)`", README.read_text())
+
+
+def answer_of(command: str, url: str) -> dict:
+    """The last NDJSON line curl prints for `command` from README, sent to url."""
+    argv = shlex.split(command.replace(README_ADDRESS, url).replace("YOUR-KEY", KEY))
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_readme_curl_examples_chat_with_and_without_a_key(serve_model):
+    plain, keyed = readme_curls()
+    assert plain.startswith(f"curl {README_ADDRESS}/api/chat") and "Bearer YOUR-KEY" in keyed
+    for command, api_key in ((plain, None), (keyed, KEY)):
+        server = start_server(serve_model, "--ctx", "48", api_key=api_key)     # a short context: a short answer
+        try:
+            answer = answer_of(command, server.url)
+            assert answer["done"] is True and answer["eval_count"] > 0, answer
+            if api_key:                                                  # the header is what lets it in
+                assert "API key is missing" in answer_of(plain, server.url)["error"]
+        finally:
+            server.stop()
