@@ -23,6 +23,7 @@ FAMILIES = [
 ]
 # (name, VRAM GB, RAM GB, PCIe GB/s usable, NVMe GB/s read, GPU memory GB/s)
 PCS = [
+    ("8 GB GPU, 16 GB RAM, PCIe 4, NVMe 3.5 GB/s", 8, 16, 25, 3.5, 300),     # README's least RAM
     ("8 GB GPU, 32 GB RAM, PCIe 4, NVMe 3.5 GB/s", 8, 32, 25, 3.5, 300),
     ("12 GB GPU, 64 GB RAM, PCIe 4, NVMe 7 GB/s", 12, 64, 25, 7.0, 450),
     ("16 GB GPU, 64 GB RAM, PCIe 5, NVMe 7 GB/s", 16, 64, 50, 7.0, 600),
