@@ -20,6 +20,7 @@ _SOURCES = {
     "engine.model.spec": ("load_config_dict", "read_spec"),
     "engine.tools.demo": ("build_demo_model", "demo_load_options", "DEMO_DIR_NAME"),
     "engine.serve": ("GenerationQueue", "Server", "is_loopback"),
+    "engine.serve.service": ("served_model_id",),
     "engine.grammar": ("grammar_for", "response_format_for_setting"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}

@@ -9,6 +9,8 @@ from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (QCheckBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QPlainTextEdit,
                                QPushButton, QSpinBox, QVBoxLayout, QWidget)
 
+from engine.setup import served_model_id
+
 from ..local_server import LocalServer, curl_example, new_api_key
 
 LOG_LINES = 500
@@ -32,7 +34,7 @@ class ServerPanel(QWidget):
         super().__init__(parent)
         self.settings = settings
         self.local = LocalServer(worker, on_request=self._request_seen.emit)
-        self.model_name: str | None = None
+        self.model_id: str | None = None         # what clients call the loaded model
         self.wanted = False                    # on: serve whichever local model is loaded
         self.setMinimumWidth(400)          # as narrow as the Machinery tab beside it
         layout = QVBoxLayout(self)
@@ -124,7 +126,7 @@ class ServerPanel(QWidget):
             self._show_state()
 
     def model_ready(self, info: dict) -> None:
-        self.model_name = info.get("name")
+        self.model_id = served_model_id(info)
         if self.wanted and info.get("device") != "remote":
             self._start()
         self._show_state()
@@ -187,7 +189,7 @@ class ServerPanel(QWidget):
     def _update_example(self) -> None:
         server = self.local.server
         url = server.url if server else f"http://{'127.0.0.1'}:{self.port.value()}"
-        model = server.service.model_id if server else (self.model_name or "MODEL")
+        model = server.service.model_id if server else (self.model_id or "MODEL")
         self.curl.setPlainText(curl_example(url, model, self.key.text().strip() or None))
 
     def _on_request(self, record: dict) -> None:

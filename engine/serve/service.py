@@ -178,11 +178,16 @@ class Generation:
                 "total_tokens": self.prompt_tokens + self.completion_tokens}
 
 
+def served_model_id(info: dict) -> str:
+    """The id clients name the loaded model by: its folder's name (engine.info's path, else its name)."""
+    return Path(str(info.get("path") or info.get("name") or "model")).name
+
+
 class Service:
     def __init__(self, engine, queue: GenerationQueue):
         self.engine, self.queue = engine, queue
         info = engine.info
-        self.model_id = Path(str(info.get("path") or info.get("name") or "model")).name
+        self.model_id = served_model_id(info)
         self.ctx = info["max_context"]
         self.tokenizer = getattr(engine, "tokenizer", None)
         template = getattr(self.tokenizer, "chat_template", None)

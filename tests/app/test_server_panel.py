@@ -1,5 +1,6 @@
 """The Local server panel: the app's loaded engine served over HTTP, shared with in-app chats through one queue."""
 import socket
+from pathlib import Path
 
 import httpx
 from PySide6.QtCore import Qt
@@ -21,6 +22,8 @@ def test_server_panel_serves_the_loaded_model_and_shares_the_engine_with_chats(q
     window, panel = loaded_window, loaded_window.server_panel
     window.server_action.trigger()                     # the toolbar's Server button opens the panel
     assert window.server_dock.isVisible()
+    served_id = Path(window.host.worker.engine.info["path"]).name
+    assert f'"model": "{served_id}"' in panel.curl.toPlainText()    # before it starts: the id it will serve
     panel.port.setValue(free_port())
     panel.key.setText("sk-panel")
     qtbot.mouseClick(panel.switch, Qt.MouseButton.LeftButton)
