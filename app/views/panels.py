@@ -276,6 +276,8 @@ class LivePanels(QWidget):
                                f"{format_size(sample['mem_used_bytes'])} / {format_size(sample['mem_total_bytes'])}")
 
     def _core_text(self, snapshot: dict) -> str:
+        if snapshot.get("remote"):
+            return "none here: the model decodes on its server"
         pinned = self._pinned_cores_source()
         running_on = thread_last_core(self._thread_id_source())
         if running_on is None and (snapshot.get("decode_thread_core") or -1) >= 0:
