@@ -65,14 +65,14 @@ def device_fingerprint(device: torch.device | str) -> str:
     device = torch.device(device)
     try:
         import triton
-        triton_version = triton.__version__
+        triton_version, interpreting = triton.__version__, bool(triton.knobs.runtime.interpret)
     except ImportError:
-        triton_version = "none"
+        triton_version, interpreting = "none", False
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         driver = _driver_version()
     else:
-        name, driver = "cpu-interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "cpu", "-"
+        name, driver = "cpu-interpreter" if interpreting else "cpu", "-"
     return f"{name}|driver {driver}|triton {triton_version}|torch {torch.__version__}"
 
 
