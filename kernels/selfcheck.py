@@ -36,21 +36,9 @@ def warnings_seen() -> list[str]:
         return list(_warnings)
 
 
-_cache_dir: Path | None = None      # set by `use_cache_dir`
-
-
-def use_cache_dir(path: Path | str | None) -> None:
-    """Keep the verdicts (and the engine's other per-machine files beside them) in `path`, not the default
-    (the bench's work folder); None: the default again."""
-    global _cache_dir
-    _cache_dir = Path(path) if path is not None else None
-
-
 def cache_path() -> Path:
-    """The verdicts' file: in the folder `use_cache_dir` gave, else in SLUICE_DATA_DIR's `cache` folder where
-    that is set (the app's data folder: tests, a portable install), else in the user's cache folder."""
-    if _cache_dir is not None:
-        return _cache_dir / "kernel_verdicts.json"
+    """The verdicts' file: in SLUICE_DATA_DIR's `cache` folder where that is set (the app's data folder: tests,
+    a portable install), else in the user's cache folder."""
     data_dir = os.environ.get("SLUICE_DATA_DIR")
     if data_dir:
         return Path(data_dir) / "cache" / "kernel_verdicts.json"
