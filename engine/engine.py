@@ -12,7 +12,7 @@ from typing import Iterator
 
 import torch
 
-from engine import chat_template
+import engine.chat_template as chat_template
 from engine.format import generation_config, modeldir
 from engine.model import dense_quant as dense_quant_
 from engine.detokenize import IncrementalDetokenizer

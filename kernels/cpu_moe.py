@@ -94,6 +94,61 @@ if numba is not None:
         for i in range(count):
             raw[i] = np.uint32(np.uint16(bits[first + i])) << np.uint32(16)
 
+    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+    def _gate_up_rows(xs, b, off, first, n, c, inter, hidden, bias, act, alpha, limit, h):
+        """Rows c * ROWS.. of one expert's gate and up (block b) for its n gathered rows xs[first:first + n],
+        activated into h[first:first + n] at those columns."""
+        gq = b[off[0]:off[0] + inter * hidden].view(np.int8).reshape((inter, hidden))
+        uq = b[off[2]:off[2] + inter * hidden].view(np.int8).reshape((inter, hidden))
+        rows = min(ROWS, inter - c * ROWS)
+        gs = np.empty(ROWS, np.float32)
+        us = np.empty(ROWS, np.float32)
+        _scales(b[off[1]:off[1] + 2 * inter].view(np.int16), c * ROWS, rows, gs)
+        _scales(b[off[3]:off[3] + 2 * inter].view(np.int16), c * ROWS, rows, us)
+        gb = b[off[6]:off[6] + 4 * inter].view(np.float32)    # (the biases: read only where the block has them)
+        ub = b[off[7]:off[7] + 4 * inter].view(np.float32)
+        wg = np.empty(hidden, np.float32)             # a row dequantised once, then used by every token
+        wu = np.empty(hidden, np.float32)
+        g = np.empty(n, np.float32)
+        u = np.empty(n, np.float32)
+        for i in range(rows):
+            r = c * ROWS + i
+            if n == 1:
+                g[0] = _row_dot(xs[first], gq, r, gs[i])
+                u[0] = _row_dot(xs[first], uq, r, us[i])
+            else:
+                _row(gq, r, gs[i], wg)
+                _row(uq, r, us[i], wu)
+                _dots(xs[first:first + n], wg, g)
+                _dots(xs[first:first + n], wu, u)
+            for j in range(n):
+                gj, uj = g[j], u[j]
+                if bias:
+                    gj += gb[r]
+                    uj += ub[r]
+                h[first + j, r] = _activate(gj, uj, act, np.float32(alpha), np.float32(limit))
+
+    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
+    def _down_rows_into(h, b, off, first, n, c, inter, hidden, bias, tokens, weight, ds, wd, d, y):
+        """Output columns c * ROWS.. of one expert's down projection (block b) over its activations
+        h[first:first + n], weighted and added into y at its tokens; ds, wd, d: scratch."""
+        rows = min(ROWS, hidden - c * ROWS)
+        dq = b[off[4]:off[4] + hidden * inter].view(np.int8).reshape((hidden, inter))
+        db = b[off[8]:off[8] + 4 * hidden].view(np.float32)
+        _scales(b[off[5]:off[5] + 2 * hidden].view(np.int16), c * ROWS, rows, ds)
+        for i in range(rows):
+            o = c * ROWS + i
+            if n == 1:
+                d[0] = _row_dot(h[first], dq, o, ds[i])
+            else:
+                _row(dq, o, ds[i], wd)
+                _dots(h[first:first + n], wd, d)
+            for j in range(n):
+                acc = d[j]
+                if bias:
+                    acc += db[o]
+                y[tokens[first + j], o] += weight[first + j] * acc
+
     @njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
     def _experts_into(x, tokens, weight, starts, blocks, off, inter, hidden, bias, act, alpha, limit, y):
         """Experts e = 0..E-1 (blocks[e], the rows tokens[starts[e]:starts[e + 1]] of x with their weights):
@@ -108,60 +163,15 @@ if numba is not None:
         chunks = (inter + ROWS - 1) // ROWS
         for it in prange(num * chunks):               # gate and up rows, then the activation
             e = it // chunks
-            c = it - e * chunks
-            b, first, n = blocks[e], starts[e], starts[e + 1] - starts[e]
-            gq = b[off[0]:off[0] + inter * hidden].view(np.int8).reshape((inter, hidden))
-            uq = b[off[2]:off[2] + inter * hidden].view(np.int8).reshape((inter, hidden))
-            rows = min(ROWS, inter - c * ROWS)
-            gs = np.empty(ROWS, np.float32)
-            us = np.empty(ROWS, np.float32)
-            _scales(b[off[1]:off[1] + 2 * inter].view(np.int16), c * ROWS, rows, gs)
-            _scales(b[off[3]:off[3] + 2 * inter].view(np.int16), c * ROWS, rows, us)
-            gb = b[off[6]:off[6] + 4 * inter].view(np.float32)    # (the biases: read only where the block has them)
-            ub = b[off[7]:off[7] + 4 * inter].view(np.float32)
-            wg = np.empty(hidden, np.float32)         # a row dequantised once, then used by every token
-            wu = np.empty(hidden, np.float32)
-            g = np.empty(n, np.float32)
-            u = np.empty(n, np.float32)
-            for i in range(rows):
-                r = c * ROWS + i
-                if n == 1:
-                    g[0] = _row_dot(xs[first], gq, r, gs[i])
-                    u[0] = _row_dot(xs[first], uq, r, us[i])
-                else:
-                    _row(gq, r, gs[i], wg)
-                    _row(uq, r, us[i], wu)
-                    _dots(xs[first:first + n], wg, g)
-                    _dots(xs[first:first + n], wu, u)
-                for j in range(n):
-                    gj, uj = g[j], u[j]
-                    if bias:
-                        gj += gb[r]
-                        uj += ub[r]
-                    h[first + j, r] = _activate(gj, uj, act, np.float32(alpha), np.float32(limit))
-        chunks = (hidden + ROWS - 1) // ROWS
-        for c in prange(chunks):                      # down rows, weighted into y, expert by expert
-            rows = min(ROWS, hidden - c * ROWS)
+            _gate_up_rows(xs, blocks[e], off, starts[e], starts[e + 1] - starts[e], it - e * chunks, inter, hidden,
+                          bias, act, alpha, limit, h)
+        for c in prange((hidden + ROWS - 1) // ROWS):  # down rows, weighted into y, expert by expert
             ds = np.empty(ROWS, np.float32)
             wd = np.empty(inter, np.float32)
             d = np.empty(total, np.float32)
             for e in range(num):
-                b, first, n = blocks[e], starts[e], starts[e + 1] - starts[e]
-                dq = b[off[4]:off[4] + hidden * inter].view(np.int8).reshape((hidden, inter))
-                db = b[off[8]:off[8] + 4 * hidden].view(np.float32)
-                _scales(b[off[5]:off[5] + 2 * hidden].view(np.int16), c * ROWS, rows, ds)
-                for i in range(rows):
-                    o = c * ROWS + i
-                    if n == 1:
-                        d[0] = _row_dot(h[first], dq, o, ds[i])
-                    else:
-                        _row(dq, o, ds[i], wd)
-                        _dots(h[first:first + n], wd, d)
-                    for j in range(n):
-                        acc = d[j]
-                        if bias:
-                            acc += db[o]
-                        y[tokens[first + j], o] += weight[first + j] * acc
+                _down_rows_into(h, blocks[e], off, starts[e], starts[e + 1] - starts[e], c, inter, hidden, bias,
+                                tokens, weight, ds, wd, d, y)
 
 
 MAX_BLOCKS = 8      # experts one call takes (the kernel's tuple of blocks; more go in further calls)

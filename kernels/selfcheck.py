@@ -36,21 +36,9 @@ def warnings_seen() -> list[str]:
         return list(_warnings)
 
 
-_cache_dir: Path | None = None      # set by `use_cache_dir`
-
-
-def use_cache_dir(path: Path | str | None) -> None:
-    """Keep the verdicts (and the engine's other per-machine files beside them) in `path`, not the default
-    (the bench's work folder); None: the default again."""
-    global _cache_dir
-    _cache_dir = Path(path) if path is not None else None
-
-
 def cache_path() -> Path:
-    """The verdicts' file: in the folder `use_cache_dir` gave, else in SLUICE_DATA_DIR's `cache` folder where
-    that is set (the app's data folder: tests, a portable install), else in the user's cache folder."""
-    if _cache_dir is not None:
-        return _cache_dir / "kernel_verdicts.json"
+    """The verdicts' file: in SLUICE_DATA_DIR's `cache` folder where that is set (the app's data folder: tests,
+    a portable install), else in the user's cache folder."""
     data_dir = os.environ.get("SLUICE_DATA_DIR")
     if data_dir:
         return Path(data_dir) / "cache" / "kernel_verdicts.json"
@@ -65,14 +53,14 @@ def device_fingerprint(device: torch.device | str) -> str:
     device = torch.device(device)
     try:
         import triton
-        triton_version = triton.__version__
+        triton_version, interpreting = triton.__version__, bool(triton.knobs.runtime.interpret)
     except ImportError:
-        triton_version = "none"
+        triton_version, interpreting = "none", False
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         driver = _driver_version()
     else:
-        name, driver = "cpu-interpreter" if os.environ.get("TRITON_INTERPRET") == "1" else "cpu", "-"
+        name, driver = "cpu-interpreter" if interpreting else "cpu", "-"
     return f"{name}|driver {driver}|triton {triton_version}|torch {torch.__version__}"
 
 

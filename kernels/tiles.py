@@ -11,14 +11,13 @@ decodes them whole with fp4_tile. Both MoE kernels take
 the expert activation (kernels.activation: ACT, alpha, limit) through `activate` and the biases through
 `bias_rows` (bias field byte offsets as constexprs, -1 where a block has none).
 """
-import os
-
 import triton
 import triton.language as tl
 
 
 def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
+    """Whether Triton runs its kernels in its interpreter (TRITON_INTERPRET=1: the CPU tests), as Triton reads it."""
+    return bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit

@@ -77,7 +77,7 @@ def _quantize_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
 def int8_round_trip(rows: torch.Tensor) -> torch.Tensor:
     """rows [N, H] (host) -> float32 [N, H]: each row int8-quantised as `_quantize_int8` does and dequantised
     (codes * scale), bit for bit, in a dozen numpy operations: torch's ~15 operators on one embedding row took
-    ~0.2 ms of the decode thread a token on the H200 box's host (0.3 ms on the dev machine; BENCHMARKS session 18).
+    ~0.2 ms of the decode thread a token on an H200 host (0.3 ms on a 2-core desktop).
     The bf16 rounding of the scale is done on the float32 bits (to nearest, ties to even, as torch's cast)."""
     w = rows.float().numpy()
     amax = np.abs(w).max(axis=1)

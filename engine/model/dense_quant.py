@@ -10,6 +10,7 @@ Quantised at load time, so every repacked model can use it and nothing on disk c
 weights a family multiplies through `layers.linear` (or gathers by row: the embedding) are quantised;
 each family names them with a DENSE_INT8 pattern, and a family without one keeps its dense weights in
 the compute dtype. The reference the tests compare with holds the same dequantised weights.
+This module says which weights and how many bytes; the runner quantises them as it loads (runner.to_int8).
 """
 from __future__ import annotations
 
@@ -19,10 +20,8 @@ import re
 import torch
 
 from engine.errors import SluiceError
-from engine.format.quant import quantize
-from engine.model.file_table import EMBED_TABLE, table_in_file
 from engine.model.layers import Packed
-from kernels.cpu_linear import slab_rows
+from engine.model.model import EMBED_TABLE, table_in_file
 
 DENSE_QUANTS = ("int8",)
 
@@ -55,18 +54,6 @@ def quantized_names(family: str, names) -> set[str]:
     """The dense tensors the family lets `dense_quant` turn into int8."""
     regex = pattern(family)
     return {n for n in names if regex is not None and regex.search(n)}
-
-
-def to_int8(weight: torch.Tensor) -> Packed:
-    """[out, in] in the compute dtype -> its int8 codes and bf16 row scales, on the weight's device, a
-    slab of rows at a time (rows are independent): the float32 scratch stays small beside a VRAM budget."""
-    rows = slab_rows(weight.shape[1])
-    codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
-    scale = torch.empty(weight.shape[0], dtype=torch.bfloat16, device=weight.device)
-    for r in range(0, weight.shape[0], rows):
-        parts = quantize(weight[r:r + rows], "int8")
-        codes[r:r + rows], scale[r:r + rows] = parts["w"], parts["scale"]
-    return Packed({"w": codes, "scale": scale}, "int8", weight.dtype)
 
 
 def take_rows(weight: torch.Tensor | Packed, rows: torch.Tensor) -> torch.Tensor | Packed:

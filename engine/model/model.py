@@ -6,11 +6,19 @@ from typing import Callable
 
 import torch
 
-from engine.model.file_table import FileTable
-from engine.model.layers import RmsNorm, embedding, linear, swiglu_mlp
+from engine.model.families import family_module
+from engine.model.layers import Packed, RmsNorm, embedding, linear, swiglu_mlp
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
 from kernels.activation import SILU, Activation
+
+EMBED_TABLE = "model.embed_tokens.weight"
+
+
+def table_in_file(family: str, tied: bool) -> bool:
+    """Whether the embedding table stays in the file: where the head has its own weight and the family embeds
+    by a plain row lookup. The runner and both planners ask."""
+    return not tied and not getattr(family_module(family), "EMBEDS_ITSELF", False)
 
 
 def swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -33,8 +41,9 @@ class Model:
 
     @property
     def embed_in_ram(self) -> bool:
-        """Whether the embedding table stays in the model's file (the runner left it a FileTable)."""
-        return isinstance(self.embed_tokens, FileTable)
+        """Whether the embedding table stays in the model's file: the runner left a table read by row
+        (engine.format.file_table), not a tensor."""
+        return not isinstance(self.embed_tokens, (torch.Tensor, Packed))
 
     def state_specs(self) -> list[dict[str, StateSpec]]:
         return [block.state_specs() for block in self.blocks]

@@ -31,7 +31,7 @@ class ModelShape:
     dense_params: int              # everything but routed experts (embeddings included)
     embedding_params: int          # read one row per token, so not counted as moved bytes
     exact_params: int = 0          # dense params int8 dense weights leave in the compute dtype (routers, norms, biases, ...)
-    embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.model.file_table)
+    embedding_in_file: bool = False  # the table is read from the model's file, not loaded (engine.format.file_table)
     ngram_rows_per_token: int = 0  # n-gram rows one token reads (qwen4_exp: engine.runtime.ngram)
     ngram_rows: int = 0            # the n-gram tables' rows (ngram.bin in the model dir) and their width
     ngram_row_dim: int = 0
@@ -86,7 +86,7 @@ def moe_shape(config: dict, adjust: Callable[[dict, Parts], None] | None = None)
     dense += moe * (p.router + p.shared)                                  # routers, shared experts
     embedding = p.V * p.H
     dense += embedding + (0 if config.get("tie_word_embeddings") else p.V * p.H)
-    from engine.model.file_table import table_in_file
+    from engine.model.model import table_in_file
     family = config.get("model_type", "?")
     return ModelShape(family, p.L, moe, p.E, p.k, p.H, p.I_expert, p.V, dense + moe * p.E * p.expert,
                       dense + moe * p.k * p.expert, dense, embedding, exact,

@@ -14,7 +14,6 @@ as before, and the marker is written either way, so a failing child is not retri
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import subprocess
@@ -30,6 +29,7 @@ from engine.options import Options
 PROMPT_TOKENS = 16         # more than kernels.int8_linear.MAX_KERNEL_TOKENS: the prompt paths are compiled too
 TIMEOUT_S = 900
 MESSAGE = "checking the GPU kernels on this machine (once)"
+CHILD_MODULE = "engine.tools.kernel_warmup"    # the child loads through the public API, an edge above the runtime
 
 
 def marker_path() -> Path:
@@ -82,7 +82,7 @@ def ensure_warm(model_path: Path, device: torch.device, dtype: torch.dtype, dens
     key = warmup_key(model_path, device, dtype, dense_quant)
     if key in _marked():
         return None
-    cmd = [sys.executable, "-m", "engine.runtime.kernel_warmup", str(model_path), "--device", str(device),
+    cmd = [sys.executable, "-m", CHILD_MODULE, str(model_path), "--device", str(device),
            "--dtype", str(dtype).removeprefix("torch.")] + (["--dense-quant", dense_quant] if dense_quant else [])
     cmd += child_settings(options)
     with tempfile.TemporaryFile("w+") as errors:          # a file, not a pipe: a chatty child cannot block on it
@@ -125,33 +125,3 @@ def _wait(proc: subprocess.Popen, errors, progress) -> str:
     errors.seek(0)
     last = (errors.read().strip().splitlines() or [f"exit status {proc.returncode}"])[-1]    # the error's sentence
     return f"failed: {last}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The child: load the model as the parent will, run one prompt, exit (its caches stay on disk)."""
-    import engine
-    parser = argparse.ArgumentParser(prog="python -m engine.runtime.kernel_warmup")
-    parser.add_argument("model_dir")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default=None)
-    parser.add_argument("--dense-quant", default=None)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="an engine option")
-    args = parser.parse_args(argv)
-    options = Options.parse(args.set, base=Options(kernel_warmup=False))
-    from engine.params import GenerationParams
-    from engine.format import modeldir
-    model = modeldir.open_model_dir(args.model_dir)
-    eng = engine.load(args.model_dir, device=args.device, dtype=args.dtype, dense_quant=args.dense_quant,
-                      max_context=PROMPT_TOKENS + 4, ram_cache=4 * model.spec.top_k * model.layout.block_bytes,
-                      options=options)
-    ids = [i % model.spec.vocab_size for i in range(1, PROMPT_TOKENS + 1)]
-    try:
-        for _ in eng.generate(ids, GenerationParams(max_new_tokens=2, temperature=0.0)):
-            pass
-    finally:
-        eng.close()
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

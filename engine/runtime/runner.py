@@ -17,12 +17,14 @@ import time
 import torch
 from safetensors import safe_open
 
+from engine.format.file_table import FileTable, can_map, keeps_table
 from engine.format.modeldir import DENSE_FILE, ModelDir
+from engine.format.quant import quantize
 from engine.model import dense_quant as dense_quant_
 from engine.model.block import Step
 from engine.model.layers import Packed
+from engine.model.model import EMBED_TABLE, table_in_file
 from engine.model.families import family_module
-from engine.model.file_table import EMBED_TABLE, FileTable, can_map, keeps_table, table_in_file
 from engine.model.state import ModelState, state_bytes
 from engine.host import available_memory, cgroup_capped
 from engine.options import Options
@@ -40,6 +42,7 @@ from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.attach import CandidateKernels, attach_kernels, expert_kernels
 from engine.runtime.telemetry import Telemetry
+from kernels.cpu_linear import slab_rows
 from kernels.formats import random_bank
 
 
@@ -324,7 +327,7 @@ def _check_cancel(cancel) -> None:
 def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, progress,
                 dense_quant: str | None = None) -> dict[str, torch.Tensor | Packed | FileTable]:
     """The dense weights on the device in the compute dtype, but for an embedding table the model reads
-    from its file (file_table.table_in_file). With `dense_quant` "int8" the weights the family allows are
+    from its file (engine.model.model.table_in_file). With `dense_quant` "int8" the weights the family allows are
     quantised on the host as they are read (the device gets half the bytes, and never runs the quantisation's
     torch operators: their CUDA modules would hold ~55 MiB of host memory for the process's life)."""
     path = model_dir.path / DENSE_FILE
@@ -340,7 +343,7 @@ def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, p
                 continue
             tensor = f.get_tensor(name)             # integer tables (DeepSeek-V4's tid2eid) keep their dtype
             if name in int8:
-                weights[name] = dense_quant_.to_int8(tensor.to(dtype=dtype)).to(device)
+                weights[name] = to_int8(tensor.to(dtype=dtype)).to(device)
             else:
                 weights[name] = tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
                 if weights[name].data_ptr() == tensor.data_ptr():    # still the file's map: a cut file is SIGBUS
@@ -349,3 +352,15 @@ def _load_dense(model_dir: ModelDir, device: torch.device, dtype: torch.dtype, p
                 progress(i, len(names), "loading dense weights")
     drop_file_cache(path)       # read once, now on the device (the table left there is read again as needed)
     return weights
+
+
+def to_int8(weight: torch.Tensor) -> Packed:
+    """[out, in] in the compute dtype -> its int8 codes and bf16 row scales, on the weight's device, a
+    slab of rows at a time (rows are independent): the float32 scratch stays small beside a VRAM budget."""
+    rows = slab_rows(weight.shape[1])
+    codes = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
+    scale = torch.empty(weight.shape[0], dtype=torch.bfloat16, device=weight.device)
+    for r in range(0, weight.shape[0], rows):
+        parts = quantize(weight[r:r + rows], "int8")
+        codes[r:r + rows], scale[r:r + rows] = parts["w"], parts["scale"]
+    return Packed({"w": codes, "scale": scale}, "int8", weight.dtype)

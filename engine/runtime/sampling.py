@@ -10,7 +10,7 @@ drawn (ties with the k-th kept, as transformers' top-k keeps them). The device g
 each chunk of the vocabulary (kernels/top_candidates.py, on a GPU where its self-check passed), and the
 host finds the survivors among those few and finishes the draw on them in numpy: temperature, top-p,
 the softmax and the same race, with the generation's host generator. No torch sampling operator runs on
-the GPU, so none of their CUDA modules loads (174 MiB of host memory, BENCHMARKS.md run 56). Where the
+the GPU, so none of their CUDA modules loads (they would hold 174 MiB of host memory). Where the
 chunks cannot tell the survivors (one chunk holding all k of them: it may hold more ties), and on the
 CPU device, the host takes the whole row of logits.
 """

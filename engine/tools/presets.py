@@ -192,15 +192,20 @@ def _random_dense(shapes: dict, device, generator: torch.Generator, num_experts:
     return out
 
 
+def _begin(preset: str, dst: Path):
+    """The preset's config and spec, its folder made (a writer's first step)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    config = preset_config(preset)
+    return config, read_spec(config)
+
+
 def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: int = 0, progress=print) -> Path:
     """A complete Sluice model dir for `preset`, written directly (no bf16 source)."""
     from kernels.formats import random_bank
     dst = Path(dst)
     if (dst / MANIFEST).is_file():
         return dst
-    dst.mkdir(parents=True, exist_ok=True)
-    config = preset_config(preset)
-    spec = read_spec(config)
+    config, spec = _begin(preset, dst)
     layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=spec.has_expert_bias)
     gen_dev = torch.Generator(device=device).manual_seed(seed)
     dense = _random_dense(_dense_shapes(config), device, gen_dev, spec.num_experts)
@@ -244,9 +249,7 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
     dst = Path(dst)
     if (dst / HF_INDEX).is_file():
         return dst
-    dst.mkdir(parents=True, exist_ok=True)
-    config = preset_config(preset)
-    spec = read_spec(config)
+    config, spec = _begin(preset, dst)
     gen = torch.Generator(device=device).manual_seed(seed)
     weight_map, shard, shard_size, shard_index = {}, {}, 0, 0
 

@@ -7,9 +7,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine.model.dense_quant import to_int8
-from engine.model import file_table
-from engine.model.file_table import EMBED_TABLE, FileTable, can_map
+from engine.runtime.runner import to_int8
+from engine.format import file_table
+from engine.format.file_table import FileTable, can_map
+from engine.model.model import EMBED_TABLE
 from engine.model.layers import embedding
 from engine.runtime.memory import process_memory
 

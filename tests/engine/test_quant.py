@@ -113,7 +113,7 @@ def test_expert_biases_are_float32_fields_after_the_weights(fmt):
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_int8_round_trip_is_quantize_then_dequantize_bit_for_bit(dtype):
-    """The embedding row's numpy round trip (engine.model.file_table) gives torch's quantize / dequantize values:
+    """The embedding row's numpy round trip (engine.format.file_table) gives torch's quantize / dequantize values:
     random rows of many magnitudes, a zero row, a row of one value, and rows whose w / scale land on .5 (ties
     round to even in both)."""
     from engine.format.quant import int8_round_trip

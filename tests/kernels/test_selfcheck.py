@@ -109,13 +109,8 @@ def test_int8_kernel_is_checked_in_bf16_and_a_misread_scale_is_caught(device):
     assert fn is moe_decode_ref and "exceeds" in verdict.reason
 
 
-def test_the_verdicts_live_in_the_data_folder_or_where_they_are_told(monkeypatch, tmp_path):
+def test_the_verdicts_live_in_the_data_folder_or_the_users_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
     assert selfcheck.cache_path() == tmp_path / "data" / "cache" / "kernel_verdicts.json"
-    selfcheck.use_cache_dir(tmp_path / "bench")
-    try:
-        assert selfcheck.cache_path() == tmp_path / "bench" / "kernel_verdicts.json"
-    finally:
-        selfcheck.use_cache_dir(None)
     monkeypatch.delenv("SLUICE_DATA_DIR")
     assert selfcheck.cache_path().name == "kernel_verdicts.json" and "data" not in selfcheck.cache_path().parts[-3:]

@@ -10,7 +10,7 @@ from engine import SluiceError
 from engine.format.repack import repack
 from engine.model.dense_quant import planned_bytes, quantized_names
 from engine.model.families import family_module
-from engine.model.file_table import FileTable
+from engine.format.file_table import FileTable
 from engine.model.layers import Packed
 from engine.tools.demo import build_hf_model
 from tests.engine.reference import load_reference, reference_greedy

@@ -5,7 +5,7 @@ and the CUDA graphs (float32 compute)."""
 import pytest
 import torch
 
-from engine.model.file_table import FileTable
+from engine.format.file_table import FileTable
 from engine.model.model import Model
 from engine.options import Options
 from engine.runtime.attach import attached_kernels

@@ -27,15 +27,7 @@ from engine.errors import SluiceError
 from engine.format.checkpoint import read_header
 from engine.format.quant import int8_round_trip
 
-EMBED_TABLE = "model.embed_tokens.weight"
 _DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-
-
-def table_in_file(family: str, tied: bool) -> bool:
-    """Whether the embedding table stays in the file: where the head has its own weight and the family embeds
-    by a plain row lookup. The runner and both planners ask."""
-    from engine.model.families import family_module
-    return not tied and not getattr(family_module(family), "EMBEDS_ITSELF", False)
 
 
 def keeps_table(available: int, ram_cache: int, table_bytes: int) -> bool:
