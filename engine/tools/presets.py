@@ -51,6 +51,12 @@ PRESETS = {
                          num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
                          max_position_embeddings=131072, rms_norm_eps=1e-5, swiglu_limit=7.0,
                          attention_bias=True, tie_word_embeddings=False),
+    # openai/gpt-oss-20b config.json, all 24 layers (32 experts a layer, 10.2 GB of mxfp4 experts)
+    "gpt-oss-20b": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                        num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                        num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                        max_position_embeddings=131072, rms_norm_eps=1e-5, swiglu_limit=7.0,
+                        attention_bias=True, tie_word_embeddings=False),
     # deepseek-ai/DeepSeek-V4-Flash's shapes (transformers' DeepseekV4Config defaults: hidden 4096, 256 experts of
     # 2048, top-6, 64 heads of 512, hc_mult 4) with 4 of its 43 layers, one of each attention kind.
     "deepseek-v4-flash-4l": dict(model_type="deepseek_v4", num_hidden_layers=4,
@@ -96,6 +102,16 @@ PRESETS.update({
                                  v_head_dim=128, routed_scaling_factor=2.5, norm_topk_prob=True,
                                  max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
                                  rope_parameters=dict(_DEEPSEEK_YARN, mscale=1.0, mscale_all_dim=1.0)),
+    # zai-org/GLM-4.5-Air config.json (106B: 128 routed + 1 shared experts, top-8, first layer dense, partial
+    # rotary); its MTP layer is left out (num_nextn_predict_layers 0): the bench decodes without it
+    "glm-4.5-air": dict(model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944,
+                        moe_intermediate_size=1408, num_hidden_layers=46, num_attention_heads=96,
+                        num_key_value_heads=8, head_dim=128, n_routed_experts=128, n_shared_experts=1,
+                        num_experts_per_tok=8, first_k_dense_replace=1, n_group=1, topk_group=1,
+                        norm_topk_prob=True, routed_scaling_factor=1.0, partial_rotary_factor=0.5,
+                        attention_bias=True, use_qk_norm=False, num_nextn_predict_layers=0,
+                        max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-5,
+                        tie_word_embeddings=False),
 })
 # said in the bench output: how a preset differs from the real model
 PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)",
@@ -308,4 +324,6 @@ def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> Non
 def _architecture(config: dict) -> str:
     return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM",
-            "deepseek_v4": "DeepseekV4ForCausalLM", "qwen4_exp_text": "Qwen4ExpForCausalLM"}[config["model_type"]]
+            "deepseek_v4": "DeepseekV4ForCausalLM", "qwen4_exp_text": "Qwen4ExpForCausalLM",
+            "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+            "glm4_moe": "Glm4MoeForCausalLM"}[config["model_type"]]
