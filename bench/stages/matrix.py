@@ -22,6 +22,7 @@ call left there, so a session can fill the matrix a few families a call (--out o
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import shutil
 import sys
@@ -47,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--llama-src", type=Path, default=llamacpp.default_src(),
                    help="llama.cpp source with convert_hf_to_gguf.py (default: peer/llama.cpp)")
     p.add_argument("--llama-threads", type=int, default=16, help="llama-bench -t (default 16)")
+    p.add_argument("--llama-ncmoe", type=int, nargs="+",
+                   help="llama-bench -ncmoe values (default: points predicted around the VRAM limit)")
+    p.add_argument("--llama-timeout", type=float, help="seconds a llama-bench run (default: 240, 120 in exceeds)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--disk-limit", default="64GB", help="the disk the files must fit (default 64GB)")
     p.add_argument("--clean", action="store_true", help="delete a family's files once its regimes are done")
@@ -88,7 +92,6 @@ def _reference_config() -> dict:
 
 
 def _load(path: Path) -> dict:
-    import json
     return json.loads(path.read_text()) if path.is_file() else {"families": {}}
 
 
@@ -118,7 +121,7 @@ def run_family(plan: Planned, args, reference_bytes: int, matrix: dict) -> int:
                   layers_note=plan.layers_note(), files=asdict(plan.files))
     _progress(f"=== {name}: preset {plan.preset}, {plan.layers_note()}")
     if not plan.fits:
-        record["regimes"] = {r: {"sluice": {"error": _over_disk(plan)}} for r in args.regime}
+        record["regimes"].update({r: {"sluice": {"error": _over_disk(plan)}} for r in args.regime})
         save_json(args.out, "matrix", matrix)
         return len(args.regime)
     gguf, no_peer = _gguf(plan, args)
@@ -173,14 +176,17 @@ def run_cell(plan: Planned, reg: Regime, gguf: Path | None, no_peer: str | None,
 def peer_sweep(plan: Planned, reg: Regime, gguf: Path, vram_limit_bytes: int, args) -> dict:
     log_dir = args.out / "llama-bench" / plan.family.name
     log_dir.mkdir(parents=True, exist_ok=True)
-    peer = sweep(args.llama_bench, gguf, reg, _points(plan, reg, vram_limit_bytes), vram_budget=str(vram_limit_bytes),
-                 log=_progress, n_prompt=PROMPT_TOKENS, threads=args.llama_threads, use_cgroup=not args.no_cgroup,
-                 drop_cache=not args.keep_page_cache, log_dir=log_dir)
+    peer = sweep(args.llama_bench, gguf, reg, _points(plan, reg, vram_limit_bytes, args),
+                 vram_budget=str(vram_limit_bytes), log=_progress, n_prompt=PROMPT_TOKENS, threads=args.llama_threads,
+                 timeout_s=args.llama_timeout, use_cgroup=not args.no_cgroup, drop_cache=not args.keep_page_cache,
+                 log_dir=log_dir)
     peer["gguf"] = str(gguf)
     return peer
 
 
-def _points(plan: Planned, reg: Regime, vram_limit_bytes: int) -> tuple[int, ...]:
+def _points(plan: Planned, reg: Regime, vram_limit_bytes: int, args) -> tuple[int, ...]:
+    if args.llama_ncmoe:
+        return tuple(args.llama_ncmoe)
     return ncmoe_points(plan.files, plan.num_layers, plan.num_moe_layers, vram_limit_bytes, reg.name == "exceeds")
 
 
@@ -264,10 +270,9 @@ def dry_run_lines(plans: list[Planned], args, reference_bytes: int) -> list[str]
             runs = []
             if with_gguf:
                 limit_bytes = parse_size(reg.vram_budget)
-                points = _points(plan, reg, limit_bytes)
-                timeout = llamacpp.RUN_SETTINGS.get(reg.name, llamacpp.RUN_SETTINGS["default"])["timeout_s"]
-                worst_s += timeout * len(points)
+                points = _points(plan, reg, limit_bytes, args)
                 s = {**llamacpp.RUN_SETTINGS["default"], **llamacpp.RUN_SETTINGS.get(reg.name, {})}
+                worst_s += (args.llama_timeout or s["timeout_s"]) * len(points)
                 runs = ["   " + shlex.join(llamacpp.llama_bench_argv(args.llama_bench, llamacpp.gguf_path(
                     args.work_dir, plan.preset), n, args.llama_threads, PROMPT_TOKENS, s["n_gen"], s["reps"]))
                     for n in points]

@@ -164,3 +164,32 @@ def test_matrix_runs_a_tiny_family_on_the_cpu_without_llama_bench(monkeypatch, t
     table = out[out.index("| family (layers)"):]
     assert table.count("| tiny (2/2) |") == 3 and table.count("not run (no --llama-bench)") == 3
     assert "placement    " in out or "per token    " in out                     # the bench's own lines, per cell
+
+
+def test_matrix_runs_llama_bench_first_in_fits_vram_ram_and_after_sluice_elsewhere(monkeypatch, tmp_path, capsys):
+    from bench import llamacpp
+    from tests.bench.test_bench_tree import _fake_llama_bench
+    monkeypatch.setitem(presets.PRESETS, "tiny-olmoe", TINY_OLMOE)
+    monkeypatch.setitem(FAMILIES, "tiny", Family("tiny", "tiny-olmoe", "int8", 2))
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path / "not-a-cgroup")
+    monkeypatch.setattr(regime_stage, "drop_page_cache", lambda: False)
+    monkeypatch.setattr(peer_runs, "drop_page_cache", lambda: False)
+    order = []
+    monkeypatch.setattr(llamacpp, "convert_preset", lambda preset, work, *a: tmp_path / f"{preset}.gguf")
+    sweep, sluice = peer_runs.sweep, regime_stage.sluice_in_regime
+    monkeypatch.setattr("bench.stages.matrix.sweep", lambda *a, **kw: order.append("peer") or sweep(*a, **kw))
+    monkeypatch.setattr(regime_stage, "sluice_in_regime", lambda *a, **kw: order.append("sluice") or sluice(*a, **kw))
+    exe = _fake_llama_bench(tmp_path, decode_sleep_s=0)
+    argv = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), "matrix", "tiny", "--device", "cpu",
+            "--regime", "fits-ram", "fits-vram-ram", "--llama-bench", str(exe), "--llama-ncmoe", "1", "2", "--",
+            "--dtype", "float32", "--prompt-tokens", "24", "--new-tokens", "6"]
+    assert bench_main(argv) == 0
+    assert order == ["sluice", "peer", "peer", "sluice"]
+    cells = json.loads((tmp_path / "out" / "matrix.json").read_text())["families"]["tiny"]["regimes"]
+    for cell in cells.values():
+        assert [r["ncmoe"] for r in cell["peer"]["runs"]] == [1, 2] and cell["peer"]["best"]["decode_tok_s"] > 120
+        assert cell["peer"]["ratio"]["decode"] == cell["sluice"]["decode_tok_s"] / cell["peer"]["best"]["decode_tok_s"]
+        assert cell["sluice"]["model_dir"].endswith("-repacked")                # the GGUF's checkpoint, repacked
+    assert cells["fits-vram-ram"]["sluice"]["vram_budget_bytes"] == 256 << 20   # no VRAM read: the regime's budget
+    out = capsys.readouterr().out
+    assert "vs llama.cpp Sluice / llama.cpp (best -ncmoe within" in out and "120.30 (-ncmoe 1, VRAM n/a)" in out
