@@ -28,6 +28,7 @@ class Family:
     quant: str                    # Sluice's experts: int8 against llama.cpp's Q8_0; mxfp4 where the GGUF keeps mxfp4
     full_layers: int              # the released model's layers
     no_gguf: str | None = None    # why llama.cpp's converter cannot take the bench's checkpoint (None: it can)
+    peer_layers: tuple[int, ...] | None = None     # the layer counts llama.cpp loads this family at (None: any)
 
 
 FAMILIES = {f.name: f for f in (
@@ -36,7 +37,8 @@ FAMILIES = {f.name: f for f in (
     Family("gpt-oss-120b", "gpt-oss-120b", "mxfp4", 36),
     Family("gpt-oss-20b", "gpt-oss-20b", "mxfp4", 24),
     Family("qwen3.5-35b-a3b", "qwen3.5-35b-a3b", "int8", 40),
-    Family("deepseek-v2-lite", "deepseek-v2-lite", "int8", 27),
+    # llama.cpp reads a DeepSeek-V2 without q LoRA only at 26 or 27 layers (src/models/deepseek2.cpp's is_lite)
+    Family("deepseek-v2-lite", "deepseek-v2-lite", "int8", 27, peer_layers=(26, 27)),
     Family("glm-4.5-air", "glm-4.5-air", "int8", 46),
     Family("deepseek-v4-flash", "deepseek-v4-flash-4l", "int8", 43,
            no_gguf="llama.cpp's DeepSeek-V4 converter reads the released checkpoint's own config names "
@@ -56,6 +58,12 @@ def families(names: list[str]) -> list[Family]:
 
 # ---- files on disk -------------------------------------------------------------------------------------------
 
+# How the two engines' files share the disk. SAME: one HF checkpoint, repacked for Sluice and converted to the GGUF
+# (the same weights). SEPARATE: the checkpoint converted, then deleted, and Sluice's model written directly (the
+# same shapes and formats, another random draw), where the three copies would not fit. ALONE: Sluice only.
+SAME, SEPARATE, ALONE = "same", "separate", "alone"
+
+
 @dataclass(frozen=True)
 class Files:
     """Estimated bytes of a preset's files: its HF checkpoint (bf16; gpt-oss's experts in mxfp4 as released),
@@ -65,8 +73,13 @@ class Files:
     gguf_bytes: int
     gguf_expert_bytes: int        # of gguf_bytes, the routed experts (what -ncmoe moves to the CPU)
 
-    def total(self, with_peer: bool) -> int:
-        return self.hf_bytes + self.sluice_bytes + self.gguf_bytes if with_peer else self.sluice_bytes
+    def peak(self, layout: str) -> int:
+        """The most bytes on the disk at once."""
+        if layout == SAME:
+            return self.hf_bytes + self.sluice_bytes + self.gguf_bytes
+        if layout == SEPARATE:
+            return self.gguf_bytes + max(self.hf_bytes, self.sluice_bytes)
+        return self.sluice_bytes
 
 
 def file_bytes(config: dict, quant: str) -> Files:
@@ -95,13 +108,13 @@ class Planned:
     preset_layers: int            # the family preset's own layers (fewer than the released model's for some)
     num_moe_layers: int
     files: Files
-    with_peer: bool               # the peer's files (HF checkpoint and GGUF) are on the disk too
+    layout: str                   # SAME, SEPARATE or ALONE
     disk_limit_bytes: int
-    peer_over_disk: bool = False  # the peer left out: its files would not fit beside Sluice's
+    peer_left_out: bool = False   # the peer was asked for, but its files would not fit (ALONE)
 
     @property
     def fits(self) -> bool:
-        return self.files.total(self.with_peer) <= self.disk_limit_bytes - RESERVED_DISK_BYTES
+        return self.files.peak(self.layout) <= self.disk_limit_bytes - RESERVED_DISK_BYTES
 
     @property
     def is_subset(self) -> bool:
@@ -114,6 +127,12 @@ class Planned:
         why = (f"the files of more would not fit a {self.disk_limit_bytes / 1e9:.0f} GB disk"
                if self.num_layers < self.preset_layers else f"the preset {self.family.preset}'s subset")
         return f"{self.num_layers} of {self.family.full_layers} layers ({why})"
+
+    def layout_note(self) -> str:
+        if self.layout == SEPARATE:
+            return ("llama.cpp runs another random draw of the same shapes: one checkpoint, its repack and its GGUF "
+                    f"would not fit a {self.disk_limit_bytes / 1e9:.0f} GB disk")
+        return ""
 
 
 def _text(entry: dict) -> dict:
@@ -135,27 +154,29 @@ def _config(entry: dict) -> dict:
 
 
 def plan_family(family: Family, presets: dict, disk_limit_bytes: int, with_peer: bool) -> Planned:
-    """The family's preset, or the most of its layers whose files fit the disk (in steps of its attention
-    schedule's period). A preset with an explicit layer schedule keeps its layers and runs without the peer
-    where the peer's files would not fit too. A subset is named PRESET-Nl; the caller registers its entry
-    among the presets."""
+    """Where the peer runs: the family's preset on one checkpoint for both engines, or the most of its layers whose
+    files fit the disk (in steps of its attention schedule's period). A preset whose layers are fixed (an explicit
+    layer schedule, or a count llama.cpp requires) runs the peer on a separate draw where that fits, else Sluice
+    alone. A subset is named PRESET-Nl; the caller registers its entry among the presets."""
     from engine.plan.estimate import model_shape
     entry = presets[family.preset]
 
-    def planned(name: str, e: dict) -> Planned:
+    def planned(name: str, e: dict, layout: str, peer_left_out: bool = False) -> Planned:
         config = _config(e)
         shape = model_shape(config)
         return Planned(family, name, e, shape.num_layers, _text(entry)["num_hidden_layers"], shape.num_moe_layers,
-                       file_bytes(config, family.quant), with_peer, disk_limit_bytes)
+                       file_bytes(config, family.quant), layout, disk_limit_bytes, peer_left_out)
 
-    with_peer = with_peer and family.no_gguf is None
-    full = planned(family.preset, entry)
+    if not with_peer or family.no_gguf:
+        return planned(family.preset, entry, ALONE)
+    full = planned(family.preset, entry, SAME)
     if full.fits:
         return full
-    if "layer_types" in _text(entry):          # no fewer layers: Sluice alone where the peer's files do not fit
-        return replace(full, with_peer=False, peer_over_disk=with_peer)
+    if "layer_types" in _text(entry) or family.peer_layers:
+        separate = replace(full, layout=SEPARATE)
+        return separate if separate.fits else replace(full, layout=ALONE, peer_left_out=True)
     step = _text(entry).get("full_attention_interval", 1)
-    subset = lambda k: planned(f"{family.preset}-{k * step}l", with_layers(entry, k * step))   # noqa: E731
+    subset = lambda k: planned(f"{family.preset}-{k * step}l", with_layers(entry, k * step), SAME)   # noqa: E731
     low, high = 2, full.num_layers // step - 1          # in steps: the fewest kept, the most that might fit
     while low < high:
         mid = (low + high + 1) // 2
@@ -259,5 +280,6 @@ def format_table(matrix: dict) -> str:
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(row) + " |" for row in table_rows(matrix)]
     for name, fam in matrix["families"].items():
-        lines.append(f"{name}: preset {fam['preset']}, {fam['layers_note']}")
+        lines.append(f"{name}: preset {fam['preset']}, {fam['layers_note']}"
+                     + (f"; {fam['layout_note']}" if fam.get("layout_note") else ""))
     return "\n".join(lines)

@@ -26,17 +26,19 @@ import json
 import shlex
 import shutil
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 from bench import llamacpp
 from bench.common import save_json
-from bench.matrix_plan import (NEW_TOKENS, PROMPT_TOKENS, REFERENCE_PRESET, RESERVED_DISK_BYTES, Planned, families,
-                               file_bytes, format_table, ncmoe_points, plan_family, scaled_regime, sluice_vram_at)
+from bench.matrix_plan import (NEW_TOKENS, PROMPT_TOKENS, REFERENCE_PRESET, RESERVED_DISK_BYTES, SAME, SEPARATE, Planned,
+                               families, file_bytes, format_table, ncmoe_points, plan_family, scaled_regime,
+                               sluice_vram_at)
 from bench.peer_runs import peer_lines, ratios, sweep
 from bench.regimes import REGIMES, Regime, describe
 from engine.errors import SluiceError
 from engine.sizes import format_size, parse_size
+from engine.tools.presets import hf_checkpoint_dir
 
 PEER_VRAM = "PEER_VRAM"        # the dry run's stand-in for the VRAM of llama.cpp's best point
 
@@ -106,10 +108,9 @@ def why_no_peer(plan: Planned, args) -> str | None:
         return "no --llama-bench"
     if plan.family.no_gguf:
         return f"llama.cpp cannot take it: {plan.family.no_gguf}"
-    if plan.peer_over_disk:
-        peer = replace(plan, with_peer=True)
-        return (f"its HF checkpoint and GGUF beside Sluice's files (~{peer.files.total(True) / 1e9:.0f} GB) would not "
-                f"fit the disk")
+    if plan.peer_left_out:
+        return (f"its HF checkpoint and GGUF beside Sluice's files (~{plan.files.peak(SEPARATE) / 1e9:.0f} GB at "
+                f"once) would not fit the disk")
     return None
 
 
@@ -118,7 +119,8 @@ def run_family(plan: Planned, args, reference_bytes: int, matrix: dict) -> int:
     name = plan.family.name
     record = matrix["families"].setdefault(name, {"regimes": {}})
     record.update(preset=plan.preset, layers=plan.num_layers, full_layers=plan.family.full_layers,
-                  layers_note=plan.layers_note(), files=asdict(plan.files))
+                  layers_note=plan.layers_note(), layout=plan.layout, layout_note=plan.layout_note(),
+                  files=asdict(plan.files))
     _progress(f"=== {name}: preset {plan.preset}, {plan.layers_note()}")
     if not plan.fits:
         record["regimes"].update({r: {"sluice": {"error": _over_disk(plan)}} for r in args.regime})
@@ -144,9 +146,12 @@ def _gguf(plan: Planned, args) -> tuple[Path | None, str | None]:
     if why:
         return None, why
     try:
-        return llamacpp.convert_preset(plan.preset, args.work_dir, args.llama_src, args.device, _progress), None
+        gguf = llamacpp.convert_preset(plan.preset, args.work_dir, args.llama_src, args.device, _progress)
     except SluiceError as exc:
         return None, f"conversion failed: {exc}"
+    if plan.layout == SEPARATE:                 # room for Sluice's model, written directly
+        shutil.rmtree(hf_checkpoint_dir(args.work_dir, plan.preset), ignore_errors=True)
+    return gguf, None
 
 
 def sluice_flags(plan: Planned, regime_name: str, args) -> list[str]:
@@ -163,7 +168,7 @@ def run_cell(plan: Planned, reg: Regime, gguf: Path | None, no_peer: str | None,
         peer = peer_sweep(plan, reg, gguf, parse_size(reg.vram_budget), args)
         flags += ["--vram-budget", sluice_vram_at(peer["best"], reg.vram_budget)]
     try:
-        sluice = sluice_in_regime(reg, flags, args, via_repack=gguf is not None)
+        sluice = sluice_in_regime(reg, flags, args, via_repack=gguf is not None and plan.layout == SAME)
     except SluiceError as exc:                     # one cell failing leaves the others to run
         return {"sluice": {"error": str(exc)}, "peer": peer or {"not_run": no_peer or "Sluice failed"}}
     if gguf and peer is None:
@@ -204,7 +209,7 @@ def cell_lines(cell: dict) -> list[str]:
 
 
 def _over_disk(plan: Planned) -> str:
-    return (f"its files (~{plan.files.total(plan.with_peer) / 1e9:.0f} GB) would not fit --disk-limit "
+    return (f"its files (~{plan.files.peak(plan.layout) / 1e9:.0f} GB) would not fit --disk-limit "
             f"{plan.disk_limit_bytes / 1e9:.0f} GB less {RESERVED_DISK_BYTES / 1e9:.0f} GB for the system")
 
 
@@ -241,18 +246,22 @@ def dry_run_lines(plans: list[Planned], args, reference_bytes: int) -> list[str]
     for plan in plans:
         f, no_peer = plan.files, why_no_peer(plan, args)
         with_gguf = no_peer is None
-        files = (f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + Sluice {plan.family.quant} {f.sluice_bytes / 1e9:.1f} GB + "
-                 f"GGUF {f.gguf_bytes / 1e9:.1f} GB" if plan.with_peer else
-                 f"Sluice {plan.family.quant} {f.sluice_bytes / 1e9:.1f} GB, written directly")
-        total = f.total(plan.with_peer)
+        sluice_gb = f"Sluice {plan.family.quant} {f.sluice_bytes / 1e9:.1f} GB"
+        files = {SAME: f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + {sluice_gb} + GGUF {f.gguf_bytes / 1e9:.1f} GB",
+                 SEPARATE: f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + GGUF {f.gguf_bytes / 1e9:.1f} GB, then the "
+                           f"checkpoint deleted and {sluice_gb} written directly"}.get(plan.layout,
+                                                                                     f"{sluice_gb}, written directly")
+        total = f.peak(plan.layout)
         disk_sum += total
         over = "" if plan.fits else f"  OVER THE DISK LIMIT ({_over_disk(plan)})"
         lines += ["", f"== {plan.family.name}: preset {plan.preset}, {plan.layers_note()}",
-                  f"   files ~{total / 1e9:.1f} GB ({files}){over}"]
+                  f"   files ~{total / 1e9:.1f} GB at most ({files}){over}"]
+        if plan.layout_note():
+            lines.append(f"   {plan.layout_note()}")
         if no_peer:
             lines.append(f"   llama.cpp: not run ({no_peer})")
         else:
-            hf = Path(args.work_dir) / f"{plan.preset}-hf"
+            hf = hf_checkpoint_dir(args.work_dir, plan.preset)
             lines.append("   " + shlex.join(["python", "-m", "bench.gguf_convert", str(args.llama_src), str(hf),
                                              str(llamacpp.gguf_path(args.work_dir, plan.preset)), "--outtype", "q8_0"])
                          + "   # after writing the HF checkpoint")
@@ -265,7 +274,8 @@ def dry_run_lines(plans: list[Planned], args, reference_bytes: int) -> list[str]
             peer_first = with_gguf and reg.name == "fits-vram-ram"
             if peer_first:
                 flags += ["--vram-budget", PEER_VRAM]
-            sluice = ["sluice", "bench", *regime_flags(parse_bench_args(flags), reg, flags, with_gguf, capped),
+            repack = with_gguf and plan.layout == SAME
+            sluice = ["sluice", "bench", *regime_flags(parse_bench_args(flags), reg, flags, repack, capped),
                       "--json", "--work-dir", str(args.work_dir)]
             runs = []
             if with_gguf:

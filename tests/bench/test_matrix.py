@@ -56,11 +56,18 @@ def test_a_family_too_big_for_the_disk_runs_a_subset_of_its_layers():
     assert plan.preset == "qwen3-30b-a3b-20l" and plan.num_layers == 20 and plan.fits
     assert plan.layers_note() == "20 of 48 layers (the files of more would not fit a 64 GB disk)"
     assert plan.config["num_hidden_layers"] == 20 and known == presets.PRESETS      # registering is the caller's
+    assert plan.layout == "same" and plan.layout_note() == ""
     alone = matrix_plan.plan_family(FAMILIES["qwen3-30b-a3b"], presets.PRESETS, 64 * GB, with_peer=False)
     assert alone.preset == "qwen3-30b-a3b" and alone.layers_note() == "all 48 layers"      # 29 GB of int8 alone
-    # an explicit layer schedule keeps its layers: Sluice alone, the peer left out and said why
-    flash = matrix_plan.plan_family(FAMILIES["qwen3.8-flash-next"], presets.PRESETS, 64 * GB, with_peer=True)
-    assert flash.preset == "qwen3.8-flash-next-4l" and flash.peer_over_disk and not flash.with_peer and flash.fits
+    assert alone.layout == "alone" and not alone.peer_left_out
+    # fixed layers (an explicit schedule; a count llama.cpp requires): the peer on a separate draw, where that fits
+    for name, disk in (("qwen3.8-flash-next", 64), ("deepseek-v2-lite", 64)):
+        fixed = matrix_plan.plan_family(FAMILIES[name], presets.PRESETS, disk * GB, with_peer=True)
+        assert fixed.preset == FAMILIES[name].preset and fixed.layout == "separate" and fixed.fits
+        assert fixed.files.peak("separate") < fixed.files.peak("same")
+        assert "another random draw of the same shapes" in fixed.layout_note()
+    lite = matrix_plan.plan_family(FAMILIES["deepseek-v2-lite"], presets.PRESETS, 40 * GB, with_peer=True)
+    assert lite.layout == "alone" and lite.peer_left_out and lite.num_layers == 27    # never a subset llama.cpp refuses
 
 
 def _sluice(decode, vram, warm, cold, eff, reads_ms, syncs_ms, token_ms):
@@ -112,7 +119,7 @@ def test_dry_run_prints_every_command_for_two_families(tmp_path, capsys):
     lines = out.splitlines()
     assert lines[0].startswith("matrix: 2 families x 3 regimes; llama-bench /x/llama-bench; disk 64 GB")
     assert "== olmoe: preset olmoe-1b-7b, all 16 layers" in lines
-    assert "   files ~28.6 GB (HF checkpoint 13.8 GB + Sluice int8 7.4 GB + GGUF 7.4 GB)" in lines
+    assert "   files ~28.6 GB at most (HF checkpoint 13.8 GB + Sluice int8 7.4 GB + GGUF 7.4 GB)" in lines
     assert ("   python -m bench.gguf_convert /src /w/olmoe-1b-7b-hf /w/olmoe-1b-7b-q8_0.gguf --outtype q8_0   "
             "# after writing the HF checkpoint") in lines
     flags = "--preset olmoe-1b-7b --quant int8 --dense-quant int8 --prompt-tokens 512"
@@ -193,3 +200,23 @@ def test_matrix_runs_llama_bench_first_in_fits_vram_ram_and_after_sluice_elsewhe
     assert cells["fits-vram-ram"]["sluice"]["vram_budget_bytes"] == 256 << 20   # no VRAM read: the regime's budget
     out = capsys.readouterr().out
     assert "vs llama.cpp Sluice / llama.cpp (best -ncmoe within" in out and "120.30 (-ncmoe 1, VRAM n/a)" in out
+
+
+def test_a_separate_draw_deletes_the_checkpoint_once_converted(monkeypatch, tmp_path):
+    import argparse
+    from dataclasses import replace
+    from bench import llamacpp
+    from bench.stages import matrix
+    monkeypatch.setitem(presets.PRESETS, "tiny-olmoe", TINY_OLMOE)
+    plan = matrix_plan.plan_family(Family("tiny", "tiny-olmoe", "int8", 2), presets.PRESETS, 64 * GB, with_peer=True)
+    hf = presets.hf_checkpoint_dir(tmp_path, "tiny-olmoe")
+
+    def convert(preset, work, *a):
+        hf.mkdir(exist_ok=True)
+        return tmp_path / "tiny.gguf"
+    monkeypatch.setattr(llamacpp, "convert_preset", convert)
+    args = argparse.Namespace(llama_bench=tmp_path / "llama-bench", work_dir=tmp_path, llama_src=tmp_path, device="cpu")
+    assert matrix._gguf(plan, args) == (tmp_path / "tiny.gguf", None) and hf.is_dir()       # one checkpoint for both
+    assert matrix._gguf(replace(plan, layout="separate"), args) == (tmp_path / "tiny.gguf", None) and not hf.exists()
+    assert matrix._gguf(replace(plan, layout="alone", peer_left_out=True), args)[1].startswith(
+        "its HF checkpoint and GGUF beside Sluice's files")
