@@ -162,6 +162,26 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             if ".experts." not in n and not TABLE_NAME.match(n)}
 
 
+def _hash_constants(config: dict) -> dict[str, torch.Tensor]:
+    """A PLE layer's n-gram hash constants (int64 buffers: each n-gram order's multipliers, each head's prime vocabulary
+    and its offset), as transformers computes them: a checkpoint carries them, and llama.cpp's converter reads them."""
+    import sys
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if config["model_type"] != "qwen4_exp_text" or not config.get("ple_layer_ids"):
+        return {}
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields))
+    out = {}
+    for name, m in model.named_modules():
+        if hasattr(m, "head_vocab_sizes") and hasattr(m, "layer_multipliers"):
+            build = sys.modules[type(m).__module__]._build_layer_multipliers
+            out[f"{name}.layer_multipliers"] = build(m.unigram_vocab_size, m.ngram_size, m.ple_layer_index, m.seed)
+            out[f"{name}.ngram_heads_vocab_sizes"] = torch.tensor(m.head_vocab_sizes, dtype=torch.long)
+            out[f"{name}.ngram_heads_offsets"] = torch.tensor(m.head_offsets, dtype=torch.long)
+    return out
+
+
 def _tables(config: dict) -> dict[int, tuple[int, int, int]]:
     """A PLE model's n-gram tables as the Hub splits them: {layer: (shards, rows a shard, row dim)}."""
     from engine.model.qwen4.config import read_qwen4_dims
@@ -281,7 +301,8 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
         if shard_size >= shard_bytes:
             flush()
 
-    for name, tensor in _random_dense(_dense_shapes(config), device, gen, spec.num_experts).items():
+    dense = {**_random_dense(_dense_shapes(config), device, gen, spec.num_experts), **_hash_constants(config)}
+    for name, tensor in dense.items():
         add(name, tensor)
     for name in (n for names in _table_shards(config).values() for n in names):
         add(name, _random_table_shard(config, name, device, seed))
