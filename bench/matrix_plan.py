@@ -224,7 +224,7 @@ def sluice_vram_at(peer_best: dict | None, regime_vram: str) -> str:
 # ---- the table -------------------------------------------------------------------------------------------------
 
 COLUMNS = ("family (layers)", "regime", "Sluice decode tok/s (VRAM)", "llama.cpp decode (-ncmoe, VRAM)", "ratio",
-           "prefill warm / cold vs pp512", "efficiency", "where the time goes")
+           "prefill warm / cold vs llama.cpp pp", "efficiency", "where the time goes")
 
 
 def _gib(n: int | None) -> str:

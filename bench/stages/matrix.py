@@ -15,7 +15,7 @@ Per regime, with a llama-bench and a family llama.cpp's converter takes:
 Without a llama-bench (or for a family llama.cpp cannot convert: said in the output) the peer's columns say
 "not run" and Sluice runs the preset written directly, at the regime's budget.
 
-The table (family x regime: decodes, the ratio, warm and cold prefill against llama.cpp's pp512, efficiency and the
+The table (family x regime: decodes, the ratio, warm and cold prefill against llama.cpp's pp, efficiency and the
 longer wait of a decode token) is printed last; the results go to OUT/matrix.json, merged with what an earlier
 call left there, so a session can fill the matrix a few families a call (--out on a folder that stays).
 """
@@ -162,27 +162,29 @@ def sluice_flags(plan: Planned, regime_name: str, args) -> list[str]:
 
 def run_cell(plan: Planned, reg: Regime, gguf: Path | None, no_peer: str | None, args) -> dict:
     """Sluice and the peer in one regime, in the order the module's docstring gives."""
-    from bench.stages.regime import sluice_in_regime
+    from bench.stages.regime import parse_bench_args, sluice_in_regime
     flags, peer = sluice_flags(plan, reg.name, args), None
+    n_prompt = parse_bench_args(flags).prompt_tokens          # the peer's pp: Sluice's prompt, as the user set it
     if gguf and reg.name == "fits-vram-ram":
-        peer = peer_sweep(plan, reg, gguf, parse_size(reg.vram_budget), args)
+        peer = peer_sweep(plan, reg, gguf, parse_size(reg.vram_budget), n_prompt, args)
         flags += ["--vram-budget", sluice_vram_at(peer["best"], reg.vram_budget)]
     try:
         sluice = sluice_in_regime(reg, flags, args, via_repack=gguf is not None and plan.layout == SAME)
     except SluiceError as exc:                     # one cell failing leaves the others to run
         return {"sluice": {"error": str(exc)}, "peer": peer or {"not_run": no_peer or "Sluice failed"}}
     if gguf and peer is None:
-        peer = peer_sweep(plan, reg, gguf, max(sluice["vram_budget_bytes"], sluice.get("vram_driver_bytes") or 0), args)
+        limit = max(sluice["vram_budget_bytes"], sluice.get("vram_driver_bytes") or 0)
+        peer = peer_sweep(plan, reg, gguf, limit, n_prompt, args)
     if peer:
         peer["ratio"] = ratios(sluice, peer)
     return {"sluice": sluice, "peer": peer or {"not_run": no_peer}}
 
 
-def peer_sweep(plan: Planned, reg: Regime, gguf: Path, vram_limit_bytes: int, args) -> dict:
+def peer_sweep(plan: Planned, reg: Regime, gguf: Path, vram_limit_bytes: int, n_prompt: int, args) -> dict:
     log_dir = args.out / "llama-bench" / plan.family.name
     log_dir.mkdir(parents=True, exist_ok=True)
     peer = sweep(args.llama_bench, gguf, reg, _points(plan, reg, vram_limit_bytes, args),
-                 vram_budget=str(vram_limit_bytes), log=_progress, n_prompt=PROMPT_TOKENS, threads=args.llama_threads,
+                 vram_budget=str(vram_limit_bytes), log=_progress, n_prompt=n_prompt, threads=args.llama_threads,
                  timeout_s=args.llama_timeout, use_cgroup=not args.no_cgroup, drop_cache=not args.keep_page_cache,
                  log_dir=log_dir)
     peer["gguf"] = str(gguf)
@@ -284,7 +286,8 @@ def dry_run_lines(plans: list[Planned], args, reference_bytes: int) -> list[str]
                 s = {**llamacpp.RUN_SETTINGS["default"], **llamacpp.RUN_SETTINGS.get(reg.name, {})}
                 worst_s += (args.llama_timeout or s["timeout_s"]) * len(points)
                 runs = ["   " + shlex.join(llamacpp.llama_bench_argv(args.llama_bench, llamacpp.gguf_path(
-                    args.work_dir, plan.preset), n, args.llama_threads, PROMPT_TOKENS, s["n_gen"], s["reps"]))
+                    args.work_dir, plan.preset), n, args.llama_threads, parse_bench_args(flags).prompt_tokens,
+                    s["n_gen"], s["reps"]))
                     for n in points]
                 within = f"{format_size(limit_bytes)}" if peer_first else "Sluice's driver-view VRAM"
                 runs.append(f"   # -ncmoe {', '.join(map(str, points))}: the fastest within {within} "
