@@ -4,16 +4,19 @@ llama.cpp's llama-bench beside it on a GGUF of the same HF checkpoint, in one ta
     python -m bench matrix [FAMILY ...] [--regime R ...] [--llama-bench BIN] [--dry-run] [-- sluice bench flags]
 
 FAMILY: one of bench/matrix_plan.py's FAMILIES (default: all). Each family runs its preset, or the most of its
-layers whose files (HF checkpoint, Sluice's repack, the GGUF) fit --disk-limit; the output says which run a layer
-subset. Each regime's memory cap and VRAM budget are scaled to the family's size (OLMoE's are the regimes' own).
+layers whose files (HF checkpoint, Sluice's repack, the GGUF) fit --disk-limit; where its layers are fixed, the
+peer runs a separate random draw of the same shapes instead (bench/matrix_plan.py, plan_family). The output says
+which run a layer subset or a separate draw. Each regime's memory cap and VRAM budget are scaled to the family's
+size (OLMoE's are the regimes' own).
 
 Per regime, with a llama-bench and a family llama.cpp's converter takes:
   fits-ram, exceeds: Sluice at the regime's VRAM budget, then llama-bench over -ncmoe points around Sluice's
       driver-view VRAM, under the same cap; the fastest within that VRAM is the one to beat.
   fits-vram-ram: llama-bench first, -ncmoe points around the regime's VRAM budget under the cap; its fastest
       within that budget sets Sluice's VRAM budget (its driver-view VRAM), so the two compare at equal VRAM.
-Without a llama-bench (or for a family llama.cpp cannot convert: said in the output) the peer's columns say
-"not run" and Sluice runs the preset written directly, at the regime's budget.
+Without a llama-bench (or for a family llama.cpp cannot take: said in the output) the peer's columns say "not
+run" and Sluice runs the preset written directly, at the regime's budget. Copies are never paced: the engine has no
+setting for a slower PCIe link.
 
 The table (family x regime: decodes, the ratio, warm and cold prefill against llama.cpp's pp, efficiency and the
 longer wait of a decode token) is printed last; the results go to OUT/matrix.json, merged with what an earlier
