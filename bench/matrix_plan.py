@@ -40,7 +40,8 @@ FAMILIES = {f.name: f for f in (
     # llama.cpp reads a DeepSeek-V2 without q LoRA only at 26 or 27 layers (src/models/deepseek2.cpp's is_lite)
     Family("deepseek-v2-lite", "deepseek-v2-lite", "int8", 27, peer_layers=(26, 27)),
     Family("glm-4.5-air", "glm-4.5-air", "int8", 46),
-    Family("deepseek-v4-flash", "deepseek-v4-flash-4l", "int8", 43,
+    # no peer, so the experts' format is the families stage's (the released model's experts are fp4)
+    Family("deepseek-v4-flash", "deepseek-v4-flash-4l", "mxfp4", 43,
            no_gguf="llama.cpp's DeepSeek-V4 converter reads the released checkpoint's own config names "
                    "(num_hash_layers, compress_ratios) and tensors, not transformers' that the bench writes"),
     Family("qwen3.8-flash-next", "qwen3.8-flash-next-4l", "int8", 48),

@@ -140,7 +140,7 @@ def test_dry_run_prints_every_command_for_two_families(tmp_path, capsys):
     v4 = [line for line in lines if "--preset deepseek-v4-flash-4l" in line]
     assert len(v4) == 3 and not any("--via-repack" in line for line in v4)
     assert "GiB" in v4[0].split("--vram-budget ")[1]                           # scaled from OLMoE's 4 GB
-    assert lines[-2].startswith("files of all 2 families together: ~58 GB")
+    assert lines[-2].startswith("files of all 2 families together: ~46 GB")
     assert not (tmp_path / "matrix.json").exists()                             # nothing ran
 
 
