@@ -118,6 +118,12 @@ class Planned:
         return self.files.peak(self.layout) <= self.disk_limit_bytes - RESERVED_DISK_BYTES
 
     @property
+    def model_bytes(self) -> int:
+        """What the regimes scale with: the GGUF where the peer runs, else Sluice's model (about the same bytes at
+        int8 against Q8_0)."""
+        return self.files.sluice_bytes if self.layout == ALONE else self.files.gguf_bytes
+
+    @property
     def is_subset(self) -> bool:
         return self.num_layers < self.family.full_layers
 

@@ -103,7 +103,7 @@ def _load(path: Path) -> dict:
 # ---- one family ------------------------------------------------------------------------------------------------
 
 def family_regimes(plan: Planned, names: list[str], reference_bytes: int) -> list[Regime]:
-    return [scaled_regime(REGIMES[n], plan.files.gguf_bytes, reference_bytes) for n in names]
+    return [scaled_regime(REGIMES[n], plan.model_bytes, reference_bytes) for n in names]
 
 
 def why_no_peer(plan: Planned, args) -> str | None:
