@@ -19,12 +19,13 @@ STAGES = {
     "regime": ("regime", "`sluice bench` inside a memory regime's cgroup cap, llama.cpp beside it"),
     "ab": ("ab", "alternated runs of option settings (--set) or of an older tree"),
     "peer": ("peer", "llama.cpp: build llama-bench, convert a preset to GGUF, sweep -ncmoe"),
+    "matrix": ("matrix", "each family in each regime, Sluice against llama.cpp on the same checkpoint, one table"),
     "profile": ("profile", "where a decode token's time goes: py-spy, torch.profiler trace, GPU timeline"),
     "host-calls": ("host_calls", "what each host call of a streaming decode layer costs"),
     "cpu-experts": ("cpu_experts", "how fast this host computes routed experts from the RAM cache"),
     "gui-stream": ("gui_stream", "how smooth the chat window stays while a long answer streams"),
 }
-PASSES_BENCH_FLAGS = {"families", "regime", "ab"}     # stages that hand unknown flags on to `sluice bench`
+PASSES_BENCH_FLAGS = {"families", "regime", "ab", "matrix"}     # stages that hand unknown flags on to `sluice bench`
 
 
 def build_parser(stage: str | None) -> argparse.ArgumentParser:

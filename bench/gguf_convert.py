@@ -2,11 +2,12 @@
 
     python -m bench.gguf_convert LLAMA_CPP_SRC HF_DIR OUT.gguf [--outtype q8_0]
 
-The converter reads a tokenizer in `TextModel.set_vocab`; a random checkpoint has none, so before
-the script runs (runpy, in this process) that method is replaced by one that writes tokenizer model
-`no_vocab` and the vocabulary size: llama.cpp then makes that many dummy tokens, and `llama-bench`
-feeds random token ids, so nothing else needs a tokenizer. The tree's own gguf-py is imported (the
-GPU box has no internet to install `gguf`).
+The converter reads a tokenizer in its model class's `set_vocab`; a random checkpoint has none, so before
+the script runs (runpy, in this process) the class the converter picks gets a `set_vocab` that writes
+tokenizer model `no_vocab` and the vocabulary size: llama.cpp then makes that many dummy tokens, and
+`llama-bench` feeds random token ids, so nothing else needs a tokenizer. The checkpoint has no MTP (nextn)
+layers, so the converter is told so (`no_mtp`, as its `--no-mtp` sets it). The tree's own gguf-py is imported (the GPU box has no
+internet to install `gguf`).
 """
 from __future__ import annotations
 
@@ -18,13 +19,21 @@ from pathlib import Path
 
 def _no_vocab(model) -> None:
     model.gguf_writer.add_tokenizer_model("no_vocab")
-    model.gguf_writer.add_vocab_size(model.hparams["vocab_size"])
+    model.gguf_writer.add_vocab_size(model.hparams.get("vocab_size") or model.hparams["text_config"]["vocab_size"])
 
 
 def convert(src: Path, hf_dir: Path, out: Path, outtype: str = "q8_0") -> None:
     sys.path[:0] = [str(src / "gguf-py"), str(src)]
-    from conversion.base import TextModel
-    TextModel.set_vocab = _no_vocab
+    import conversion
+    lookup = conversion.get_model_class
+
+    def without_vocab(name: str, mmproj: bool = False):     # families with their own set_vocab (gpt-oss's) included
+        model_class = lookup(name, mmproj)
+        model_class.set_vocab = _no_vocab
+        if model_class.supports_mtp_export:                        # else it looks for MTP layers
+            model_class.no_mtp = True
+        return model_class
+    conversion.get_model_class = without_vocab
     sys.argv = [str(src / "convert_hf_to_gguf.py"), str(hf_dir), "--outfile", str(out), "--outtype", outtype]
     runpy.run_path(sys.argv[0], run_name="__main__")
 

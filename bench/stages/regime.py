@@ -51,20 +51,27 @@ def run(args) -> int:
 
 def measure_in_regime(args, bench_args: list[str], tree: Path | None = None) -> dict:
     """One `sluice bench` in the regime (from `tree`, another checkout, when given), and the peer when asked."""
-    from engine.tools.bench import build_apart
     bench = parse_bench_args(bench_args)
     reg = regime(args.regime)
     if args.llama_bench or args.llama_gguf:
         check_llama_options(args)
     # the peer runs a GGUF of the HF checkpoint, so Sluice runs that checkpoint's repack (the same weights)
-    via_repack = bench.via_repack or bool(args.llama_bench)
-    build_apart(bench.preset, bench.quant, args.work_dir, via_repack, bench.device, to_stderr=True)
-    cap, why = _make_cap(args, reg)
-    flags = _regime_flags(bench, reg, bench_args, via_repack, capped=cap is not None)
-    result = _run_in_cap(cap, why, args, reg, flags, tree)
+    result = sluice_in_regime(reg, bench_args, args, via_repack=bool(args.llama_bench), tree=tree)
     if args.llama_bench:
         result["llama_cpp"] = run_llama_side(result, bench, args, reg)
     return result
+
+
+def sluice_in_regime(reg: Regime, bench_args: list[str], args, via_repack: bool = False, tree: Path | None = None) -> dict:
+    """One `sluice bench` in regime `reg`: its model built first, uncapped, then the child inside a fresh cap (args:
+    work_dir, out, no_cgroup, keep_page_cache)."""
+    from engine.tools.bench import build_apart
+    bench = parse_bench_args(bench_args)
+    via_repack = via_repack or bench.via_repack
+    build_apart(bench.preset, bench.quant, args.work_dir, via_repack, bench.device, to_stderr=True)
+    cap, why = _make_cap(args, reg)
+    flags = regime_flags(bench, reg, bench_args, via_repack, capped=cap is not None)
+    return _run_in_cap(cap, why, args, reg, flags, tree)
 
 
 def parse_bench_args(bench_args: list[str]):
@@ -73,7 +80,7 @@ def parse_bench_args(bench_args: list[str]):
     return build_parser().parse_args(["bench", *bench_args])
 
 
-def _regime_flags(bench, reg: Regime, bench_args: list[str], via_repack: bool, capped: bool) -> list[str]:
+def regime_flags(bench, reg: Regime, bench_args: list[str], via_repack: bool, capped: bool) -> list[str]:
     """The child's flags: the user's, plus the regime's budgets where the user gave none."""
     vram, ram = regime_budgets(reg, bench.vram_budget, bench.ram_cache, capped=capped)
     flags = list(bench_args)

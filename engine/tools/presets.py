@@ -51,6 +51,12 @@ PRESETS = {
                          num_local_experts=128, num_experts_per_tok=4, sliding_window=128,
                          max_position_embeddings=131072, rms_norm_eps=1e-5, swiglu_limit=7.0,
                          attention_bias=True, tie_word_embeddings=False),
+    # openai/gpt-oss-20b config.json, all 24 layers (32 experts a layer, 10.2 GB of mxfp4 experts)
+    "gpt-oss-20b": dict(model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880,
+                        num_hidden_layers=24, num_attention_heads=64, num_key_value_heads=8, head_dim=64,
+                        num_local_experts=32, num_experts_per_tok=4, sliding_window=128,
+                        max_position_embeddings=131072, rms_norm_eps=1e-5, swiglu_limit=7.0,
+                        attention_bias=True, tie_word_embeddings=False),
     # deepseek-ai/DeepSeek-V4-Flash's shapes (transformers' DeepseekV4Config defaults: hidden 4096, 256 experts of
     # 2048, top-6, 64 heads of 512, hc_mult 4) with 4 of its 43 layers, one of each attention kind.
     "deepseek-v4-flash-4l": dict(model_type="deepseek_v4", num_hidden_layers=4,
@@ -96,6 +102,16 @@ PRESETS.update({
                                  v_head_dim=128, routed_scaling_factor=2.5, norm_topk_prob=True,
                                  max_position_embeddings=163840, rms_norm_eps=1e-6, tie_word_embeddings=False,
                                  rope_parameters=dict(_DEEPSEEK_YARN, mscale=1.0, mscale_all_dim=1.0)),
+    # zai-org/GLM-4.5-Air config.json (106B: 128 routed + 1 shared experts, top-8, first layer dense, partial
+    # rotary); its MTP layer is left out (num_nextn_predict_layers 0): the bench decodes without it
+    "glm-4.5-air": dict(model_type="glm4_moe", vocab_size=151552, hidden_size=4096, intermediate_size=10944,
+                        moe_intermediate_size=1408, num_hidden_layers=46, num_attention_heads=96,
+                        num_key_value_heads=8, head_dim=128, n_routed_experts=128, n_shared_experts=1,
+                        num_experts_per_tok=8, first_k_dense_replace=1, n_group=1, topk_group=1,
+                        norm_topk_prob=True, routed_scaling_factor=1.0, partial_rotary_factor=0.5,
+                        attention_bias=True, use_qk_norm=False, num_nextn_predict_layers=0,
+                        max_position_embeddings=131072, rope_theta=1000000.0, rms_norm_eps=1e-5,
+                        tie_word_embeddings=False),
 })
 # said in the bench output: how a preset differs from the real model
 PRESET_NOTES = {"deepseek-v3-4-layers": "DeepSeek-V3 layer shapes with 4 of its 61 layers (1 dense + 3 MoE)",
@@ -144,6 +160,26 @@ def _dense_shapes(config: dict) -> dict[str, tuple[int, ...]]:
     # tables apart (_table_shards)
     return {n: tuple(p.shape) for n, p in model.state_dict().items()
             if ".experts." not in n and not TABLE_NAME.match(n)}
+
+
+def _hash_constants(config: dict) -> dict[str, torch.Tensor]:
+    """A PLE layer's n-gram hash constants (int64 buffers: each n-gram order's multipliers, each head's prime vocabulary
+    and its offset), as transformers computes them: a checkpoint carries them, and llama.cpp's converter reads them."""
+    import sys
+    from transformers import AutoConfig, AutoModelForCausalLM
+    if config["model_type"] != "qwen4_exp_text" or not config.get("ple_layer_ids"):
+        return {}
+    fields = {k: v for k, v in config.items() if k not in ("model_type", "architectures")}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.for_model(config["model_type"], **fields))
+    out = {}
+    for name, m in model.named_modules():
+        if hasattr(m, "head_vocab_sizes") and hasattr(m, "layer_multipliers"):
+            build = sys.modules[type(m).__module__]._build_layer_multipliers
+            out[f"{name}.layer_multipliers"] = build(m.unigram_vocab_size, m.ngram_size, m.ple_layer_index, m.seed)
+            out[f"{name}.ngram_heads_vocab_sizes"] = torch.tensor(m.head_vocab_sizes, dtype=torch.long)
+            out[f"{name}.ngram_heads_offsets"] = torch.tensor(m.head_offsets, dtype=torch.long)
+    return out
 
 
 def _tables(config: dict) -> dict[int, tuple[int, int, int]]:
@@ -268,7 +304,8 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
         if shard_size >= shard_bytes:
             flush()
 
-    for name, tensor in _random_dense(_dense_shapes(config), device, gen, spec.num_experts).items():
+    dense = {**_random_dense(_dense_shapes(config), device, gen, spec.num_experts), **_hash_constants(config)}
+    for name, tensor in dense.items():
         add(name, tensor)
     for name in (n for names in _table_shards(config).values() for n in names):
         add(name, _random_table_shard(config, name, device, seed))
@@ -311,4 +348,6 @@ def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> Non
 def _architecture(config: dict) -> str:
     return {"olmoe": "OlmoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
             "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration", "gpt_oss": "GptOssForCausalLM",
-            "deepseek_v4": "DeepseekV4ForCausalLM", "qwen4_exp_text": "Qwen4ExpForCausalLM"}[config["model_type"]]
+            "deepseek_v4": "DeepseekV4ForCausalLM", "qwen4_exp_text": "Qwen4ExpForCausalLM",
+            "deepseek_v2": "DeepseekV2ForCausalLM", "deepseek_v3": "DeepseekV3ForCausalLM",
+            "glm4_moe": "Glm4MoeForCausalLM"}[config["model_type"]]

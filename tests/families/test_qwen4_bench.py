@@ -116,6 +116,9 @@ def test_bench_via_repack_writes_a_hub_checkpoint_transformers_loads(monkeypatch
     weight_map = json.loads((hf_dir / presets.HF_INDEX).read_text())["weight_map"]
     assert sum("ngram_embedding.shard_" in n for n in weight_map) == 2 * TEXT["split_ngram_parts"]
     model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)     # the shards concatenated
+    ple = model.model.layers[0].ple.ple_embedding            # the hash constants as loaded, and as computed
+    assert ple.ngram_heads_vocab_sizes.tolist() == ple.head_vocab_sizes and ple.head_vocab_sizes[0] > 1
+    assert ple.ngram_heads_offsets.tolist() == ple.head_offsets
     index = read_index(r["model_dir"])
     data = (Path(r["model_dir"]) / NGRAM_FILE).read_bytes()
     for table, layer in zip(index.tables, (0, 2)):
