@@ -78,7 +78,7 @@ def _add_bench(sub) -> None:
         description="A random-weight model with a real architecture's dimensions, run through Engine.generate under "
                     "budgets that force streaming, against the roofline of bandwidths measured in the same run. "
                     "Without a GPU, --device cpu runs it (slowly: try --prompt-tokens 128 --new-tokens 16).")
-    p.add_argument("--preset", required=True, help="olmoe-1b-7b, qwen3-30b-a3b, ... (engine/tools/presets.py)")
+    p.add_argument("--preset", required=True, help="whose dimensions, e.g. olmoe-1b-7b or qwen3-30b-a3b (a name it does not know lists them all)")
     p.add_argument("--quant", choices=QUANTS, default="fp8", help="expert format (default fp8)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     p.add_argument("--vram-budget", help="e.g. 4GB; what the driver shows for the process (on the CPU: the slots)")
@@ -109,7 +109,8 @@ def _add_settings(p) -> None:
 
 
 def _add_serve(sub) -> None:
-    p = sub.add_parser("serve", help="OpenAI- and Ollama-compatible HTTP server")
+    p = sub.add_parser("serve", help="HTTP server speaking the OpenAI (chat, completions, responses), Anthropic Messages "
+                                          "and Ollama APIs")
     p.add_argument("model_dir", help="a Sluice model folder (a Hugging Face snapshot is repacked on the fly)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this computer only)")
     p.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
@@ -340,12 +341,27 @@ def _demo(args) -> int:
         transformers_logging.disable_progress_bar()         # its bar for a 1-shard save is noise here
         print("Building the demo model (a tiny random-weight MoE: its answers are noise)…", file=sys.stderr)
         build_demo_model(dst)
-    where = shlex.quote(str(dst))
+    where, sluice = shlex.quote(str(dst)), _program()
     print(f"The demo model is in {dst}\n"
-          f"Chat with it:  sluice generate {where} --chat --prompt 'Hello'\n"
-          f"Serve it:      sluice serve {where}", file=sys.stderr)
+          f"Chat with it:  {sluice} generate {where} --chat --prompt 'Hello'\n"
+          f"Serve it:      {sluice} serve {where}", file=sys.stderr)
     print(dst)
     return 0
+
+
+def _program() -> str:
+    """How to run this CLI again from here: `sluice` where the shell finds this one, else its path
+    (`.venv/bin/sluice` after the README's install, which puts nothing on PATH)."""
+    import shlex
+    import shutil
+    me = Path(sys.argv[0])
+    if me.name != "sluice":                         # run as a module (python -m app.main) or by a test
+        return "sluice"
+    found = shutil.which("sluice")
+    if found and Path(found).resolve() == me.resolve():
+        return "sluice"
+    me = me.resolve()
+    return shlex.quote(str(me.relative_to(Path.cwd()) if me.is_relative_to(Path.cwd()) else me))
 
 
 _COMMANDS = {"repack": _repack, "generate": _generate, "download": _download, "bench": _bench,

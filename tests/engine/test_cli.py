@@ -113,6 +113,20 @@ def test_demo_builds_the_apps_demo_model_and_prints_a_command_that_chats_with_it
     assert out == f"{where}\n" and "Building" not in err and f"sluice serve {where}" in err
 
 
+def test_demo_names_sluice_as_the_user_can_run_it(tmp_path, monkeypatch, capsys):
+    from engine.tools.cli import main
+    from engine.tools.demo import build_demo_model
+    build_demo_model(tmp_path / "demo")
+    program = tmp_path / ".venv" / "bin" / "sluice"            # the README's install: nothing on PATH
+    program.parent.mkdir(parents=True)
+    program.touch()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.argv", [str(program), "demo"])
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    assert main(["demo", "--dir", str(tmp_path / "demo")]) == 0
+    assert f".venv/bin/sluice generate {tmp_path / 'demo'}" in capsys.readouterr().err
+
+
 def test_demo_into_a_wrong_folder_is_one_sentence(tmp_path):
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
