@@ -75,7 +75,19 @@ def ll_tokenizer(tokenizer, vocab_size: int, eos_ids=()):
 def check(grammar: str, tokenizer, vocab_size: int, eos_ids=()) -> None:
     """SluiceError naming the part of the schema or grammar that llguidance cannot compile."""
     import llguidance
-    problem = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer(tokenizer, vocab_size, eos_ids))
+    _refuse(llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer(tokenizer, vocab_size, eos_ids)))
+
+
+def check_setting(text: str) -> None:
+    """SluiceError in one sentence where the app's "Structured output" setting cannot be used: neither 'json'
+    nor a JSON Schema, or a schema llguidance cannot compile (checked without a model)."""
+    import llguidance
+    response_format = response_format_for_setting(text)
+    if response_format is not None:
+        _refuse(llguidance.LLMatcher.validate_grammar(grammar_for(response_format), None))
+
+
+def _refuse(problem: str) -> None:
     if problem:
         lines = [line.strip() for line in problem.splitlines() if line.strip().strip("^")]   # no caret lines
         raise SluiceError(f"The response format cannot be used: {' '.join(lines)}")

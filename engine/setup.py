@@ -21,7 +21,7 @@ _SOURCES = {
     "engine.tools.demo": ("build_demo_model", "demo_load_options", "DEMO_DIR_NAME"),
     "engine.serve": ("GenerationQueue", "Server", "is_loopback"),
     "engine.serve.service": ("served_model_id",),
-    "engine.grammar": ("grammar_for", "response_format_for_setting"),
+    "engine.grammar": ("grammar_for", "response_format_for_setting", "check_setting"),
 }
 _MODULE_OF = {name: module for module, names in _SOURCES.items() for name in names}
 _RENAMED = {"dense_quant_available": "available", "run_cli": "main"}

@@ -3,7 +3,11 @@ the defaults for new chats (kept through the controller: views never touch the s
 from __future__ import annotations
 
 from PySide6.QtWidgets import (QComboBox, QDialog, QDialogButtonBox, QDoubleSpinBox, QFormLayout, QHBoxLayout,
-                               QInputDialog, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QWidget)
+                               QInputDialog, QLabel, QLineEdit, QPlainTextEdit, QPushButton, QSpinBox, QVBoxLayout,
+                               QWidget)
+
+from engine import SluiceError
+from engine.setup import check_setting
 
 from ..context_policy import POLICIES
 from ..store import ChatSettings
@@ -50,7 +54,14 @@ class ChatSettingsDialog(QDialog):
         self.structured_output = QLineEdit(placeholderText="Off. 'json' for any JSON object, or a JSON Schema")
         self.structured_output.setToolTip("The answer is forced to follow it, token by token (a remote endpoint "
                                           "is sent it as response_format)")
-        form.addRow("Structured output", self.structured_output)
+        self.structured_error = QLabel(wordWrap=True, visible=False)
+        self.structured_error.setStyleSheet(f"color: {theme.ERROR_COLOR};")
+        self.structured_output.textEdited.connect(lambda _: self.structured_error.setVisible(False))
+        structured = QVBoxLayout()
+        structured.setContentsMargins(0, 0, 0, 0)
+        structured.addWidget(self.structured_output)
+        structured.addWidget(self.structured_error)
+        form.addRow("Structured output", structured)
         self.set_value(settings)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -89,6 +100,21 @@ class ChatSettingsDialog(QDialog):
         self.context_overflow.setCurrentIndex(max(0, self.context_overflow.findData(settings.context_overflow)))
         self.structured_output.setText(settings.structured_output)
 
+    def accept(self) -> None:
+        if self._structured_output_is_usable():
+            super().accept()
+
+    def _structured_output_is_usable(self) -> bool:
+        """Checked where it is typed (the error under the field, the dialog kept open), not at the next message."""
+        try:
+            check_setting(self.structured_output.text())
+        except SluiceError as exc:
+            self.structured_error.setText(str(exc))
+            self.structured_error.setVisible(True)
+            self.adjustSize()
+            return False
+        return True
+
     def value(self) -> ChatSettings:
         seed = self.seed.value()
         return ChatSettings(self.system_prompt.toPlainText(), round(self.temperature.value(), 2),
@@ -112,6 +138,8 @@ class ChatSettingsDialog(QDialog):
             self.set_value(self.controller.chat_presets()[name])
 
     def save_preset(self, name: str) -> None:
+        if not self._structured_output_is_usable():
+            return
         self.controller.save_chat_preset(name, self.value())
         self._fill_presets(name.strip())
 
@@ -127,5 +155,7 @@ class ChatSettingsDialog(QDialog):
             self._fill_presets()
 
     def _save_default(self) -> None:
+        if not self._structured_output_is_usable():
+            return
         self.controller.save_default_chat_settings(self.value())
         self.saved_note.setText("New chats will start with these settings.")

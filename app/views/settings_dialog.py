@@ -17,7 +17,6 @@ from engine import SluiceError, format_size, parse_size
 from ..settings import AppSettings
 from . import theme
 
-ERROR_COLOR = "#cf222e"
 DEVICE_LABELS = {"auto": "Automatic (the GPU when there is one)", "cpu": "CPU", "cuda": "GPU (CUDA)"}
 
 
@@ -152,7 +151,7 @@ class AppSettingsDialog(QDialog):
     def _error(self) -> QLabel:
         label = QLabel()
         label.setWordWrap(True)
-        label.setStyleSheet(f"color: {ERROR_COLOR};")
+        label.setStyleSheet(f"color: {theme.ERROR_COLOR};")
         label.setVisible(False)
         return label
 

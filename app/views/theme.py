@@ -4,6 +4,8 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QGuiApplication, QPalette
 
+ERROR_COLOR = "#cf222e"         # a field's error under it (readable on light and dark)
+
 
 def is_dark() -> bool:
     app = QGuiApplication.instance()

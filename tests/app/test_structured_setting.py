@@ -20,6 +20,24 @@ def test_the_dialog_shows_and_keeps_the_structured_output(qtbot):
     assert dialog.value().structured_output == json.dumps(SCHEMA)
 
 
+def test_a_setting_that_cannot_be_used_is_refused_in_the_dialog_under_its_field(qtbot):
+    dialog = ChatSettingsDialog(ChatSettings())
+    qtbot.addWidget(dialog)
+    dialog.show()
+    for typed, words in (('{"type": "object", ', "neither 'json' nor a JSON Schema"),
+                         ('{"type": "nonsense"}', "cannot be used: Invalid type: nonsense")):
+        dialog.structured_output.setText(typed)
+        dialog.accept()
+        assert dialog.isVisible() and dialog.result() != dialog.DialogCode.Accepted     # kept open, nothing saved
+        assert dialog.structured_error.isVisible() and words in dialog.structured_error.text()
+        assert "\n" not in dialog.structured_error.text()
+    qtbot.keyClicks(dialog.structured_output, "x")                   # editing hides the old error
+    assert not dialog.structured_error.isVisible()
+    dialog.structured_output.setText(json.dumps(SCHEMA))
+    dialog.accept()
+    assert dialog.result() == dialog.DialogCode.Accepted and not dialog.structured_error.isVisible()
+
+
 def test_a_chat_with_a_schema_answers_in_it(qtbot, loaded_window):
     window = loaded_window
     window.controller.new_conversation()
