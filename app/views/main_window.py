@@ -8,7 +8,7 @@ from pathlib import Path
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication, QIcon, QKeySequence, QShortcut
 from PySide6.QtWidgets import (QComboBox, QDockWidget, QFileDialog, QHBoxLayout, QLabel, QMainWindow, QProgressBar,
-                               QPushButton, QScrollArea, QSplitter, QStackedWidget, QToolBar,
+                               QPushButton, QScrollArea, QSizePolicy, QSplitter, QStackedWidget, QToolBar,
                                QVBoxLayout, QWidget)
 
 from engine import parse_size
@@ -109,6 +109,9 @@ class MainWindow(ModelActionsMixin, QMainWindow):
         self.model_picker = QComboBox()
         self.model_picker.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_picker.setMinimumContentsLength(22)      # long names elide; the tooltip has the whole name
+        # wider where the toolbar has room (it takes a share of the spacer), up to a long model name
+        self.model_picker.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.model_picker.setMaximumWidth(self.model_picker.fontMetrics().averageCharWidth() * 52)
         self.model_picker.setToolTip("Installed models (in the models folder set in Settings)")
         self.model_picker.activated.connect(self._on_model_picked)
         bar.addWidget(self.model_picker)
