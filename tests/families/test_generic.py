@@ -96,6 +96,29 @@ def test_the_estimate_reads_an_ungated_expert_as_its_two_projections(generic_mod
     assert {entry["block_bytes"] for entry in layers.values()} == {expert_block_bytes(shape, "bf16")}
 
 
+def test_ungated_experts_fused_as_transformers_holds_them_repack_alike(generic_models, tmp_path):
+    """A Nemotron-H checkpoint saved with its experts fused (`mixer.experts.up_proj` [E, I, H], `down_proj`
+    [E, H, I]) gives the tokens of the Hub's per-expert tensors."""
+    import re
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+    hf_dir, _ = generic_models("nemotron_h")
+    fused_dir = tmp_path / "fused"
+    shutil.copytree(hf_dir, fused_dir)
+    tensors = load_file(str(fused_dir / "model.safetensors"))
+    per_expert = re.compile(r"(.*\.experts)\.(\d+)\.(up|down)_proj\.weight")
+    grouped: dict[str, dict[int, torch.Tensor]] = {}
+    for name in [n for n in tensors if per_expert.fullmatch(n)]:
+        prefix, expert, proj = per_expert.fullmatch(name).groups()
+        grouped.setdefault(f"{prefix}.{proj}_proj", {})[int(expert)] = tensors.pop(name)
+    assert len(grouped) == 4                                     # two MoE layers, up and down each
+    tensors.update({name: torch.stack([w[e] for e in sorted(w)]) for name, w in grouped.items()})
+    save_file(tensors, str(fused_dir / "model.safetensors"), metadata={"format": "pt"})
+    assert_streamed_tokens_match(hf_dir, repack(fused_dir, tmp_path / "sluice"), "bf16")
+
+
 def test_tied_embeddings_load_as_the_head(tmp_path):
     hf_dir = build_generic_model("hy_v3", tmp_path / "hf", tie_word_embeddings=True)
     assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice"), "bf16")
