@@ -4,9 +4,10 @@
   clamped_swiglu  g = min(gate, limit), u = clamp(up, -limit, limit)   (gpt-oss)
                   h = (u + 1) * g * sigmoid(alpha * g)
   clamped_silu    h = silu(g) * u, g and u clamped as above             (DeepSeek-V4)
+  relu2           h = relu(up)^2, no gate                               (Nemotron-H's ungated experts)
 gate and up here already include their biases (added after the row scale) where a block has them.
 No Triton here: the engine imports this to declare its families' activations (tiles.activate is the
-kernels' side).
+kernels' side; it has no ungated activation: the GPU expert kernels are not attached for ungated blocks).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-ACTIVATION_IDS = {"silu": 0, "clamped_swiglu": 1, "clamped_silu": 2}      # the kernels' ACT constexpr
+ACTIVATION_IDS = {"silu": 0, "clamped_swiglu": 1, "clamped_silu": 2, "relu2": 3}   # the kernels' ACT constexpr
+UNGATED = ("relu2",)        # activations of up alone: their experts' blocks have no gate
 
 
 @dataclass(frozen=True)
@@ -31,9 +33,15 @@ class Activation:
     def kernel_id(self) -> int:
         return ACTIVATION_IDS[self.name]
 
-    def __call__(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    @property
+    def is_gated(self) -> bool:
+        return self.name not in UNGATED
+
+    def __call__(self, gate: torch.Tensor | None, up: torch.Tensor) -> torch.Tensor:
         """The torch specification (as engine.model.gptoss.clamped_swiglu_expert and engine.model.dsv4.moe.clamped_swiglu
-        compute it)."""
+        compute it; relu2 as transformers' ReLUSquaredActivation, gate None)."""
+        if self.name == "relu2":
+            return torch.square(torch.relu(up))
         if self.name == "silu":
             return torch.nn.functional.silu(gate) * up
         gate, up = gate.clamp(max=self.limit), up.clamp(min=-self.limit, max=self.limit)
@@ -43,6 +51,7 @@ class Activation:
 
 
 SILU = Activation()
+RELU2 = Activation("relu2")
 
 
 def clamped_swiglu(alpha: float, limit: float) -> Activation:

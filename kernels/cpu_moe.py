@@ -7,6 +7,7 @@ no C compiler).
   int8: w int8 [out, in], scale bf16 [out], biases float32 where the family has them), tokens_e [t_e]
   int64 (rows of x routed to it), weight_e [t_e] float32
   -> y[tokens_e] += weight_e * expert_e(x[tokens_e]) for each e in order   (y [T, H] float32)
+  Ungated blocks (no gate fields, relu2: Nemotron-H's) skip the gate rows: h = relu(up x)^2.
 
 The reference is the family's torch expert over the dequantised weights (swiglu_mlp / the clamped
 variants, kernels.activation): each product is x * (w * scale) as there (w * scale is exact in
@@ -27,6 +28,7 @@ import numpy as np
 import torch
 
 from .activation import ACTIVATION_IDS, Activation
+from .formats import is_gated
 
 try:
     import numba
@@ -46,6 +48,9 @@ def available() -> bool:
 if numba is not None:
     @njit(cache=True, nogil=True, inline="always")
     def _activate(g, u, act, alpha, limit):
+        if act == 3:                                  # relu2: up alone (g is unused)
+            r = max(u, np.float32(0.0))
+            return r * r
         if act != 0:                                  # the clamped variants (gpt-oss, DeepSeek-V4)
             g = min(g, limit)
             u = min(max(u, -limit), limit)
@@ -95,9 +100,9 @@ if numba is not None:
             raw[i] = np.uint32(np.uint16(bits[first + i])) << np.uint32(16)
 
     @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
-    def _gate_up_rows(xs, b, off, first, n, c, inter, hidden, bias, act, alpha, limit, h):
-        """Rows c * ROWS.. of one expert's gate and up (block b) for its n gathered rows xs[first:first + n],
-        activated into h[first:first + n] at those columns."""
+    def _gate_up_rows(xs, b, off, first, n, c, inter, hidden, bias, gated, act, alpha, limit, h):
+        """Rows c * ROWS.. of one expert's gate (where `gated`) and up (block b) for its n gathered rows
+        xs[first:first + n], activated into h[first:first + n] at those columns."""
         gq = b[off[0]:off[0] + inter * hidden].view(np.int8).reshape((inter, hidden))
         uq = b[off[2]:off[2] + inter * hidden].view(np.int8).reshape((inter, hidden))
         rows = min(ROWS, inter - c * ROWS)
@@ -109,17 +114,19 @@ if numba is not None:
         ub = b[off[7]:off[7] + 4 * inter].view(np.float32)
         wg = np.empty(hidden, np.float32)             # a row dequantised once, then used by every token
         wu = np.empty(hidden, np.float32)
-        g = np.empty(n, np.float32)
+        g = np.zeros(n, np.float32)                   # stays zero for an ungated block
         u = np.empty(n, np.float32)
         for i in range(rows):
             r = c * ROWS + i
             if n == 1:
-                g[0] = _row_dot(xs[first], gq, r, gs[i])
+                if gated:
+                    g[0] = _row_dot(xs[first], gq, r, gs[i])
                 u[0] = _row_dot(xs[first], uq, r, us[i])
             else:
-                _row(gq, r, gs[i], wg)
+                if gated:
+                    _row(gq, r, gs[i], wg)
+                    _dots(xs[first:first + n], wg, g)
                 _row(uq, r, us[i], wu)
-                _dots(xs[first:first + n], wg, g)
                 _dots(xs[first:first + n], wu, u)
             for j in range(n):
                 gj, uj = g[j], u[j]
@@ -150,10 +157,10 @@ if numba is not None:
                 y[tokens[first + j], o] += weight[first + j] * acc
 
     @njit(cache=True, nogil=True, parallel=True, fastmath=_FAST)
-    def _experts_into(x, tokens, weight, starts, blocks, off, inter, hidden, bias, act, alpha, limit, y):
+    def _experts_into(x, tokens, weight, starts, blocks, off, inter, hidden, bias, gated, act, alpha, limit, y):
         """Experts e = 0..E-1 (blocks[e], the rows tokens[starts[e]:starts[e + 1]] of x with their weights):
-        every expert's gate and up rows in one parallel loop, then the down rows in a second, each output
-        column adding the experts in order (so y's sums do not depend on the threads)."""
+        every expert's gate (where `gated`) and up rows in one parallel loop, then the down rows in a second,
+        each output column adding the experts in order (so y's sums do not depend on the threads)."""
         num = starts.shape[0] - 1
         total = starts[num]
         xs = np.empty((total, hidden), np.float32)    # the rows routed to each expert, gathered
@@ -164,7 +171,7 @@ if numba is not None:
         for it in prange(num * chunks):               # gate and up rows, then the activation
             e = it // chunks
             _gate_up_rows(xs, blocks[e], off, starts[e], starts[e + 1] - starts[e], it - e * chunks, inter, hidden,
-                          bias, act, alpha, limit, h)
+                          bias, gated, act, alpha, limit, h)
         for c in prange((hidden + ROWS - 1) // ROWS):  # down rows, weighted into y, expert by expert
             ds = np.empty(ROWS, np.float32)
             wd = np.empty(inter, np.float32)
@@ -181,10 +188,14 @@ FIELDS = ("gate.w", "gate.scale", "up.w", "up.scale", "down.w", "down.scale",
 
 class FusedExperts:
     """int8 expert blocks of one layout (kernels.formats.block_fields), computed by the fused loops.
-    `offsets`: each field's byte offset in a block (the bias fields where the family has them)."""
+    `offsets`: each field's byte offset in a block (the bias fields where the family has them, no gate fields
+    for ungated experts: their activation is then an ungated one)."""
 
     def __init__(self, offsets: dict[str, int], intermediate: int, hidden: int, activation: Activation):
-        self.bias = "gate_bias.b" in offsets
+        self.gated = is_gated(offsets)
+        if self.gated != activation.is_gated:
+            raise ValueError(f"a {'gated' if self.gated else 'ungated'} block takes no {activation.name} activation")
+        self.bias = "up_bias.b" in offsets
         self.off = np.array([offsets.get(name, 0) for name in FIELDS], np.int64)
         self.intermediate, self.hidden, self.activation = intermediate, hidden, activation
         self._pad = np.zeros(1, np.uint8)
@@ -203,7 +214,7 @@ class FusedExperts:
             np.cumsum([len(tokens[e]) for e in part], out=starts[1:])
             _experts_into(x.numpy(), np.concatenate([tokens[e].numpy() for e in part]),
                           np.concatenate([weights[e].numpy() for e in part]).astype(np.float32, copy=False),
-                          starts, arrays, self.off, self.intermediate, self.hidden, self.bias,
+                          starts, arrays, self.off, self.intermediate, self.hidden, self.bias, self.gated,
                           ACTIVATION_IDS[act.name], act.alpha, act.limit, y.numpy())
 
 

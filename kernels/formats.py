@@ -17,7 +17,8 @@ descriptor (group size, bytes a weight, the paths that take it) is in kernels/qu
          biased by 127; the OCP MX layout gpt-oss checkpoints store as `*_blocks` / `*_scales`)
                                                                    W = e2m1 * 2^(scale - 127)
 Families with expert biases (gpt-oss) add "gate_bias.b", "up_bias.b", "down_bias.b" (fp32 [I], [I],
-[H]) after the weights, whatever the format: biases are few bytes and stay exact.
+[H]) after the weights, whatever the format: biases are few bytes and stay exact. Ungated experts
+(Nemotron-H's down(act(up x))) have no gate fields: their blocks hold up and down alone (`gated=False`).
 """
 from __future__ import annotations
 
@@ -35,14 +36,21 @@ E8M0_BIAS = 127
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def proj_shapes(intermediate: int, hidden: int) -> dict[str, tuple[int, int]]:
-    """[out, in] of each projection (Hugging Face convention)."""
-    return {"gate": (intermediate, hidden), "up": (intermediate, hidden), "down": (hidden, intermediate)}
+def proj_shapes(intermediate: int, hidden: int, gated: bool = True) -> dict[str, tuple[int, int]]:
+    """[out, in] of each projection (Hugging Face convention); no gate for ungated experts."""
+    shapes = {"gate": (intermediate, hidden), "up": (intermediate, hidden), "down": (hidden, intermediate)}
+    return shapes if gated else {proj: shape for proj, shape in shapes.items() if proj != "gate"}
 
 
-def bias_shapes(intermediate: int, hidden: int) -> dict[str, tuple[int]]:
+def bias_shapes(intermediate: int, hidden: int, gated: bool = True) -> dict[str, tuple[int]]:
     """Length of each expert bias (gate and up add to [I] rows, down to [H])."""
-    return {"gate_bias": (intermediate,), "up_bias": (intermediate,), "down_bias": (hidden,)}
+    shapes = {"gate_bias": (intermediate,), "up_bias": (intermediate,), "down_bias": (hidden,)}
+    return shapes if gated else {name: shape for name, shape in shapes.items() if name != "gate_bias"}
+
+
+def is_gated(offsets: Mapping[str, int]) -> bool:
+    """Whether a block of these field offsets has a gate projection."""
+    return any(name.startswith("gate.") for name in offsets)
 
 
 def _fp4_parts(scale_dtype: torch.dtype, global_scale: bool):
@@ -79,10 +87,10 @@ def field_view(block: torch.Tensor, offset: int, dtype: torch.dtype, shape: tupl
 
 def dequantize_block(block: torch.Tensor, fmt: str, offsets: Mapping[str, int], intermediate: int, hidden: int,
                      dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """{gate, up, down} -> dense [out, in] weights of one uint8 block (the kernels' specification),
-    and {gate_bias, up_bias, down_bias} when the block has biases."""
+    """{gate, up, down} -> dense [out, in] weights of one uint8 block (the kernels' specification; no gate in an
+    ungated block), and {gate_bias, up_bias, down_bias} when the block has biases."""
     weights = {}
-    for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
+    for proj, (out_f, in_f) in proj_shapes(intermediate, hidden, is_gated(offsets)).items():
         parts = {name: field_view(block, offsets[f"{proj}.{name}"], dt, shape)
                  for name, dt, shape in part_specs(fmt, out_f, in_f)}
         weights[proj] = dequantize_parts(parts, fmt).to(dtype)
@@ -126,11 +134,11 @@ def random_bank(num_slots: int, block_bytes: int, fmt: str, offsets: Mapping[str
                 hidden: int, device="cpu", generator: torch.Generator | None = None) -> torch.Tensor:
     """[num_slots, block_bytes] uint8 of random *valid* blocks (no NaN codes, positive scales) whose
     dequantized weights have magnitude ~ 1/sqrt(in), like trained weights (biases ~ 0.1 where the
-    offsets have them)."""
+    offsets have them; no gate where they have none)."""
     bank = torch.zeros(num_slots, block_bytes, dtype=torch.uint8)
     g = generator or torch.Generator().manual_seed(0)
     for s in range(num_slots):
-        for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items():
+        for proj, (out_f, in_f) in proj_shapes(intermediate, hidden, is_gated(offsets)).items():
             for name, dt, shape in part_specs(fmt, out_f, in_f):
                 part = _random_part(name, dt, shape, in_f ** -0.5, g)
                 off = offsets[f"{proj}.{name}"]
@@ -163,14 +171,15 @@ def _random_part(name: str, dt: torch.dtype, shape: tuple[int, ...], std: float,
     return torch.full(shape, std / 12)                    # nvfp4 global scale
 
 
-def block_fields(fmt: str, intermediate: int, hidden: int, bias: bool = False, field_align: int = 256
-                 ) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
-    """(name, dtype, shape, byte offset) of every field of one block, in storage order: gate, up,
-    down (each part of the format), then the biases when the family has them."""
-    specs = [(f"{proj}.{name}", dt, shape) for proj, (out_f, in_f) in proj_shapes(intermediate, hidden).items()
+def block_fields(fmt: str, intermediate: int, hidden: int, bias: bool = False, field_align: int = 256,
+                 gated: bool = True) -> list[tuple[str, torch.dtype, tuple[int, ...], int]]:
+    """(name, dtype, shape, byte offset) of every field of one block, in storage order: gate (unless the
+    experts are ungated), up, down (each part of the format), then the biases when the family has them."""
+    specs = [(f"{proj}.{name}", dt, shape) for proj, (out_f, in_f) in proj_shapes(intermediate, hidden, gated).items()
              for name, dt, shape in part_specs(fmt, out_f, in_f)]
     if bias:
-        specs += [(f"{name}.b", torch.float32, shape) for name, shape in bias_shapes(intermediate, hidden).items()]
+        specs += [(f"{name}.b", torch.float32, shape)
+                  for name, shape in bias_shapes(intermediate, hidden, gated).items()]
     fields, offset = [], 0
     for name, dt, shape in specs:
         offset = -(-offset // field_align) * field_align
@@ -180,9 +189,9 @@ def block_fields(fmt: str, intermediate: int, hidden: int, bias: bool = False, f
 
 
 def make_offsets(fmt: str, intermediate: int, hidden: int, field_align: int = 256, block_align: int = 4096,
-                 bias: bool = False) -> tuple[dict[str, int], int]:
+                 bias: bool = False, gated: bool = True) -> tuple[dict[str, int], int]:
     """Field offsets and block size of the engine's layout (see block_fields)."""
-    fields = block_fields(fmt, intermediate, hidden, bias, field_align)
+    fields = block_fields(fmt, intermediate, hidden, bias, field_align, gated)
     name, dt, shape, offset = fields[-1]
     end = offset + torch.Size(shape).numel() * torch.empty((), dtype=dt).element_size()
     return {f[0]: f[3] for f in fields}, -(-end // block_align) * block_align

@@ -2,6 +2,8 @@
 down per tensor (the Hub's layout, `<experts>.<e>.gate_proj.weight` or the family's own names), or fused as
 transformers holds them (`<experts>.gate_up_proj` [E, 2I, H], `<experts>.down_proj` [E, H, I]; transposed
 [E, H, 2I] and [E, I, H], or gate and up interleaved, where the family's experts interface says so).
+Ungated experts (Nemotron-H's) have no gate: up alone in gate_up's place (`up_proj.weight`, or fused
+`up_proj` [E, I, H]).
 Names are matched after the family's renamings (Kimi-Linear's `block_sparse_moe.` is transformers' `mlp.`)."""
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ class GenericExpertSource:
 
     def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
         self.ckpt, self.spec = ckpt, spec
+        self.projections = ("gate", "up", "down") if spec.has_expert_gate else ("up", "down")
         self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._stored = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}   # renamed -> stored
 
@@ -36,15 +39,15 @@ class GenericExpertSource:
     def check(self) -> None:
         """Every expert tensor is there with the shape the config implies, in one layout or the other."""
         E, H, I = self.spec.num_experts, self.spec.hidden_size, self.spec.expert_intermediate
-        transposed = self.spec.generic.is_transposed
+        transposed, rows = self.spec.generic.is_transposed, len(self.projections) - 1     # [2I] or [I] rows first
         for layer in self.spec.moe_layers:
             gate_up, down = self._fused_names(layer)
             if gate_up in self.ckpt:
-                needed = {gate_up: (E, H, 2 * I) if transposed else (E, 2 * I, H),
+                needed = {gate_up: (E, H, rows * I) if transposed else (E, rows * I, H),
                           down: (E, I, H) if transposed else (E, H, I)}
             else:
                 needed = {self._name(layer, e, p): (H, I) if p == "down" else (I, H)
-                          for e in range(E) for p in ("gate", "up", "down")}
+                          for e in range(E) for p in self.projections}
             for name, shape in needed.items():
                 if name not in self.ckpt:
                     raise SluiceError(f"The checkpoint has no expert tensor '{name}'; it is incomplete or not the "
@@ -55,8 +58,9 @@ class GenericExpertSource:
                                       "weights.")
 
     def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
-        if self._name(layer, expert, "gate") in self.ckpt:
-            return {p: self.ckpt.get_float(self._name(layer, expert, p)) for p in ("gate", "up", "down")}
+        """One expert's projections [out, in] float32: gate (where the experts have one), up and down."""
+        if self._name(layer, expert, self.projections[0]) in self.ckpt:
+            return {p: self.ckpt.get_float(self._name(layer, expert, p)) for p in self.projections}
         if self._fused is None or self._fused[0] != layer:
             gate_up_name, down_name = self._fused_names(layer)
             self._fused = (layer, self.ckpt.get_float(gate_up_name), self.ckpt.get_float(down_name))
@@ -65,6 +69,8 @@ class GenericExpertSource:
         gate_up, down = gate_up[expert], down[expert]
         if interface.is_transposed:                    # [H, 2I] and [I, H] -> [2I, H] and [H, I]
             gate_up, down = gate_up.T, down.T
+        if not interface.has_gate:                     # up [I, H] alone
+            return {"up": gate_up.contiguous(), "down": down.contiguous()}
         if interface.is_concatenated:
             gate, up = gate_up.chunk(2, dim=0)
         else:

@@ -1,6 +1,7 @@
-"""Byte layout of one expert block in experts.bin: gate, up and down (each in its quant format),
-then the expert biases for families that have them (gpt-oss), every field 256-byte aligned, the
-block padded to 4096 bytes so one O_DIRECT read fetches it. The offsets come from kernels/formats.py."""
+"""Byte layout of one expert block in experts.bin: gate, up and down (each in its quant format; no gate
+for ungated experts, Nemotron-H's), then the expert biases for families that have them (gpt-oss), every
+field 256-byte aligned, the block padded to 4096 bytes so one O_DIRECT read fetches it. The offsets come
+from kernels/formats.py."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,6 +45,11 @@ class Layout:
     def has_bias(self) -> bool:
         return any(f.name.endswith("_bias.b") for f in self.fields)
 
+    @property
+    def is_gated(self) -> bool:
+        """Whether the block holds a gate projection (ungated experts: up and down alone)."""
+        return any(f.name.startswith("gate.") for f in self.fields)
+
     def field(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)
 
@@ -68,10 +74,10 @@ class Layout:
         return block
 
 
-def block_layout(intermediate: int, hidden: int, fmt: str, bias: bool = False) -> Layout:
+def block_layout(intermediate: int, hidden: int, fmt: str, bias: bool = False, gated: bool = True) -> Layout:
     part_specs(fmt, intermediate, hidden)          # a clear sentence for an unknown format or width
     part_specs(fmt, hidden, intermediate)
     fields = tuple(Field(name, dtype, shape, offset, torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size())
-                   for name, dtype, shape, offset in block_fields(fmt, intermediate, hidden, bias, FIELD_ALIGN))
+                   for name, dtype, shape, offset in block_fields(fmt, intermediate, hidden, bias, FIELD_ALIGN, gated))
     end = fields[-1].offset + fields[-1].nbytes
     return Layout(fmt, intermediate, hidden, fields, round_up(end, BLOCK_ALIGN))

@@ -77,12 +77,14 @@ def check_manifest(manifest, where: Path) -> None:
 
 
 def _expected_layout(manifest: dict, where: Path):
-    """The block layout the manifest's quant and sizes imply, checked against the one it declares."""
+    """The block layout the manifest's quant and sizes imply, checked against the one it declares (gated or not
+    as it declares: the model dir's load checks that against the config)."""
     from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
     experts = manifest["experts"]
+    gated = any(f["name"].startswith("gate.") for f in experts["layout"])
     try:
         expected = block_layout(experts["intermediate"], experts["hidden"], manifest["quant"],
-                                bias=manifest.get("family") in FAMILIES_WITH_EXPERT_BIAS)
+                                bias=manifest.get("family") in FAMILIES_WITH_EXPERT_BIAS, gated=gated)
     except SluiceError as exc:
         _fail(where, str(exc).split(";")[0].rstrip("."))
     declared = [(f["name"], f["dtype"], tuple(f["shape"]), f["offset"], f["nbytes"]) for f in experts["layout"]]

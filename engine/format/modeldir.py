@@ -104,6 +104,9 @@ def open_model_dir(path: str | Path, verify_experts: bool = False) -> ModelDir:
                    for f in experts["layout"])
     block_bytes = next(iter(experts["layers"].values()))["block_bytes"] if experts["layers"] else 0
     layout = Layout(manifest["quant"], experts["intermediate"], experts["hidden"], fields, block_bytes)
+    if layout.is_gated != spec.has_expert_gate:
+        raise SluiceError(f"'{p / MANIFEST}' is damaged (its expert blocks {'have' if layout.is_gated else 'lack'} "
+                          "a gate projection, its config's experts do not); repack the model again.")
     return ModelDir(p, manifest, spec, layout)
 
 

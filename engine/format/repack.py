@@ -141,7 +141,8 @@ def repack(src_dir: str | Path, dst_dir: str | Path, quant: str = "bf16", progre
     experts = expert_source(ckpt, spec)
     experts.check()
     check_tensors(spec, ckpt, str(src))
-    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=experts.has_bias)
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=experts.has_bias,
+                          gated=spec.has_expert_gate)
 
     def say(message: str) -> None:
         if progress:

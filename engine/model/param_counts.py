@@ -35,10 +35,11 @@ class ModelShape:
     ngram_rows_per_token: int = 0  # n-gram rows one token reads (qwen4_exp: engine.runtime.ngram)
     ngram_rows: int = 0            # the n-gram tables' rows (ngram.bin in the model dir) and their width
     ngram_row_dim: int = 0
+    has_expert_gate: bool = True   # False: an expert is up and down alone (Nemotron-H), two projections, not three
 
     @property
     def expert_params(self) -> int:
-        return 3 * self.hidden * self.expert_intermediate
+        return (3 if self.has_expert_gate else 2) * self.hidden * self.expert_intermediate
 
 
 @dataclass

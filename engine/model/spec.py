@@ -55,6 +55,12 @@ class ModelSpec:
         """gpt-oss experts add a bias to gate, up and down (block layouts then carry bias fields)."""
         return FAMILIES[self.family].has_expert_bias
 
+    @property
+    def has_expert_gate(self) -> bool:
+        """Whether the experts are gated, down(act(gate x) * up x); Nemotron-H's are not, down(act(up x)), and
+        their blocks hold up and down alone."""
+        return self.generic is None or self.generic.has_gate
+
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
         family = FAMILIES[self.family]
@@ -64,12 +70,12 @@ class ModelSpec:
                 f"{family.expert_proj[proj]}.weight")
 
     def fused_expert_names(self, layer: int) -> tuple[str, str]:
-        """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I])."""
+        """transformers v5 in-memory names of fused experts ([E, 2I, H] and [E, H, I]; ungated: up_proj [E, I, H])."""
         if self.generic is not None:
             p = self._checkpoint_experts(layer) + "."
         else:
             p = f"{FAMILIES[self.family].text_prefix}layers.{layer}.mlp.experts."
-        return p + "gate_up_proj", p + "down_proj"
+        return p + ("gate_up_proj" if self.has_expert_gate else "up_proj"), p + "down_proj"
 
     def _checkpoint_experts(self, layer: int) -> str:
         """A generic family's experts module, named as its checkpoint's tensors are after the family's renamings

@@ -61,7 +61,7 @@ def expert_block_bytes(shape: ModelShape, quant: str) -> int:
     """Bytes of one (layer, expert) block in experts.bin: the engine's own layout, 4096-aligned."""
     from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
     return block_layout(shape.expert_intermediate, shape.hidden, quant,
-                        bias=shape.family in FAMILIES_WITH_EXPERT_BIAS).block_bytes
+                        bias=shape.family in FAMILIES_WITH_EXPERT_BIAS, gated=shape.has_expert_gate).block_bytes
 
 
 def roofline_tok_s(disk_bytes: float, disk_bps: float, h2d_bytes: float, pcie_bps: float, compute_s: float) -> float:
@@ -217,7 +217,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     dense = dense_bytes(shape, elem, dense_quant)
     available = machine.ram_available_bytes
     # the CPU device keeps each resident expert decoded to float32 beside its block (engine.runtime.experts)
-    decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant),
+    decoded = 0 if on_gpu else decoded_expert_bytes(block_layout(shape.expert_intermediate, shape.hidden, quant,
+                                                                 gated=shape.has_expert_gate),
                                                     torch.float32)
     spec = read_spec(config)
     default_vram, default_ram = default_budgets(machine.device, machine.vram_bytes, available)

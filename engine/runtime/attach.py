@@ -135,8 +135,9 @@ def expert_kernels(model: Model, layout, top_k: int, device: torch.device, dtype
                    warn: Warn) -> tuple[Callable | None, object | None, object | None]:
     """The routed experts' kernels -> (decode kernel, prefill kernel, the decode kernel's verdict): the decode
     kernel where the family's experts have one and it passes its check, the prefill kernel beside it where the
-    format has one and it passes too; None where not."""
-    if not attaches(options, device) or model.expert_kernel is None:
+    format has one and it passes too; None where not. Ungated blocks (Nemotron-H's) take none: the kernels
+    read a gate, so their experts run in torch on a GPU too."""
+    if not attaches(options, device) or model.expert_kernel is None or not layout.is_gated:
         return None, None, None
     from kernels.selfcheck import select_moe_decode
     activation = model.expert_kernel

@@ -37,10 +37,12 @@ FILL_READS = 2              # reads in flight, of any kind, below which RAM is f
 
 
 def decoded_expert_bytes(layout: Layout, dtype: torch.dtype) -> int:
-    """Bytes of one expert's gate, up and down decoded to the compute dtype (0 when the block already is)."""
+    """Bytes of one expert's gate (where it has one), up and down decoded to the compute dtype (0 when the block
+    already is)."""
     if layout.fmt == "bf16" and dtype == torch.bfloat16:
         return 0
-    return 3 * layout.intermediate * layout.hidden * torch.empty((), dtype=dtype).element_size()
+    projections = 3 if layout.is_gated else 2
+    return projections * layout.intermediate * layout.hidden * torch.empty((), dtype=dtype).element_size()
 
 
 class Experts:

@@ -242,7 +242,8 @@ def write_sluice_dir(preset: str, dst: Path, quant: str, device="cuda", seed: in
     if (dst / MANIFEST).is_file():
         return dst
     config, spec = _begin(preset, dst)
-    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=spec.has_expert_bias)
+    layout = block_layout(spec.expert_intermediate, spec.hidden_size, quant, bias=spec.has_expert_bias,
+                          gated=spec.has_expert_gate)
     gen_dev = torch.Generator(device=device).manual_seed(seed)
     dense = _random_dense(_dense_shapes(config), device, gen_dev, spec.num_experts)
     save_file(dense, str(dst / DENSE_FILE), metadata={"format": "pt"})

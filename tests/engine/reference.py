@@ -44,21 +44,23 @@ def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
 
 def _quantize_module_experts(model, interface, quant: str) -> None:
     """A generic family's experts as transformers holds them (gate_up_proj [E, 2I, H] and down_proj [E, H, I], or
-    transposed, gate and up concatenated or interleaved): each expert's gate, up and down [out, in] quantised on its
-    own, as repack does."""
+    transposed, gate and up concatenated or interleaved; ungated: up_proj [E, I, H] alone): each expert's gate, up
+    and down [out, in] quantised on its own, as repack does."""
     modules = dict(model.named_modules())
     I = interface.intermediate
     gate_rows, up_rows = (slice(0, I), slice(I, 2 * I)) if interface.is_concatenated else (slice(0, None, 2),
                                                                                           slice(1, None, 2))
+    row_groups = (gate_rows, up_rows) if interface.has_gate else (slice(None),)
     round_trip = lambda w: dequantize(quantize(w.contiguous(), quant), quant)         # noqa: E731
     with torch.no_grad():
         for path in interface.paths.values():
             experts = modules[path]
             for e in range(interface.num_experts):
-                gate_up, down = experts.gate_up_proj[e], experts.down_proj[e]
+                gate_up = experts.gate_up_proj[e] if interface.has_gate else experts.up_proj[e]
+                down = experts.down_proj[e]
                 if interface.is_transposed:
                     gate_up, down = gate_up.T, down.T                             # views: [2I, H], [H, I]
-                for rows in (gate_rows, up_rows):
+                for rows in row_groups:
                     gate_up[rows].copy_(round_trip(gate_up[rows]))
                 down.copy_(round_trip(down))
 

@@ -126,3 +126,16 @@ def _detach(model) -> None:
         for name in ("kernel", "rope_kernel", "attention_kernel"):
             if hasattr(piece, name):
                 setattr(piece, name, None)
+
+
+def test_ungated_expert_blocks_take_no_expert_kernel(monkeypatch):
+    """Nemotron-H's blocks have no gate field, which the GPU expert kernels read: its experts keep torch."""
+    from types import SimpleNamespace
+
+    from engine.format.layout import block_layout
+    from kernels.activation import RELU2
+    monkeypatch.setattr(attach, "attaches", lambda options, device: True)
+    monkeypatch.setattr(kernels.selfcheck, "select_moe_decode", lambda *args, **kw: pytest.fail("a kernel checked"))
+    model, layout = SimpleNamespace(expert_kernel=RELU2), block_layout(32, 64, "int8", gated=False)
+    assert attach.expert_kernels(model, layout, 2, torch.device(DEVICE), torch.float32, Options(), print) == \
+        (None, None, None)

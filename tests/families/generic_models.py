@@ -30,6 +30,11 @@ GENERIC_KWARGS = {
                           ffn_hidden_size=64, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
                           qk_rope_head_dim=8, v_head_dim=16, head_dim=8, num_key_value_heads=4,
                           routed_scaling_factor=2.0, num_hidden_layers=4),      # two layers of two sublayers
+    # Mamba-2, MoE (ungated relu^2 experts, a shared expert, expert groups), attention and a dense MLP layer
+    "nemotron_h": dict(n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                       moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.0,
+                       mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16,
+                       layers_block_type=["linear_attention", "moe", "full_attention", "moe", "mlp"], num_hidden_layers=5),
     "llama4_text": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, intermediate_size_mlp=64,
                         interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
 }

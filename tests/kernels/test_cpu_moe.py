@@ -1,5 +1,5 @@
 """The fused CPU experts (kernels.cpu_moe) against the torch reference over the dequantised block: each
-activation the families use, with and without expert biases, one token and a group of tokens, real
+activation the families use (relu2's blocks ungated: no gate fields), with and without expert biases, one token and a group of tokens, real
 OLMoE shapes, the weighted rows added on top of what y held, and a layer's experts in one call (more
 than one call's worth too) giving what one call an expert gives."""
 import pytest
@@ -8,18 +8,18 @@ import torch.nn.functional as F
 
 from engine.format.layout import block_layout
 from kernels import cpu_moe
-from kernels.activation import SILU, clamped_silu, clamped_swiglu
+from kernels.activation import RELU2, SILU, clamped_silu, clamped_swiglu
 from kernels.formats import dequantize_parts, random_bank
 
 pytestmark = pytest.mark.skipif(not cpu_moe.available(), reason="numba is not installed")
 
 CASES = [("silu", SILU, False), ("clamped_swiglu", clamped_swiglu(1.702, 7.0), True),
-         ("clamped_silu", clamped_silu(2.0), False)]
+         ("clamped_silu", clamped_silu(2.0), False), ("relu2", RELU2, False)]
 
 
 def _blocks(intermediate, hidden, bias, activation, count=1, seed=0):
     """A kernel for the layout and `count` random blocks with their parts (for the reference)."""
-    layout = block_layout(intermediate, hidden, "int8", bias=bias)
+    layout = block_layout(intermediate, hidden, "int8", bias=bias, gated=activation.is_gated)
     offsets = {f.name: f.offset for f in layout.fields}
     bank = random_bank(count, layout.block_bytes, "int8", offsets, intermediate, hidden,
                        generator=torch.Generator().manual_seed(seed))
@@ -35,7 +35,7 @@ def _block(intermediate, hidden, bias, activation, seed=0):
 def _reference(x, parts, activation):
     """The family's expert over float64 copies of the dequantised weights."""
     w = {p: (d["b"] if "b" in d else dequantize_parts(d, "int8")).double() for p, d in parts.items()}
-    gate = F.linear(x.double(), w["gate"], w.get("gate_bias"))
+    gate = F.linear(x.double(), w["gate"], w.get("gate_bias")) if "gate" in w else None
     up = F.linear(x.double(), w["up"], w.get("up_bias"))
     return F.linear(activation(gate, up), w["down"], w.get("down_bias"))
 
@@ -63,6 +63,12 @@ def test_olmoe_shapes_within_float32_rounding():
     kernel.into(y, x, [block], [torch.zeros(1, dtype=torch.long)], [torch.ones(1)])
     ref = _reference(x, parts, SILU)
     assert float((y.double() - ref).abs().max() / ref.abs().max()) < 1e-5
+
+
+def test_an_ungated_block_takes_an_ungated_activation_only():
+    layout = block_layout(96, 64, "int8", gated=False)
+    with pytest.raises(ValueError, match="ungated block takes no silu activation"):
+        cpu_moe.FusedExperts({f.name: f.offset for f in layout.fields}, 96, 64, SILU)
 
 
 def test_a_wrong_activation_is_visible():

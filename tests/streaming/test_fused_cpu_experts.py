@@ -12,6 +12,7 @@ from engine.tools.demo import build_hf_model
 from engine.options import Options
 from kernels import cpu_moe
 
+from tests.families.generic_models import GENERIC_KWARGS
 from tests.streaming.sized import engine_with_slots, token_ids
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]
@@ -19,11 +20,13 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]
 pytestmark = pytest.mark.skipif(not cpu_moe.available(), reason="numba is not installed")
 
 
-@pytest.fixture(scope="module", params=["olmoe", "gpt_oss"])
+@pytest.fixture(scope="module", params=["olmoe", "gpt_oss", "nemotron_h"])
 def int8_model(request, tmp_path_factory):
-    """olmoe: SiLU experts; gpt_oss: the clamped SwiGLU with expert biases."""
+    """olmoe: SiLU experts; gpt_oss: the clamped SwiGLU with expert biases; nemotron_h: ungated relu2 experts
+    (the generic path)."""
     tmp = tmp_path_factory.mktemp(request.param)
-    build_hf_model(request.param, tmp / "hf", num_layers=3, with_tokenizer=False, seed=3)
+    build_hf_model(request.param, tmp / "hf", **{"num_layers": 3, **GENERIC_KWARGS.get(request.param, {})},
+                   with_tokenizer=False, seed=3)
     return repack(tmp / "hf", tmp / "int8", quant="int8")
 
 

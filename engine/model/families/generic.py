@@ -68,7 +68,8 @@ def param_counts(config: dict):
     spec = read_model_spec(config)
     total, experts, embedding = parameter_counts(spec.cfg)
     dense = total - experts
-    expert = 3 * spec.hidden_size * spec.expert_intermediate
+    expert = (3 if spec.has_expert_gate else 2) * spec.hidden_size * spec.expert_intermediate
     return ModelShape(spec.family, spec.num_layers, len(spec.moe_layers), spec.num_experts, spec.top_k,
                       spec.hidden_size, spec.expert_intermediate, spec.vocab_size, total,
-                      dense + len(spec.moe_layers) * spec.top_k * expert, dense, embedding)
+                      dense + len(spec.moe_layers) * spec.top_k * expert, dense, embedding,
+                      has_expert_gate=spec.has_expert_gate)

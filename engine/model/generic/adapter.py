@@ -3,7 +3,7 @@
 transformers calls experts(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]; the adapter
 passes the same to the model's passes (model.Passes.run_experts), which run them on Sluice's streaming
 experts. What differs between families (the activation, a custom gate, expert biases, gate and up
-interleaved) is adapted here, in `expert_math`, from the family's own experts class.
+interleaved, no gate at all) is adapted here, in `expert_math`, from the family's own experts class.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 
 from engine.model.layers import linear
 from engine.model.model import swiglu_expert
-from kernels.activation import SILU, Activation
+from kernels.activation import RELU2, SILU, Activation
 
 
 class StreamedExperts(torch.nn.Module):
@@ -43,8 +43,11 @@ class StreamedScaledExperts(torch.nn.Module):
 def expert_math(experts: torch.nn.Module, is_concatenated: bool) -> tuple[Callable, Activation | None]:
     """One expert's math from a family's experts module (its weights need not exist: only `act_fn` and
     `_apply_gate` are used) -> (expert_mlp(x, w) for the runtime, the GPU kernels' activation or None).
-    The plain SwiGLU of most families is Sluice's own (its kernels apply); anything else is the family's gate."""
+    The plain SwiGLU of most families is Sluice's own (its kernels apply); anything else is the family's gate, or
+    for ungated experts (Nemotron-H's) the family's activation of up alone."""
     from transformers.integrations.moe import _default_apply_gate
+    if not getattr(experts, "has_gate", True):
+        return _ungated_expert(experts)
     gate_fn = getattr(type(experts), "_apply_gate", _default_apply_gate)     # Llama 4's: act(gate) * up
     is_silu = type(getattr(experts, "act_fn", None)).__name__ in ("SiLUActivation", "SiLU")
     if gate_fn is _default_apply_gate and is_silu and not getattr(experts, "has_bias", False):
@@ -60,3 +63,15 @@ def expert_math(experts: torch.nn.Module, is_concatenated: bool) -> tuple[Callab
         gate, up = linear(x, w["gate"], w.get("gate_bias")), linear(x, w["up"], w.get("up_bias"))
         return linear(apply_gate(gate, up), w["down"], w.get("down_bias"))
     return family_expert, None
+
+
+def _ungated_expert(experts: torch.nn.Module) -> tuple[Callable, Activation | None]:
+    """down(act(up x)) with the family's activation -> (expert_mlp, RELU2 where it is relu^2 without biases: the
+    fused CPU kernel's, kernels.cpu_moe; no GPU kernel takes an ungated block)."""
+    act = experts.act_fn
+    is_relu2 = type(act).__name__ == "ReLUSquaredActivation" and not getattr(experts, "has_bias", False)
+
+    def ungated_expert(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
+        # x [T, H] -> [T, H]; w: up [I, H], down [H, I] (and their biases where the family has them)
+        return linear(act(linear(x, w["up"], w.get("up_bias"))), w["down"], w.get("down_bias"))
+    return ungated_expert, RELU2 if is_relu2 else None

@@ -2,10 +2,11 @@
 its routed-experts modules found by transformers' shared experts interface.
 
 transformers gives most MoE families one experts class shape (`use_experts_implementation`): fused
-`gate_up_proj` [E, 2I, H] (or transposed [E, H, 2I], or gate and up interleaved) and `down_proj` [E, H, I]
-parameters, called as experts(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]. The
-decorator leaves its flags on every instance (has_gate, has_bias, is_transposed, ...), which is how an
-experts module is recognised here, whatever its family calls it. One other contract is known: Llama 4's experts
+`gate_up_proj` [E, 2I, H] (or transposed [E, H, 2I], or gate and up interleaved; ungated experts, Nemotron-H's
+`has_gate=False`: `up_proj` [E, I, H] in its place) and `down_proj` [E, H, I] parameters, called as
+experts(hidden [T, H], top_k_index [T, K], top_k_weights [T, K]) -> [T, H]. The decorator leaves its flags
+on every instance (has_gate, has_bias, is_transposed, ...), which is how an experts module is recognised here,
+whatever its family calls it. One other contract is known: Llama 4's experts
 take every expert's copy of the tokens already scaled by its routing score (experts(x [E*T, H]) -> [E*T, H],
 zero rows for the experts a token does not use), `scaled_inputs` below; and LongCat-Flash's experts take the
 shared call with ids past the routed experts for its zero-compute (identity) experts, `num_zero_experts`.
@@ -40,6 +41,7 @@ class ExpertsInterface:
     head: str                       # the output head's path: "lm_head" ("language_model.lm_head": Llama 4's VL)
     scaled_inputs: bool = False     # Llama 4's contract: experts(x [E*T, H]) on inputs scaled by the routing scores
     num_zero_experts: int = 0       # LongCat-Flash: ids E.. E+Z-1 are identity experts (their output: the input)
+    has_gate: bool = True           # False: up_proj [E, I, H] and down_proj alone, down(act(up x)) (Nemotron-H)
 
     def is_text_tensor(self, name: str) -> bool:
         """Whether the tensor is one Sluice runs (the language model and its head; not a vision tower)."""
@@ -135,8 +137,9 @@ def unsupported_experts(model) -> str | None:
     if not experts:
         return "it has no routed experts that transformers' shared experts interface describes"
     first = next(iter(experts.values()))
-    if not _flag(first, "has_gate"):
-        return "its experts have no gate projection"
+    width = first.down_proj.shape[2 if _flag(first, "is_transposed") else 1]
+    if width != model.config.get_text_config().hidden_size:
+        return "its experts work in a latent width apart from the hidden size"
     if _flag(first, "has_post_expert_norm"):
         return "its experts norm their outputs"
     if any(_LAYER.search(name + ".") is None for name in experts):
@@ -172,7 +175,7 @@ def _read_interface(cfg) -> ExpertsInterface:
     return ExpertsInterface(paths, num_experts, intermediate, cfg.get_text_config().hidden_size, transposed,
                             _flag(first, "is_concatenated"), _flag(first, "has_bias"), type(first),
                             hub_expert_names(cfg.model_type), text_model, head, takes_scaled_inputs(first),
-                            zero_experts(first))
+                            zero_experts(first), _flag(first, "has_gate"))
 
 
 @contextlib.contextmanager
@@ -221,8 +224,8 @@ def _transforms(model_type: str, kind: str) -> tuple:
 
 def hub_expert_names(model_type: str) -> dict[str, str]:
     """One expert's gate, up and down tensors as the Hub stores them, read from the converters transformers fuses
-    them with (`feed_forward.experts.*.w1.weight` + `*.w3.weight` -> `gate_up_proj`: gate "w1.weight"); the
-    usual `gate_proj.weight`, ... where the family has none."""
+    them with (`feed_forward.experts.*.w1.weight` + `*.w3.weight` -> `gate_up_proj`: gate "w1.weight"; ungated
+    experts' `*.up_proj.weight` -> `up_proj`); the usual `gate_proj.weight`, ... where the family has none."""
     names = {proj: f"{proj}_proj.weight" for proj in ("gate", "up", "down")}
     for converter in _transforms(model_type, "WeightConverter"):
         sources, targets = converter.source_patterns, converter.target_patterns
@@ -231,8 +234,8 @@ def hub_expert_names(model_type: str) -> dict[str, str]:
             continue
         if targets[0].endswith("experts.gate_up_proj") and len(per_expert) == 2:
             names["gate"], names["up"] = per_expert
-        elif targets[0].endswith("experts.down_proj") and len(per_expert) == 1:
-            names["down"] = per_expert[0]
+        elif targets[0].endswith(("experts.down_proj", "experts.up_proj")) and len(per_expert) == 1:
+            names[targets[0].rpartition(".")[2].removesuffix("_proj")] = per_expert[0]
     return names
 
 
@@ -240,7 +243,8 @@ def dense_converters(model_type: str) -> list:
     """The family's converters of dense tensors (its experts' aside): each merges tensors into one (Kimi-Linear's
     q/k/v convolutions), applied at repack (engine.format.generic_dense)."""
     return [c for c in _transforms(model_type, "WeightConverter")
-            if not all(t.endswith(("experts.gate_up_proj", "experts.down_proj")) for t in c.target_patterns)]
+            if not all(t.endswith(("experts.gate_up_proj", "experts.up_proj", "experts.down_proj"))
+                       for t in c.target_patterns)]
 
 
 def dense_conversion(model_type: str) -> str | None:
