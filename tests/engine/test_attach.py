@@ -53,7 +53,7 @@ def model_dir(request, tmp_path_factory):
 @pytest.fixture
 def attach_on_cpu(monkeypatch, tmp_path):
     """engine.load attaches the pieces' kernels on the CPU as it does on a GPU; verdicts in a private cache."""
-    monkeypatch.setattr(kernels.selfcheck, "_cache_dir", tmp_path)             # fresh verdicts
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))                 # fresh verdicts
     real = attach.attach_kernels
 
     def attach_here(model, weights, device, dtype, options, warn):
@@ -112,7 +112,7 @@ def test_eager_attaches_nothing_and_a_failed_check_keeps_torch(model_dir, monkey
     import kernels.router
     monkeypatch.setattr(kernels.router, "router_kernel", lambda h, w, k, renormalize: kernels.router.router_ref(
         h, w, k, not renormalize))                                  # a router kernel that renormalises wrongly
-    monkeypatch.setattr(kernels.selfcheck, "_cache_dir", tmp_path)             # fresh verdicts
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))                 # fresh verdicts
     monkeypatch.setattr(attach, "attaches", lambda options, device: True)
     warnings = []
     attach_kernels(model, {}, torch.device(DEVICE), torch.float32, Options(), warnings.append)
