@@ -156,7 +156,8 @@ class LivePanels(QWidget):
                                                                  "system": COLORS["system"]}, units="B/s")
         self.h2d_plot, self.h2d_curves = self._plot("host → device copies", {"h2d": COLORS["engine"]}, units="B/s")
         self.tok_plot, self.tok_curves = self._plot("tokens per second", {"decode": COLORS["decode"],
-                                                                          "prefill": COLORS["prefill"]})
+                                                                          "prefill": COLORS["prefill"]},
+                                                    units="tok/s")
         self.disk_label = QLabel("engine read 0 B")
         self.disk_label.setWordWrap(True)
         box_layout = QVBoxLayout(box)

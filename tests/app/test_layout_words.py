@@ -29,6 +29,7 @@ def test_chart_axes_use_human_units_and_legends_sit_in_the_titles(qtbot):
     title = panels.disk_plot.getPlotItem().titleLabel.text
     assert "engine" in title and "system (dashed)" in title
     assert "roofline" not in panels.speed_label.toolTip() and "fastest" in panels.speed_label.toolTip()
+    assert all("/s" in plot.getAxis("left").labelString() for plot in (panels.h2d_plot, panels.tok_plot))  # a unit
 
 
 def test_while_the_engine_works_the_plots_take_turns_and_each_moves_2_5_times_a_second(qtbot):
