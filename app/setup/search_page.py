@@ -1,6 +1,8 @@
 """Wizard page 1: find a model by text, or paste its name or address, with an optional revision."""
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, QTimer
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QInputDialog, QLabel, QLineEdit, QPushButton, QTreeWidget,
                                QTreeWidgetItem, QVBoxLayout, QWizardPage)
@@ -24,6 +26,9 @@ def _results_tree() -> QTreeWidget:
     for col in range(1, len(COLUMNS)):
         header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
     return results
+
+
+CATALOG_TEXT = Qt.ItemDataRole.UserRole + 1      # a catalog row's words, for the offline filter
 
 
 class SearchPage(QWizardPage):
@@ -71,7 +76,7 @@ class SearchPage(QWizardPage):
         self.search_button.clicked.connect(self.search)
         self.retry_button.clicked.connect(self.search)
         self.query.returnPressed.connect(self.search)
-        self.query.textEdited.connect(lambda _: self.results.clearSelection())   # a typed name wins
+        self.query.textEdited.connect(self._on_query_edited)
         self.query.textChanged.connect(self.completeChanged)
         self.results.itemSelectionChanged.connect(self.completeChanged)
         self.results.itemDoubleClicked.connect(lambda *_: self.wizard().next())
@@ -87,6 +92,7 @@ class SearchPage(QWizardPage):
         for model in load_catalog():
             item = QTreeWidgetItem([model.repo, model.family, "yes", "", ""])
             item.setData(0, Qt.ItemDataRole.UserRole, model.repo)
+            item.setData(0, CATALOG_TEXT, f"{model.repo} {model.family} {model.note}".lower())
             item.setToolTip(0, model.describe())
             item.setText(0, f"{model.repo}  ({model.total_params_b:g}B, {model.active_params_b:g}B active, "
                             f"{model.download_gb:g} GB)")
@@ -151,7 +157,32 @@ class SearchPage(QWizardPage):
         self._timeout.stop()
         self.search_button.setEnabled(True)
         self.retry_button.setVisible(True)
-        self.status.setText(f"<span style='color:#cf222e'>{message}</span>")
+        shown = self._filter_catalog(self.query.text())
+        self.status.setText(f"<span style='color:#cf222e'>{message}</span>" + (f" Listed: the catalog's {shown} "
+                            f"model{'s' if shown != 1 else ''} matching '{html.escape(self.query.text().strip())}'."
+                            if self.query.text().strip() else ""))
+
+    def _filter_catalog(self, text: str) -> int:
+        """Offline, a search still narrows the catalog: its models whose name, family or note hold every word
+        (unfinished downloads stay). -> how many catalog models are shown."""
+        words = text.lower().split()
+        shown = 0
+        for i in range(self.results.topLevelItemCount()):
+            item = self.results.topLevelItem(i)
+            about = item.data(0, CATALOG_TEXT)
+            if about is not None:
+                item.setHidden(not all(word in about for word in words))
+                shown += not item.isHidden()
+        return shown
+
+    def _on_query_edited(self, text: str) -> None:
+        """A typed name wins over a picked row; the status says what Next would do with it."""
+        self.results.clearSelection()
+        if not text.strip():
+            return
+        ref = self.selected_ref()
+        self.status.setText(f"Next: {ref[0]}." if ref else
+                            "Press Search to look it up, or write the model's name as owner/name to go on.")
 
     def ask_token(self) -> None:
         from engine.setup import save_token

@@ -37,6 +37,26 @@ def test_the_wizard_shows_the_catalog_offline_and_a_failed_search_offers_retry(q
     wizard.reject()
 
 
+def test_offline_a_search_narrows_the_catalog_and_a_typed_name_says_where_next_goes(qtbot, tmp_path):
+    from app.setup.wizards import DownloadWizard
+    wizard = DownloadWizard(tmp_path / "models")
+    qtbot.addWidget(wizard)
+    wizard.show()
+    page = wizard.search_page
+    qtbot.keyClicks(page.query, "qwen3 moe")
+    assert not page.isComplete() and "Press Search" in page.status.text()     # why Next is grey
+    page.search()                                                         # HF_HUB_OFFLINE: fails at once
+    qtbot.waitUntil(page.retry_button.isVisible, timeout=5000)
+    shown = [page.results.topLevelItem(i).data(0, 256) for i in range(page.results.topLevelItemCount())
+             if not page.results.topLevelItem(i).isHidden()]
+    expected = [m.repo for m in load_catalog() if m.family == "qwen3_moe"]
+    assert shown == expected and f"the catalog's {len(expected)} models matching 'qwen3 moe'" in page.status.text()
+    page.query.clear()
+    qtbot.keyClicks(page.query, "Qwen/Qwen3-30B-A3B")
+    assert page.isComplete() and page.status.text() == "Next: Qwen/Qwen3-30B-A3B."
+    wizard.reject()
+
+
 def test_a_hub_that_does_not_answer_is_reported_within_seconds(qtbot, tmp_path, monkeypatch):
     from app.setup import search_page
     from app.setup.wizards import DownloadWizard
