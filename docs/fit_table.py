@@ -1,29 +1,48 @@
 """Prints README's "which model fits my PC, and how fast" table: every number COMPUTED, none measured.
 
-    tok/s = efficiency / (expert bytes a token from disk / disk GB/s + expert bytes a token over PCIe / PCIe GB/s
-                          + bytes a token the GPU reads / GPU memory GB/s)
-
-the additive roofline of engine.plan.estimate.roofline_tok_s, with the efficiency measured against it
-(BENCHMARKS.md: 0.81-1.01 in the streaming regimes; 0.85 used here). Experts are spread over the tiers by size:
-VRAM left after the dense weights and 1.5 GB of context and workspace, then the RAM cache (RAM less 8 GB for the
-system and the app), then the disk; a token's experts hit each tier in proportion (uniform routing: real chats
-reuse experts, so measured hit rates and speeds are higher). Run: python3 docs/fit_table.py
+Each cell is the estimate the app's download wizard shows for that machine (engine.plan.estimate.estimate): the
+engine's default budgets (90% of the VRAM; a RAM cache of half the RAM left after 8 GB for the system and the
+app), the experts spread over VRAM, RAM and disk by those budgets and read under uniform routing (real chats
+reuse experts, so measured hit rates and speeds are higher), and a token's time = its disk bytes / disk speed +
+its PCIe bytes / PCIe speed + the bytes the GPU reads / GPU memory speed + a measured overhead per layer
+(launches, the host's work). Where int8 dense weights run a model faster or at all, the cell uses them, as the
+wizard suggests. Run from the repository root: .venv/bin/python docs/fit_table.py
 """
-EFFICIENCY = 0.85
-GB = 1e9
+from __future__ import annotations
 
-# (name, quant, bytes per weight, dense params, routed expert params, active expert params a token), from each
-# model's config.json (layers x experts x 3 x hidden x expert width; dense = the catalog's total less experts)
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from engine.plan.estimate import Machine, estimate  # noqa: E402
+from engine.tools.presets import preset_config  # noqa: E402
+
+GB = 1e9
+SYSTEM_RAM_GB = 8            # what the OS, the desktop and the app keep
+
+
+def _full(preset: str, **changes) -> dict:
+    """A preset's config with the released model's layer count (the presets cut some)."""
+    config = {**preset_config(preset), **changes}
+    config.pop("layer_types", None)             # recomputed by transformers for the full layer count
+    return config
+
+
+# (name, quant, its config.json as released)
 FAMILIES = [
-    ("Qwen3-30B-A3B", "fp8", 1.0, 1.5e9, 29.0e9, 1.81e9),
-    ("gpt-oss-120b", "mxfp4", 0.53, 2.1e9, 114.7e9, 3.58e9),
-    ("GLM-4.5-Air", "fp8", 1.0, 7.3e9, 99.6e9, 6.23e9),
-    ("Qwen3-235B-A22B", "fp8", 1.0, 8.1e9, 227.0e9, 14.2e9),
-    ("DeepSeek-V3", "fp8", 1.0, 17.4e9, 653.6e9, 20.4e9),
+    ("Qwen3-30B-A3B", "fp8", _full("qwen3-30b-a3b")),
+    ("gpt-oss-120b", "mxfp4", _full("gpt-oss-120b", num_hidden_layers=36)),
+    ("GLM-4.5-Air", "fp8", _full("glm-4.5-air")),
+    # Qwen/Qwen3-235B-A22B config.json
+    ("Qwen3-235B-A22B", "fp8", _full("qwen3-30b-a3b", hidden_size=4096, num_hidden_layers=94, num_attention_heads=64,
+                                     num_key_value_heads=4, num_experts=128, moe_intermediate_size=1536,
+                                     intermediate_size=12288)),
+    ("DeepSeek-V3", "fp8", _full("deepseek-v3-4-layers", num_hidden_layers=61, first_k_dense_replace=3)),
 ]
 # (name, VRAM GB, RAM GB, PCIe GB/s usable, NVMe GB/s read, GPU memory GB/s)
 PCS = [
-    ("8 GB GPU, 16 GB RAM, PCIe 4, NVMe 3.5 GB/s", 8, 16, 25, 3.5, 300),     # README's least RAM
+    ("8 GB GPU, 16 GB RAM, PCIe 4, NVMe 3.5 GB/s", 8, 16, 25, 3.5, 300),
     ("8 GB GPU, 32 GB RAM, PCIe 4, NVMe 3.5 GB/s", 8, 32, 25, 3.5, 300),
     ("12 GB GPU, 64 GB RAM, PCIe 4, NVMe 7 GB/s", 12, 64, 25, 7.0, 450),
     ("16 GB GPU, 64 GB RAM, PCIe 5, NVMe 7 GB/s", 16, 64, 50, 7.0, 600),
@@ -31,27 +50,25 @@ PCS = [
 ]
 
 
-def tok_s(pc, family) -> float | None:
-    _, vram, ram, pcie, disk, hbm = pc
-    _, _, bytes_per_weight, dense, experts, active = family
-    dense_bytes, expert_bytes, active_bytes = dense * 1.0, experts * bytes_per_weight, active * bytes_per_weight
-    vram_for_experts = vram * GB - dense_bytes - 1.5 * GB
-    if vram_for_experts <= 0:
-        return None                                     # the dense weights alone do not fit the GPU
-    in_vram = min(1.0, vram_for_experts / expert_bytes)
-    in_ram = min(1.0 - in_vram, max(0.0, ram - 8) * GB / expert_bytes)
-    seconds = (active_bytes * (1 - in_vram - in_ram) / (disk * GB) + active_bytes * (1 - in_vram) / (pcie * GB)
-               + (dense_bytes + active_bytes) / (hbm * GB))
-    return EFFICIENCY / seconds
+def cell(pc, family) -> str:
+    _, vram, ram, pcie, disk, gpu_memory = pc
+    _, quant, config = family
+    machine = Machine("cuda", ram_available_bytes=int((ram - SYSTEM_RAM_GB) * GB), mem_bw_bps=60 * GB,
+                      disk_read_bps=disk * GB, free_disk_bytes=10**14, vram_bytes=int(vram * GB),
+                      pcie_bps=pcie * GB, gpu_mem_bw_bps=gpu_memory * GB)
+    est = estimate(config, 0, machine, quant, suggest_int8_dense=True)
+    est = est.int8_dense_tip or est
+    if not est.is_usable:
+        return "does not fit"
+    speed = f"{est.tok_s:.1f}" if est.tok_s < 10 else f"{est.tok_s:.0f}"
+    return f"{speed} tok/s" + (" (int8 dense)" if est.dense_quant else "")
 
 
 def main() -> None:
-    print("| PC (computed, not measured) | " + " | ".join(f"{name} {quant}" for name, quant, *_ in FAMILIES) + " |")
+    print("| PC (computed, not measured) | " + " | ".join(f"{name} {quant}" for name, quant, _ in FAMILIES) + " |")
     print("|---|" + "---|" * len(FAMILIES))
     for pc in PCS:
-        cells = [tok_s(pc, family) for family in FAMILIES]
-        print(f"| {pc[0]} | " + " | ".join("does not fit" if c is None else f"{c:.1f} tok/s" if c < 10 else
-                                          f"{c:.0f} tok/s" for c in cells) + " |")
+        print(f"| {pc[0]} | " + " | ".join(cell(pc, family) for family in FAMILIES) + " |")
 
 
 if __name__ == "__main__":
