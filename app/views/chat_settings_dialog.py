@@ -51,17 +51,7 @@ class ChatSettingsDialog(QDialog):
         form.addRow("Max new tokens", self.max_new_tokens)
         form.addRow("Seed", self.seed)
         form.addRow("When the chat is full", self.context_overflow)
-        self.structured_output = QLineEdit(placeholderText="Off. 'json' for any JSON object, or a JSON Schema")
-        self.structured_output.setToolTip("The answer is forced to follow it, token by token (a remote endpoint "
-                                          "is sent it as response_format)")
-        self.structured_error = QLabel(wordWrap=True, visible=False)
-        self.structured_error.setStyleSheet(f"color: {theme.ERROR_COLOR};")
-        self.structured_output.textEdited.connect(lambda _: self.structured_error.setVisible(False))
-        structured = QVBoxLayout()
-        structured.setContentsMargins(0, 0, 0, 0)
-        structured.addWidget(self.structured_output)
-        structured.addWidget(self.structured_error)
-        form.addRow("Structured output", structured)
+        form.addRow("Structured output", self._structured_row())
         self.set_value(settings)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -74,6 +64,20 @@ class ChatSettingsDialog(QDialog):
             self.saved_note.setStyleSheet(f"color: {theme.muted_color()};")
             form.addRow(self.saved_note)
         form.addRow(buttons)
+
+    def _structured_row(self) -> QVBoxLayout:
+        """The Structured output field with its error under it (shown when OK finds it unusable)."""
+        self.structured_output = QLineEdit(placeholderText="Off. 'json' for any JSON object, or a JSON Schema")
+        self.structured_output.setToolTip("The answer is forced to follow it, token by token (a remote endpoint "
+                                          "is sent it as response_format)")
+        self.structured_error = QLabel(wordWrap=True, visible=False)
+        self.structured_error.setStyleSheet(f"color: {theme.ERROR_COLOR};")
+        self.structured_output.textEdited.connect(lambda _: self.structured_error.setVisible(False))
+        row = QVBoxLayout()
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.structured_output)
+        row.addWidget(self.structured_error)
+        return row
 
     def _presets_row(self) -> QHBoxLayout:
         presets = QHBoxLayout()

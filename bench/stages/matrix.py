@@ -241,7 +241,6 @@ def _progress(msg: str) -> None:
 
 def dry_run_lines(plans: list[Planned], args, reference_bytes: int) -> list[str]:
     """Every command the matrix would run, the files' estimated sizes against the disk, llama-bench's worst case."""
-    from bench.stages.regime import parse_bench_args, regime_flags
     limit = plans[0].disk_limit_bytes if plans else parse_size(args.disk_limit)
     peer = f"llama-bench {args.llama_bench}" if args.llama_bench else "no --llama-bench: the peer's columns say \"not run\""
     lines = [f"matrix: {len(plans)} families x {len(args.regime)} regimes; {peer}; disk {limit / 1e9:.0f} GB "
@@ -249,56 +248,69 @@ def dry_run_lines(plans: list[Planned], args, reference_bytes: int) -> list[str]
              f"llama.cpp's fastest -ncmoe within the regime's budget"]
     worst_s, disk_sum = 0.0, 0
     for plan in plans:
-        f, no_peer = plan.files, why_no_peer(plan, args)
-        with_gguf = no_peer is None
-        sluice_gb = f"Sluice {plan.family.quant} {f.sluice_bytes / 1e9:.1f} GB"
-        files = {SAME: f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + {sluice_gb} + GGUF {f.gguf_bytes / 1e9:.1f} GB",
-                 SEPARATE: f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + GGUF {f.gguf_bytes / 1e9:.1f} GB, then the "
-                           f"checkpoint deleted and {sluice_gb} written directly"}.get(plan.layout,
-                                                                                     f"{sluice_gb}, written directly")
-        total = f.peak(plan.layout)
-        disk_sum += total
-        over = "" if plan.fits else f"  OVER THE DISK LIMIT ({_over_disk(plan)})"
-        lines += ["", f"== {plan.family.name}: preset {plan.preset}, {plan.layers_note()}",
-                  f"   files ~{total / 1e9:.1f} GB at most ({files}){over}"]
-        if plan.layout_note():
-            lines.append(f"   {plan.layout_note()}")
-        if no_peer:
-            lines.append(f"   llama.cpp: not run ({no_peer})")
-        else:
-            hf = hf_checkpoint_dir(args.work_dir, plan.preset)
-            lines.append("   " + shlex.join(["python", "-m", "bench.gguf_convert", str(args.llama_src), str(hf),
-                                             str(llamacpp.gguf_path(args.work_dir, plan.preset)), "--outtype", "q8_0"])
-                         + "   # after writing the HF checkpoint")
+        lines += _family_lines(plan, args)
+        disk_sum += plan.files.peak(plan.layout)
         for reg in family_regimes(plan, args.regime, reference_bytes):
-            capped = not args.no_cgroup and reg.memory_cap_bytes is not None
-            lines.append(f"   -- {reg.name}: VRAM budget {format_size(parse_size(reg.vram_budget))}, "
-                         + (f"cap {format_size(reg.memory_cap_bytes)}" if reg.memory_cap_bytes else "RAM free")
-                         + (" (cgroup v2 memory.max, page cache dropped before each run)" if capped else ""))
-            flags = sluice_flags(plan, reg.name, args)
-            peer_first = with_gguf and reg.name == "fits-vram-ram"
-            if peer_first:
-                flags += ["--vram-budget", PEER_VRAM]
-            repack = with_gguf and plan.layout == SAME
-            sluice = ["sluice", "bench", *regime_flags(parse_bench_args(flags), reg, flags, repack, capped),
-                      "--json", "--work-dir", str(args.work_dir)]
-            runs = []
-            if with_gguf:
-                limit_bytes = parse_size(reg.vram_budget)
-                points = _points(plan, reg, limit_bytes, args)
-                s = {**llamacpp.RUN_SETTINGS["default"], **llamacpp.RUN_SETTINGS.get(reg.name, {})}
-                worst_s += (args.llama_timeout or s["timeout_s"]) * len(points)
-                runs = ["   " + shlex.join(llamacpp.llama_bench_argv(args.llama_bench, llamacpp.gguf_path(
-                    args.work_dir, plan.preset), n, args.llama_threads, parse_bench_args(flags).prompt_tokens,
-                    s["n_gen"], s["reps"]))
-                    for n in points]
-                within = f"{format_size(limit_bytes)}" if peer_first else "Sluice's driver-view VRAM"
-                runs.append(f"   # -ncmoe {', '.join(map(str, points))}: the fastest within {within} "
-                            f"(points predicted for {format_size(limit_bytes)})")
-            lines += [*(runs if peer_first else []), "   " + shlex.join(sluice), *([] if peer_first else runs)]
+            regime_lines, seconds = _regime_lines(plan, reg, args)
+            lines += regime_lines
+            worst_s += seconds
     lines += ["", f"files of all {len(plans)} families together: ~{disk_sum / 1e9:.0f} GB"
               + (" (more than the disk: pass --clean, or run a few families a call)" if disk_sum > limit and not args.clean
                  else ""),
               f"llama-bench at most {worst_s / 60:.0f} min (every run to its timeout); each Sluice run builds its model "
               "once, then a load, a prefill and the decode"]
     return lines
+
+
+def _family_lines(plan: Planned, args) -> list[str]:
+    """A family's heading in the dry run: its preset and layers, its files against the disk, its GGUF conversion."""
+    f, no_peer = plan.files, why_no_peer(plan, args)
+    sluice_gb = f"Sluice {plan.family.quant} {f.sluice_bytes / 1e9:.1f} GB"
+    files = {SAME: f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + {sluice_gb} + GGUF {f.gguf_bytes / 1e9:.1f} GB",
+             SEPARATE: f"HF checkpoint {f.hf_bytes / 1e9:.1f} GB + GGUF {f.gguf_bytes / 1e9:.1f} GB, then the "
+                       f"checkpoint deleted and {sluice_gb} written directly"}.get(plan.layout,
+                                                                                 f"{sluice_gb}, written directly")
+    over = "" if plan.fits else f"  OVER THE DISK LIMIT ({_over_disk(plan)})"
+    lines = ["", f"== {plan.family.name}: preset {plan.preset}, {plan.layers_note()}",
+             f"   files ~{f.peak(plan.layout) / 1e9:.1f} GB at most ({files}){over}"]
+    if plan.layout_note():
+        lines.append(f"   {plan.layout_note()}")
+    if no_peer:
+        lines.append(f"   llama.cpp: not run ({no_peer})")
+    else:
+        hf = hf_checkpoint_dir(args.work_dir, plan.preset)
+        lines.append("   " + shlex.join(["python", "-m", "bench.gguf_convert", str(args.llama_src), str(hf),
+                                         str(llamacpp.gguf_path(args.work_dir, plan.preset)), "--outtype", "q8_0"])
+                     + "   # after writing the HF checkpoint")
+    return lines
+
+
+def _regime_lines(plan: Planned, reg, args) -> tuple[list[str], float]:
+    """One regime's commands in the order the matrix runs them, and llama-bench's worst case in seconds."""
+    from bench.stages.regime import parse_bench_args, regime_flags
+    with_gguf = why_no_peer(plan, args) is None
+    capped = not args.no_cgroup and reg.memory_cap_bytes is not None
+    lines = [f"   -- {reg.name}: VRAM budget {format_size(parse_size(reg.vram_budget))}, "
+             + (f"cap {format_size(reg.memory_cap_bytes)}" if reg.memory_cap_bytes else "RAM free")
+             + (" (cgroup v2 memory.max, page cache dropped before each run)" if capped else "")]
+    flags = sluice_flags(plan, reg.name, args)
+    peer_first = with_gguf and reg.name == "fits-vram-ram"
+    if peer_first:
+        flags += ["--vram-budget", PEER_VRAM]
+    repack = with_gguf and plan.layout == SAME
+    sluice = ["sluice", "bench", *regime_flags(parse_bench_args(flags), reg, flags, repack, capped),
+              "--json", "--work-dir", str(args.work_dir)]
+    runs, worst_s = [], 0.0
+    if with_gguf:
+        limit_bytes = parse_size(reg.vram_budget)
+        points = _points(plan, reg, limit_bytes, args)
+        s = {**llamacpp.RUN_SETTINGS["default"], **llamacpp.RUN_SETTINGS.get(reg.name, {})}
+        worst_s = (args.llama_timeout or s["timeout_s"]) * len(points)
+        runs = ["   " + shlex.join(llamacpp.llama_bench_argv(args.llama_bench, llamacpp.gguf_path(
+            args.work_dir, plan.preset), n, args.llama_threads, parse_bench_args(flags).prompt_tokens,
+            s["n_gen"], s["reps"]))
+            for n in points]
+        within = f"{format_size(limit_bytes)}" if peer_first else "Sluice's driver-view VRAM"
+        runs.append(f"   # -ncmoe {', '.join(map(str, points))}: the fastest within {within} "
+                    f"(points predicted for {format_size(limit_bytes)})")
+    return lines + [*(runs if peer_first else []), "   " + shlex.join(sluice), *([] if peer_first else runs)], worst_s
