@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.host import available_memory, cgroup_capped, cpu_name, memory_limit  # noqa: F401 - the probe's callers
+from engine.host import available_memory, cpu_name, memory_limit
 from engine.runtime.memory import drop_file_cache
 
 MiB = 2**20
