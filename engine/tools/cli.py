@@ -205,9 +205,12 @@ def _log_warnings_to_stderr() -> None:
 def _repack(args) -> int:
     from tqdm import tqdm
     from engine.format.repack import repack
-    bar = tqdm(total=1, unit="step", file=sys.stderr, desc="repack")
+    bars = []            # made at the first progress report: a source refused at once prints no empty bar
 
     def progress(done, total, message):
+        if not bars:
+            bars.append(tqdm(total=total, unit="step", file=sys.stderr, desc="repack"))
+        bar = bars[0]
         bar.total = total
         bar.n = done
         bar.set_postfix_str(message)
@@ -215,7 +218,8 @@ def _repack(args) -> int:
     try:
         dst = repack(args.src_dir, args.dst_dir, quant=args.quant, progress=progress)
     finally:
-        bar.close()
+        for bar in bars:
+            bar.close()
     print(f"Repacked into {dst}", file=sys.stderr)
     return 0
 

@@ -140,6 +140,7 @@ def test_a_file_given_as_a_folder(cli, tmp_path, tiny_model):
     for args in (("generate", tmp_path / "a.txt", "--prompt", "hi"), ("repack", tmp_path / "a.txt", tmp_path / "o")):
         code, err = cli(*args)
         assert code == 2 and "is a file, not a folder" in err and "does not exist" not in err
+        assert err.count("\n") == 1 and "%" not in err              # the sentence alone: no empty progress bar
     from engine.format.modeldir import open_model_dir
     with pytest.raises(SluiceError, match="is a file, not a folder"):
         open_model_dir(tiny_model / "sluice.json")
