@@ -119,13 +119,15 @@ class LivePanels(QWidget):
         """The slot map with a legend of its states' colours."""
         self.slots_box = QGroupBox("Device slots")
         self.slot_map = SlotMap()
-        legend = QHBoxLayout()
+        self.slot_legend = QWidget()                  # hidden where there are no slots to explain (a remote model)
+        legend = QHBoxLayout(self.slot_legend)
+        legend.setContentsMargins(0, 0, 0, 0)
         for state, color in STATE_COLORS.items():
             legend.addWidget(QLabel(f'<span style="color:{color.name()}">■</span> {state}'))
         legend.addStretch(1)
         box_layout = QVBoxLayout(self.slots_box)
         box_layout.addWidget(self.slot_map)
-        box_layout.addLayout(legend)
+        box_layout.addWidget(self.slot_legend)
         return self.slots_box
 
     def _build_cache_box(self) -> QGroupBox:
@@ -265,6 +267,7 @@ class LivePanels(QWidget):
         else:
             self.device_label.setText("CPU" if device.startswith("cpu") else f"GPU ({device})")
         self.slot_map.empty_text = REMOTE_TEXT if remote else NO_MODEL_TEXT
+        self.slot_legend.setVisible(not remote)
         self.slots_box.setTitle("Device slots" if remote else "Device slots (VRAM)" if device.startswith("cuda")
                                 else "Device slots (in RAM: CPU device)")
 

@@ -91,7 +91,8 @@ class ServerPanel(QWidget):
         """A curl command for the current address and key, with a Copy button."""
         box = QGroupBox("Try it")
         self.curl = _monospace_log()
-        self.curl.setFixedHeight(110)
+        self.curl.setLineWrapMode(QPlainTextEdit.LineWrapMode.WidgetWidth)   # the whole command in view; Copy
+        self.curl.setFixedHeight(110)                                          # copies its lines as they are
         self.copy = QPushButton("Copy")
         self.copy.clicked.connect(lambda: QGuiApplication.clipboard().setText(self.curl.toPlainText()))
         hint = QLabel("OpenAI clients (chat, completions, responses, structured output): base URL <i>address</i>/v1"

@@ -64,7 +64,7 @@ def test_remote_model_chats_with_client_side_speed_and_panels_say_remote(qtbot, 
     assert "runs remotely" in window.panels.remote_label.text()
     slot_map = window.panels.slot_map                       # not "load a model": one is loaded, remotely
     assert not slot_map.slots and slot_map.empty_text == "No slots here: a remote model runs on its own server."
-    assert window.panels.slots_box.title() == "Device slots"
+    assert window.panels.slots_box.title() == "Device slots" and window.panels.slot_legend.isHidden()
     assert window.panels.core_label.text() == "none here: the model decodes on its server"     # not this PC's cores
     assert window.shutdown()
 
