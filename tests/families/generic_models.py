@@ -82,6 +82,14 @@ VL_KWARGS = {
                        swiglu_limit=1.5, mlp_layer_types=["dense", "sparse", "sparse", "sparse"]),
                   dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64,
                        projection_intermediate_size=64)),
+    # Kimi-K2.5: DeepSeek-V3 as its language model, MoonViT (whose q/k/v transformers splits) as its vision tower;
+    # its own head, as released (the wrapper's config would tie it to the embeddings)
+    "kimi_k25": (dict(_TEXT, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+                      first_k_dense_replace=1, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8,
+                      head_dim=8, v_head_dim=16, num_key_value_heads=4, n_group=2, topk_group=1,
+                      routed_scaling_factor=2.0),
+                 dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
+                 dict(tie_word_embeddings=False)),
     # its language model is a causal LM of its own (`language_model.model.`, `language_model.lm_head`)
     "llama4": (dict(_TEXT, num_local_experts=8, num_experts_per_tok=1, intermediate_size=32, intermediate_size_mlp=64,
                     interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
@@ -111,8 +119,9 @@ def build_vl_model(family: str, dst, seed: int = 0):
     from engine.tools.demo import randomize_weights, train_tiny_tokenizer
     dst.mkdir(parents=True, exist_ok=True)
     vocab_size = len(train_tiny_tokenizer(dst))
-    text, vision = VL_KWARGS[family]
-    config = AutoConfig.for_model(family, text_config=dict(text, vocab_size=vocab_size), vision_config=vision)
+    text, vision, *outer = VL_KWARGS[family]
+    config = AutoConfig.for_model(family, text_config=dict(text, vocab_size=vocab_size), vision_config=vision,
+                                  **(outer[0] if outer else {}))
     model = AutoModelForImageTextToText.from_config(config).eval()
     torch.manual_seed(seed)
     randomize_weights(model)

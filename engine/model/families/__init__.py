@@ -30,7 +30,7 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 GENERIC_FAMILIES = ("afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
                     "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "llama4_text", "longcat_flash",
                     "nemotron_h")
-GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next")
+GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next", "kimi_k25")
 
 
 @dataclass(frozen=True)

@@ -161,10 +161,13 @@ def read_interface(cfg) -> ExpertsInterface:
 
 def _read_interface(cfg) -> ExpertsInterface:
     model = meta_model(cfg)
-    problem = unsupported_experts(model) or dense_conversion(cfg.model_type)
+    problem = unsupported_experts(model)
+    experts = {} if problem else find_experts(model)
+    if experts:
+        text = next(iter(experts)).partition(".layers.")[0] + "."
+        problem = dense_conversion(cfg.model_type, [n for n, _ in model.named_parameters() if n.startswith(text)])
     if problem:
         raise SluiceError(f"Sluice cannot run '{cfg.model_type}' models: {problem}.")
-    experts = find_experts(model)
     first = next(iter(experts.values()))
     down, transposed = first.down_proj, _flag(first, "is_transposed")
     num_experts, intermediate = down.shape[0], down.shape[1] if transposed else down.shape[2]
@@ -247,14 +250,22 @@ def dense_converters(model_type: str) -> list:
                        for t in c.target_patterns)]
 
 
-def dense_conversion(model_type: str) -> str | None:
+def dense_conversion(model_type: str, text_names: list[str]) -> str | None:
     """Why the checkpoint's dense tensors cannot be read into transformers' names, as a phrase, or None: a converter
-    that splits one tensor into several (the repack merges, it does not split)."""
+    that splits one tensor into several (the repack merges, it does not split), where it makes tensors of the
+    language model (`text_names`; Kimi-K2.5's splits only its vision tower's, which Sluice neither repacks nor
+    loads)."""
     for converter in dense_converters(model_type):
-        if len(converter.target_patterns) != 1:
+        if len(converter.target_patterns) != 1 and _makes_any(converter, text_names):
             return (f"transformers splits some of its dense weights as it loads them "
                     f"({converter.source_patterns[0]} into {', '.join(converter.target_patterns)})")
     return None
+
+
+def _makes_any(converter, names: list[str]) -> bool:
+    """Whether one of the converter's target patterns (`*` for a layer or an expert's number) names one of names."""
+    patterns = [re.compile(r"(^|\.)" + re.escape(t).replace(r"\*", r"\d+") + r"(\.|$)") for t in converter.target_patterns]
+    return any(p.search(name) for p in patterns for name in names)
 
 
 def in_memory_name(model_type: str, name: str) -> str:
