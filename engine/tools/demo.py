@@ -183,6 +183,7 @@ def check_demo_folder(dst: Path) -> None:
     from engine.format.repack import check_destination
     dst.parent.mkdir(parents=True, exist_ok=True)
     check_destination(dst)
+    dst.mkdir(exist_ok=True)            # a place no folder can be made in fails here, before the build
 
 
 def is_demo_model(model_dir: str | Path) -> bool:

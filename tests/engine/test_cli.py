@@ -132,8 +132,14 @@ def test_demo_into_a_wrong_folder_is_one_sentence(tmp_path):
     a_file.write_text("mine")
     for dst, sentence in [(a_file, f"sluice: '{a_file}' is a file, not a folder; choose a new or empty destination "
                                    f"folder.\n"),
-                          (tmp_path, f"sluice: '{tmp_path}' is not empty; choose a new or empty destination folder.\n")]:
+                          (tmp_path, f"sluice: '{tmp_path}' is not empty; choose a new or empty destination folder.\n"),
+                          (a_file / "demo", f"sluice: Sluice could not use '{a_file}': it is a file where a folder "
+                                            f"should be; move it away or choose another folder.\n")]:   # no "Building…"
         result = subprocess.run([sys.executable, "-m", "app.main", "demo", "--dir", str(dst)], capture_output=True,
                                 text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
         assert (result.returncode, result.stdout, result.stderr) == (2, "", sentence)
     assert a_file.read_text() == "mine"
+    if Path("/proc/self").exists():                  # a place no folder can be made in: refused before the build
+        result = subprocess.run([sys.executable, "-m", "app.main", "demo", "--dir", "/proc/sluice-demo"],
+                                capture_output=True, text=True, timeout=120, cwd=Path(__file__).resolve().parents[2])
+        assert result.returncode == 2 and result.stderr.count("\n") == 1 and "Building" not in result.stderr
