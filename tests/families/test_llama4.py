@@ -115,3 +115,26 @@ def test_cuda_float32_tokens_match_transformers(variant, quant, tmp_path):
     hf_dir = build_generic_model("llama4_text", tmp_path / "hf", **VARIANTS[variant])
     assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice", quant=quant), quant, device="cuda",
                                  dtype="float32")
+
+
+def test_a_chunk_sees_only_its_own_earlier_positions():
+    """Chunked attention (chunk 4): position 5 sees 4 and 5, not 3 (the previous chunk) nor 6 (the future)."""
+    import torch
+
+    from kernels.attention_ref import visible_keys
+    visible = visible_keys(torch.tensor([3, 4, 5]), 7, chunk=4)
+    assert visible.tolist() == [[True] * 4 + [False] * 3,
+                                [False] * 4 + [True] + [False] * 2,
+                                [False] * 4 + [True, True, False]]
+
+
+def test_decode_guesses_the_next_layers_experts_from_its_router(llama4_models):
+    from tests.streaming.sized import streaming_engine, token_ids
+    _, model_dir = llama4_models("top2")
+    eng = streaming_engine(model_dir, dtype="float32")
+    try:
+        token_ids(eng, PROMPT_IDS, 12)
+        speculation = eng.telemetry()["speculation"]
+    finally:
+        eng.close()
+    assert speculation["predicted"] > 0 and speculation["correct"] > 0
