@@ -83,7 +83,8 @@ class DecodeStep:
             o.x = block.combine(x, h, None)
             return
         o.x, o.h = x, h
-        o.rows, o.route_weights, route_ids = block.expert_rows(h, *block.route(h))    # [1, H], [1, K], [1, K]
+        # rows [R, H], weights and ids [R, K / R] (R = block.expert_rows_per_token: 1, or Llama 4's top-k)
+        o.rows, o.route_weights, route_ids = block.expert_rows(h, *block.route(h))
         o.ids = route_ids.flatten()                    # routed ids, then the speculated ids of the next MoE layer
         nxt = self.next_moe[layer]
         if nxt is not None:                            # the guesses best first (some routers pick unsorted)
