@@ -1,6 +1,6 @@
 """Attention in plain torch (no Triton: the CPU app imports it): every family's attention and the reference of
 the one-token decode kernel (kernels/decode_attention.py). One core, `attend`: grouped KV heads, a visibility
-mask (causal, sliding window, or the caller's own), a scale, and optionally a sink logit per head.
+mask (causal, sliding window, chunked, or the caller's own), a scale, and optionally a sink logit per head.
 
   T = query tokens, S = keys held (position s at row s), Hq / Hkv = query / kv heads, Dk / Dv = key / value width
 """
@@ -12,12 +12,16 @@ import torch.nn.functional as F
 QUERY_CHUNK = 256      # query rows a call: bounds the [Hq, rows, S] scores a long prompt materialises
 
 
-def visible_keys(q_positions: torch.Tensor, num_keys: int, window: int | None = None) -> torch.Tensor:
-    """[T, S] bool: the query at position p sees key s when s <= p (and s > p - window with a sliding window)."""
+def visible_keys(q_positions: torch.Tensor, num_keys: int, window: int | None = None,
+                 chunk: int | None = None) -> torch.Tensor:
+    """[T, S] bool: the query at position p sees key s when s <= p (and s > p - window with a sliding window; and
+    s // chunk == p // chunk with chunked attention, Llama 4's: positions split into chunks that see only their own)."""
     key_positions = torch.arange(num_keys, device=q_positions.device)
     visible = key_positions[None, :] <= q_positions[:, None]
     if window:
         visible &= key_positions[None, :] > q_positions[:, None] - window
+    if chunk:
+        visible &= key_positions[None, :] // chunk == q_positions[:, None] // chunk
     return visible
 
 
@@ -52,18 +56,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
                   window: int | None = None, *, scale: float | None = None,
-                  sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal (optionally sliding-window) attention of the queries at q_positions [T] -> [T, Hq * Dv].
+                  sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+    """Causal (optionally sliding-window or chunked) attention of the queries at q_positions [T] -> [T, Hq * Dv].
     `scale` defaults to Dk^-0.5; `sinks` [Hq]: a sink logit per head (masked_softmax)."""
     if q.is_cuda and sinks is None:
-        return _fused_attention(q, k, v, q_positions, window, scale)
+        return _fused_attention(q, k, v, q_positions, window, scale, chunk)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    outs = [attend(q[rows], k, v, visible_keys(q_positions[rows], k.shape[0], window), scale, sinks)
+    outs = [attend(q[rows], k, v, visible_keys(q_positions[rows], k.shape[0], window, chunk), scale, sinks)
             for rows in (slice(r, r + QUERY_CHUNK) for r in range(0, q.shape[0], QUERY_CHUNK))]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _fused_attention(q, k, v, q_positions, window, scale) -> torch.Tensor:
+def _fused_attention(q, k, v, q_positions, window, scale, chunk=None) -> torch.Tensor:
     """The CUDA path: SDPA never materialises the [Hq, T, S] scores (scale None: its own Dk^-0.5)."""
     num_tokens, num_q_heads = q.shape[0], q.shape[1]
     group = num_q_heads // k.shape[1]
@@ -74,9 +78,9 @@ def _fused_attention(q, k, v, q_positions, window, scale) -> torch.Tensor:
     # 4-D [1, heads, tokens, D]: with 3-D inputs SDPA silently takes the math kernel, which materialises the scores
     qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     gqa = k.shape[1] != num_q_heads
-    if num_tokens == k.shape[0] and not window:          # a prompt from position 0: the flash kernel, no mask
+    if num_tokens == k.shape[0] and not window and not chunk:     # a prompt from position 0: the flash kernel, no mask
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible_keys(q_positions, k.shape[0], window),
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible_keys(q_positions, k.shape[0], window, chunk),
                                              scale=scale, enable_gqa=gqa)              # [1, Hq, T, Dv]
     return out[0].transpose(0, 1).reshape(num_tokens, -1)

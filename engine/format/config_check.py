@@ -10,6 +10,7 @@ import math
 from dataclasses import fields
 
 from engine.errors import SluiceError
+from engine.model.families import FAMILIES
 from engine.model.spec import ModelSpec, canonical_dense_name, read_spec
 
 # families whose dense tensor names this file knows; others get the spec checks only
@@ -122,8 +123,8 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
         present = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}
         for name, shape in needed.items():
             _check_present(ckpt, present.get(name, name), shape, where)
-    if spec.family == "gpt_oss" or spec.generic is not None:
-        return          # their expert sources check them (engine.format.gptoss_experts, generic_experts)
+    if spec.family == "gpt_oss" or spec.generic is not None or FAMILIES[spec.family].module == "llama4":
+        return          # their expert sources check them (engine.format.gptoss_experts, generic_experts, llama4_experts)
     I, H, E = spec.expert_intermediate, spec.hidden_size, spec.num_experts
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)

@@ -26,6 +26,7 @@ from engine.errors import SluiceError, fs_errors_as_sentences
 from engine.format.layout import block_layout
 from engine.format.quant import FORMATS, quantize
 from engine.sizes import format_size
+from engine.model.families import FAMILIES
 from engine.model.families.deepseek_style import is_beyond_last_layer
 from engine.model.spec import ModelSpec, canonical_dense_name, is_text_model_tensor, load_config_dict
 
@@ -96,6 +97,9 @@ def expert_source(ckpt: Checkpoint, spec: ModelSpec):
     if spec.family == "gpt_oss":
         from engine.format.gptoss_experts import GptOssExpertSource
         return GptOssExpertSource(ckpt, spec)
+    if FAMILIES[spec.family].module == "llama4":
+        from engine.format.llama4_experts import Llama4ExpertSource
+        return Llama4ExpertSource(ckpt, spec)
     if spec.generic is not None:
         from engine.format.generic_experts import GenericExpertSource
         return GenericExpertSource(ckpt, spec)

@@ -5,7 +5,8 @@ decode step alike:
 
     x, h = block.mix(x, step)             # token mixer (attention, ...) with its residual; h = MoE/MLP input
     weights, ids = block.route(h)         # MoE layers: [T, K] routing weights and expert ids
-    moe_out = <routed experts on h>       # the runtime: wherever the experts live
+    rows, weights, ids = block.expert_rows(h, weights, ids)   # the experts' input: h itself, or Llama 4's rows
+    moe_out = <routed experts on rows>    # the runtime: wherever the experts live
     x = block.combine(x, h, moe_out)      # residual add (+ shared expert); dense layers: moe_out=None
 
 `x` is opaque to the runtime (a family may carry several residual streams). Weights are plain
@@ -123,6 +124,7 @@ class Block:
     """Pre-norm decoder layer: x + mixer(norm(x)), then x + MoE(h) (+ shared experts) or x + MLP(h)."""
 
     norm_type = RmsNorm         # what the norm weights become (a family's own: (1 + w) norms)
+    expert_rows_per_token = 1   # rows of the experts' input a token gives (expert_rows)
 
     def __init__(self, mixer, input_norm: torch.Tensor, post_norm: torch.Tensor, eps: float, *,
                  router=None, shared=None, mlp=None):
@@ -140,6 +142,12 @@ class Block:
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.router(h)
+
+    def expert_rows(self, h: torch.Tensor, weights: torch.Tensor,
+                    ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What the routed experts run on: h [T, H] with its weights [T, K] and ids [T, K], as routed (a family
+        whose experts take inputs scaled by their scores gives rows of its own: Llama 4)."""
+        return h, weights, ids
 
     def combine(self, x: torch.Tensor, h: torch.Tensor, moe_out: torch.Tensor | None) -> torch.Tensor:
         """The residual after this layer, in x's dtype (moe_out may be float32: the sum is taken in it)."""

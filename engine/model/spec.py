@@ -93,7 +93,10 @@ def canonical_dense_name(family: str, name: str) -> str:
     if descriptor.is_generic:                   # the names transformers' own model loads
         from engine.model.generic.scan import in_memory_name
         return in_memory_name(family, name)
-    name = "model." + name.removeprefix(descriptor.text_prefix) if name.startswith(descriptor.text_prefix) else name
+    if name.startswith(descriptor.text_prefix):
+        name = name.removeprefix(descriptor.text_prefix)
+        # the text model's own `model.` and `lm_head.` under a wrapper (Llama 4's `language_model.`)
+        name = name if name.startswith(("model.", "lm_head.")) else "model." + name
     return name.replace(f".{descriptor.expert_prefix}.", ".mlp.")
 
 
@@ -103,6 +106,8 @@ def is_text_model_tensor(family: str, name: str) -> bool:
     descriptor = FAMILIES[family]
     if descriptor.is_generic and descriptor.text_prefix != "model.":        # judged by the name transformers loads
         return canonical_dense_name(family, name).startswith((descriptor.text_prefix, "lm_head."))
+    if not descriptor.text_prefix.startswith("model."):                    # a wrapper's language model (Llama 4's)
+        return name.startswith(descriptor.text_prefix)
     return not name.startswith(("model.visual.", "mtp.", "model.mtp.", "model.mtp_"))     # model.mtp_: ERNIE-4.5
 
 

@@ -21,7 +21,7 @@ from engine.model.state import ModelState
 
 class LayerOutputs:
     def __init__(self):
-        self.x = self.h = self.route_weights = self.ids = None
+        self.x = self.h = self.rows = self.route_weights = self.ids = None     # rows: the experts' input
 
 
 class DecodeStep:
@@ -42,7 +42,8 @@ class DecodeStep:
                                         pin_memory=self.device.type == "cuda")
         self.out = [LayerOutputs() for _ in self.blocks]
         moe = [i for i, b in enumerate(self.blocks) if b.is_moe]
-        self.moe_out = {i: torch.zeros(1, model.spec.hidden_size, dtype=torch.float32, device=self.device) for i in moe}
+        self.moe_out = {i: torch.zeros(self.blocks[i].expert_rows_per_token, model.spec.hidden_size,
+                                       dtype=torch.float32, device=self.device) for i in moe}
         self.next_moe = {i: next((m for m in moe if m > i), None) for i in range(len(self.blocks))}
         self.logits = None
         self._graphs: list[torch.cuda.CUDAGraph] | None = None
@@ -82,7 +83,8 @@ class DecodeStep:
             o.x = block.combine(x, h, None)
             return
         o.x, o.h = x, h
-        o.route_weights, route_ids = block.route(h)                                   # [1, K], [1, K]
+        # rows [R, H], weights and ids [R, K / R] (R = block.expert_rows_per_token: 1, or Llama 4's top-k)
+        o.rows, o.route_weights, route_ids = block.expert_rows(h, *block.route(h))
         o.ids = route_ids.flatten()                    # routed ids, then the speculated ids of the next MoE layer
         nxt = self.next_moe[layer]
         if nxt is not None:                            # the guesses best first (some routers pick unsorted)

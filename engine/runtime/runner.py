@@ -156,7 +156,7 @@ class Runner:
         if self.step.use_graphs and kernel is not None:
             s = self.step
             with torch.inference_mode():
-                self.experts.capture({layer: (s.out[layer].h, s.out[layer].route_weights, s.moe_out[layer])
+                self.experts.capture({layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer])
                                       for layer in s.moe_out})
 
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
@@ -270,9 +270,9 @@ class Runner:
                 x, h = block.mix(x, step)
                 moe_out = None
                 if block.is_moe:
-                    weights, expert_ids = block.route(h)                              # [T, K], [T, K]
-                    moe_out = torch.empty(h.shape, dtype=torch.float32, device=self.device)
-                    self.experts.run(layer, h, weights, expert_ids.flatten(), moe_out)
+                    rows, weights, expert_ids = block.expert_rows(h, *block.route(h))  # [T, H], [T, K], [T, K]
+                    moe_out = torch.empty(rows.shape, dtype=torch.float32, device=self.device)
+                    self.experts.run(layer, rows, weights, expert_ids.flatten(), moe_out)
                 x = block.combine(x, h, moe_out)
         finally:
             self.experts.end_pass()
@@ -304,7 +304,7 @@ class Runner:
             o = s.run_layer(layer)
             self.experts.run_deferred()        # the previous MoE layer's prefetch, behind this layer's mixer
             if block.is_moe:
-                self.experts.run(layer, o.h, o.route_weights, o.ids, s.moe_out[layer], s.next_moe[layer],
+                self.experts.run(layer, o.rows, o.route_weights, o.ids, s.moe_out[layer], s.next_moe[layer],
                                  static_inputs=s.use_graphs, defer=self.defer_prefetch)
         s.run_head()
         return s.logits

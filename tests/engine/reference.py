@@ -24,6 +24,9 @@ def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
     if spec.family == "gpt_oss":
         _quantize_gpt_oss_experts(model, quant)
         return model
+    if spec.family == "llama4_text":
+        _quantize_llama4_experts(model, spec.moe_layers, quant)
+        return model
     if spec.generic is not None:
         _quantize_module_experts(model, spec.generic, quant)
         return model
@@ -75,6 +78,20 @@ def _quantize_gpt_oss_experts(model, quant: str) -> None:
                 gate_up = experts.gate_up_proj[e]                                   # [H, 2I], gate/up interleaved
                 round_trip = lambda w: dequantize(quantize(w.T, quant), quant).T    # noqa: E731  [in, out] -> same
                 gate_up[:, 0::2], gate_up[:, 1::2] = round_trip(gate_up[:, 0::2]), round_trip(gate_up[:, 1::2])
+                experts.down_proj[e] = round_trip(experts.down_proj[e])
+
+
+def _quantize_llama4_experts(model, moe_layers, quant: str) -> None:
+    """Llama 4 holds its experts fused and transposed (gate_up [H, 2I]: gate columns, then up; down [I, H]): each
+    of gate, up and down quantised on its own, as repack does."""
+    round_trip = lambda w: dequantize(quantize(w.T.contiguous(), quant), quant).T     # noqa: E731  [in, out] -> same
+    with torch.no_grad():
+        for layer in moe_layers:
+            experts = model.model.layers[layer].feed_forward.experts
+            I = experts.expert_dim
+            for e in range(experts.num_experts):
+                gate_up = experts.gate_up_proj[e]                                   # [H, 2I]
+                gate_up[:, :I], gate_up[:, I:] = round_trip(gate_up[:, :I]), round_trip(gate_up[:, I:])
                 experts.down_proj[e] = round_trip(experts.down_proj[e])
 
 

@@ -25,7 +25,6 @@ GENERIC_KWARGS = {
                              layer_types=["linear_attention", "attention", "linear_attention"]),
     "deepseek_v32": _DSA,
     "glm_moe_dsa": _DSA,
-    # Llama 4 ships top-1; 2 is the harder case (several scaled copies of a token); chunked attention and NoPE on
     "longcat_flash": dict(n_routed_experts=8, zero_expert_num=4, moe_topk=3, expert_ffn_hidden_size=32,
                           ffn_hidden_size=64, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
                           qk_rope_head_dim=8, v_head_dim=16, head_dim=8, num_key_value_heads=4,
@@ -35,6 +34,8 @@ GENERIC_KWARGS = {
                        moe_shared_expert_intermediate_size=48, n_group=2, topk_group=1, routed_scaling_factor=2.0,
                        mamba_num_heads=8, mamba_head_dim=16, ssm_state_size=16, n_groups=2, chunk_size=16,
                        layers_block_type=["linear_attention", "moe", "full_attention", "moe", "mlp"], num_hidden_layers=5),
+    # native (families.llama4; tests/families/test_llama4.py), built here alike. Llama 4 ships top-1; 2 is the harder
+    # case (several scaled copies of a token); chunked attention and NoPE on
     "llama4_text": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, intermediate_size_mlp=64,
                         interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
 }
@@ -90,7 +91,7 @@ VL_KWARGS = {
                       routed_scaling_factor=2.0),
                  dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2),
                  dict(tie_word_embeddings=False)),
-    # its language model is a causal LM of its own (`language_model.model.`, `language_model.lm_head`)
+    # its language model is a causal LM of its own (`language_model.model.`, `language_model.lm_head`), run natively
     "llama4": (dict(_TEXT, num_local_experts=8, num_experts_per_tok=1, intermediate_size=32, intermediate_size_mlp=64,
                     interleave_moe_layer_step=1, attention_chunk_size=8, no_rope_layers=[1, 1, 0]),
                dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=56,

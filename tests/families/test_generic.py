@@ -8,7 +8,7 @@ import pytest
 
 from engine.errors import SluiceError
 from engine.format.repack import repack
-from engine.model.families import FAMILIES, GENERIC_FAMILIES
+from engine.model.families import FAMILIES, GENERIC_FAMILIES, Family
 from engine.model.spec import SUPPORTED_FAMILIES, read_spec
 from tests.families.generic_models import UNLISTED_KWARGS, build_generic_model, built_once
 from tests.families.tokens import assert_streamed_tokens_match
@@ -25,11 +25,20 @@ def test_greedy_tokens_match_transformers_while_experts_stream(family, generic_m
     assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
 
 
-@pytest.mark.parametrize("family,quant", [("lfm2_moe", "fp8"), ("llama4_text", "int8"), ("granitemoehybrid", "nvfp4"),
-                                          ("nemotron_h", "int8")])
+@pytest.mark.parametrize("family,quant", [("lfm2_moe", "fp8"), ("granitemoehybrid", "nvfp4"), ("nemotron_h", "int8")])
 def test_quantized_experts_match_transformers_on_the_same_rounded_weights(family, quant, generic_models, tmp_path):
     """Each layout of transformers' experts (feed_forward, transposed, ungated, ...) quantised as repack does."""
     hf_dir, _ = generic_models(family)
+    assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice", quant=quant), quant)
+
+
+@pytest.mark.parametrize("quant", ["bf16", "int8"])
+def test_experts_called_on_scaled_inputs_run_generically(quant, tmp_path, monkeypatch):
+    """transformers' other experts contract (inputs scaled by their scores; fused, transposed weights): Llama 4's,
+    which Sluice now runs natively (test_llama4.py), put on the generic path."""
+    monkeypatch.setitem(FAMILIES, "llama4_text", Family("llama4_text", "generic"))
+    hf_dir = build_generic_model("llama4_text", tmp_path / "hf")
+    assert read_spec(hf_dir).generic.scaled_inputs
     assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice", quant=quant), quant)
 
 

@@ -28,7 +28,7 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 
 # transformers families whose experts use its shared experts interface, each tested token for token
 GENERIC_FAMILIES = ("afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
-                    "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "llama4_text", "longcat_flash",
+                    "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "longcat_flash",
                     "nemotron_h")
 GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next", "kimi_k25")
 
@@ -65,6 +65,9 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     # GQA with interleaved rope, a softmax router with a correction bias, shared experts
     Family("ernie4_5_moe", "ernie"),
     Family("gpt_oss", "gpt_oss", has_expert_bias=True),
+    # RoPE and NoPE layers, chunked attention, experts fed inputs scaled by their sigmoid scores, a shared expert
+    Family("llama4_text", "llama4", "feed_forward"),
+    Family("llama4", "llama4", "feed_forward", text_prefix="language_model."),     # its language model and head
     Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
     # hybrids with hyper-connections, per-layer n-gram embeddings and QSA indexed attention
     Family("qwen4_exp", "qwen4_exp", text_prefix="model.language_model."), Family("qwen4_exp_text", "qwen4_exp"),
@@ -72,7 +75,6 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *(Family(name, "generic") for name in GENERIC_FAMILIES),
     # vision-language checkpoints: their language model, generically (images are refused in one sentence)
     *(Family(name, "generic", text_prefix="model.language_model.") for name in GENERIC_VL_FAMILIES),
-    Family("llama4", "generic", text_prefix="language_model."),     # its language model and head
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
 # (model_type -> one sentence); none at present (DeepSeek-V3.2's and GLM-5's sparse attention run generically).

@@ -12,7 +12,7 @@ import functools
 
 import torch
 
-from engine.model.block import Step
+from engine.model.block import Block, Step
 from engine.model.dsv4.attention import LayerCache
 from engine.model.dsv4.config import read_dsv4_config
 from engine.model.dsv4.hyper import hyper_head
@@ -61,6 +61,7 @@ class TokenIds:
 
 class Dsv4Block:
     is_moe = True
+    expert_rows_per_token, expert_rows = 1, Block.expert_rows       # the experts run on h, as routed
 
     def __init__(self, layer: Dsv4Layer, token_ids: TokenIds, dtype: torch.dtype):
         self.layer, self.token_ids, self.dtype = layer, token_ids, dtype

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model import deltanet
-from engine.model.block import Rope, Router, Mlp, Step
+from engine.model.block import Block, Rope, Router, Mlp, Step
 from engine.model.families.hybrid import GatedDeltaNet
 from engine.model.layers import embedding, linear
 from engine.model.model import Model
@@ -107,6 +107,7 @@ class TokenIds:
 
 class Qwen4Block:
     is_moe = True
+    expert_rows_per_token, expert_rows = 1, Block.expert_rows       # the experts run on h, as routed
 
     def __init__(self, layer: int, mixer, ple: Ple | None, ple_index: int | None, attn_hc: GatedResidual,
                  mlp_hc: GatedResidual, router: Router, shared: Mlp, model_ref: "Qwen4Model"):

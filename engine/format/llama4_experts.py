@@ -1,0 +1,54 @@
+"""Llama 4's experts as its checkpoints store them: fused per layer, transposed ([in, out]), gate columns then up.
+
+  <text model>layers.<l>.feed_forward.experts.gate_up_proj [E, H, 2I]   (x @ gate_up: gate = [:, :I], up = [:, I:])
+  <text model>layers.<l>.feed_forward.experts.down_proj    [E, I, H]
+(the text model: `model.`, or `language_model.model.` in a llama4 checkpoint; matched by their canonical names).
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.errors import SluiceError
+from engine.format.checkpoint import Checkpoint
+from engine.model.spec import ModelSpec, canonical_dense_name
+
+
+class Llama4ExpertSource:
+    has_bias = False
+
+    def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
+        self.ckpt, self.spec = ckpt, spec
+        self._stored = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}   # canonical -> stored
+        self._layer: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    def _names(self, layer: int) -> tuple[str, str]:
+        p = f"model.layers.{layer}.mlp.experts."
+        return tuple(self._stored.get(p + n, p + n) for n in ("gate_up_proj", "down_proj"))
+
+    def is_expert_tensor(self, name: str) -> bool:
+        return ".experts." in name
+
+    def native_parts(self, layer: int, expert: int, quant: str) -> None:
+        return None                     # blocks are quantised from the stored weights
+
+    def check(self) -> None:
+        """Every expert tensor is there, with the shape the config implies."""
+        E, H, I = self.spec.num_experts, self.spec.hidden_size, self.spec.expert_intermediate
+        for layer in self.spec.moe_layers:
+            for name, shape in zip(self._names(layer), ((E, H, 2 * I), (E, I, H))):
+                if name not in self.ckpt:
+                    raise SluiceError(f"The checkpoint has no expert tensor '{name}'; it is incomplete or not the "
+                                      "model its config says.")
+                if tuple(self.ckpt.logical_shape(name)) != shape:
+                    raise SluiceError(f"The expert tensor '{name}' has shape {list(self.ckpt.logical_shape(name))} "
+                                      f"but the config implies {list(shape)}; the config does not belong to these "
+                                      "weights.")
+
+    def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
+        """One expert's gate, up [I, H] and down [H, I], float32 (one layer's fused tensors held at a time)."""
+        if self._layer is None or self._layer[0] != layer:
+            gate_up, down = self._names(layer)
+            self._layer = (layer, self.ckpt.get_float(gate_up), self.ckpt.get_float(down))
+        _, gate_up, down = self._layer
+        gate, up = gate_up[expert].T.chunk(2, dim=0)                     # [2I, H] -> [I, H] x2
+        return {"gate": gate.contiguous(), "up": up.contiguous(), "down": down[expert].T.contiguous()}
