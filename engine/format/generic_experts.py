@@ -14,6 +14,17 @@ from engine.format.checkpoint import Checkpoint
 from engine.model.spec import ModelSpec, canonical_dense_name
 
 
+def require_expert_tensors(ckpt: Checkpoint, needed: dict[str, tuple[int, ...]]) -> None:
+    """Each expert tensor `needed` (name -> shape) is in the checkpoint with that shape, else one sentence."""
+    for name, shape in needed.items():
+        if name not in ckpt:
+            raise SluiceError(f"The checkpoint has no expert tensor '{name}'; it is incomplete or not the "
+                              "model its config says.")
+        if tuple(ckpt.logical_shape(name)) != shape:
+            raise SluiceError(f"The expert tensor '{name}' has shape {list(ckpt.logical_shape(name))} "
+                              f"but the config implies {list(shape)}; the config does not belong to these weights.")
+
+
 class GenericExpertSource:
     has_bias = False
 
@@ -48,14 +59,7 @@ class GenericExpertSource:
             else:
                 needed = {self._name(layer, e, p): (H, I) if p == "down" else (I, H)
                           for e in range(E) for p in self.projections}
-            for name, shape in needed.items():
-                if name not in self.ckpt:
-                    raise SluiceError(f"The checkpoint has no expert tensor '{name}'; it is incomplete or not the "
-                                      "model its config says.")
-                if tuple(self.ckpt.logical_shape(name)) != shape:
-                    raise SluiceError(f"The expert tensor '{name}' has shape {list(self.ckpt.logical_shape(name))} "
-                                      f"but the config implies {list(shape)}; the config does not belong to these "
-                                      "weights.")
+            require_expert_tensors(self.ckpt, needed)
 
     def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         """One expert's projections [out, in] float32: gate (where the experts have one), up and down."""

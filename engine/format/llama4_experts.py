@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.errors import SluiceError
 from engine.format.checkpoint import Checkpoint
+from engine.format.generic_experts import require_expert_tensors
 from engine.model.spec import ModelSpec, canonical_dense_name
 
 
@@ -35,14 +35,7 @@ class Llama4ExpertSource:
         """Every expert tensor is there, with the shape the config implies."""
         E, H, I = self.spec.num_experts, self.spec.hidden_size, self.spec.expert_intermediate
         for layer in self.spec.moe_layers:
-            for name, shape in zip(self._names(layer), ((E, H, 2 * I), (E, I, H))):
-                if name not in self.ckpt:
-                    raise SluiceError(f"The checkpoint has no expert tensor '{name}'; it is incomplete or not the "
-                                      "model its config says.")
-                if tuple(self.ckpt.logical_shape(name)) != shape:
-                    raise SluiceError(f"The expert tensor '{name}' has shape {list(self.ckpt.logical_shape(name))} "
-                                      f"but the config implies {list(shape)}; the config does not belong to these "
-                                      "weights.")
+            require_expert_tensors(self.ckpt, dict(zip(self._names(layer), ((E, H, 2 * I), (E, I, H)))))
 
     def get(self, layer: int, expert: int) -> dict[str, torch.Tensor]:
         """One expert's gate, up [I, H] and down [H, I], float32 (one layer's fused tensors held at a time)."""
