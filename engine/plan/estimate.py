@@ -8,7 +8,7 @@ per token, with N = moe_layers * top_k expert blocks needed and B = one block's 
     h2d_bytes  = N * B * (1 - slot_hit)               blocks not already in a device slot
     disk_bytes = N * B * (1 - slot_hit) * (1 - ram_hit) of those, blocks not in the RAM cache
     compute_s  = (active dense params + N * expert params) * compute dtype bytes / device_mem_bw
-                 + layers * LAYER_OVERHEAD_S
+                 + layers * LAYER_OVERHEAD_S (GENERIC_LAYER_OVERHEAD_S for a family on the generic path)
                  (int8 dense weights: one byte for each dense parameter they quantise)
 The budgets are split exactly as the engine splits them (engine.runtime.budget.plan_budgets, with the
 engine's defaults). Hit rates default to the cached fraction of all expert blocks: what an LRU
@@ -35,6 +35,10 @@ FAST_TOK_S = 5.0                   # about reading speed: below this a chat feel
 # expert in a slot decodes at 5.49 ms a token on an H200, 0.37 ms of it reading 1.6 GB of HBM: 320 us for
 # each of its 16 layers (the layer's host sync, the decode thread's Python, launches).
 LAYER_OVERHEAD_S = {"cuda": 320e-6, "cpu": 800e-6}
+# The generic path (transformers' layers, eagerly, no CUDA graphs) costs more a layer on a GPU: one qwen3_moe
+# checkpoint decoded at 490.0 tok/s natively and 44.6 generically on an H100 (16 layers, every expert resident:
+# BENCHMARKS.md), 1.27 ms more a layer. On the CPU the two paths are within 4%.
+GENERIC_LAYER_OVERHEAD_S = {"cuda": 320e-6 + 1.27e-3, "cpu": 800e-6}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 # Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the
 # machine's memory bandwidth (an H200 box: 415 us for a 6.3 MB expert while decoding, DRAM 73 GB/s).
@@ -156,8 +160,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     disk, h2d, compute_s, tok_s = _roofline(shape, block, machine, slot_hit, ram_hit, quant, dense_quant)
 
     verdict, reason = _verdict(machine, plan, problem, disk_needed, tok_s)
-    from engine.model.families import FAMILIES
-    if shape.family in FAMILIES and FAMILIES[shape.family].is_generic:     # transformers' modules run its dense parts
+    if _is_generic(shape.family):                  # transformers' modules run its dense parts
         reason += f" Sluice runs {shape.family} on its {FAMILIES[shape.family].path} path."
     est = Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
@@ -167,6 +170,10 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
             config, download_bytes, machine, quant, vram_budget, ram_cache, hit_rates, missing_download_bytes,
             dense_quant="int8"))
     return est
+
+
+def _is_generic(family: str) -> bool:
+    return family in FAMILIES and FAMILIES[family].is_generic
 
 
 def _int8_dense_tip(est: Estimate, with_int8_dense) -> Estimate | None:
@@ -272,7 +279,8 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
     dense_read = (shape.dense_params - quantised) * elem + quantised * per_code \
         - shape.embedding_params * (per_code if dense_quant else elem)
     expert_read = (shape.active_params - shape.dense_params) * elem      # one embedding row per token: not counted
-    compute_s = (dense_read + expert_read) / compute_bw + shape.num_layers * LAYER_OVERHEAD_S[machine.device]
+    overhead = (GENERIC_LAYER_OVERHEAD_S if _is_generic(shape.family) else LAYER_OVERHEAD_S)[machine.device]
+    compute_s = (dense_read + expert_read) / compute_bw + shape.num_layers * overhead
     return disk, h2d, compute_s, roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
 
 
