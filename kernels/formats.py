@@ -23,7 +23,7 @@ Families with expert biases (gpt-oss) add "gate_bias.b", "up_bias.b", "down_bias
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import torch
 
@@ -48,9 +48,9 @@ def bias_shapes(intermediate: int, hidden: int, gated: bool = True) -> dict[str,
     return shapes if gated else {name: shape for name, shape in shapes.items() if name != "gate_bias"}
 
 
-def is_gated(offsets: Mapping[str, int]) -> bool:
-    """Whether a block of these field offsets has a gate projection."""
-    return any(name.startswith("gate.") for name in offsets)
+def is_gated(field_names: Iterable[str]) -> bool:
+    """Whether a block with these fields ("gate.w", ..., or a field -> offset mapping) has a gate projection."""
+    return any(name.startswith("gate.") for name in field_names)
 
 
 def _fp4_parts(scale_dtype: torch.dtype, global_scale: bool):

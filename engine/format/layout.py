@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels.formats import block_fields
+from kernels.formats import block_fields, is_gated
 
 from engine.format.quant import part_specs
 
@@ -48,7 +48,7 @@ class Layout:
     @property
     def is_gated(self) -> bool:
         """Whether the block holds a gate projection (ungated experts: up and down alone)."""
-        return any(f.name.startswith("gate.") for f in self.fields)
+        return is_gated(f.name for f in self.fields)
 
     def field(self, name: str) -> Field:
         return next(f for f in self.fields if f.name == name)

@@ -80,8 +80,9 @@ def _expected_layout(manifest: dict, where: Path):
     """The block layout the manifest's quant and sizes imply, checked against the one it declares (gated or not
     as it declares: the model dir's load checks that against the config)."""
     from engine.format.layout import FAMILIES_WITH_EXPERT_BIAS, block_layout
+    from kernels.formats import is_gated
     experts = manifest["experts"]
-    gated = any(f["name"].startswith("gate.") for f in experts["layout"])
+    gated = is_gated(f["name"] for f in experts["layout"])
     try:
         expected = block_layout(experts["intermediate"], experts["hidden"], manifest["quant"],
                                 bias=manifest.get("family") in FAMILIES_WITH_EXPERT_BIAS, gated=gated)
