@@ -337,14 +337,18 @@ def _demo(args) -> int:
     """The app's "Try the demo model", headless: built once, then found where it is."""
     import shlex
     from engine.tools.cli_download import user_models_dir
-    from engine.tools.demo import DEMO_DIR_NAME, build_demo_model, check_demo_folder, is_demo_model
+    from engine.tools.demo import DEMO_DIR_NAME, build_demo_model, is_demo_model
     dst = Path(args.dst_dir).expanduser() if args.dst_dir else user_models_dir() / DEMO_DIR_NAME
     if not is_demo_model(dst):
-        check_demo_folder(dst)
         from transformers.utils import logging as transformers_logging
         transformers_logging.disable_progress_bar()         # its bar for a 1-shard save is noise here
-        print("Building the demo model (a tiny random-weight MoE: its answers are noise)…", file=sys.stderr)
-        build_demo_model(dst)
+        said = []
+
+        def progress(*_) -> None:                           # the first report comes once the folder is checked
+            if not said:
+                print("Building the demo model (a tiny random-weight MoE: its answers are noise)…", file=sys.stderr)
+                said.append(True)
+        build_demo_model(dst, progress=progress)
     where, sluice = shlex.quote(str(dst)), _program()
     print(f"The demo model is in {dst}\n"
           f"Chat with it:  {sluice} generate {where} --chat --prompt 'Hello'\n"
