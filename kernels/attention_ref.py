@@ -25,6 +25,16 @@ def visible_keys(q_positions: torch.Tensor, num_keys: int, window: int | None = 
     return visible
 
 
+def top_k_visible(scores: torch.Tensor, causal: torch.Tensor, top_k: int) -> torch.Tensor:
+    """[T, S] bool: each query's top_k keys by scores [T, S] among those causal [T, S] lets it see (all of them
+    where it sees fewer): a sparse attention's selection (DeepSeek's indexers). Static shapes, no host sync."""
+    visible = torch.zeros_like(causal)
+    if scores.shape[-1] == 0:
+        return visible
+    picked = scores.masked_fill(~causal, float("-inf")).topk(min(top_k, scores.shape[-1]), dim=-1).indices
+    return visible.scatter_(-1, picked, True) & causal
+
+
 def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """scores [H, T, S], visible [T, S] -> probabilities [H, T, S]. Without sinks in float32; with a sink logit
     per head (sinks [H]: one more column, dropped after the softmax, so a row may sum to less than one) in the

@@ -18,8 +18,10 @@ from typing import Callable
 
 import torch
 
+from engine.model.block import Rope, Step
 from engine.model.layers import RmsNorm, apply_rope, attention, linear
 from engine.model.rotary import apply_rope_interleaved
+from engine.model.state import StateSpec
 from kernels.attention_ref import masked_softmax, visible_keys
 
 # q_a_layernorm and kv_a_layernorm are built without the config's rms_norm_eps in every reference
@@ -77,14 +79,18 @@ class MlaAttention:
         self.q_a_norm = RmsNorm(weights["q_a_layernorm.weight"], LATENT_NORM_EPS) if shape.q_lora_rank else None
         self.kv_a_norm = RmsNorm(weights["kv_a_layernorm.weight"], LATENT_NORM_EPS)
 
-    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """x [T, D] -> q [T, H, nope + rope], rope part rotated."""
+    def query_residual(self, x: torch.Tensor) -> torch.Tensor:
+        """x [T, D] -> the normed q LoRA [T, q_lora] (q_lora_rank set; DSA's indexer reads it too)."""
+        return self.q_a_norm(linear(x, self.w["q_a_proj.weight"], self.w.get("q_a_proj.bias")))
+
+    def query(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+              q_residual: torch.Tensor | None = None) -> torch.Tensor:
+        """x [T, D] -> q [T, H, nope + rope], rope part rotated (q_residual: query_residual(x), if known)."""
         s, w = self.shape, self.w
         if s.q_lora_rank is None:
             q = linear(x, w["q_proj.weight"])
         else:
-            q_a = linear(x, w["q_a_proj.weight"], w.get("q_a_proj.bias"))                 # [T, q_lora]
-            q = linear(self.q_a_norm(q_a), w["q_b_proj.weight"])
+            q = linear(self.query_residual(x) if q_residual is None else q_residual, w["q_b_proj.weight"])
         q = q.view(x.shape[0], s.num_heads, s.qk_head_dim)                                 # [T, H, nope+rope]
         q_nope, q_rope = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)
         return torch.cat((q_nope, self._rope(q_rope, cos, sin)), dim=-1)
@@ -103,20 +109,24 @@ class MlaAttention:
         """q [T, H, nope+rope] at q_positions [T]; kv_latent [S, r], k_rope [S, dr] at positions 0..S-1 -> [T, H*v]."""
         # S = tokens so far, H = heads
         if q.shape[0] == 1:
-            return self._attend_absorbed(q, kv_latent, k_rope, q_positions)
+            return self.attend_absorbed(q, kv_latent, k_rope, visible_keys(q_positions, kv_latent.shape[0]))
+        k, v = self.expand(kv_latent, k_rope)
+        return attention(q, k, v, q_positions, None, scale=self.shape.softmax_scale)       # [T, H * v]
+
+    def expand(self, kv_latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_latent [S, r], k_rope [S, dr] -> every head's keys [S, H, nope+rope] and values [S, H, v]."""
         s = self.shape
         kv = linear(kv_latent, self.w["kv_b_proj.weight"]).view(-1, s.num_heads, s.qk_nope_head_dim + s.v_head_dim)
         k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=-1)                   # [S, H, nope], [S, H, v]
-        k = torch.cat((k_nope, k_rope[:, None, :].expand(-1, s.num_heads, -1)), dim=-1)     # [S, H, nope+rope]
-        return attention(q, k, v, q_positions, None, scale=s.softmax_scale)                 # [T, H * v]
+        return torch.cat((k_nope, k_rope[:, None, :].expand(-1, s.num_heads, -1)), dim=-1), v
 
-    def _attend_absorbed(self, q: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
-                         q_positions: torch.Tensor) -> torch.Tensor:
-        """One decode token, attending in the latent space: kv_b_proj's key half is folded into the
-        query and its value half applied after the softmax, so the step costs O(S x r) per head
-        instead of expanding every cached latent into full keys and values (O(S x r x H x (nope+v)):
-        on CUDA the state is static and holds the whole context, so that expansion would run over
-        all of it at every token)."""
+    def attend_absorbed(self, q: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
+                        visible: torch.Tensor) -> torch.Tensor:
+        """One decode token q [1, H, nope+rope] over the keys `visible` [1, S] lets it see, in the latent space:
+        kv_b_proj's key half is folded into the query and its value half applied after the softmax, so the step
+        costs O(S x r) per head instead of expanding every cached latent into full keys and values
+        (O(S x r x H x (nope+v)): on CUDA the state is static and holds the whole context, so that expansion
+        would run over all of it at every token)."""
         # H = heads, r = kv_lora_rank, S = positions held, n = nope dim, dv = value dim
         s = self.shape
         w_kv = self.w["kv_b_proj.weight"].view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
@@ -124,7 +134,6 @@ class MlaAttention:
         q_nope, q_rope = q[0].split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)   # [H, n], [H, dr]
         q_latent = torch.einsum("hn,hnr->hr", q_nope, w_k)                              # [H, r]
         scores = (q_latent @ kv_latent.T + q_rope @ k_rope.T).float() * s.softmax_scale  # [H, S]
-        visible = visible_keys(q_positions, kv_latent.shape[0])                          # [1, S]
         probs = masked_softmax(scores[:, None, :], visible)[:, 0].to(q.dtype)
         out_latent = probs @ kv_latent                                                   # [H, r]
         return torch.einsum("hr,hvr->hv", out_latent, w_v).reshape(1, s.num_heads * s.v_head_dim)
@@ -143,3 +152,26 @@ class MlaAttention:
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return apply_rope_interleaved(x, cos, sin) if self.shape.rope_interleave else apply_rope(x, cos, sin)
+
+
+class MlaMixer:
+    """MLA as a Block mixer: per token the state keeps "kv_latent" [r] and "k_rope" [dr]."""
+
+    def __init__(self, layer: int, attention: MlaAttention, rope: Rope):
+        self.layer, self.attention, self.rope = layer, attention, rope
+
+    @staticmethod
+    def specs(shape: MlaShape) -> dict[str, StateSpec]:
+        return {name: StateSpec((width,)) for name, width in shape.state_widths().items()}
+
+    def state_specs(self) -> dict[str, StateSpec]:
+        return self.specs(self.attention.shape)
+
+    def store(self, step: Step, kv_latent: torch.Tensor, k_rope: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keep the step's latents [T, r] and rope keys [T, dr]; return all of them so far ([S, r], [S, dr])."""
+        return (step.state.append(self.layer, "kv_latent", step.positions, step.start, kv_latent),
+                step.state.append(self.layer, "k_rope", step.positions, step.start, k_rope))
+
+    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        cos, sin = self.rope.cos_sin(step)
+        return self.attention.forward(x, cos, sin, step.positions, lambda *latents: self.store(step, *latents))

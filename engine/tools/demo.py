@@ -39,6 +39,8 @@ _MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_nope_head_dim=16, qk_rope
             head_dim=8, moe_intermediate_size=32, n_shared_experts=2, first_k_dense_replace=1)
 _YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 8.0, "original_max_position_embeddings": 64,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+_DSA = dict(n_routed_experts=16, num_experts_per_tok=3, q_lora_rank=24, n_group=4, topk_group=2,
+            routed_scaling_factor=2.5, norm_topk_prob=True, index_topk=6, index_head_dim=16, index_n_heads=8)
 FAMILY_KWARGS.update({
     "deepseek_v2": dict(_MLA, n_routed_experts=16, num_experts_per_tok=3, q_lora_rank=24, topk_method="group_limited_greedy",
                         n_group=4, topk_group=2, routed_scaling_factor=1.5, rope_parameters=_YARN),
@@ -56,6 +58,11 @@ FAMILY_KWARGS.update({
     "dots1": dict(n_routed_experts=16, num_experts_per_tok=3, moe_intermediate_size=32, n_shared_experts=1,
                   first_k_dense_replace=1, n_group=4, topk_group=2, norm_topk_prob=True, routed_scaling_factor=2.5,
                   attention_bias=True, sliding_window=8, max_window_layers=2),
+    # DeepSeek Sparse Attention: an indexer that keeps fewer keys than the tests' context, so its selection decides;
+    # 8 indexer heads (a key scores exactly 0, a tie, only where every head's relu is 0); GLM-5 with a layer that
+    # reuses the previous indexer's selection
+    "deepseek_v32": dict(_MLA, **_DSA, rope_parameters=_YARN),
+    "glm_moe_dsa": dict(_MLA, **_DSA, indexer_types=["full", "shared", "full"]),
     # ERNIE-4.5's defaults: tied embeddings, a dense first layer; its own names for the MoE sizes
     "ernie4_5_moe": dict(moe_num_experts=16, moe_k=3, moe_intermediate_size=32, moe_num_shared_experts=1,
                          moe_layer_start_index=1, tie_word_embeddings=True),

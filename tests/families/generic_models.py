@@ -4,11 +4,6 @@ score-correction biases, sliding and global attention, recurrent mixers)."""
 from __future__ import annotations
 
 _E8 = dict(num_experts_per_tok=2, moe_intermediate_size=32)
-# DSA: an indexer that keeps fewer keys than the test's context, so the sparse selection decides
-# 8 indexer heads: a key scores exactly 0 (a tie that top-k may break either way on a GPU) only if every head's relu is 0
-_DSA = dict(_E8, n_routed_experts=8, n_shared_experts=1, first_k_dense_replace=1, n_group=2, topk_group=1,
-            kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=16, head_dim=8,
-            num_key_value_heads=4, index_topk=6, index_head_dim=16, index_n_heads=8)
 GENERIC_KWARGS = {
     "afmoe": dict(_E8, num_experts=8, num_shared_experts=1, num_dense_layers=1, global_attn_every_n_layers=2,
                   sliding_window=8, route_scale=1.5),
@@ -23,8 +18,6 @@ GENERIC_KWARGS = {
     "granitemoehybrid": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, mamba_n_heads=8,
                              mamba_d_state=16, mamba_chunk_size=16,
                              layer_types=["linear_attention", "attention", "linear_attention"]),
-    "deepseek_v32": _DSA,
-    "glm_moe_dsa": _DSA,
     "longcat_flash": dict(n_routed_experts=8, zero_expert_num=4, moe_topk=3, expert_ffn_hidden_size=32,
                           ffn_hidden_size=64, kv_lora_rank=32, q_lora_rank=24, qk_nope_head_dim=16,
                           qk_rope_head_dim=8, v_head_dim=16, head_dim=8, num_key_value_heads=4,

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from engine.model.dsv4.norms import rms_norm
 from engine.model.dsv4.rope import apply_tail_rope, rope_cos_sin
+from kernels.attention_ref import top_k_visible
 
 
 @dataclass(frozen=True)
@@ -104,11 +105,4 @@ def indexer_visible(q_residual: torch.Tensor, h: torch.Tensor, q_positions: torc
     scores = F.relu(torch.matmul(q.float(), entries.float().T)) * index_dim ** -0.5               # [T, h, N]
     head_weights = F.linear(h, w.weights_proj).float() * num_heads ** -0.5                       # [T, h]
     scores = (scores * head_weights.unsqueeze(-1)).sum(dim=1)                                     # [T, N]
-    num_entries = entries.shape[0]
-    causal = causal_entries(q_positions, num_entries, rate)
-    visible = torch.zeros_like(causal)
-    if num_entries == 0:
-        return visible
-    picked = scores.masked_fill(~causal, float("-inf")).topk(min(w.top_k, num_entries), dim=-1).indices
-    visible.scatter_(1, picked, True)
-    return visible & causal
+    return top_k_visible(scores, causal_entries(q_positions, entries.shape[0], rate), w.top_k)

@@ -27,9 +27,8 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 
 
 # transformers families whose experts use its shared experts interface, each tested token for token
-GENERIC_FAMILIES = ("afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid",
-                    "deepseek_v32", "glm_moe_dsa", "kimi_linear", "bailing_hybrid", "longcat_flash",
-                    "nemotron_h")
+GENERIC_FAMILIES = ("afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid", "kimi_linear",
+                    "bailing_hybrid", "longcat_flash", "nemotron_h")
 GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next", "kimi_k25")
 
 
@@ -62,6 +61,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("deepseek_v2", "deepseek_style"), Family("deepseek_v3", "deepseek_style"),
     Family("glm4_moe", "deepseek_style"), Family("glm4_moe_lite", "deepseek_style"),
     Family("minimax_m2", "deepseek_style", "block_sparse_moe", _W123), Family("dots1", "deepseek_style"),
+    # DeepSeek Sparse Attention: MLA over the keys a lightning indexer picks (DeepSeek-V3.2, GLM-5)
+    Family("deepseek_v32", "deepseek_style"), Family("glm_moe_dsa", "deepseek_style"),
     # GQA with interleaved rope, a softmax router with a correction bias, shared experts
     Family("ernie4_5_moe", "ernie"),
     Family("gpt_oss", "gpt_oss", has_expert_bias=True),
@@ -77,7 +78,7 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     *(Family(name, "generic", text_prefix="model.language_model.") for name in GENERIC_VL_FAMILIES),
 )}
 # Neighbours of supported families whose extra machinery Sluice does not run: refused before any download
-# (model_type -> one sentence); none at present (DeepSeek-V3.2's and GLM-5's sparse attention run generically).
+# (model_type -> one sentence); none at present.
 UNHANDLED_VARIANTS: dict[str, str] = {}
 
 

@@ -6,6 +6,8 @@
   glm4_moe_lite  MLA with V3's router; dense/sparse layers from mlp_layer_types (GLM-4.7-Flash)
   minimax_m2     GQA with QK norm over the whole projection and partial rotary; sigmoid + bias, no groups
   dots1          GQA with per-head QK norm (always), full rotary, sliding windows from layer_types; V3's router
+  deepseek_v32   V3 with DeepSeek Sparse Attention: MLA over the keys a lightning indexer picks (engine.model.dsa)
+  glm_moe_dsa    V3.2's layers (GLM-5); "shared" layers reuse the previous indexer's selection
 All but MiniMax-M2 have shared experts (plain SwiGLU, no gate) and leading dense layers.
 Checkpoints may hold multi-token-prediction layers after the last decoder layer
 (`model.layers.{num_hidden_layers}...`); Sluice decodes without them, as transformers does, and
@@ -19,22 +21,27 @@ import torch
 
 from engine.errors import SluiceError
 from engine.model.families import UNHANDLED_VARIANTS
-from engine.model.block import Attention, Block, Mlp, Rope, Step
-from engine.model.mla import MlaAttention, MlaShape
+from engine.model.block import Attention, Block, Mlp, Rope
+from engine.model.dsa import DsaMixer, Indexer, IndexerShape, indexer_sources
+from engine.model.mla import MlaAttention, MlaMixer, MlaShape
 from engine.model.model import Model
 from engine.model.routers import GroupedRouter
 from engine.model.rotary import rope_frequencies
-from engine.model.spec import ModelSpec, as_ids
+from engine.model.spec import ModelSpec, as_ids, hf_config
 from engine.model.state import StateSpec
 from engine.model.param_counts import ModelShape, Parts, moe_shape
 
-FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2", "dots1")
+FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe", "glm4_moe_lite", "minimax_m2", "dots1", "deepseek_v32",
+            "glm_moe_dsa")
 # What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies
 # by; MLA's kv_b_proj stays (one decode token folds it into the query and the output as a view).
 DENSE_INT8 = (r"^model\.embed_tokens\.weight$|^lm_head\.weight$"
               r"|\.self_attn\.([qkvo]|q_a|q_b|kv_a)_proj(_with_mqa)?\.weight$"
               r"|\.mlp\.(shared_experts\.)?(gate|up|down)_proj\.weight$")
-MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite")
+DSA_FAMILIES = ("deepseek_v32", "glm_moe_dsa")       # MLA with a lightning indexer (engine.model.dsa)
+MLA_FAMILIES = ("deepseek_v2", "deepseek_v3", "glm4_moe_lite", *DSA_FAMILIES)
+# dense or sparse MLP layers from mlp_layer_types (the others: first_k_dense_replace)
+_LAYER_TYPED = ("glm4_moe_lite", *DSA_FAMILIES)
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
@@ -69,7 +76,7 @@ def read_spec(cfg) -> ModelSpec:
     else:
         num_experts, expert_intermediate = cfg.n_routed_experts, cfg.moe_intermediate_size
         shared = cfg.moe_intermediate_size * (cfg.n_shared_experts or 0)
-        if family == "glm4_moe_lite":
+        if family in _LAYER_TYPED:
             moe_layers = tuple(i for i, t in enumerate(cfg.mlp_layer_types) if t == "sparse")
         else:
             moe_layers = tuple(range(cfg.first_k_dense_replace or 0, num_layers))
@@ -94,32 +101,14 @@ def read_spec(cfg) -> ModelSpec:
 
 
 def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
-    """Per-layer state known from the config alone (the estimate uses it): MLA's latent and rope key, or K/V."""
+    """Per-layer state known from the config alone (the estimate uses it): MLA's latent and rope key (and DSA's
+    indexer keys), or K/V."""
+    if spec.family in DSA_FAMILIES:
+        mla, index, sources = MlaShape.from_config(spec.cfg), IndexerShape.from_config(spec.cfg), indexer_sources(spec.cfg)
+        return [DsaMixer.dsa_specs(mla, index if source == layer else None) for layer, source in enumerate(sources)]
     if spec.family in MLA_FAMILIES:
         return [MlaMixer.specs(MlaShape.from_config(spec.cfg)) for _ in range(spec.num_layers)]
     return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
-
-
-class MlaMixer:
-    """MLA as a Block mixer: per token the state keeps "kv_latent" [r] and "k_rope" [dr] (engine.model.mla)."""
-
-    def __init__(self, layer: int, attention: MlaAttention, rope: Rope):
-        self.layer, self.attention, self.rope = layer, attention, rope
-
-    @staticmethod
-    def specs(shape: MlaShape) -> dict[str, StateSpec]:
-        return {name: StateSpec((width,)) for name, width in shape.state_widths().items()}
-
-    def state_specs(self) -> dict[str, StateSpec]:
-        return self.specs(self.attention.shape)
-
-    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        cos, sin = self.rope.cos_sin(step)
-
-        def store(kv_latent, k_rope):
-            return (step.state.append(self.layer, "kv_latent", step.positions, step.start, kv_latent),
-                    step.state.append(self.layer, "k_rope", step.positions, step.start, k_rope))
-        return self.attention.forward(x, cos, sin, step.positions, store)
 
 
 class RouterPiece:
@@ -138,17 +127,10 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
     inv_freq, scaling = rope_frequencies(cfg)
     rope = Rope(inv_freq.to(device), scaling, dtype)
     router = GroupedRouter.from_config(cfg)
-    mla = MlaShape.from_config(cfg) if spec.family in MLA_FAMILIES else None
     blocks = []
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
-        a = p + "self_attn."
-        if mla is not None:
-            mixer = MlaMixer(layer, MlaAttention(mla, {k[len(a):]: v for k, v in w.items() if k.startswith(a)}), rope)
-        else:
-            mixer = Attention(layer, w, a, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads,
-                              head_dim=spec.head_dim, rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm,
-                              window=spec.sliding_windows[layer])
+        mixer = _mixer(spec, layer, w, rope)
         norms = (w[p + "input_layernorm.weight"], w[p + "post_attention_layernorm.weight"], spec.rms_eps)
         if not spec.is_moe_layer(layer):
             blocks.append(Block(mixer, *norms, mlp=Mlp(w, p + "mlp.")))
@@ -159,6 +141,21 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
         blocks.append(Block(mixer, *norms, router=RouterPiece(router, w[p + "mlp.gate.weight"], bias), shared=shared))
     embed = w["model.embed_tokens.weight"]
     return Model(spec, blocks, embed, w["model.norm.weight"], w.get("lm_head.weight", embed), spec.rms_eps)
+
+
+def _mixer(spec: ModelSpec, layer: int, w: dict[str, torch.Tensor], rope: Rope):
+    """One layer's attention: GQA, MLA, or MLA with DSA's indexer (over the checkpoint's `self_attn.` tensors)."""
+    a = f"model.layers.{layer}.self_attn."
+    if spec.family not in MLA_FAMILIES:
+        return Attention(layer, w, a, num_heads=spec.num_heads, num_kv_heads=spec.num_kv_heads, head_dim=spec.head_dim,
+                         rope=rope, eps=spec.rms_eps, qk_norm=spec.qk_norm, window=spec.sliding_windows[layer])
+    attention = MlaAttention(MlaShape.from_config(spec.cfg), {k[len(a):]: v for k, v in w.items() if k.startswith(a)})
+    if spec.family not in DSA_FAMILIES:
+        return MlaMixer(layer, attention, rope)
+    source, i = indexer_sources(spec.cfg)[layer], a + "indexer."
+    indexer = None if source != layer else Indexer(IndexerShape.from_config(spec.cfg),
+                                                   {k[len(i):]: v for k, v in w.items() if k.startswith(i)})
+    return DsaMixer(layer, attention, rope, indexer, source)
 
 
 def _qk_norm(cfg) -> str:
@@ -192,6 +189,11 @@ def _adjust_counts(config: dict, p: Parts) -> None:
     p.attn = _mla_params(config) if family in MLA_FAMILIES else _gqa_params(config, p)
     if family in MLA_FAMILIES:                   # kv_b_proj stays exact with int8 dense weights
         p.exact_extra += p.L * config["kv_lora_rank"] * p.nh * (config["qk_nope_head_dim"] + config["v_head_dim"])
+    if family in DSA_FAMILIES:                   # the indexers (exact with int8 dense weights too)
+        cfg = hf_config(config)
+        with_indexer = sum(source == layer for layer, source in enumerate(indexer_sources(cfg)))
+        indexers = with_indexer * IndexerShape.from_config(cfg).weight_count(p.H, config["q_lora_rank"])
+        p.mixers, p.exact_extra = p.L * p.attn + indexers, p.exact_extra + indexers
     if family == "minimax_m2":
         p.shared, p.I_expert = p.E, config["intermediate_size"]     # router bias; no shared expert
         return
