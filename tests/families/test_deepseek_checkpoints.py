@@ -53,11 +53,18 @@ def dequantized_copy(src, dst, block=16):
     return dst
 
 
+def ships_in_fp8(name: str) -> bool:
+    """The projections V3's release stores as block-FP8 (V3.2's indexer: wq_b and wk; its weights_proj is not)."""
+    if ".indexer." in name:
+        return name.endswith(("wq_b.weight", "wk.weight"))
+    return name.endswith(("proj.weight", "proj_with_mqa.weight"))
+
+
 def write_v3_release_like(src, dst, block=16):
     shutil.copytree(src, dst)
     tensors = {}
     for name, w in load_file(str(dst / "model.safetensors")).items():
-        if name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight"):
+        if ships_in_fp8(name):
             tensors[name], tensors[name + "_scale_inv"] = to_block_fp8(w, block)
         else:
             tensors[name] = w
