@@ -66,18 +66,21 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
 
 def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
                   window: int | None = None, *, scale: float | None = None,
-                  sinks: torch.Tensor | None = None, chunk: int | None = None) -> torch.Tensor:
+                  sinks: torch.Tensor | None = None, chunk: int | None = None,
+                  visible: torch.Tensor | None = None) -> torch.Tensor:
     """Causal (optionally sliding-window or chunked) attention of the queries at q_positions [T] -> [T, Hq * Dv].
-    `scale` defaults to Dk^-0.5; `sinks` [Hq]: a sink logit per head (masked_softmax)."""
+    `scale` defaults to Dk^-0.5; `sinks` [Hq]: a sink logit per head (masked_softmax); `visible` [T, S]: the keys
+    each query sees, where the caller chose them (a sparse attention's selection), instead of the causal mask."""
     if q.is_cuda and sinks is None:
-        return _fused_attention(q, k, v, q_positions, window, scale, chunk)
+        return _fused_attention(q, k, v, q_positions, window, scale, chunk, visible)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
-    outs = [attend(q[rows], k, v, visible_keys(q_positions[rows], k.shape[0], window, chunk), scale, sinks)
+    outs = [attend(q[rows], k, v, visible_keys(q_positions[rows], k.shape[0], window, chunk) if visible is None
+                   else visible[rows], scale, sinks)
             for rows in (slice(r, r + QUERY_CHUNK) for r in range(0, q.shape[0], QUERY_CHUNK))]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
 
 
-def _fused_attention(q, k, v, q_positions, window, scale, chunk=None) -> torch.Tensor:
+def _fused_attention(q, k, v, q_positions, window, scale, chunk=None, visible=None) -> torch.Tensor:
     """The CUDA path: SDPA never materialises the [Hq, T, S] scores (scale None: its own Dk^-0.5)."""
     num_tokens, num_q_heads = q.shape[0], q.shape[1]
     group = num_q_heads // k.shape[1]
@@ -88,9 +91,9 @@ def _fused_attention(q, k, v, q_positions, window, scale, chunk=None) -> torch.T
     # 4-D [1, heads, tokens, D]: with 3-D inputs SDPA silently takes the math kernel, which materialises the scores
     qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     gqa = k.shape[1] != num_q_heads
-    if num_tokens == k.shape[0] and not window and not chunk:     # a prompt from position 0: the flash kernel, no mask
+    if num_tokens == k.shape[0] and not window and not chunk and visible is None:   # a prompt from 0: flash, no mask
         out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, scale=scale, enable_gqa=gqa)
     else:
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=visible_keys(q_positions, k.shape[0], window, chunk),
-                                             scale=scale, enable_gqa=gqa)              # [1, Hq, T, Dv]
+        mask = visible_keys(q_positions, k.shape[0], window, chunk) if visible is None else visible
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask, scale=scale, enable_gqa=gqa)  # [1, Hq, T, Dv]
     return out[0].transpose(0, 1).reshape(num_tokens, -1)

@@ -20,11 +20,11 @@ import torch.nn.functional as F
 
 from engine.errors import SluiceError
 from engine.model.block import Rope, Step
-from engine.model.layers import apply_rope, linear
+from engine.model.layers import apply_rope, attention, linear
 from engine.model.mla import MlaAttention, MlaMixer, MlaShape
 from engine.model.rotary import apply_rope_interleaved
 from engine.model.state import StateSpec
-from kernels.attention_ref import QUERY_CHUNK, attend, top_k_visible, visible_keys
+from kernels.attention_ref import QUERY_CHUNK, top_k_visible, visible_keys
 
 INDEX_NORM_EPS = 1e-6         # the indexer's k_norm: nn.LayerNorm(index_head_dim, eps=1e-6) in every reference
 SCORE_ELEMENTS = 1 << 24      # float32 indexer scores [rows, Hi, S] one call holds: bounds a long prompt's
@@ -45,8 +45,8 @@ class IndexerShape:
 
     def weight_count(self, hidden: int, q_lora_rank: int) -> int:
         """Parameters of one indexer: wq_b, wk, k_norm (weight and bias), weights_proj."""
-        return q_lora_rank * self.num_heads * self.head_dim + hidden * self.head_dim + 2 * self.head_dim + \
-            hidden * self.num_heads
+        return (q_lora_rank * self.num_heads * self.head_dim + hidden * self.head_dim + 2 * self.head_dim
+                + hidden * self.num_heads)
 
 
 def indexer_sources(cfg) -> list[int]:
@@ -126,9 +126,8 @@ class DsaMixer(MlaMixer):
         if x.shape[0] == 1:
             out = a.attend_absorbed(q, kv_latent, k_rope, visible)
         else:
-            k, v = a.expand(kv_latent, k_rope)
-            out = torch.cat([attend(q[r:r + QUERY_CHUNK], k, v, visible[r:r + QUERY_CHUNK], a.shape.softmax_scale)
-                             for r in range(0, x.shape[0], QUERY_CHUNK)])                      # [T, H * v]
+            k, v = a.expand(kv_latent, k_rope)                                                 # [S, H, *]
+            out = attention(q, k, v, step.positions, scale=a.shape.softmax_scale, visible=visible)   # [T, H * v]
         return linear(out, a.w["o_proj.weight"], a.w.get("o_proj.bias"))
 
     def _select(self, x: torch.Tensor, q_residual: torch.Tensor, step: Step, cos: torch.Tensor,

@@ -52,16 +52,15 @@ def test_int8_dense_weights_give_transformers_tokens_with_the_same_weights(hf_mo
     from engine.model.dense_quant import quantized_names
     hf_dir = hf_models("glm_moe_dsa")
     model_dir = repack(hf_dir, tmp_path / "sluice", quant="int8")
-    eng = engine_with_slots(model_dir, slots_per_bank=3, ram_blocks=4, dense_quant="int8")
-    try:
-        ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
-    finally:
-        eng.close()
-    reference = load_reference(hf_dir, "int8", dense_quant="int8")
     with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
         stored = quantized_names("glm_moe_dsa", f.keys())
     assert not [n for n in stored if ".indexer." in n] and len(stored) == 2 + 3 * 4 + 3 + 2 * 3
-    assert ours == reference_greedy(reference, PROMPT_IDS, NEW_TOKENS)
+    expected = reference_greedy(load_reference(hf_dir, "int8", dense_quant="int8"), PROMPT_IDS, NEW_TOKENS)
+    eng = engine_with_slots(model_dir, slots_per_bank=3, ram_blocks=4, dense_quant="int8")
+    try:
+        assert token_ids(eng, PROMPT_IDS, NEW_TOKENS) == expected
+    finally:
+        eng.close()
 
 
 def test_v32_release_layout_repacks_without_mtp_and_matches_transformers(hf_models, tmp_path):
