@@ -120,10 +120,10 @@ def randomize_weights(model, weight_std: float = 0.25) -> None:
     import torch
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if "norm" in name and param.dim() == 1:
+            if name.endswith("bias"):                 # a LayerNorm's too (DSA's indexer keys: one shared offset
+                param.copy_(0.1 * torch.randn_like(param))     # near 1 would zero most of their scores, ties)
+            elif "norm" in name and param.dim() == 1:
                 param.copy_(1.0 + 0.1 * torch.randn_like(param))
-            elif name.endswith("bias"):
-                param.copy_(0.1 * torch.randn_like(param))
             else:
                 param.copy_(torch.randn_like(param) * weight_std * (64 / param.shape[-1]) ** 0.5)
         for name, buffer in model.named_buffers():

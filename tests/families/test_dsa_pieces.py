@@ -32,7 +32,7 @@ def _transformers(family):
     attn = getattr(mod, PREFIXES[family] + "Attention")(cfg, layer_idx=0).eval()
     with torch.no_grad():
         for name, p in attn.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p) if "norm" in name else torch.randn_like(p) * 0.3)
+            p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else torch.randn_like(p) * 0.3)
     return cfg, attn, getattr(mod, PREFIXES[family] + "RotaryEmbedding")(cfg)
 
 
@@ -63,29 +63,30 @@ def test_indexer_selects_the_keys_transformers_selects(family):
     assert visible.sum(1).tolist() == [min(p + 1, 5) for p in range(T)]             # the top 5 once 5 are visible
 
 
+@pytest.mark.parametrize("length,prompt", [(T, 7), (300, 295)])     # 300: queries in two chunks (QUERY_CHUNK)
 @pytest.mark.parametrize("family", PREFIXES)
-def test_prompt_and_one_token_steps_match_transformers_over_the_static_and_the_growing_state(family):
+def test_prompt_and_one_token_steps_match_transformers_over_the_static_and_the_growing_state(family, length, prompt):
     """A prompt, then one-token steps (latent-space attention over the selected keys), against transformers'
     attention on the whole sequence; and the CUDA graphs' layout on the CPU: the state at full size (zeros past
     the position) and no host-known start, where the indexer's top-k runs over every row and never picks a masked one."""
     cfg, attn, rotary = _transformers(family)
-    x, prompt = torch.randn(T, 64), 7
-    mask = torch.full((T, T), float("-inf")).triu(1)[None, None]
+    x = torch.randn(length, 64)
+    mask = torch.full((length, length), float("-inf")).triu(1)[None, None]
     with torch.no_grad():
-        expected = attn(x[None], rotary(x[None], torch.arange(T)[None]), mask)[0][0]            # [T, D]
+        expected = attn(x[None], rotary(x[None], torch.arange(length)[None]), mask)[0][0]      # [T, D]
     inv_freq, scaling = rope_frequencies(cfg)
     indexer = Indexer(IndexerShape.from_config(cfg), _weights(attn, "indexer."))
     mixer = DsaMixer(0, MlaAttention(MlaShape.from_config(cfg), _weights(attn)), Rope(inv_freq, scaling, torch.float32),
                      indexer, 0)
-    growing = ModelState([mixer.state_specs()], 32, torch.float32, torch.device("cpu"), static=False, initial_tokens=4)
-    static = ModelState([mixer.state_specs()], 32, torch.float32, torch.device("cpu"), static=True)
+    growing = ModelState([mixer.state_specs()], 320, torch.float32, torch.device("cpu"), static=False, initial_tokens=4)
+    static = ModelState([mixer.state_specs()], 320, torch.float32, torch.device("cpu"), static=True)
     with torch.no_grad():
         outs = {}
         for name, state in (("growing", growing), ("static", static)):
             steps = [mixer(x[:prompt], Step(torch.arange(prompt), 0, state))]
-            for p in range(prompt, T):
+            for p in range(prompt, length):
                 steps.append(mixer(x[p:p + 1], Step(torch.tensor([p]), p if name == "growing" else None, state)))
             outs[name] = torch.cat(steps)
     torch.testing.assert_close(outs["growing"], expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(outs["static"], outs["growing"], rtol=1e-5, atol=1e-5)
-    assert static.buffers[0]["index_k"].shape == (32, 16) and growing.buffers[0]["index_k"].shape[0] >= T
+    assert static.buffers[0]["index_k"].shape == (320, 16) and growing.buffers[0]["index_k"].shape[0] >= length
