@@ -68,7 +68,8 @@ def test_indexer_selects_the_keys_transformers_selects(family):
 def test_prompt_and_one_token_steps_match_transformers_over_the_static_and_the_growing_state(family, length, prompt):
     """A prompt, then one-token steps (latent-space attention over the selected keys), against transformers'
     attention on the whole sequence; and the CUDA graphs' layout on the CPU: the state at full size (zeros past
-    the position) and no host-known start, where the indexer's top-k runs over every row and never picks a masked one."""
+    the position) and no host-known start, where the indexer's top-k runs over every row and never picks a masked
+    one."""
     cfg, attn, rotary = _transformers(family)
     x = torch.randn(length, 64)
     mask = torch.full((length, length), float("-inf")).triu(1)[None, None]

@@ -104,8 +104,9 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
     """Per-layer state known from the config alone (the estimate uses it): MLA's latent and rope key (and DSA's
     indexer keys), or K/V."""
     if spec.family in DSA_FAMILIES:
-        mla, index, sources = MlaShape.from_config(spec.cfg), IndexerShape.from_config(spec.cfg), indexer_sources(spec.cfg)
-        return [DsaMixer.dsa_specs(mla, index if source == layer else None) for layer, source in enumerate(sources)]
+        mla, index = MlaShape.from_config(spec.cfg), IndexerShape.from_config(spec.cfg)
+        return [DsaMixer.dsa_specs(mla, index if source == layer else None)
+                for layer, source in enumerate(indexer_sources(spec.cfg))]
     if spec.family in MLA_FAMILIES:
         return [MlaMixer.specs(MlaShape.from_config(spec.cfg)) for _ in range(spec.num_layers)]
     return [Attention.specs(spec.num_kv_heads, spec.head_dim) for _ in range(spec.num_layers)]
