@@ -7,30 +7,21 @@ from __future__ import annotations
 import torch
 
 from engine.format.checkpoint import Checkpoint
-from engine.format.generic_experts import require_expert_tensors
-from engine.model.spec import ModelSpec, canonical_dense_name
+from engine.format.generic_experts import RenamedExpertSource, require_expert_tensors
+from engine.model.spec import ModelSpec
 
 PROJECTIONS = ("up", "down")
 
 
-class NemotronExpertSource:
-    has_bias = False
-
+class NemotronExpertSource(RenamedExpertSource):
     def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
-        self.ckpt, self.spec = ckpt, spec
-        self._stored = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}   # canonical -> stored
+        super().__init__(ckpt, spec)
         self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _name(self, layer: int, expert: int | None, proj: str) -> str:
         """The stored name of one expert's projection, or with expert None of the layer's fused tensor."""
         name = f"model.layers.{layer}.mixer.experts." + (f"{proj}_proj" if expert is None else f"{expert}.{proj}_proj.weight")
-        return self._stored.get(name, name)
-
-    def is_expert_tensor(self, name: str) -> bool:
-        return ".experts." in name
-
-    def native_parts(self, layer: int, expert: int, quant: str) -> None:
-        return None                     # blocks are quantised from the stored weights
+        return self.stored(name)
 
     def check(self) -> None:
         """Every expert tensor is there with the shape the config implies, per expert or fused."""

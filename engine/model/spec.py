@@ -85,7 +85,7 @@ class ModelSpec:
 
 def canonical_dense_name(family: str, name: str) -> str:
     """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`,
-    Qwen3.5's `model.language_model.` -> `model.`)."""
+    Qwen3.5's `model.language_model.` -> `model.`, Nemotron-H's `backbone.` -> `model.`)."""
     if family == "deepseek_v4":
         from engine.model.dsv4.names import canonical_name
         return canonical_name(name)
@@ -94,7 +94,7 @@ def canonical_dense_name(family: str, name: str) -> str:
         from engine.model.generic.scan import in_memory_name
         return in_memory_name(family, name)
     if family == "nemotron_h":
-        from engine.model.families.nemotron_h import canonical_name
+        from engine.model.nemotron_names import canonical_name
         return canonical_name(name)
     if name.startswith(descriptor.text_prefix):
         name = name.removeprefix(descriptor.text_prefix)

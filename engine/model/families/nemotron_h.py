@@ -7,12 +7,11 @@ x + f(norm(x)), f one of four kinds (`layers_block_type`, or the Hub's `hybrid_o
                     experts down(relu(up x)²) and one relu² shared expert
   mlp               a dense relu² MLP
 Checkpoints name the text model `backbone.` (its embedding `embeddings`, its final norm `norm_f`); repack renames
-them to every family's `model.`, `model.embed_tokens`, `model.norm` (canonical_name). A layer's module is `mixer`
+them to every family's `model.`, `model.embed_tokens`, `model.norm` (engine.model.nemotron_names). A layer's module is `mixer`
 whatever its kind, as there.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import torch
@@ -30,13 +29,6 @@ from engine.model.state import StateSpec
 from kernels.activation import RELU2
 
 MAMBA, ATTENTION, MOE, MLP = "linear_attention", "full_attention", "moe", "mlp"
-
-
-def canonical_name(name: str) -> str:
-    """A checkpoint's tensor name (`backbone.` or transformers' `model.`) -> the Sluice dir's."""
-    name = re.sub(r"^backbone\.", "model.", name)
-    return {"model.embeddings.weight": "model.embed_tokens.weight", "model.norm_f.weight": "model.norm.weight"}.get(
-        name, name)
 
 
 def refuse_unhandled(config: dict) -> None:
