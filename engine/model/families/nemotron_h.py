@@ -29,6 +29,11 @@ from engine.model.state import StateSpec
 from kernels.activation import RELU2
 
 MAMBA, ATTENTION, MOE, MLP = "linear_attention", "full_attention", "moe", "mlp"
+# What `dense_quant` may keep as int8 (engine.model.dense_quant): the projections only `linear` multiplies by (Mamba's
+# in/out, attention, MLPs and shared experts), the head and the embedding table (the Sluice dir's name and transformers'
+# `embeddings`: a reference quantises the same tensors). Routers, convs, A_log, D, dt_bias and norms stay exact.
+DENSE_INT8 = (r"^model\.(embed_tokens|embeddings)\.weight$|^lm_head\.weight$"
+              r"|\.mixer\.([qkvo]_proj|in_proj|out_proj|(shared_experts\.)?(up|down)_proj)\.weight$")
 
 
 def refuse_unhandled(config: dict) -> None:
@@ -223,11 +228,14 @@ def param_counts(config: dict) -> ModelShape:
              + (d.conv_channels if cfg.use_conv_bias else 0) + 3 * d.num_heads + d.inner + d.inner * H)
     dense = {MAMBA: mamba, ATTENTION: 2 * H * nh * hd + 2 * H * nkv * hd, MLP: 2 * H * cfg.intermediate_size,
              MOE: E * H + E + 2 * H * spec.shared_expert_intermediate}    # router + its bias, shared expert
+    # what int8 dense weights leave exact (DENSE_INT8): each layer's norm and the final one, Mamba's small tensors
+    exact = {MAMBA: mamba - H * (d.inner + d.conv_channels + d.num_heads) - d.inner * H, MOE: E * H + E}
     types = cfg.layers_block_type
     embedding = V * H
     dense_params = sum(dense[t] + H for t in types) + H + embedding + (0 if spec.tie_word_embeddings else V * H)
     expert, moe = 2 * H * I, len(spec.moe_layers)
     return ModelShape(spec.family, spec.num_layers, moe, E, spec.top_k, H, I, V, dense_params + moe * E * expert,
                       dense_params + moe * spec.top_k * expert, dense_params, embedding,
+                      exact_params=sum(exact.get(t, 0) + H for t in types) + H,
                       embedding_in_file=table_in_file(spec.family, tied=spec.tie_word_embeddings),
                       has_expert_gate=False)
