@@ -176,22 +176,15 @@ def test_int8_dense_weights_give_transformers_tokens_with_the_same_weights(nemot
 
     from engine.model.dense_quant import quantized_names
     from engine.plan.estimate import model_shape
-    from tests.families.tokens import PROMPT_IDS
-    from tests.streaming.sized import engine_with_slots
+    from tests.families.tokens import int8_dense_tokens
     hf_dir, _ = nemotron_models("pattern")
     model_dir = repack(hf_dir, tmp_path / "sluice", quant="int8")
-    eng = engine_with_slots(model_dir, slots_per_bank=2, ram_blocks=3, dense_quant="int8")
-    try:
-        ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
-    finally:
-        eng.close()
-    assert eng.info["dense_quant"] == "int8"
-    reference = load_reference(hf_dir, "int8", dense_quant="int8")
+    ours, theirs, reference = int8_dense_tokens(hf_dir, model_dir)
     with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
         stored = {n: f.get_slice(n).get_shape() for n in f.keys()}
     rounded = quantized_names("nemotron_h", dict(reference.named_parameters()))
     # embedding and head, q/k/v/o, two Mamba layers' in/out, the MLP's up/down, two shared experts' up/down
     assert len(quantized_names("nemotron_h", stored)) == len(rounded) == 2 + 4 + 2 * 2 + 2 + 2 * 2
-    assert ours == reference_greedy(reference, PROMPT_IDS, NEW_TOKENS)
+    assert ours == theirs
     exact = sum(torch.Size(s).numel() for n, s in stored.items() if n not in quantized_names("nemotron_h", stored))
     assert model_shape(json.loads((hf_dir / "config.json").read_text())).exact_params == exact
