@@ -123,8 +123,8 @@ def check_tensors(spec: ModelSpec, ckpt, where: str) -> None:
         present = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}
         for name, shape in needed.items():
             _check_present(ckpt, present.get(name, name), shape, where)
-    if spec.family == "gpt_oss" or spec.generic is not None or FAMILIES[spec.family].module == "llama4":
-        return          # their expert sources check them (engine.format.gptoss_experts, generic_experts, llama4_experts)
+    if spec.family in ("gpt_oss", "nemotron_h") or spec.generic is not None or FAMILIES[spec.family].module == "llama4":
+        return          # their expert sources check them (engine.format: gptoss_, generic_, llama4_, nemotron_experts)
     I, H, E = spec.expert_intermediate, spec.hidden_size, spec.num_experts
     for layer in spec.moe_layers:
         gate_up, down = spec.fused_expert_names(layer)

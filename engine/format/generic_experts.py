@@ -25,27 +25,37 @@ def require_expert_tensors(ckpt: Checkpoint, needed: dict[str, tuple[int, ...]])
                               f"but the config implies {list(shape)}; the config does not belong to these weights.")
 
 
-class GenericExpertSource:
+class RenamedExpertSource:
+    """What the expert sources that find tensors by their renamed (canonical) names share: this one, Llama 4's and
+    Nemotron-H's. Their blocks are quantised from the stored weights."""
     has_bias = False
 
     def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
         self.ckpt, self.spec = ckpt, spec
-        self.projections = ("gate", "up", "down") if spec.has_expert_gate else ("up", "down")
-        self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._stored = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}   # renamed -> stored
+
+    def stored(self, name: str) -> str:
+        """The checkpoint's own name of a renamed tensor (the name itself where none renames to it)."""
+        return self._stored.get(name, name)
 
     def is_expert_tensor(self, name: str) -> bool:
         return ".experts." in name
 
     def native_parts(self, layer: int, expert: int, quant: str) -> None:
-        return None                     # blocks are quantised from the stored weights
+        return None
+
+
+class GenericExpertSource(RenamedExpertSource):
+    def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
+        super().__init__(ckpt, spec)
+        self.projections = ("gate", "up", "down") if spec.has_expert_gate else ("up", "down")
+        self._fused: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _name(self, layer: int, expert: int, proj: str) -> str:
-        name = self.spec.expert_tensor_name(layer, expert, proj)
-        return self._stored.get(name, name)
+        return self.stored(self.spec.expert_tensor_name(layer, expert, proj))
 
     def _fused_names(self, layer: int) -> tuple[str, str]:
-        return tuple(self._stored.get(n, n) for n in self.spec.fused_expert_names(layer))
+        return tuple(self.stored(n) for n in self.spec.fused_expert_names(layer))
 
     def check(self) -> None:
         """Every expert tensor is there with the shape the config implies, in one layout or the other."""

@@ -9,27 +9,18 @@ from __future__ import annotations
 import torch
 
 from engine.format.checkpoint import Checkpoint
-from engine.format.generic_experts import require_expert_tensors
-from engine.model.spec import ModelSpec, canonical_dense_name
+from engine.format.generic_experts import RenamedExpertSource, require_expert_tensors
+from engine.model.spec import ModelSpec
 
 
-class Llama4ExpertSource:
-    has_bias = False
-
+class Llama4ExpertSource(RenamedExpertSource):
     def __init__(self, ckpt: Checkpoint, spec: ModelSpec):
-        self.ckpt, self.spec = ckpt, spec
-        self._stored = {canonical_dense_name(spec.family, n): n for n in ckpt.names()}   # canonical -> stored
+        super().__init__(ckpt, spec)
         self._layer: tuple[int, torch.Tensor, torch.Tensor] | None = None
 
     def _names(self, layer: int) -> tuple[str, str]:
         p = f"model.layers.{layer}.mlp.experts."
-        return tuple(self._stored.get(p + n, p + n) for n in ("gate_up_proj", "down_proj"))
-
-    def is_expert_tensor(self, name: str) -> bool:
-        return ".experts." in name
-
-    def native_parts(self, layer: int, expert: int, quant: str) -> None:
-        return None                     # blocks are quantised from the stored weights
+        return tuple(self.stored(p + n) for n in ("gate_up_proj", "down_proj"))
 
     def check(self) -> None:
         """Every expert tensor is there, with the shape the config implies."""

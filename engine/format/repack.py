@@ -100,6 +100,9 @@ def expert_source(ckpt: Checkpoint, spec: ModelSpec):
     if FAMILIES[spec.family].module == "llama4":
         from engine.format.llama4_experts import Llama4ExpertSource
         return Llama4ExpertSource(ckpt, spec)
+    if spec.family == "nemotron_h":
+        from engine.format.nemotron_experts import NemotronExpertSource
+        return NemotronExpertSource(ckpt, spec)
     if spec.generic is not None:
         from engine.format.generic_experts import GenericExpertSource
         return GenericExpertSource(ckpt, spec)

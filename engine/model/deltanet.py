@@ -20,14 +20,15 @@ from kernels.norms import rms_normalized
 CHUNK_TOKENS = 64
 
 
-def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """Depthwise causal conv + SiLU over x [T, C] continuing from `state` [C, K-1] (updated in place).
+def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Depthwise causal conv (+ bias) + SiLU over x [T, C] continuing from `state` [C, K-1] (updated in place).
 
-    weight [C, K]. The state holds the previous K-1 inputs (zeros at the start of a conversation).
+    weight [C, K], bias [C] or None. The state holds the previous K-1 inputs (zeros at the start of a conversation).
     """
     window = torch.cat((state, x.transpose(0, 1).to(state.dtype)), dim=1)          # [C, K-1+T]
     state.copy_(window[:, window.shape[1] - state.shape[1]:])
-    out = F.conv1d(window[None].to(weight.dtype), weight[:, None, :], groups=weight.shape[0])   # [1, C, T]
+    out = F.conv1d(window[None].to(weight.dtype), weight[:, None, :], bias, groups=weight.shape[0])   # [1, C, T]
     return F.silu(out[0]).transpose(0, 1).to(x.dtype)                                # [T, C]
 
 

@@ -59,7 +59,7 @@ class ModelSpec:
     def has_expert_gate(self) -> bool:
         """Whether the experts are gated, down(act(gate x) * up x); Nemotron-H's are not, down(act(up x)), and
         their blocks hold up and down alone."""
-        return self.generic is None or self.generic.has_gate
+        return FAMILIES[self.family].has_expert_gate if self.generic is None else self.generic.has_gate
 
     def expert_tensor_name(self, layer: int, expert: int, proj: str) -> str:
         """Hub checkpoint name of one expert projection (proj in gate | up | down)."""
@@ -85,7 +85,7 @@ class ModelSpec:
 
 def canonical_dense_name(family: str, name: str) -> str:
     """Dense tensor names in the Sluice dir: one spelling per family (Mixtral's MoE block -> `mlp`,
-    Qwen3.5's `model.language_model.` -> `model.`)."""
+    Qwen3.5's `model.language_model.` -> `model.`, Nemotron-H's `backbone.` -> `model.`)."""
     if family == "deepseek_v4":
         from engine.model.dsv4.names import canonical_name
         return canonical_name(name)
@@ -93,6 +93,9 @@ def canonical_dense_name(family: str, name: str) -> str:
     if descriptor.is_generic:                   # the names transformers' own model loads
         from engine.model.generic.scan import in_memory_name
         return in_memory_name(family, name)
+    if family == "nemotron_h":
+        from engine.model.nemotron_names import canonical_name
+        return canonical_name(name)
     if name.startswith(descriptor.text_prefix):
         name = name.removeprefix(descriptor.text_prefix)
         # the text model's own `model.` and `lm_head.` under a wrapper (Llama 4's `language_model.`)
@@ -106,8 +109,8 @@ def is_text_model_tensor(family: str, name: str) -> bool:
     descriptor = FAMILIES[family]
     if descriptor.is_generic and descriptor.text_prefix != "model.":        # judged by the name transformers loads
         return canonical_dense_name(family, name).startswith((descriptor.text_prefix, "lm_head."))
-    if not descriptor.text_prefix.startswith("model."):                    # a wrapper's language model (Llama 4's)
-        return name.startswith(descriptor.text_prefix)
+    if not descriptor.text_prefix.startswith("model."):   # a wrapper's language model (Llama 4's), Nemotron-H's backbone
+        return name.startswith((descriptor.text_prefix, "lm_head."))
     return not name.startswith(("model.visual.", "mtp.", "model.mtp.", "model.mtp_"))     # model.mtp_: ERNIE-4.5
 
 

@@ -104,7 +104,7 @@ def _attach_attention(chosen: dict, attn, device, dtype) -> None:
     from kernels import decode_attention
     from kernels.selfcheck import select_decode_attention, select_rope
     heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
-    if attn.rope.dtype == dtype:
+    if attn.rope is not None and attn.rope.dtype == dtype:            # None: no position encoding (Nemotron-H)
         rotary = 2 * attn.rope.inv_freq.shape[0]
         attn.rope_kernel = _once(chosen, ("rope", *heads, rotary),
                                  lambda: select_rope(*heads, rotary, dtype, device)[0])

@@ -27,8 +27,9 @@ def load_reference(hf_dir, quant: str = "bf16", dense_quant: str | None = None):
     if spec.family == "llama4_text":
         _quantize_llama4_experts(model, spec.moe_layers, quant)
         return model
-    if spec.generic is not None:
-        _quantize_module_experts(model, spec.generic, quant)
+    if spec.generic is not None or spec.family == "nemotron_h":     # Nemotron-H: transformers' ungated experts module
+        from engine.model.generic.scan import read_interface
+        _quantize_module_experts(model, spec.generic or read_interface(spec.cfg), quant)
         return model
     stored = {}
     for f in glob.glob(f"{hf_dir}/*.safetensors"):

@@ -25,11 +25,20 @@ def test_greedy_tokens_match_transformers_while_experts_stream(family, generic_m
     assert_streamed_tokens_match(hf_dir, model_dir, "bf16")
 
 
-@pytest.mark.parametrize("family,quant", [("lfm2_moe", "fp8"), ("granitemoehybrid", "nvfp4"), ("nemotron_h", "int8")])
+@pytest.mark.parametrize("family,quant", [("lfm2_moe", "fp8"), ("granitemoehybrid", "nvfp4")])
 def test_quantized_experts_match_transformers_on_the_same_rounded_weights(family, quant, generic_models, tmp_path):
     """Each layout of transformers' experts (feed_forward, transposed, ungated, ...) quantised as repack does."""
     hf_dir, _ = generic_models(family)
     assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice", quant=quant), quant)
+
+
+def test_ungated_experts_run_generically(tmp_path, monkeypatch):
+    """transformers' ungated experts (up_proj [E, I, H] alone, relu²): Nemotron-H's, which Sluice now runs natively
+    (test_nemotron_h.py), put on the generic path, int8."""
+    monkeypatch.setitem(FAMILIES, "nemotron_h", Family("nemotron_h", "generic"))
+    hf_dir = build_generic_model("nemotron_h", tmp_path / "hf")
+    assert not read_spec(hf_dir).generic.has_gate
+    assert_streamed_tokens_match(hf_dir, repack(hf_dir, tmp_path / "sluice", quant="int8"), "int8")
 
 
 @pytest.mark.parametrize("quant", ["bf16", "int8"])
@@ -64,8 +73,10 @@ def test_families_the_generic_path_cannot_run_are_refused_from_the_config(family
     assert "\n" not in str(refusal.value)
 
 
-def test_experts_in_a_latent_width_are_refused_from_the_config():
-    """Nemotron-H's experts may work in a narrower width than the hidden states (moe_latent_size)."""
+def test_experts_in_a_latent_width_are_refused_from_the_config(monkeypatch):
+    """Nemotron-H's experts may work in a narrower width than the hidden states (moe_latent_size); put on the
+    generic path, the experts scan says so."""
+    monkeypatch.setitem(FAMILIES, "nemotron_h", Family("nemotron_h", "generic"))
     with pytest.raises(SluiceError, match=re.escape("Sluice cannot run 'nemotron_h' models: its experts work in a "
                                                     "latent width apart from the hidden size.")):
         read_spec({"model_type": "nemotron_h", "moe_latent_size": 1024})
@@ -100,7 +111,7 @@ def test_the_estimate_prices_the_generic_paths_gpu_layers_as_measured(monkeypatc
     assert generic["cpu"].compute_s == pytest.approx(native["cpu"].compute_s)
 
 
-@pytest.mark.parametrize("family", ["afmoe", "lfm2_moe", "nemotron_h"])
+@pytest.mark.parametrize("family", ["afmoe", "lfm2_moe"])
 def test_the_estimate_counts_a_generic_family_as_transformers_does(family, generic_models):
     import json
 
@@ -111,40 +122,6 @@ def test_the_estimate_counts_a_generic_family_as_transformers_does(family, gener
     shape = model_shape(json.loads((hf_dir / "config.json").read_text()))
     assert shape.total_params == AutoModelForCausalLM.from_pretrained(str(hf_dir)).num_parameters()
     assert shape.num_moe_layers == 2 and shape.num_experts == 8
-
-
-def test_the_estimate_reads_an_ungated_expert_as_its_two_projections(generic_models):
-    import json
-
-    from engine.plan.estimate import expert_block_bytes, model_shape
-    hf_dir, model_dir = generic_models("nemotron_h")
-    shape = model_shape(json.loads((hf_dir / "config.json").read_text()))
-    assert not shape.has_expert_gate and shape.expert_params == 2 * shape.hidden * shape.expert_intermediate
-    layers = json.loads((model_dir / "sluice.json").read_text())["experts"]["layers"]
-    assert {entry["block_bytes"] for entry in layers.values()} == {expert_block_bytes(shape, "bf16")}
-
-
-def test_ungated_experts_fused_as_transformers_holds_them_repack_alike(generic_models, tmp_path):
-    """A Nemotron-H checkpoint saved with its experts fused (`mixer.experts.up_proj` [E, I, H], `down_proj`
-    [E, H, I]) gives the tokens of the Hub's per-expert tensors."""
-    import re
-    import shutil
-
-    import torch
-    from safetensors.torch import load_file, save_file
-    hf_dir, _ = generic_models("nemotron_h")
-    fused_dir = tmp_path / "fused"
-    shutil.copytree(hf_dir, fused_dir)
-    tensors = load_file(str(fused_dir / "model.safetensors"))
-    per_expert = re.compile(r"(.*\.experts)\.(\d+)\.(up|down)_proj\.weight")
-    grouped: dict[str, dict[int, torch.Tensor]] = {}
-    for name in [n for n in tensors if per_expert.fullmatch(n)]:
-        prefix, expert, proj = per_expert.fullmatch(name).groups()
-        grouped.setdefault(f"{prefix}.{proj}_proj", {})[int(expert)] = tensors.pop(name)
-    assert len(grouped) == 4                                     # two MoE layers, up and down each
-    tensors.update({name: torch.stack([w[e] for e in sorted(w)]) for name, w in grouped.items()})
-    save_file(tensors, str(fused_dir / "model.safetensors"), metadata={"format": "pt"})
-    assert_streamed_tokens_match(hf_dir, repack(fused_dir, tmp_path / "sluice"), "bf16")
 
 
 def test_tied_embeddings_load_as_the_head(tmp_path):
@@ -204,7 +181,7 @@ def test_a_checkpoint_lacking_a_dense_tensor_is_refused_at_repack(generic_models
 @pytest.mark.parametrize("config,supported", [
     ({"model_type": "qwen3_moe"}, True),                 # listed
     ({"model_type": "granitemoeshared"}, True),          # unlisted: transformers' experts interface
-    ({"model_type": "nemotron_h"}, True),                # ungated experts
+    ({"model_type": "nemotron_h"}, True),                # listed (native): ungated experts
     ({"model_type": "sarvam_moe"}, False),               # a dense weight transformers splits
     ({"model_type": "llama"}, False),                    # dense
 ])

@@ -7,6 +7,7 @@ import torch
 from engine.format.repack import repack
 from engine.model import deltanet
 from tests.engine.reference import load_reference, reference_greedy
+from tests.families.graph_replay import assert_replays_like_eager
 from tests.families.hybrid_models import build_hybrid
 from tests.families.test_qwen3_next import NEW_TOKENS, PROMPT_IDS
 from tests.streaming.sized import engine_with_slots, token_ids
@@ -50,22 +51,10 @@ def test_deltanet_decode_step_replays_in_a_cuda_graph():
         decay, beta = deltanet.decay_and_beta(a_b[0], a_b[1], a_log, dt_bias)
         return deltanet.recurrent_delta_step(q, k, v, decay, beta, state)
 
-    conv_g, state_g = torch.zeros(96, 3, device=dev), torch.zeros(4, 16, 8, device=dev)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(conv_g.clone(), state_g.clone())                          # warm-up outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out_g = step(conv_g, state_g)
-    conv_g.zero_(), state_g.zero_()
-    conv_e, state_e = torch.zeros(96, 3, device=dev), torch.zeros(4, 16, 8, device=dev)
-    for _ in range(6):
+    def fresh():
+        return torch.zeros(96, 3, device=dev), torch.zeros(4, 16, 8, device=dev)
+
+    def write_inputs():
         x.copy_(torch.randn(1, 96, device=dev, generator=g))
         a_b.copy_(torch.randn(2, 1, 4, device=dev, generator=g))
-        graph.replay()
-        eager = step(conv_e, state_e)
-        torch.testing.assert_close(out_g, eager)
-    torch.testing.assert_close(state_g, state_e)
-    torch.testing.assert_close(conv_g, conv_e)
+    assert_replays_like_eager(step, fresh, write_inputs)

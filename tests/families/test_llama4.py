@@ -51,22 +51,15 @@ def test_int8_dense_weights_give_transformers_tokens_with_the_same_weights(llama
     """Attention (q/k rows de-interleaved after quantising: each row keeps its scale), dense MLPs, shared experts,
     the embedding and the head as int8; the routers exact."""
     from engine.model.dense_quant import quantized_names
-    from tests.engine.reference import load_reference, reference_greedy
-    from tests.streaming.sized import engine_with_slots, token_ids
+    from tests.families.tokens import int8_dense_tokens
     hf_dir, _ = llama4_models("top1_interleaved")
     model_dir = repack(hf_dir, tmp_path / "sluice", quant="int8")
-    eng = engine_with_slots(model_dir, slots_per_bank=2, ram_blocks=3, dense_quant="int8")
-    try:
-        ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
-    finally:
-        eng.close()
-    assert eng.info["dense_quant"] == "int8"
-    reference = load_reference(hf_dir, "int8", dense_quant="int8")
+    ours, theirs, reference = int8_dense_tokens(hf_dir, model_dir)
     with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:
         stored = quantized_names("llama4_text", f.keys())
     rounded = quantized_names("llama4_text", dict(reference.named_parameters()))
     assert len(stored) == len(rounded) == 2 + 4 * 4 + 2 * 3 * 2      # embedding, head, attention, MLPs, shared experts
-    assert ours == reference_greedy(reference, PROMPT_IDS, NEW_TOKENS)
+    assert ours == theirs
 
 
 def test_the_native_model_is_built_from_sluices_blocks(llama4_models):

@@ -22,3 +22,17 @@ def assert_streamed_tokens_match(hf_dir, model_dir, quant: str, **load) -> None:
     assert ours == theirs, f"Sluice {ours}\ntransformers {theirs}"
     assert tel["ram_cache"]["capacity_bytes"] < eng.model.expert_bytes_total
     assert tel["ram_cache"]["evictions"] > 0 and tel["disk"]["bytes_read"] > eng.model.expert_bytes_total // 3
+
+
+def int8_dense_tokens(hf_dir, model_dir):
+    """Greedy tokens with int8 dense weights (experts streaming) and the transformers reference holding the same
+    rounded dense weights -> (ours, theirs, the reference model)."""
+    from tests.streaming.sized import engine_with_slots, token_ids
+    eng = engine_with_slots(model_dir, slots_per_bank=2, ram_blocks=3, dense_quant="int8")
+    try:
+        ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
+        assert eng.info["dense_quant"] == "int8"
+    finally:
+        eng.close()
+    reference = load_reference(hf_dir, "int8", dense_quant="int8")
+    return ours, reference_greedy(reference, PROMPT_IDS, NEW_TOKENS), reference

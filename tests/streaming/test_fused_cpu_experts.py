@@ -23,7 +23,7 @@ pytestmark = pytest.mark.skipif(not cpu_moe.available(), reason="numba is not in
 @pytest.fixture(scope="module", params=["olmoe", "gpt_oss", "nemotron_h"])
 def int8_model(request, tmp_path_factory):
     """olmoe: SiLU experts; gpt_oss: the clamped SwiGLU with expert biases; nemotron_h: ungated relu2 experts
-    (the generic path)."""
+    (families.nemotron_h)."""
     tmp = tmp_path_factory.mktemp(request.param)
     build_hf_model(request.param, tmp / "hf", **{"num_layers": 3, **GENERIC_KWARGS.get(request.param, {})},
                    with_tokenizer=False, seed=3)

@@ -28,7 +28,7 @@ GENERIC_PATH = "generic (slower, no CUDA graphs)"
 
 # transformers families whose experts use its shared experts interface, each tested token for token
 GENERIC_FAMILIES = ("afmoe", "hy_v3", "mimo_v2_flash", "lfm2_moe", "granitemoehybrid", "kimi_linear",
-                    "bailing_hybrid", "longcat_flash", "nemotron_h")
+                    "bailing_hybrid", "longcat_flash")
 GENERIC_VL_FAMILIES = ("qwen3_vl_moe", "glm4v_moe", "minimax_m3_vl", "glm5_next", "kimi_k25")
 
 
@@ -40,6 +40,7 @@ class Family:
     expert_proj: dict[str, str] = field(default_factory=lambda: {p: f"{p}_proj" for p in ("gate", "up", "down")})
     text_prefix: str = "model."          # checkpoint prefix of the text model
     has_expert_bias: bool = False        # experts add a bias to gate, up and down (blocks carry bias fields)
+    has_expert_gate: bool = True         # False: an expert is down(act(up x)), its blocks up and down alone
 
     @property
     def is_generic(self) -> bool:
@@ -72,6 +73,8 @@ FAMILIES: dict[str, Family] = {f.model_type: f for f in (
     Family("deepseek_v4", "deepseek_v4", "ffn", _W123),
     # hybrids with hyper-connections, per-layer n-gram embeddings and QSA indexed attention
     Family("qwen4_exp", "qwen4_exp", text_prefix="model.language_model."), Family("qwen4_exp_text", "qwen4_exp"),
+    # Mamba-2, attention without rope, MoE and MLP layers; ungated relu² experts; the text model is `backbone.`
+    Family("nemotron_h", "nemotron_h", "mixer", text_prefix="backbone.", has_expert_gate=False),
     # generic: transformers' modules, Sluice's streamed experts
     *(Family(name, "generic") for name in GENERIC_FAMILIES),
     # vision-language checkpoints: their language model, generically (images are refused in one sentence)
