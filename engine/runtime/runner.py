@@ -92,6 +92,8 @@ class Runner:
         own_state = [] if self.model.runs_passes else self.model.state_specs()
         self.state = ModelState(own_state, max_tokens, dtype, self.device, static=self.is_cuda)
         self.step = DecodeStep(self.model, self.state, self.device, not options.eager and self.model.graph_safe)
+        if self.model.runs_passes and self.is_cuda and not options.eager:   # its own graphs (generic.graphs)
+            self.model.use_static_decode(max_tokens)
         self.plan = self._final_plan(budgets, base_bytes, dense_bytes + kv_bytes, work, ram_cache, max_tokens)
         self._make_experts(model_dir, kernel, prefill_kernel, dense_bytes + kv_bytes)
 
@@ -211,7 +213,9 @@ class Runner:
             return 0, work
         torch.cuda.reset_peak_memory_stats(self.device)
         with torch.inference_mode():
-            self.step.capture()
+            (self.model.capture if self.model.runs_passes else self.step.capture)()
+        if getattr(self.model, "graph_error", None):
+            self.telemetry.warn(f"The decode runs without CUDA graphs: capturing them failed ({self.model.graph_error}).")
         torch.cuda.synchronize(self.device)
         held = self._allocated() - base_bytes
         return max(held - resident_bytes, 0), max(work, torch.cuda.max_memory_allocated(self.device) - base_bytes - held)

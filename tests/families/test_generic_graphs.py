@@ -1,0 +1,58 @@
+"""The generic path's decode as CUDA graph segments (engine.model.generic.graphs): which families it captures (a rule
+read from the config), and on the CPU the static-cache forward those graphs replay, token-exact with transformers."""
+import pytest
+
+import engine
+from engine import GenerationParams
+from engine.model.families import FAMILIES, Family
+from engine.model.generic.graphs import graph_blocker
+from engine.model.spec import read_spec
+from tests.engine.reference import load_reference, reference_greedy
+from tests.families.generic_models import build_generic_model, built_once
+from tests.families.tokens import NEW_TOKENS, PROMPT_IDS
+
+CAPTURED = ["hy_v3", "solar_open", "phimoe", "granitemoe"]
+
+
+@pytest.fixture(scope="module")
+def generic_models(tmp_path_factory):
+    return built_once(tmp_path_factory.mktemp("generic"), build_generic_model)
+
+
+@pytest.mark.parametrize("family,blocker", [
+    *[(family, None) for family in CAPTURED],
+    ("afmoe", "its cache has sliding_attention layers"),
+    ("lfm2_moe", "its cache has conv layers"),
+    ("kimi_linear", "its cache has linear_attention layers"),
+    ("deepseek_v32", "its cache has indexed_attention layers"),
+    ("longcat_flash", "its identity experts pick the routed tokens on the host"),
+])
+def test_a_family_is_captured_only_where_its_decode_has_no_step_dependent_host_flow(family, blocker, generic_models):
+    spec = read_spec(generic_models(family)[0])
+    assert graph_blocker(spec.generic, spec.cfg.get_text_config(decoder=True)) == blocker
+
+
+def test_experts_on_scaled_inputs_and_position_dependent_ropes_decode_eagerly(tmp_path, monkeypatch):
+    monkeypatch.setitem(FAMILIES, "llama4_text", Family("llama4_text", "generic"))
+    spec = read_spec(build_generic_model("llama4_text", tmp_path / "l4"))
+    assert "scaled" in graph_blocker(spec.generic, spec.cfg.get_text_config(decoder=True))
+    spec = read_spec(build_generic_model("hy_v3", tmp_path / "hy"))
+    text = spec.cfg.get_text_config(decoder=True)
+    text.rope_parameters = dict(text.rope_parameters, rope_type="dynamic", factor=2.0)
+    assert graph_blocker(spec.generic, text) == "its dynamic rope depends on the position"
+
+
+@pytest.mark.parametrize("family", ["hy_v3", "solar_open"])
+def test_the_static_cache_decode_matches_transformers(family, generic_models):
+    """The forward the graphs capture (a static cache, its length grown in place), run eagerly on the CPU: two
+    conversations, the second after the cache was reset by its prompt."""
+    hf_dir, model_dir = generic_models(family)
+    eng = engine.load(model_dir, dtype="float32")
+    try:
+        assert eng.runner.model.use_static_decode(64)
+        params = GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0)
+        runs = [[e.token_id for e in eng.generate(prompt, params)] for prompt in (PROMPT_IDS, PROMPT_IDS[3:])]
+    finally:
+        eng.close()
+    reference = load_reference(hf_dir, "bf16")
+    assert runs == [reference_greedy(reference, prompt, NEW_TOKENS) for prompt in (PROMPT_IDS, PROMPT_IDS[3:])]
