@@ -56,3 +56,25 @@ def test_the_static_cache_decode_matches_transformers(family, generic_models):
         eng.close()
     reference = load_reference(hf_dir, "bf16")
     assert runs == [reference_greedy(reference, prompt, NEW_TOKENS) for prompt in (PROMPT_IDS, PROMPT_IDS[3:])]
+
+
+def test_the_segments_split_at_each_moe_layer_and_end_with_the_logits(generic_models):
+    """The capture's plan, walked without recording (its warm-up): one segment before each MoE layer's experts, with
+    that layer's static inputs and the next MoE layer's guesses, and a last one whose output is the logits."""
+    from engine.model.generic.graphs import SegmentCapture
+    _, model_dir = generic_models("solar_open")
+    eng = engine.load(model_dir, dtype="float32")
+    try:
+        model, spec = eng.runner.model, eng.spec
+        assert model.use_static_decode(16)
+        walk = SegmentCapture()
+        logits = model._captured_step(walk)
+        segments = walk.finish()
+    finally:
+        eng.close()
+    moe = list(spec.moe_layers)
+    assert [s.layer for s in segments] == moe + [None] and logits.shape == (spec.vocab_size,)
+    assert [s.next_layer for s in segments[:-1]] == moe[1:] + [None]
+    for s, layer in zip(segments[:-1], moe):
+        assert s.x.shape == s.out.shape == (1, spec.hidden_size) and s.weights.shape == (1, spec.top_k)
+        assert len(s.ids) == spec.top_k * (2 if layer != moe[-1] else 1)      # routed, then the next layer's guesses

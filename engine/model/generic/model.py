@@ -50,7 +50,7 @@ class GenericModel:
         self._cache = None
         # the decode as graph segments (use_static_decode, capture): a static cache, the step's token, the
         # captured segments and their logits; `graph_error` says why a capture failed (decode then runs eagerly)
-        self._static = self._token = self._segments = self._logits = None
+        self._static = self._token = self.segments = self._logits = None
         self._capture: SegmentCapture | None = None
         self.graph_error: str | None = None
         # the module holding the language model and its head: the root, or Llama 4's `language_model` (its VL
@@ -95,7 +95,7 @@ class GenericModel:
             capture = SegmentCapture(torch.cuda.graph_pool_handle())
             try:
                 self._logits = self._captured_step(capture)
-                self._segments = capture.finish()
+                self.segments = capture.finish()
             except RuntimeError as e:
                 capture.abandon()
                 self._logits, self.graph_error = None, f"{type(e).__name__}: {e}".splitlines()[0]
@@ -123,9 +123,9 @@ class GenericModel:
     def decode(self, token: int, experts, defer: bool) -> torch.Tensor:
         """The next token of the conversation -> its logits [V] float32 (with graphs: a static buffer, valid
         until the next step)."""
-        if self._segments is not None:
+        if self.segments is not None:
             self._token.fill_(token)
-            replay(self._segments, experts, defer)
+            replay(self.segments, experts, defer)
             return self._logits
         ids = torch.tensor([[token]], device=self.device)
         return self._forward(ids, Passes(experts, decode=True, defer=defer))
