@@ -155,11 +155,18 @@ class Runner:
         self._used_at = time.monotonic()
         if self.fills:
             self.experts.plan_fill([(layer, e) for layer in self.spec.moe_layers for e in range(self.spec.num_experts)])
-        if self.step.use_graphs and kernel is not None:
-            s = self.step
+        static = self._static_expert_inputs() if kernel is not None else {}
+        if static:
             with torch.inference_mode():
-                self.experts.capture({layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer])
-                                      for layer in s.moe_out})
+                self.experts.capture(static)
+
+    def _static_expert_inputs(self) -> dict:
+        """{layer: (x [1, H], weights [1, K], out [1, H])}: the decode graphs' expert buffers (none when eager)."""
+        if self.model.runs_passes:
+            return self.model.static_expert_inputs()
+        s = self.step
+        return {layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer])
+                for layer in s.moe_out} if s.use_graphs else {}
 
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
         """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts

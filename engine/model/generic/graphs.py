@@ -87,6 +87,21 @@ class SegmentCapture:
         return graph
 
 
+def into_static(cache, static):
+    """A prompt's cache (transformers' DynamicCache) copied into the static cache -> the static cache, its length the
+    prompt's (keys past it, a previous conversation's, stay masked until this one's decode overwrites them)."""
+    for prompt, layer in zip(cache.layers, static.layers):
+        if getattr(prompt, "keys", None) is None:       # a layer without attention
+            continue
+        if not layer.is_initialized:
+            layer.lazy_initialization(prompt.keys, prompt.values)
+        length = prompt.keys.shape[-2]
+        layer.keys[:, :, :length].copy_(prompt.keys)
+        layer.values[:, :, :length].copy_(prompt.values)
+        layer.cumulative_length.fill_(length)
+    return static
+
+
 def replay(segments: list[Segment], experts, defer: bool) -> None:
     """One decode step: each segment, then its layer's experts on the segment's static tensors."""
     for s in segments[:-1]:

@@ -18,7 +18,7 @@ import torch
 
 from engine.errors import SluiceError
 from engine.model.generic.adapter import StreamedExperts, StreamedScaledExperts, expert_math
-from engine.model.generic.graphs import SegmentCapture, graph_blocker, replay
+from engine.model.generic.graphs import SegmentCapture, graph_blocker, into_static, replay
 from engine.model.generic.scan import ExpertsInterface, experts_on_meta, model_class, parameters_on_meta
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
@@ -103,8 +103,13 @@ class GenericModel:
         torch.cuda.synchronize(self.device)
         self._static.reset()
 
+    def static_expert_inputs(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """{layer: (x [1, H], weights [1, K], out [1, H])}: the segments' expert buffers, whose kernel launches the
+        runtime captures in turn (none without segments)."""
+        return {s.layer: (s.x, s.weights, s.out) for s in (self.segments or [])[:-1]}
+
     def _captured_step(self, capture: SegmentCapture) -> torch.Tensor:
-        self._capture = capture
+        self._capture, self._cache = capture, self._static
         capture.begin()
         try:
             return self._forward(self._token, Passes(None, decode=True))
@@ -114,11 +119,12 @@ class GenericModel:
     # ---------------------------------------------------------------- passes
     def prefill(self, token_ids: list[int], experts, check_cancel: Callable[[], None]) -> torch.Tensor:
         """A new conversation's prompt -> logits of its last token [V] float32 (the cache starts again)."""
-        self._cache = self._static
-        if self._static is not None:
-            self._static.reset()
+        self._cache = None
         ids = torch.tensor([token_ids], device=self.device)
-        return self._forward(ids, Passes(experts, decode=False, check_cancel=check_cancel))
+        logits = self._forward(ids, Passes(experts, decode=False, check_cancel=check_cancel))
+        if self._static is not None:      # the prompt's attention over its own keys, not the static cache's length
+            self._cache = into_static(self._cache, self._static)
+        return logits
 
     def decode(self, token: int, experts, defer: bool) -> torch.Tensor:
         """The next token of the conversation -> its logits [V] float32 (with graphs: a static buffer, valid
