@@ -93,7 +93,7 @@ class Runner:
         self.state = ModelState(own_state, max_tokens, dtype, self.device, static=self.is_cuda)
         self.step = DecodeStep(self.model, self.state, self.device, not options.eager and self.model.graph_safe)
         if self.model.runs_passes and self.is_cuda and not options.eager:   # its own graphs (generic.graphs)
-            self.model.use_static_decode(max_tokens)
+            self.model.use_static_decode(max_tokens, kv_bytes)
         self.plan = self._final_plan(budgets, base_bytes, dense_bytes + kv_bytes, work, ram_cache, max_tokens)
         self._make_experts(model_dir, kernel, prefill_kernel, dense_bytes + kv_bytes)
 

@@ -1,11 +1,13 @@
 """The generic path's decode as CUDA graph segments (engine.model.generic.graphs): which families it captures (a rule
 read from the config), and on the CPU the static-cache forward those graphs replay, token-exact with transformers."""
 import pytest
+import torch
 
 import engine
 from engine import GenerationParams
 from engine.model.families import FAMILIES, Family
-from engine.model.generic.graphs import graph_blocker
+from engine.model.generic.graphs import cache_bytes, graph_blocker
+from engine.model.state import state_bytes
 from engine.model.spec import read_spec
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.generic_models import build_generic_model, built_once
@@ -45,13 +47,16 @@ def test_experts_on_scaled_inputs_and_position_dependent_ropes_decode_eagerly(tm
 @pytest.mark.parametrize("family", ["hy_v3", "solar_open"])
 def test_the_static_cache_decode_matches_transformers(family, generic_models):
     """The forward the graphs capture (a static cache, its length grown in place), run eagerly on the CPU: two
-    conversations, the second after the cache was reset by its prompt."""
+    conversations, the second's prompt copied over the first's keys; the cache holds what the budget counts."""
     hf_dir, model_dir = generic_models(family)
     eng = engine.load(model_dir, dtype="float32")
     try:
-        assert eng.runner.model.use_static_decode(64)
+        model = eng.runner.model
+        assert model.use_static_decode(64, kv_bytes=2**30)
         params = GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0)
         runs = [[e.token_id for e in eng.generate(prompt, params)] for prompt in (PROMPT_IDS, PROMPT_IDS[3:])]
+        assert model._cache is model._static
+        assert cache_bytes(model._static) == state_bytes(model.state_specs(), 64, torch.float32)
     finally:
         eng.close()
     reference = load_reference(hf_dir, "bf16")
@@ -66,7 +71,7 @@ def test_the_segments_split_at_each_moe_layer_and_end_with_the_logits(generic_mo
     eng = engine.load(model_dir, dtype="float32")
     try:
         model, spec = eng.runner.model, eng.spec
-        assert model.use_static_decode(16)
+        assert model.use_static_decode(16, kv_bytes=2**30)
         walk = SegmentCapture()
         logits = model._captured_step(walk)
         segments = walk.finish()

@@ -87,6 +87,12 @@ class SegmentCapture:
         return graph
 
 
+def cache_bytes(static) -> int:
+    """What a static cache's allocated keys and values hold."""
+    return sum(t.nbytes for layer in static.layers if getattr(layer, "is_initialized", False)
+               for t in (layer.keys, layer.values))
+
+
 def into_static(cache, static):
     """A prompt's cache (transformers' DynamicCache) copied into the static cache -> the static cache, its length the
     prompt's (keys past it, a previous conversation's, stay masked until this one's decode overwrites them)."""

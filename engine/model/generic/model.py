@@ -18,7 +18,7 @@ import torch
 
 from engine.errors import SluiceError
 from engine.model.generic.adapter import StreamedExperts, StreamedScaledExperts, expert_math
-from engine.model.generic.graphs import SegmentCapture, graph_blocker, into_static, replay
+from engine.model.generic.graphs import SegmentCapture, cache_bytes, graph_blocker, into_static, replay
 from engine.model.generic.scan import ExpertsInterface, experts_on_meta, model_class, parameters_on_meta
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
@@ -52,6 +52,7 @@ class GenericModel:
         # captured segments and their logits; `graph_error` says why a capture failed (decode then runs eagerly)
         self._static = self._token = self.segments = self._logits = None
         self._capture: SegmentCapture | None = None
+        self._kv_bytes = 0
         self.graph_error: str | None = None
         # the module holding the language model and its head: the root, or Llama 4's `language_model` (its VL
         # wrapper adds nothing for text and fails on a text-only output in transformers 5.24)
@@ -72,26 +73,31 @@ class GenericModel:
         """Why this family's decode can't be captured as graph segments, or None where it can."""
         return graph_blocker(self.interface, self._lm.config.get_text_config(decoder=True))
 
-    def use_static_decode(self, max_tokens: int) -> bool:
-        """A static cache of `max_tokens` (what the budget counts as this model's keys and values) where the
-        family's decode can be captured -> whether it is used; the graphs themselves come with `capture`."""
+    def use_static_decode(self, max_tokens: int, kv_bytes: int) -> bool:
+        """A static cache of `max_tokens` where the family's decode can be captured -> whether it is used; the
+        graphs come with `capture`, which drops the cache if it holds more than `kv_bytes` (the budget's figure)."""
         if self.capture_blocker is not None:
             return False
         from transformers import StaticCache
         self._static = StaticCache(config=self._lm.config, max_cache_len=max_tokens)
+        self._kv_bytes = kv_bytes
         self._token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         return True
 
     def capture(self) -> None:
         """On CUDA with a static cache: a warm-up step (the cache's tensors, library handles), then the decode
-        step captured as graph segments (one pool); the cache is emptied after. A failed capture leaves the
-        eager decode (on the same static cache) and says why in `graph_error`."""
+        step captured as graph segments (one pool); the cache is emptied after. A cache larger than the budget
+        counts (per-head keys of latent attention, say) is dropped: the decode then runs eagerly on transformers'
+        growing cache. A failed capture leaves the eager decode (on the static cache), `graph_error` saying why."""
         if self._static is None or self.device.type != "cuda":
             return
         stream = torch.cuda.Stream(self.device)
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             self._captured_step(SegmentCapture())
+            if cache_bytes(self._static) > self._kv_bytes:
+                self._static = self._cache = None
+                return
             capture = SegmentCapture(torch.cuda.graph_pool_handle())
             try:
                 self._logits = self._captured_step(capture)
@@ -100,7 +106,6 @@ class GenericModel:
                 capture.abandon()
                 self._logits, self.graph_error = None, f"{type(e).__name__}: {e}".splitlines()[0]
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
         self._static.reset()
 
     def static_expert_inputs(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
