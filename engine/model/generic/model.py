@@ -95,18 +95,24 @@ class GenericModel:
         stream.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(stream):
             self._captured_step(SegmentCapture())
-            if cache_bytes(self._static) > self._kv_bytes:
-                self._static = self._cache = None
-                return
-            capture = SegmentCapture(torch.cuda.graph_pool_handle())
-            try:
-                self._logits = self._captured_step(capture)
-                self.segments = capture.finish()
-            except RuntimeError as e:
-                capture.abandon()
-                self._logits, self.graph_error = None, f"{type(e).__name__}: {e}".splitlines()[0]
+            torch.cuda.synchronize(self.device)
+            fits = cache_bytes(self._static) <= self._kv_bytes
+            if fits:
+                self._record()
         torch.cuda.current_stream(self.device).wait_stream(stream)
-        self._static.reset()
+        if fits:
+            self._static.reset()
+        else:
+            self._static = self._cache = None
+
+    def _record(self) -> None:
+        capture = SegmentCapture(torch.cuda.graph_pool_handle())
+        try:
+            self._logits = self._captured_step(capture)
+            self.segments = capture.finish()
+        except RuntimeError as e:
+            capture.abandon()
+            self._logits, self.graph_error = None, f"{type(e).__name__}: {e}".splitlines()[0]
 
     def static_expert_inputs(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """{layer: (x [1, H], weights [1, K], out [1, H])}: the segments' expert buffers, whose kernel launches the
