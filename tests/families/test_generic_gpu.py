@@ -24,20 +24,29 @@ def test_cuda_float32_tokens_match_transformers(family, quant, tmp_path):
 
 @pytest.mark.parametrize("family", ["hy_v3", "solar_open"])
 def test_a_capturable_family_decodes_on_cuda_as_graph_segments(family, tmp_path):
-    """hy_v3 and solar_open are in the token-exact test above: their decode there replays these segments."""
+    """Captured unless eager (hy_v3 and solar_open in the test above replay these segments too): two conversations,
+    the second's prompt over the first's keys, token-exact either way."""
     import engine
+    from engine import GenerationParams
     from engine.options import Options
-    model_dir = repack(build_generic_model(family, tmp_path / "hf"), tmp_path / "sluice")
+    from tests.engine.reference import load_reference, reference_greedy
+    from tests.families.tokens import NEW_TOKENS, PROMPT_IDS
+    hf_dir = build_generic_model(family, tmp_path / "hf")
+    model_dir = repack(hf_dir, tmp_path / "sluice")
+    prompts, params = (PROMPT_IDS, PROMPT_IDS[3:]), GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0)
+    expected = [reference_greedy(load_reference(hf_dir, "bf16"), prompt, NEW_TOKENS) for prompt in prompts]
     for eager in (False, True):
         eng = engine.load(model_dir, device="cuda", dtype="float32", options=Options(eager=eager))
         try:
             model, graph_bytes = eng.runner.model, eng.telemetry()["vram"]["graph_bytes"]
             layers = None if model.segments is None else [s.layer for s in model.segments]
+            runs = [[e.token_id for e in eng.generate(prompt, params)] for prompt in prompts]
         finally:
             eng.close()
         assert model.graph_error is None
         assert layers == (None if eager else list(eng.spec.moe_layers) + [None])
         assert eager or graph_bytes > 0            # the segments' pool counted where the native graphs' is
+        assert runs == expected, f"eager={eager}"
 
 
 def _decode_tok_s(model_dir, runs: int = 3) -> float:
