@@ -35,8 +35,9 @@ FAST_TOK_S = 5.0                   # about reading speed: below this a chat feel
 # expert in a slot decodes at 5.49 ms a token on an H200, 0.37 ms of it reading 1.6 GB of HBM: 320 us for
 # each of its 16 layers (the layer's host sync, the decode thread's Python, launches).
 LAYER_OVERHEAD_S = {"cuda": 320e-6, "cpu": 800e-6}
-# The generic path runs transformers' layers eagerly, without CUDA graphs: on a GPU each layer costs its launches
-# and host work on top of the native path's (the measured difference; on the CPU the two paths run alike).
+# The generic path run eagerly, without CUDA graphs: on a GPU each layer costs its launches and host work on top of
+# the native path's (the measured difference; on the CPU the two paths run alike). Families captured as graph
+# segments (engine.model.generic.graphs) are priced the same until measured.
 GENERIC_LAYER_OVERHEAD_S = {"cuda": 320e-6 + 1.27e-3, "cpu": 800e-6}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 # Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the

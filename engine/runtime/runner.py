@@ -92,6 +92,8 @@ class Runner:
         own_state = [] if self.model.runs_passes else self.model.state_specs()
         self.state = ModelState(own_state, max_tokens, dtype, self.device, static=self.is_cuda)
         self.step = DecodeStep(self.model, self.state, self.device, not options.eager and self.model.graph_safe)
+        if self.model.runs_passes and self.is_cuda and not options.eager:   # its own graphs (generic.graphs)
+            self.model.use_static_decode(max_tokens, kv_bytes)
         self.plan = self._final_plan(budgets, base_bytes, dense_bytes + kv_bytes, work, ram_cache, max_tokens)
         self._make_experts(model_dir, kernel, prefill_kernel, dense_bytes + kv_bytes)
 
@@ -153,11 +155,18 @@ class Runner:
         self._used_at = time.monotonic()
         if self.fills:
             self.experts.plan_fill([(layer, e) for layer in self.spec.moe_layers for e in range(self.spec.num_experts)])
-        if self.step.use_graphs and kernel is not None:
-            s = self.step
+        static = self._static_expert_inputs() if kernel is not None else {}
+        if static:
             with torch.inference_mode():
-                self.experts.capture({layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer])
-                                      for layer in s.moe_out})
+                self.experts.capture(static)
+
+    def _static_expert_inputs(self) -> dict:
+        """{layer: (x [1, H], weights [1, K], out [1, H])}: the decode graphs' expert buffers (none when eager)."""
+        if self.model.runs_passes:
+            return self.model.static_expert_inputs()
+        s = self.step
+        return {layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer])
+                for layer in s.moe_out} if s.use_graphs else {}
 
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
         """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts
@@ -211,7 +220,9 @@ class Runner:
             return 0, work
         torch.cuda.reset_peak_memory_stats(self.device)
         with torch.inference_mode():
-            self.step.capture()
+            (self.model.capture if self.model.runs_passes else self.step.capture)()
+        if getattr(self.model, "graph_error", None):
+            self.telemetry.warn(f"The decode runs without CUDA graphs: capturing them failed ({self.model.graph_error}).")
         torch.cuda.synchronize(self.device)
         held = self._allocated() - base_bytes
         return max(held - resident_bytes, 0), max(work, torch.cuda.max_memory_allocated(self.device) - base_bytes - held)

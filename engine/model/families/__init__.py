@@ -12,7 +12,8 @@ nothing of the model, so engine.model.spec and engine.format can read the descri
     family.expert_prefix, family.expert_proj["gate"], family.has_expert_bias     # "block_sparse_moe", "w1", False
 
 Families with module "generic" run as transformers' own modules with streamed experts (engine.model.generic):
-token for token the same, slower (no CUDA graphs, no fused dense kernels), which `path` says to the user. A model
+token for token the same, slower (no fused dense kernels; CUDA graphs only where the layers allow, see
+engine.model.generic.graphs), which `path` says to the user. A model
 type listed nowhere here is added as generic when it is first read, where transformers knows it and its experts
 fit the generic path (engine.model.spec.hf_config): a family transformers adds runs on day 0.
 """
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 
 _W123 = {"gate": "w1", "up": "w3", "down": "w2"}     # Mixtral-style checkpoint names of gate, up, down
-GENERIC_PATH = "generic (slower, no CUDA graphs)"
+GENERIC_PATH = "generic (slower)"
 
 
 # transformers families whose experts use its shared experts interface, each tested token for token

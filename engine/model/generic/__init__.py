@@ -8,4 +8,5 @@ to Sluice's streaming experts (engine.runtime.experts: the same tiers, budgets, 
   scan.py     the model's experts modules, read from the config alone (a model built on the meta device)
   adapter.py  the module that stands in for a family's experts, and the experts' math
   model.py    the transformers model with its experts replaced: prefill and decode passes
+  graphs.py   its decode as CUDA graph segments split at the experts, for the families that allow it
 """

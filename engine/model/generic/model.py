@@ -6,7 +6,9 @@ the dense weights take memory), its dense weights the checkpoint's, its cache it
 recurrent, sliding). Each experts module is a StreamedExperts adapter; a pass calls them in layer order with
 the runtime's Experts (engine.runtime.experts), which brings each layer's experts in as the native families'
 blocks do: resident first, misses in batches, and in decode the next MoE layer's experts prefetched from
-that layer's own router on this layer's input. No CUDA graphs: the modules run eagerly.
+that layer's own router on this layer's input. On CUDA, a family whose one-token forward has no step-dependent
+host control flow (graphs.graph_blocker) decodes on a static cache as CUDA graph segments split at its experts
+(graphs.py); the others, the CPU and Options.eager run the modules eagerly.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import torch
 
 from engine.errors import SluiceError
 from engine.model.generic.adapter import StreamedExperts, StreamedScaledExperts, expert_math
+from engine.model.generic.graphs import SegmentCapture, cache_bytes, graph_blocker, into_static, replay
 from engine.model.generic.scan import ExpertsInterface, experts_on_meta, model_class, parameters_on_meta
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
@@ -45,6 +48,12 @@ class GenericModel:
         self._moe_layers = self.interface.moe_layers
         self._passes: Passes | None = None
         self._cache = None
+        # the decode as graph segments (use_static_decode, capture): a static cache, the step's token, the
+        # captured segments and their logits; `graph_error` says why a capture failed (decode then runs eagerly)
+        self._static = self._token = self.segments = self._logits = None
+        self._capture: SegmentCapture | None = None
+        self._kv_bytes = 0
+        self.graph_error: str | None = None
         # the module holding the language model and its head: the root, or Llama 4's `language_model` (its VL
         # wrapper adds nothing for text and fails on a text-only output in transformers 5.24)
         self._lm = hf.get_submodule(self.interface.head.rpartition(".")[0])
@@ -58,15 +67,83 @@ class GenericModel:
         """For the budget only (transformers keeps the cache): keys and values per layer, from the config."""
         return state_specs(self.spec)
 
+    # ---------------------------------------------------------------- decode graphs
+    @property
+    def capture_blocker(self) -> str | None:
+        """Why this family's decode can't be captured as graph segments, or None where it can."""
+        return graph_blocker(self.interface, self._lm.config.get_text_config(decoder=True))
+
+    def use_static_decode(self, max_tokens: int, kv_bytes: int) -> bool:
+        """A static cache of `max_tokens` where the family's decode can be captured -> whether it is used; the
+        graphs come with `capture`, which drops the cache if it holds more than `kv_bytes` (the budget's figure)."""
+        if self.capture_blocker is not None:
+            return False
+        from transformers import StaticCache
+        self._static = StaticCache(config=self._lm.config, max_cache_len=max_tokens)
+        self._kv_bytes = kv_bytes
+        self._token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        return True
+
+    def capture(self) -> None:
+        """On CUDA with a static cache: a warm-up step (the cache's tensors, library handles), then the decode
+        step captured as graph segments (one pool); the cache is emptied after. A cache larger than the budget
+        counts (per-head keys of latent attention, say) is dropped: the decode then runs eagerly on transformers'
+        growing cache. A failed capture leaves the eager decode (on the static cache), `graph_error` saying why."""
+        if self._static is None or self.device.type != "cuda":
+            return
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            self._captured_step(SegmentCapture())
+            torch.cuda.synchronize(self.device)
+            fits = cache_bytes(self._static) <= self._kv_bytes
+            if fits:
+                self._record()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        if fits:
+            self._static.reset()
+        else:
+            self._static = self._cache = None
+
+    def _record(self) -> None:
+        capture = SegmentCapture(torch.cuda.graph_pool_handle())
+        try:
+            self._logits = self._captured_step(capture)
+            self.segments = capture.finish()
+        except RuntimeError as e:
+            capture.abandon()
+            self._logits, self.graph_error = None, f"{type(e).__name__}: {e}".splitlines()[0]
+
+    def static_expert_inputs(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """{layer: (x [1, H], weights [1, K], out [1, H])}: the segments' expert buffers, whose kernel launches the
+        runtime captures in turn (none without segments)."""
+        return {s.layer: (s.x, s.weights, s.out) for s in (self.segments or [])[:-1]}
+
+    def _captured_step(self, capture: SegmentCapture) -> torch.Tensor:
+        self._capture, self._cache = capture, self._static
+        capture.begin()
+        try:
+            return self._forward(self._token, Passes(None, decode=True))
+        finally:
+            self._capture = None
+
     # ---------------------------------------------------------------- passes
     def prefill(self, token_ids: list[int], experts, check_cancel: Callable[[], None]) -> torch.Tensor:
         """A new conversation's prompt -> logits of its last token [V] float32 (the cache starts again)."""
         self._cache = None
         ids = torch.tensor([token_ids], device=self.device)
-        return self._forward(ids, Passes(experts, decode=False, check_cancel=check_cancel))
+        logits = self._forward(ids, Passes(experts, decode=False, check_cancel=check_cancel))
+        if self._static is not None:      # the prompt's attention over its own keys, not the static cache's length
+            self._cache = into_static(self._cache, self._static)
+        return logits
 
     def decode(self, token: int, experts, defer: bool) -> torch.Tensor:
-        """The next token of the conversation -> its logits [V] float32."""
+        """The next token of the conversation -> its logits [V] float32 (with graphs: a static buffer, valid
+        until the next step)."""
+        if self.segments is not None:
+            self._token.fill_(token)
+            replay(self.segments, experts, defer)
+            return self._logits
         ids = torch.tensor([[token]], device=self.device)
         return self._forward(ids, Passes(experts, decode=True, defer=defer))
 
@@ -88,16 +165,19 @@ class GenericModel:
 
     def _routed(self, layer: int, x: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        """Sluice's experts on x [T, H] -> the weighted sum [T, H] float32."""
+        """Sluice's experts on x [T, H] -> the weighted sum [T, H] float32 (while capturing: the segment's
+        static output, written at each replay)."""
         p = self._passes
-        p.experts.run_deferred()           # the previous MoE layer's prefetch, behind this layer's mixer
-        if p.check_cancel is not None:
-            p.check_cancel()
         ids, next_layer = top_k_index.flatten(), None
         if p.decode:
             next_layer, guesses = self._guess_next(layer, x)
             if guesses is not None:
                 ids = torch.cat([ids, guesses.to(ids.dtype)])
+        if self._capture is not None:
+            return self._capture.cut(layer, x, top_k_weights, ids, next_layer)
+        p.experts.run_deferred()           # the previous MoE layer's prefetch, behind this layer's mixer
+        if p.check_cancel is not None:
+            p.check_cancel()
         out = torch.empty(x.shape, dtype=torch.float32, device=x.device)
         p.experts.run(layer, x, top_k_weights, ids, out, next_layer, defer=p.defer)
         return out
