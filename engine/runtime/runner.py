@@ -164,10 +164,10 @@ class Runner:
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
         """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts
         the placement gives it, at speeds measured here, on this machine, now; in mode "auto" only where
-        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report (a copy paced
-        as the mover paces it, where the bench simulates a slower link). On CUDA the
-        speeds are kept per machine (load_speeds.py): where they said "copying is faster", nothing is measured again
-        and the fused kernel's numba never loads."""
+        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report. The copy is
+        paced as the mover paces it where the bench simulates a slower link. On CUDA the speeds are kept per machine
+        (load_speeds.py): where they said "copying is faster", nothing is measured again and the fused kernel's
+        numba never loads."""
         if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
             return None           # auto: only formats the CPU multiplies without dequantising first
         if computes_in_place(self.device.type, layout.fmt, mode):
@@ -175,9 +175,9 @@ class Runner:
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
         threads = torch.get_num_threads()
+        o = self.options
         key = load_speeds.speeds_key(self.device, layout, self.model.expert_kernel, self.dtype, threads,
-                                     self.options.cpu_kernel, self.options.copy_rate_gbps) \
-            if self.is_cuda and mode == "auto" else None
+                                     o.cpu_kernel, o.copy_rate_gbps) if self.is_cuda and mode == "auto" else None
         if key and self._copies_were_faster(key, threads, mode):
             return None
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)

@@ -261,7 +261,7 @@ def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int)
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "placement": end.get("placement"),
-        "copy_pacing": end.get("copy_pacing"),
+        "copy_pacing": end["copy_pacing"] and {**end["copy_pacing"], "copied_gbps": end["h2d"]["gbps"]},
         **_decode_times(lambda *path: d(*path) / decoded),
         "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
         "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
@@ -318,8 +318,9 @@ def _pacing_lines(r: dict) -> list[str]:
     if not p:
         return []
     own = f" (this GPU's own: {p['device_gbps']:.1f} GB/s)" if p.get("device_gbps") else ""
-    return [f"pacing       SIMULATED LINK: copies into the slots paced to {p['rate_gbps']:g} GB/s{own}, the roofline's "
-            f"copy term at {r['bandwidth_gbps']['h2d']:.3g} GB/s; no figure here is this machine's own speed"]
+    return [f"pacing       SIMULATED LINK: copies into the slots paced to {p['rate_gbps']:g} GB/s{own}, ran at "
+            f"{p['copied_gbps']:.3g} GB/s, the roofline's copy term at {r['bandwidth_gbps']['h2d']:.3g} GB/s; no figure "
+            f"here is this machine's own speed"]
 
 
 def _placement_lines(r: dict) -> list[str]:

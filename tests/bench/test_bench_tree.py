@@ -331,6 +331,7 @@ def test_a_regime_on_a_simulated_slower_link_says_so(tiny_olmoe, no_cgroup_here,
     assert bench_main([*base, "regime", "--regime", "fits-ram", "--json", "--", *flags]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["copy_pacing"]["rate_gbps"] == 0.5 and r["bandwidth_gbps"]["h2d"] <= 0.5
+    assert 0 < r["copy_pacing"]["copied_gbps"] <= 0.5 * 1.05             # the copies really ran at the link's rate
     assert any("paced to 0.5 GB/s" in w for w in r["warnings"])
     assert "SIMULATED LINK: copies into the slots paced to 0.5 GB/s" in report(r)
     assert summary_line(r).endswith("| copies paced to 0.5 GB/s")
