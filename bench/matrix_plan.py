@@ -277,7 +277,9 @@ def table_rows(matrix: dict) -> list[list[str]]:
             decode, ratio, pp = _peer_cells(cell)
             warm = s.get("warm_prefill_tok_s")
             prefill = f"{warm:.0f} / {s['prefill_tok_s']:.0f}{pp}" if warm else f"- / {s['prefill_tok_s']:.0f}{pp}"
-            rows.append([label, regime_name, f"{s['decode_tok_s']:.2f} ({_gib(s.get('vram_driver_bytes'))})", decode,
+            paced = f", copies paced to {s['copy_pacing']['rate_gbps']:g} GB/s" if s.get("copy_pacing") else ""
+            sluice = f"{s['decode_tok_s']:.2f} ({_gib(s.get('vram_driver_bytes'))}{paced})"
+            rows.append([label, regime_name, sluice, decode,
                          ratio, prefill, f"{s['decode_efficiency']:.2f}", wait_cell(s)])
     return rows
 

@@ -14,19 +14,23 @@ from dataclasses import dataclass
 
 from engine.errors import SluiceError
 
-CPU_EXPERTS = ("auto", "all", "off")
+CPU_EXPERTS = ("auto", "all", "off", "split")
 CPU_KERNELS = ("auto", "fused", "torch")
 
 
 @dataclass(frozen=True)
 class Options:
     eager: bool = False                 # no CUDA graphs and no Triton kernels: the plain torch path everywhere
-    cpu_experts: str = "auto"           # RAM-resident experts computed by the CPU: cost model, all of them, none
+    cpu_experts: str = "auto"           # RAM-resident experts computed by the CPU: cost model, all of them, none,
+                                        # or the cost model's split even where copying is faster at load (an A/B)
     cpu_kernel: str = "auto"            # the CPU's int8 experts: fused where faster and matching, always, never
     ram_fill: bool = True               # while idle, read the experts no prompt has read yet into free RAM
     prefetch_reads: int | None = None   # next layer's guesses whose disk reads start ahead (None: the default rule)
     prefetch_copies: int | None = None  # next layer's RAM-resident guesses copied ahead (None: the default rule)
     kernel_warmup: bool = True          # a machine's first load checks and compiles kernels in a child process
+    # The bench's simulation of a slower PCIe link (e.g. 25: a PCIe 4.0 x16 card): host<->device expert copies
+    # paced to this many GB/s, and the placement measures the paced copy. None: this machine's own rate.
+    copy_rate_gbps: float | None = None
 
     def __post_init__(self) -> None:
         if self.cpu_experts not in CPU_EXPERTS:
@@ -37,6 +41,8 @@ class Options:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise SluiceError(f"{name} must be 0 or more, not {value}.")
+        if self.copy_rate_gbps is not None and not self.copy_rate_gbps > 0:
+            raise SluiceError(f"copy_rate_gbps must be more than 0 GB/s, not {self.copy_rate_gbps}.")
 
     def replace(self, **changes) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -65,11 +71,12 @@ def _value(key: str, raw: str, current):
         if lowered in ("0", "false", "no", "off"):
             return False
         raise SluiceError(f"Option {key} takes true or false, not '{raw}'.")
-    if key.startswith("prefetch_"):
+    if key.startswith("prefetch_") or key == "copy_rate_gbps":
         if lowered in ("", "none", "default"):
             return None
+        number, kind = (float, "a number") if key == "copy_rate_gbps" else (int, "a whole number")
         try:
-            return int(raw)
+            return number(raw)
         except ValueError:
-            raise SluiceError(f"Option {key} takes a whole number or 'default', not '{raw}'.") from None
+            raise SluiceError(f"Option {key} takes {kind} or 'default', not '{raw}'.") from None
     return raw

@@ -15,8 +15,8 @@ Per regime, with a llama-bench and a family llama.cpp's converter takes:
   fits-vram-ram: llama-bench first, -ncmoe points around the regime's VRAM budget under the cap; its fastest
       within that budget sets Sluice's VRAM budget (its driver-view VRAM), so the two compare at equal VRAM.
 Without a llama-bench (or for a family llama.cpp cannot take: said in the output) the peer's columns say "not
-run" and Sluice runs the preset written directly, at the regime's budget. Copies are never paced: the engine has no
-setting for a slower PCIe link.
+run" and Sluice runs the preset written directly, at the regime's budget. `-- --copy-rate-gbps 25` runs Sluice on a
+simulated slower PCIe link (its copies paced; the table's Sluice cells say so); llama.cpp's copies are not paced.
 
 The table (family x regime: decodes, the ratio, warm and cold prefill against llama.cpp's pp, efficiency and the
 longer wait of a decode token) is printed last; the results go to OUT/matrix.json, merged with what an earlier

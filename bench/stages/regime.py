@@ -1,7 +1,7 @@
 """`sluice bench` inside a memory regime's cap, and llama.cpp's llama-bench beside it.
 
     python -m bench regime --regime fits-vram-ram [--llama-bench PATH] -- --preset olmoe-1b-7b --quant int8 \
-        --dense-quant int8 --prompt-tokens 512 --new-tokens 128 [--set KEY=VALUE ...]
+        --dense-quant int8 --prompt-tokens 512 --new-tokens 128 [--copy-rate-gbps 25] [--set KEY=VALUE ...]
 
 The model is built first, uncapped; then the page cache is dropped and `sluice bench --json` runs in a child
 inside a fresh cgroup v2 `memory.max` (process and page cache). Where no cgroup can be made, the child runs with

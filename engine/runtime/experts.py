@@ -49,15 +49,17 @@ class Experts:
     def __init__(self, store: ExpertStore, cache: RamCache, banks: SlotBanks, telemetry: Telemetry, layout: Layout,
                  expert_mlp, dtype: torch.dtype, device: torch.device, kernel=None, batch_size: int = DEFAULT_BATCH,
                  cpu: CpuExperts | None = None, prefill_kernel=None, prefetch_reads: int | None = None,
-                 prefetch_copies: int | None = None):
+                 prefetch_copies: int | None = None, pacing=None):
         """prefetch_reads / prefetch_copies: how many of the next layer's best guesses start a disk read / a
-        copy ahead (None: residency.reads_ahead's and copies_ahead's rule)."""
+        copy ahead (None: residency.reads_ahead's and copies_ahead's rule); pacing: the movers' simulated slower
+        link (engine.runtime.pacing), or None."""
         self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
         self.device = torch.device(device)
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
         self.prefetch_reads, self.prefetch_copies = prefetch_reads, prefetch_copies
-        self.mover = make_mover(self.device, banks, cache, telemetry, cpu.placement if cpu is not None else None)
+        self.mover = make_mover(self.device, banks, cache, telemetry, cpu.placement if cpu is not None else None,
+                                pacing)
         fused_slots = cpu if cpu is not None and cpu.fused and not self.mover.is_async else None
         self.compute = LayerCompute(banks, self.mover, layout, expert_mlp, dtype, self.batch_size, kernel,
                                     prefill_kernel, fused_slots)

@@ -22,11 +22,14 @@ def speeds_path() -> Path:
     return cache_path().with_name("placement_speeds.json")
 
 
-def speeds_key(device: torch.device, layout, activation, dtype: torch.dtype, threads: int, cpu_kernel: str) -> str:
+def speeds_key(device: torch.device, layout, activation, dtype: torch.dtype, threads: int, cpu_kernel: str,
+               copy_rate_gbps: float | None = None) -> str:
+    """(Copies paced to a simulated slower link, Options.copy_rate_gbps, are another machine's speeds.)"""
+    paced = [f"copies paced to {copy_rate_gbps:g} GB/s"] if copy_rate_gbps is not None else []
     return "|".join([device_fingerprint(device), cpu_name(), f"{threads} threads", layout.fmt,
                      f"{layout.intermediate}x{layout.hidden}", f"{layout.block_bytes} bytes",
                      getattr(activation, "name", "none"), str(dtype).removeprefix("torch."),
-                     f"cpu kernel {cpu_kernel}"])
+                     f"cpu kernel {cpu_kernel}", *paced])
 
 
 def recall(key: str) -> dict | None:

@@ -7,6 +7,7 @@ RAM, the RAM copy demoted); they differ in how bytes move and when they are safe
              done events only, and a RAM block stays locked until its copy has finished (no host sync);
   HostMover  the device is the host: a copy is a memcpy, done when it returns; a slot's expert is decoded
              to the compute dtype once and kept while it stays (counted in the slot budget).
+Either paces its copies where the bench simulates a slower link (engine.runtime.pacing).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from engine.runtime.cache import RamCache
 from engine.runtime.cuda_driver import HostToDevice
+from engine.runtime.pacing import CudaPacing, HostPacing
 from engine.runtime.placement import Placement
 from engine.runtime.residency import Key, writes_back
 from engine.runtime.slots import SlotBanks
@@ -98,8 +100,10 @@ class HostMover(Mover):
     is_async = False
     reads_all_guesses = True
 
-    def __init__(self, banks: SlotBanks, cache: RamCache, telemetry: Telemetry, device: torch.device):
+    def __init__(self, banks: SlotBanks, cache: RamCache, telemetry: Telemetry, device: torch.device,
+                 pacing: HostPacing | None = None):
         super().__init__(banks, cache, telemetry, device)
+        self.pacing = pacing
         self._decoded: dict[tuple[int, int], tuple[Key, dict]] = {}     # (bank, slot) -> (key, decoded parts)
 
     @contextmanager
@@ -112,12 +116,18 @@ class HostMover(Mover):
 
     def _move(self, key, bank, slot, dst, src, victim, write_back) -> None:
         if write_back is not None:
-            self.cache.block(write_back).copy_(dst)
+            self._copy(self.cache.block(write_back), dst)
             self.cache.unlock(victim)
         start = time.perf_counter()
-        dst.copy_(src)
+        self._copy(dst, src)
         self.telemetry.add(h2d_busy_s=time.perf_counter() - start)
         self.cache.unlock(key)
+
+    def _copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        start = time.perf_counter()
+        dst.copy_(src)
+        if self.pacing is not None:
+            self.pacing.hold(src.numel() * src.element_size(), time.perf_counter() - start)
 
     def expert_weights(self, key: Key, bank: int, slot: int, decode: Callable[[], dict]) -> dict:
         cached = self._decoded.get((bank, slot))
@@ -165,9 +175,10 @@ class CudaMover(Mover):
     reads_all_guesses = False
 
     def __init__(self, banks: SlotBanks, cache: RamCache, telemetry: Telemetry, device: torch.device,
-                 placement: Placement | None = None):
+                 placement: Placement | None = None, pacing: CudaPacing | None = None):
         super().__init__(banks, cache, telemetry, device)
         self.placement = placement       # with a CPU share: learns the decode thread's time to issue a copy
+        self.pacing = pacing             # a simulated slower link: the copy stream held after each batch's copies
         self.copy_stream = torch.cuda.Stream(device)
         # a block's copy through the driver, not torch's copy_ (engine.runtime.cuda_driver), where it loads
         self._h2d = HostToDevice.load() if banks.block_bytes == cache.block_bytes else None
@@ -199,6 +210,7 @@ class CudaMover(Mover):
             start.record(self.copy_stream)
             yield
         finally:        # also when a copy failed: the ones issued before it keep their done event and RAM locks
+            self._settle()
             end = torch.cuda.Event(enable_timing=True)
             end.record(self.copy_stream)
             torch.cuda.set_stream(self._compute_stream)
@@ -217,15 +229,22 @@ class CudaMover(Mover):
             self._h2d(dst.data_ptr(), src.data_ptr(), self.cache.block_bytes, self._copy_handle)
         else:
             dst.copy_(src, non_blocking=True)
+        if self.pacing is not None:
+            self.pacing.owe(self.cache.block_bytes * (2 if write_back is not None else 1))
         done = [victim, key] if write_back is not None else [key]
         if not self._batch_each:
             self._batch_ready.append((bank, slot))
             self._batch_keys += done
             return
+        self._settle()
         end = torch.cuda.Event()
         end.record(self.copy_stream)
         self._slot_ready[(bank, slot)] = end
         self._inflight += [(end, k) for k in done]
+
+    def _settle(self) -> None:
+        if self.pacing is not None:
+            self.pacing.settle()
 
     def follow_compute_stream(self) -> None:
         """Launches and copy waits go to the stream current now."""
@@ -278,10 +297,10 @@ class CudaMover(Mover):
 
 
 def make_mover(device: torch.device, banks: SlotBanks, cache: RamCache, telemetry: Telemetry,
-               placement: Placement | None = None) -> Mover:
+               placement: Placement | None = None, pacing: CudaPacing | HostPacing | None = None) -> Mover:
     if device.type == "cuda":
-        return CudaMover(banks, cache, telemetry, device, placement)
-    return HostMover(banks, cache, telemetry, device)
+        return CudaMover(banks, cache, telemetry, device, placement, pacing)
+    return HostMover(banks, cache, telemetry, device, pacing)
 
 
 def _finished_prefix(events: list) -> int:

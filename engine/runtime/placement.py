@@ -16,6 +16,8 @@ cpu_s (one expert, one token, on the CPU) and copy_s (one block over PCIe) are m
 machine when the model loads; cpu_s and host_s then follow what decoding really takes, each sample
 bounded (a stall of the machine cannot switch the CPU's share off for good). The coldest experts
 go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay resident).
+Modes: "auto" the split where the CPU pays off (pays_off), "split" the split wherever (the A/B of that check),
+"all" every RAM-resident miss to the CPU, "off" none.
 """
 from __future__ import annotations
 
@@ -44,9 +46,9 @@ class Placement:
     cpu_load_s: float = 0.0  # cpu_s as measured at load (bounds the running estimate)
 
     def pays_off(self) -> bool:
-        """Whether the CPU's share is worth having at all: mode "all" always, "auto" where an expert
+        """Whether the CPU's share is worth having at all: modes "all" and "split" always, "auto" where an expert
         computed while decoding (LIVE_FACTOR x what it took at load) is faster than copying its block."""
-        return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * LIVE_FACTOR < self.copy_s)
+        return self.mode in ("all", "split") or (self.mode == "auto" and self.cpu_load_s * LIVE_FACTOR < self.copy_s)
 
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies
@@ -61,7 +63,7 @@ class Placement:
         """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the same
         split, the CPU taking the rest when that layer runs (mode "all": none, the CPU computes every
         RAM-resident miss)."""
-        if self.mode == "off" or (self.mode == "auto" and self.cpu_s <= 0):
+        if self.mode == "off" or (self.mode in ("auto", "split") and self.cpu_s <= 0):
             return n
         return 0 if self.mode == "all" else n - self._best_k(n, 1, 0)
 
@@ -110,13 +112,17 @@ def measure_cpu_s(compute: Callable[[], object], repeats: int = 7) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def measure_copy_s(src: torch.Tensor, dst: torch.Tensor, repeats: int = 5) -> float:
-    """Seconds to copy one pinned host block into a device slot (CUDA events)."""
+def measure_copy_s(src: torch.Tensor, dst: torch.Tensor, repeats: int = 5, pacing=None) -> float:
+    """Seconds to copy one pinned host block into a device slot (CUDA events), each copy paced as the mover
+    paces it where `pacing` (engine.runtime.pacing.CudaPacing) simulates a slower link."""
     dst.copy_(src, non_blocking=True)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(repeats):
         dst.copy_(src, non_blocking=True)
+        if pacing is not None:
+            pacing.owe(src.numel() * src.element_size())
+            pacing.settle()
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / 1e3 / repeats

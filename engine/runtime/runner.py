@@ -36,6 +36,7 @@ from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.runtime.ngram import attach_ngram
 from engine.runtime import load_speeds
+from engine.runtime.pacing import make_pacing
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
@@ -142,6 +143,7 @@ class Runner:
         self.cache = RamCache(self.plan.ram_cache_bytes - ngram_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
+        self.pacing = make_pacing(self.options.copy_rate_gbps, self.banks.banks[0][0], telemetry)
         self.cache.uses = self.banks.rank                 # one routing frequency for both tiers' evictions
         table = self.model.embed_tokens
         if isinstance(table, FileTable) and keeps_table(available_memory(), self.plan.ram_cache_bytes, table.nbytes):
@@ -149,7 +151,7 @@ class Runner:
         self.experts = Experts(self.store, self.cache, self.banks, telemetry, layout, self.model.expert_mlp,
                                self.dtype, self.device, kernel, cpu=self._cpu_experts(layout, self.options.cpu_experts),
                                prefill_kernel=prefill_kernel, prefetch_reads=self.options.prefetch_reads,
-                               prefetch_copies=self.options.prefetch_copies)
+                               prefetch_copies=self.options.prefetch_copies, pacing=self.pacing)
         self.fills = self.options.ram_fill          # RAM filled in the background with blocks no prompt has read
         self._lock = threading.Lock()             # a pass, a step or a fill at a time (the filler is another thread)
         self._used_at = time.monotonic()
@@ -171,9 +173,10 @@ class Runner:
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:
         """Hybrid execution (CUDA, or forced with mode "all"): the CPU computes the RAM-resident experts
         the placement gives it, at speeds measured here, on this machine, now; in mode "auto" only where
-        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report. On CUDA the
-        speeds are kept per machine (load_speeds.py): where they said "copying is faster", nothing is measured again
-        and the fused kernel's numba never loads."""
+        the CPU is faster than a copy (Placement.pays_off), else None, the speeds kept for the report. The copy is
+        paced as the mover paces it where the bench simulates a slower link. On CUDA the speeds are kept per machine
+        (load_speeds.py): where they said "copying is faster", nothing is measured again and the fused kernel's
+        numba never loads."""
         if mode == "off" or (mode == "auto" and layout.fmt not in CPU_FAST_FORMATS):
             return None           # auto: only formats the CPU multiplies without dequantising first
         if computes_in_place(self.device.type, layout.fmt, mode):
@@ -181,8 +184,9 @@ class Runner:
         if self.is_cuda:
             torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) - 1))   # one core stays the decode thread's
         threads = torch.get_num_threads()
+        o = self.options
         key = load_speeds.speeds_key(self.device, layout, self.model.expert_kernel, self.dtype, threads,
-                                     self.options.cpu_kernel) if self.is_cuda and mode == "auto" else None
+                                     o.cpu_kernel, o.copy_rate_gbps) if self.is_cuda and mode == "auto" else None
         if key and self._copies_were_faster(key, threads, mode):
             return None
         placement = Placement(cpu_s=0.0, copy_s=0.0, mode=mode)
@@ -194,7 +198,7 @@ class Runner:
         kernel = cpu.choose_kernel(block, x)           # the torch expert or the fused kernel, timed here
         placement.cpu_s = placement.cpu_load_s = kernel["cpu_expert_s"]
         if self.is_cuda:
-            placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0])
+            placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0], pacing=self.pacing)
         active = placement.pays_off()
         if key:
             load_speeds.remember(key, {**kernel, "copy_s": placement.copy_s})

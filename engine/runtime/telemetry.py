@@ -152,6 +152,8 @@ class Telemetry:
                         "non_cache_anon_bytes": max(anon - cache_held, 0)},
             "device": self.info.get("device", "cpu"),
             "placement": self.info.get("placement"),      # hybrid execution: speeds measured at load, or None
+            # host-device copies paced to a simulated slower link (Options.copy_rate_gbps), or None
+            "copy_pacing": self.info.get("copy_pacing"),
             "decode_thread_core": v["decode_thread_core"],
             "warnings": warnings,
         }

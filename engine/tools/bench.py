@@ -65,8 +65,8 @@ def check_device(device: str) -> None:
 
 
 def engine_options(args) -> Options:
-    """The engine's options from `--eager` and `--set KEY=VALUE` (a bad setting: one sentence)."""
-    return Options.parse(args.settings, Options(eager=args.eager))
+    """The engine's options from `--eager`, `--copy-rate-gbps` and `--set KEY=VALUE` (a bad setting: one sentence)."""
+    return Options.parse(args.settings, Options(eager=args.eager, copy_rate_gbps=args.copy_rate_gbps))
 
 
 def _default_work_dir() -> Path:
@@ -139,10 +139,15 @@ def measure(model_dir: Path, args, log) -> dict:
     spec, block_bytes = md.spec, md.layout.block_bytes
     disk_bps = bandwidth.disk_read_bps(md.path / EXPERTS_FILE, block_bytes)
     is_cuda = args.device.startswith("cuda")
+    options = engine_options(args)
     h2d_bps = bandwidth.h2d_bps(args.device, num_bytes=(256 << 20) if is_cuda else (32 << 20))
     hbm_bps = bandwidth.hbm_copy_bps(args.device, num_bytes=(2 << 30) if is_cuda else (64 << 20))
     log(f"bandwidths: disk {disk_bps / 1e9:.2f} GB/s (O_DIRECT, {reader_threads(READ_PIECES)} reads in flight), h2d {h2d_bps / 1e9:.1f} GB/s, "
         f"HBM copy {hbm_bps / 1e12:.2f} TB/s")
+    if options.copy_rate_gbps is not None:     # the roofline's PCIe term is the simulated link's
+        h2d_bps = min(h2d_bps, options.copy_rate_gbps * 1e9)
+        log(f"copies paced to {options.copy_rate_gbps:g} GB/s (a simulated slower link): the roofline takes "
+            f"h2d {h2d_bps / 1e9:.3g} GB/s")
     max_tokens = args.prompt_tokens + args.new_tokens
     from engine import GenerationParams
     from engine.engine import Engine
@@ -151,7 +156,7 @@ def measure(model_dir: Path, args, log) -> dict:
         torch.cuda.empty_cache()      # the probes' buffers: the driver-view VRAM below is the engine's own
     eng = Engine.load(md.path, device=args.device, vram_budget=args.vram_budget, ram_cache=args.ram_cache,
                       dtype=args.dtype, max_context=max_tokens, dense_quant=args.dense_quant,
-                      options=engine_options(args))
+                      options=options)
     rng = random.Random(0)
     prompt = [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
     # Sampled at temperature 1 (a random model's logits are nearly flat): varied tokens route to varied
@@ -256,6 +261,7 @@ def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int)
         "decode_hit_rate": {"vram": phase_hit_rate(end, before, "vram"),
                             "ram": phase_hit_rate(end, before, "ram_cache")},
         "placement": end.get("placement"),
+        "copy_pacing": end["copy_pacing"] and {**end["copy_pacing"], "copied_gbps": end["h2d"]["gbps"]},
         **_decode_times(lambda *path: d(*path) / decoded),
         "speculation_recall": ratio(d("speculation", "correct"), d("speculation", "predicted")),
         "prefetch": {"issued": d("prefetch", "issued"), "used": d("prefetch", "used")},
@@ -304,6 +310,17 @@ def _mapping_lines(r: dict) -> list[str]:
     if not where:
         return []
     return ["anonymous    " + ", ".join(f"{name} {format_size(n)}" for name, n in where)]
+
+
+def _pacing_lines(r: dict) -> list[str]:
+    """Copies paced to a simulated slower link (Options.copy_rate_gbps): said before any figure measured with it."""
+    p = r.get("copy_pacing")
+    if not p:
+        return []
+    own = f" (this GPU's own: {p['device_gbps']:.1f} GB/s)" if p.get("device_gbps") else ""
+    return [f"pacing       SIMULATED LINK: copies into the slots paced to {p['rate_gbps']:g} GB/s{own}, ran at "
+            f"{p['copied_gbps']:.3g} GB/s, the roofline's copy term at {r['bandwidth_gbps']['h2d']:.3g} GB/s; no figure "
+            f"here is this machine's own speed"]
 
 
 def _placement_lines(r: dict) -> list[str]:
@@ -413,7 +430,7 @@ def report(r: dict) -> str:
     RAM, the "PCIe" is a RAM copy, there are no CUDA graphs, VRAM or HBM)."""
     from engine.tools.presets import PRESET_NOTES
     lines = [f"note: {PRESET_NOTES[r['preset']]}"] if r["preset"] in PRESET_NOTES else []
-    lines += [*_setup_lines(r), *_prefill_lines(r), *_warm_prefill_lines(r), *_decode_lines(r),
+    lines += [*_setup_lines(r), *_pacing_lines(r), *_prefill_lines(r), *_warm_prefill_lines(r), *_decode_lines(r),
               *_placement_lines(r), *_ngram_lines(r), *_full_model_lines(r), *_memory_lines(r), *_mapping_lines(r)]
     if "baseline" in r:
         b = r["baseline"]

@@ -91,6 +91,9 @@ def _add_bench(sub) -> None:
     p.add_argument("--top-k", type=int, default=0, help="sample the decode with top-k as well (the app's default: 40)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample the decode with top-p as well (the app's default: 0.95)")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs and no Triton kernels (same as --set eager=true)")
+    p.add_argument("--copy-rate-gbps", type=float, metavar="GBPS",
+                   help="simulate a slower PCIe link: host<->device copies paced to this rate, e.g. 25 for a PCIe 4.0 "
+                        "x16 card (same as --set copy_rate_gbps=GBPS); the report says the copies were paced")
     _add_settings(p)
     p.add_argument("--work-dir", help="where preset models are built and kept (default: the user cache dir)")
     p.add_argument("--via-repack", action="store_true", help="build a bf16 HF checkpoint and repack it (product path)")
@@ -105,7 +108,8 @@ def _add_bench(sub) -> None:
 def _add_settings(p) -> None:
     p.add_argument("--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
                    help="an engine option (engine/options.py: eager, cpu_experts, cpu_kernel, ram_fill, "
-                        "prefetch_reads, prefetch_copies, kernel_warmup), e.g. --set ram_fill=false; repeatable")
+                        "prefetch_reads, prefetch_copies, kernel_warmup, copy_rate_gbps), e.g. --set ram_fill=false; "
+                        "repeatable")
 
 
 def _add_serve(sub) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 from bench import cgroup, peer_runs as peer
 from bench.__main__ import main as bench_main
+from bench.common import summary_line
 from bench.llamacpp import parse_compute_apps, parse_llama_bench, summarize
 from bench.peer_runs import ratios
 from bench.regimes import REGIMES, describe, regime, regime_budgets
@@ -21,6 +22,7 @@ from bench.stages import ab, regime as regime_stage
 from bench.stages.regime import cap_stat_lines
 from engine.errors import SluiceError
 from engine.tools import presets
+from engine.tools.bench import report
 from engine.tools.cli import main
 
 SAMPLE = Path(__file__).parent / "llama_bench_olmoe_ncmoe9.jsonl"
@@ -318,3 +320,18 @@ def test_random_checkpoint_converts_to_q8_gguf_without_a_tokenizer(tiny_olmoe, t
     assert reader.fields["olmoe.vocab_size"].contents() == 320
     types = {t.name: t.tensor_type.name for t in reader.tensors}
     assert types["blk.1.ffn_gate_exps.weight"] == "Q8_0" and types["blk.0.ffn_down_exps.weight"] == "Q8_0"
+
+
+def test_a_regime_on_a_simulated_slower_link_says_so(tiny_olmoe, no_cgroup_here, tmp_path, capsys):
+    """`--copy-rate-gbps` reaches the engine through the regime stage: the roofline's copy term is the simulated
+    link's, and the report and the summary line say the copies were paced."""
+    flags = ["--preset", tiny_olmoe, "--quant", "bf16", "--device", "cpu", "--prompt-tokens", "16", "--new-tokens",
+             "4", "--dtype", "float32", "--vram-budget", "1GB", "--copy-rate-gbps", "0.5"]
+    base = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path)]
+    assert bench_main([*base, "regime", "--regime", "fits-ram", "--json", "--", *flags]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["copy_pacing"]["rate_gbps"] == 0.5 and r["bandwidth_gbps"]["h2d"] <= 0.5
+    assert 0 < r["copy_pacing"]["copied_gbps"] <= 0.5 * 1.05             # the copies really ran at the link's rate
+    assert any("paced to 0.5 GB/s" in w for w in r["warnings"])
+    assert "SIMULATED LINK: copies into the slots paced to 0.5 GB/s" in report(r)
+    assert summary_line(r).endswith("| copies paced to 0.5 GB/s")

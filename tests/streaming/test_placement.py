@@ -74,3 +74,25 @@ def test_the_live_factor_decides_where_a_cpu_share_pays_off(monkeypatch):
     assert not box.pays_off()
     monkeypatch.setattr(placement, "LIVE_FACTOR", 0.5)
     assert box.pays_off()
+
+
+OLMOE_BLOCK = 6_299_648        # the bench model's int8 expert block (OLMoE-1B-7B)
+BOX_CPU_LOAD_S = 148e-6        # such an expert at load on the bench box's 16 cores (the fused kernel, ~42 GB/s of DRAM)
+BOX_CPU_DECODING_S = 290e-6    # the same expert while decoding there (BENCHMARKS.md, docs/ENGINEERING.md)
+
+
+def _on_a_link(gbps: float, mode: str = "auto") -> Placement:
+    """The bench box's CPU against a link copying at gbps, decoding at its live speed."""
+    return Placement(cpu_s=BOX_CPU_DECODING_S, copy_s=OLMOE_BLOCK / (gbps * 1e9), mode=mode, cpu_load_s=BOX_CPU_LOAD_S)
+
+
+def test_where_the_bench_boxs_cpu_takes_misses_by_the_speed_of_the_link():
+    """The box's own PCIe (55 GB/s), a PCIe 4.0 x16 card (25, the bench's --copy-rate-gbps 25) and a PCIe 3.0 x16 or
+    4.0 x8 one (12.5). "auto" gives the CPU a share only where a copy takes more than LIVE_FACTOR times the CPU's load
+    time (444 us: a link below ~14 GB/s), so at 25 GB/s the box still copies every miss; the split itself ("split",
+    the A/B of that check) gives the CPU 1 of 4 misses at 55 GB/s, 2 at 25 and 3 at 12.5."""
+    assert not _on_a_link(55.3).pays_off() and not _on_a_link(25).pays_off() and _on_a_link(12.5).pays_off()
+    assert all(_on_a_link(gbps, "split").pays_off() for gbps in (55.3, 25, 12.5))
+    misses = [0, 1, 2, 3]
+    assert [len(_on_a_link(gbps, "split").cpu_share(misses, 1, float)) for gbps in (55.3, 25, 12.5)] == [1, 2, 3]
+    assert [_on_a_link(gbps, "split").prefetch_count(4) for gbps in (55.3, 25, 12.5)] == [3, 2, 1]
