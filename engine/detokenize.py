@@ -53,17 +53,25 @@ class IncrementalDetokenizer:
     def push(self, token_id: int) -> str:
         """Add one token; return the newly complete text (may be empty)."""
         self.ids.append(token_id)
-        prefix_text = self._decode(self.ids[self._prefix_offset:self._read_offset])
-        new_text = self._decode(self.ids[self._prefix_offset:])
+        prefix_text, new_text = self._window()
         if len(new_text) <= len(prefix_text) or new_text.endswith("\ufffd"):
             return ""                # an incomplete UTF-8 sequence: wait for the next token
         self._prefix_offset, self._read_offset = self._read_offset, len(self.ids)
         return self._release(new_text[len(prefix_text):])
 
     def flush(self) -> str:
-        """Text still held back at the end (an unfinished stop-string prefix)."""
-        text, self._pending = ("" if self.stopped else self._pending), ""
+        """Text still held back at the end: an unfinished character (as U+FFFD, as a whole decode of the ids shows
+        it) and an unfinished stop-string prefix. With it, the pieces add up to the decode of all the ids."""
+        prefix_text, new_text = self._window()
+        self._prefix_offset = self._read_offset = len(self.ids)
+        text = self._release(new_text[len(prefix_text):]) if len(new_text) > len(prefix_text) else ""
+        text, self._pending = text + ("" if self.stopped else self._pending), ""
         return text
+
+    def _window(self) -> tuple[str, str]:
+        """The decode of the ids already emitted in the window, and of the whole window (prefix_offset on)."""
+        return (self._decode(self.ids[self._prefix_offset:self._read_offset]),
+                self._decode(self.ids[self._prefix_offset:]))
 
     def _release(self, text: str) -> str:
         if self.stopped:

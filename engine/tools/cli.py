@@ -69,7 +69,7 @@ def _add_download(sub) -> None:
     p = sub.add_parser("download", help="download a model from the Hugging Face hub")
     p.add_argument("repo_id", help="the model on the hub, as owner/name or its address")
     p.add_argument("--revision", help="a branch, tag or commit (default: the newest)")
-    p.add_argument("--dir", dest="dst_dir", help="where to put it (default: <data dir>/models/.downloads/owner--name)")
+    p.add_argument("--dir", dest="dst_dir", help="where to put it (default: .downloads/owner--name in the app's models folder)")
 
 
 def _add_bench(sub) -> None:
@@ -133,8 +133,8 @@ def _add_serve(sub) -> None:
 
 def _add_demo(sub) -> None:
     p = sub.add_parser("demo", help="build the demo model (a tiny random-weight MoE, no download; it produces noise)")
-    p.add_argument("--dir", dest="dst_dir", help="the folder to build it in (default: <data dir>/models/"
-                                                 "sluice-demo-random-moe, where the app finds it)")
+    p.add_argument("--dir", dest="dst_dir", help="the folder to build it in (default: sluice-demo-random-moe in the "
+                                                 "app's models folder, where the app finds it)")
 
 
 def _names(value: str) -> list[str]:
@@ -340,7 +340,7 @@ def _serve(args) -> int:
 def _demo(args) -> int:
     """The app's "Try the demo model", headless: built once, then found where it is."""
     import shlex
-    from engine.tools.cli_download import user_models_dir
+    from engine.tools.user_models import user_models_dir
     from engine.tools.demo import DEMO_DIR_NAME, build_demo_model, is_demo_model
     dst = Path(args.dst_dir).expanduser() if args.dst_dir else user_models_dir() / DEMO_DIR_NAME
     if not is_demo_model(dst):

@@ -7,20 +7,11 @@ the missing bytes.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from engine.errors import SluiceError
-
-
-def user_models_dir() -> Path:
-    """The app's default models folder: <data dir>/models (app.paths, read the same way)."""
-    root = os.environ.get("SLUICE_DATA_DIR")
-    if not root:
-        import platformdirs
-        root = platformdirs.user_data_dir("sluice", appauthor=False)
-    return Path(root) / "models"
+from engine.tools.user_models import user_models_dir
 
 
 def default_download_dir(repo_id: str) -> Path:

@@ -32,6 +32,21 @@ def test_chart_axes_use_human_units_and_legends_sit_in_the_titles(qtbot):
     assert all("/s" in plot.getAxis("left").labelString() for plot in (panels.h2d_plot, panels.tok_plot))  # a unit
 
 
+def test_the_speed_charts_axes_start_at_0(qtbot):
+    panels = LivePanels(lambda: {})
+    qtbot.addWidget(panels)
+    panels.show()
+    for i, tok_s in enumerate((18.9, 18.7, 17.6, 18.8)):            # a steady decode with a small dip
+        panels.history.push({"speed": {"decode_tok_s": tok_s, "prefill_tok_s": 21.0},
+                             "disk": {"bytes_read": 50_000_000 + i * 1_000_000}}, i * 0.1)
+    panels._update_plots()
+    qtbot.wait(50)
+    for plot in (panels.tok_plot, panels.disk_plot, panels.h2d_plot):
+        low, high = plot.getViewBox().viewRange()[1]
+        assert low == 0 and high > 0
+    assert 21 <= panels.tok_plot.getViewBox().viewRange()[1][1] < 24                # the top just above the values
+
+
 def test_while_the_engine_works_the_plots_take_turns_and_each_moves_2_5_times_a_second(qtbot):
     reads = iter(range(0, 10**9, 4_000_000))
     panels = LivePanels(lambda: {"disk": {"bytes_read": next(reads)}, "speed": {"decode_tok_s": 5.0},

@@ -113,6 +113,25 @@ def test_demo_builds_the_apps_demo_model_and_prints_a_command_that_chats_with_it
     assert out == f"{where}\n" and "Building" not in err and f"sluice serve {where}" in err
 
 
+def test_demo_and_download_go_to_the_models_folder_chosen_in_the_app(tmp_path, monkeypatch, capsys):
+    from app import paths
+    from app.models_dir import installed_models
+    from app.settings import AppSettings
+    from app.store import Store
+    from engine.tools.cli import main
+    from engine.tools.cli_download import default_download_dir
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path / "data"))
+    store = Store(paths.database_path())
+    settings = AppSettings(models_dir=str(tmp_path / "my models"))      # Settings -> Models folder, as saved
+    settings.save(store)
+    assert main(["demo"]) == 0                                          # while the app holds its database open
+    built = Path(capsys.readouterr().out.strip())
+    assert built.parent == tmp_path / "my models"
+    assert [m.path for m in installed_models(AppSettings.load(store).models_path())] == [built]   # the app lists it
+    assert default_download_dir("org/model").parent.parent == tmp_path / "my models"
+    store.close()
+
+
 def test_demo_names_sluice_as_the_user_can_run_it(tmp_path, monkeypatch, capsys):
     from engine.tools.cli import main
     from engine.tools.demo import build_demo_model

@@ -49,7 +49,17 @@ def test_reference_slabs_give_the_whole_weights_product(monkeypatch):
     x = torch.randn(5, 64)
     whole = int8_linear_ref(x, q, scale)
     monkeypatch.setattr("kernels.cpu_linear.SLAB_BYTES", 64 * 4 * 7)   # 7 rows a slab: 43 slabs
+    monkeypatch.setattr("kernels.cpu_linear.CPU_SLAB_BYTES", 64 * 4 * 7)
     assert torch.allclose(int8_linear_ref(x, q, scale), whole, rtol=1e-6, atol=1e-6)
+
+
+def test_cpu_reference_is_the_dequantised_weights_product_bit_for_bit_without_a_whole_copy(monkeypatch):
+    q, scale = _weight(300, 64, "cpu")
+    x = torch.randn(5, 64)
+    exact = torch.nn.functional.linear(x, dequantized(q, scale, torch.float32))   # what the token-exact tests hold
+    monkeypatch.setattr("kernels.cpu_linear.CPU_SLAB_BYTES", 64 * 4 * 7)          # 7 rows a slab, one buffer
+    monkeypatch.setattr("kernels.cpu_linear.dequantized", lambda *a: pytest.fail("a whole dequantised copy"))
+    assert torch.equal(int8_linear_ref(x, q, scale), exact)
 
 
 def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
