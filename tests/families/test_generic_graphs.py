@@ -26,12 +26,19 @@ def generic_models(tmp_path_factory):
     ("afmoe", "its cache has sliding_attention layers"),
     ("lfm2_moe", "its cache has conv layers"),
     ("kimi_linear", "its cache has linear_attention layers"),
-    ("deepseek_v32", "its cache has indexed_attention layers"),
     ("longcat_flash", "its identity experts pick the routed tokens on the host"),
 ])
 def test_a_family_is_captured_only_where_its_decode_has_no_step_dependent_host_flow(family, blocker, generic_models):
     spec = read_spec(generic_models(family)[0])
     assert graph_blocker(spec.generic, spec.cfg.get_text_config(decoder=True)) == blocker
+
+
+def test_an_indexed_attention_family_decodes_eagerly(tmp_path):
+    """GLM-5-Next's text part (DeepSeek-V3.2 and GLM-5 are native now): its indexer's selection is per step."""
+    from tests.families.generic_models import build_vl_model
+    spec = read_spec(build_vl_model("glm5_next", tmp_path / "g5"))
+    assert graph_blocker(spec.generic, spec.cfg.get_text_config(decoder=True)) == \
+        "its cache has indexed_attention, linear_attention layers"
 
 
 def test_experts_on_scaled_inputs_and_position_dependent_ropes_decode_eagerly(tmp_path, monkeypatch):
