@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 APP_ID = "io.github.sluice.Sluice"   # reverse-DNS id: .desktop file name, icon name, Qt desktopFileName
@@ -11,12 +10,8 @@ RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
 
 
 def data_dir() -> Path:
-    override = os.environ.get("SLUICE_DATA_DIR")
-    if override:
-        path = Path(override)
-    else:
-        import platformdirs
-        path = Path(platformdirs.user_data_dir("sluice", appauthor=False))
+    from engine.setup import data_root
+    path = data_root()
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:       # the app still starts: app.startup says what cannot be saved

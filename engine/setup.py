@@ -18,6 +18,7 @@ _SOURCES = {
     "engine.format.modeldir": ("is_model_dir", "open_model_dir"),
     "engine.format.manifest_schema": ("check_manifest",),
     "engine.model.spec": ("load_config_dict", "read_spec"),
+    "engine.tools.user_models": ("data_root",),
     "engine.tools.demo": ("build_demo_model", "demo_load_options", "DEMO_DIR_NAME"),
     "engine.serve": ("GenerationQueue", "Server", "is_loopback"),
     "engine.serve.service": ("served_model_id",),

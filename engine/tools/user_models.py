@@ -8,14 +8,20 @@ from contextlib import closing
 from pathlib import Path
 
 
-def user_models_dir() -> Path:
-    """The folder chosen in the app's Settings, else <data dir>/models (app.paths and app.settings, read the same
-    way: the choice is `models_dir` in the JSON of the settings row 'app' of <data dir>/sluice.db)."""
+def data_root() -> Path:
+    """Where the app keeps its files (the app's data dir too): SLUICE_DATA_DIR, else the platform's user data dir."""
     root = os.environ.get("SLUICE_DATA_DIR")
-    if not root:
-        import platformdirs
-        root = platformdirs.user_data_dir("sluice", appauthor=False)
-    return _chosen_models_dir(Path(root) / "sluice.db") or Path(root) / "models"
+    if root:
+        return Path(root)
+    import platformdirs
+    return Path(platformdirs.user_data_dir("sluice", appauthor=False))
+
+
+def user_models_dir() -> Path:
+    """The folder chosen in the app's Settings, else <data dir>/models (app.settings stores the choice as
+    `models_dir` in the JSON of the settings row 'app' of <data dir>/sluice.db)."""
+    root = data_root()
+    return _chosen_models_dir(root / "sluice.db") or root / "models"
 
 
 def _chosen_models_dir(database: Path) -> Path | None:
