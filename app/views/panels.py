@@ -19,7 +19,7 @@ from .slot_map import NO_MODEL_TEXT, REMOTE_TEXT, STATE_COLORS, SlotMap
 
 REFRESH_MS = 100          # while the engine works (generating, loading)
 IDLE_REFRESH_MS = 1000    # while it waits: nothing moves but the clock; hidden panels do not refresh at all
-PLOT_HEIGHT_PX = 96
+PLOT_HEIGHT_PX = 84
 COLORS = {"engine": "#3b82f6", "system": "#9ca3af", "prefill": "#f59e0b", "decode": "#10b981", "hit": "#8b5cf6"}
 
 
@@ -159,7 +159,8 @@ class LivePanels(QWidget):
         return box
 
     def _build_throughput_box(self) -> QGroupBox:
-        """Disk reads (the engine's and the whole system's), host-to-device copies and tokens per second."""
+        """Tokens per second (first: what a user watches), disk reads (the engine's and the whole system's) and
+        host-to-device copies."""
         box = QGroupBox("Throughput")
         self.disk_plot, self.disk_curves = self._plot("disk reads, last 60 s", {"engine": COLORS["engine"],
                                                                  "system": COLORS["system"]}, units="B/s")
@@ -170,9 +171,8 @@ class LivePanels(QWidget):
         self.disk_label = QLabel("engine read 0 B")
         self.disk_label.setWordWrap(True)
         box_layout = QVBoxLayout(box)
-        box_layout.addWidget(self.disk_label)
-        for plot in (self.disk_plot, self.h2d_plot, self.tok_plot):
-            box_layout.addWidget(plot)
+        for widget in (self.tok_plot, self.disk_label, self.disk_plot, self.h2d_plot):
+            box_layout.addWidget(widget)
         return box
 
     def _plot(self, title: str, curves: dict[str, str], y_range=None, units: str | None = None):
