@@ -99,7 +99,7 @@ def expected_tok_s(est, measured: Measured | None) -> float:
     """The estimate's decode speed with what its family's measured run did not spend on bytes charged where that run
     spent it. The estimate's token = reads and copies (io) + the GPU's bytes (gpu) + a modelled per-layer overhead.
     A run the GPU's work limited: its unexplained time a layer replaces that overhead (the way LAYER_OVERHEAD_S
-    was measured). A run reads and copies limited: they take 1 / efficiency times their bytes' time."""
+    was measured). A run that reads and copies limited: they take 1 / efficiency times their bytes' time."""
     from engine.plan.estimate import layer_overhead_s
     if measured is None:
         return est.tok_s
@@ -132,8 +132,8 @@ def _efficiency_note(measured: Measured | None) -> str:
 def table() -> str:
     """README's table, one row a model, one column a PC, the efficiency used and the run it comes from last."""
     from engine.plan.estimate import model_shape
-    lines = ["| model (computed, not measured) | " + " | ".join(pc.label for pc in PCS) + " | measured efficiency used |",
-             "|---|" + "---|" * (len(PCS) + 1)]
+    header = ["model (computed, not measured)", *(pc.label for pc in PCS), "measured efficiency used"]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---|" * (len(PCS) + 1)]
     for name, quant, config in models():
         cells = [cell(pc, config, quant) for pc in PCS]
         note = _efficiency_note(MEASURED.get(model_shape(config).family))
@@ -142,7 +142,7 @@ def table() -> str:
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    pass
+    """No options: the PCs and models are the README's."""
 
 
 def run(args) -> int:
