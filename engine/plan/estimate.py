@@ -7,9 +7,12 @@ Decode speed is the roofline (docs/ARCHITECTURE.md), the same bound `sluice benc
 per token, with N = moe_layers * top_k expert blocks needed and B = one block's bytes at the quant:
     h2d_bytes  = N * B * (1 - slot_hit)               blocks not already in a device slot
     disk_bytes = N * B * (1 - slot_hit) * (1 - ram_hit) of those, blocks not in the RAM cache
-    compute_s  = (active dense params + N * expert params) * compute dtype bytes / device_mem_bw
-                 + layers * LAYER_OVERHEAD_S (GENERIC_LAYER_OVERHEAD_S for a family on the generic path)
+    compute_s  = gpu_read_s + layer_overhead_s
+    gpu_read_s = (active dense params * compute dtype bytes + expert bytes read) / device_mem_bw
+                 expert bytes read: on CUDA N * B (the kernels read the blocks as stored); on the CPU
+                 N * expert params * 4 (each expert decoded to float32)
                  (int8 dense weights: one byte for each dense parameter they quantise)
+    layer_overhead_s = layers * LAYER_OVERHEAD_S (GENERIC_LAYER_OVERHEAD_S for a family on the generic path)
 The budgets are split exactly as the engine splits them (engine.runtime.budget.plan_budgets, with the
 engine's defaults). Hit rates default to the cached fraction of all expert blocks: what an LRU
 cache gets when routing is uniform (slots first, then the RAM cache holding a superset). Real
@@ -278,10 +281,15 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
     quantised = shape.dense_params - shape.exact_params if dense_quant else 0
     dense_read = (shape.dense_params - quantised) * elem + quantised * per_code \
         - shape.embedding_params * (per_code if dense_quant else elem)
-    expert_read = (shape.active_params - shape.dense_params) * elem      # one embedding row per token: not counted
-    overhead = (GENERIC_LAYER_OVERHEAD_S if _is_generic(shape.family) else LAYER_OVERHEAD_S)[machine.device]
-    compute_s = (dense_read + expert_read) / compute_bw + shape.num_layers * overhead
+    # one embedding row per token: not counted; a GPU's expert kernels read the blocks as stored
+    expert_read = needed if on_gpu else (shape.active_params - shape.dense_params) * elem
+    compute_s = (dense_read + expert_read) / compute_bw + layer_overhead_s(shape, machine.device)
     return disk, h2d, compute_s, roofline_tok_s(disk, machine.disk_read_bps, h2d, pcie_bps, compute_s)
+
+
+def layer_overhead_s(shape: ModelShape, device: str) -> float:
+    """A token's time no byte count explains: the family's path's overhead for each of its layers."""
+    return shape.num_layers * (GENERIC_LAYER_OVERHEAD_S if _is_generic(shape.family) else LAYER_OVERHEAD_S)[device]
 
 
 def _uniform_hit_rates(plan, num_blocks: int, block: int) -> tuple[float, float]:
