@@ -70,7 +70,7 @@ class IndexedAttention(GatedAttention):
         block_keys = self._commit_blocks(keys, step)[:keys.shape[0] // self.ratio]         # [B, Di]
         scores = torch.matmul(q.float(), block_keys.float().T).transpose(-1, -2)          # [T, B, Hi]
         scores = torch.relu(scores).sum(dim=-1) / math.sqrt(di)                          # [T, B]
-        return selection(scores, step.positions, keys.shape[0], self.ratio, self.max_blocks)
+        return selection(scores, step.positions, step.start, keys.shape[0], self.ratio, self.max_blocks)
 
     def _commit_blocks(self, keys: torch.Tensor, step: Step) -> torch.Tensor:
         """The keys of the blocks this step completes, pooled from keys [S, Di] into the state -> the block keys
@@ -89,17 +89,35 @@ class IndexedAttention(GatedAttention):
         return step.state.append(self.layer, "index_blocks", ends // r, first_row, rotated)
 
 
-def selection(scores: torch.Tensor, positions: torch.Tensor, held: int, ratio: int, max_blocks: int) -> torch.Tensor:
+def selection(scores: torch.Tensor, positions: torch.Tensor, start: int | None, held: int, ratio: int,
+              max_blocks: int) -> torch.Tensor:
     """scores [T, B] of the blocks held, query positions [T] -> [T, S] bool (S = held): each query's best
     max_blocks blocks among those complete at its position, and its open block's tokens up to itself."""
     num_tokens, num_blocks = scores.shape
     complete = (positions + 1) // ratio                                                   # [T]
-    blocks = torch.arange(num_blocks, device=scores.device)
-    chosen = top_k_visible(scores, blocks[None, :] < complete[:, None], max_blocks)     # [T, B]
+    chosen = top_blocks(scores, complete, start, ratio, max_blocks)                       # [T, B]
     chosen = chosen[:, :, None].expand(num_tokens, num_blocks, ratio).reshape(num_tokens, num_blocks * ratio)
     key_positions = torch.arange(held, device=scores.device)
     tail = (key_positions[None, :] >= complete[:, None] * ratio) & (key_positions[None, :] <= positions[:, None])
     return tail | F.pad(chosen, (0, held - num_blocks * ratio))
+
+
+def top_blocks(scores: torch.Tensor, complete: torch.Tensor, start: int | None, ratio: int,
+               max_blocks: int) -> torch.Tensor:
+    """[T, B] bool: each query's best max_blocks of its `complete` [T] first blocks. Positions known on the host:
+    a topk over exactly those blocks per run of queries alike, as the reference ranks them (equal scores, e.g.
+    every head's product negative, then fall alike). In a CUDA graph: one topk over every row, the incomplete
+    masked (no host sync; equal scores may fall otherwise)."""
+    num_tokens, num_blocks = scores.shape
+    if start is None:
+        blocks = torch.arange(num_blocks, device=scores.device)
+        return top_k_visible(scores, blocks[None, :] < complete[:, None], max_blocks)
+    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    for n in range(max((start + 1) // ratio, 1), (start + num_tokens) // ratio + 1):
+        rows = slice(max(n * ratio - start - 1, 0), min((n + 1) * ratio - start - 1, num_tokens))   # complete == n
+        picked = scores[rows, :n].topk(min(max_blocks, n), dim=-1).indices
+        chosen[rows].scatter_(-1, picked, True)
+    return chosen
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
