@@ -98,11 +98,14 @@ def page_runs(pages: np.ndarray) -> list[tuple[int, int]]:
 class Lookups:
     """One step's rows, a future per PLE layer."""
 
-    def __init__(self, futures: list[Future]):
-        self.futures = futures
+    def __init__(self, futures: list[Future], telemetry: Telemetry):
+        self.futures, self.telemetry = futures, telemetry
 
     def rows(self, ple_index: int) -> torch.Tensor:
-        return self.futures[ple_index].result()
+        t0 = time.perf_counter()
+        rows = self.futures[ple_index].result()
+        self.telemetry.add(ngram_wait_s=time.perf_counter() - t0)
+        return rows
 
 
 class NgramTier:
@@ -124,7 +127,7 @@ class NgramTier:
         ids = self.hasher.step(tokens, start)
         self.telemetry.add(ngram_tokens=len(tokens))
         return Lookups([self._worker.submit(self._fetch, table, layer_ids, staging and staging[table])
-                        for table, layer_ids in enumerate(ids)])
+                        for table, layer_ids in enumerate(ids)], self.telemetry)
 
     def _fetch(self, table: int, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
         """ids [T, heads] -> their rows concatenated [T, heads * row_dim] in the compute dtype, in `out` or on
