@@ -82,6 +82,19 @@ def test_the_graph_shaped_decode_step_follows_transformers_across_blocks_and_an_
     eng.close()
 
 
+@pytest.mark.parametrize("held,heads,kv_heads", [(37, 8, 2), (96, 4, 4), (5, 6, 1)])   # odd S; no groups; one KV head
+def test_a_decode_query_attends_kv_in_place_as_the_repeated_heads_do(held, heads, kv_heads):
+    """The CUDA decode's QSA attention (each KV head's query heads as rows, K and V never repeated), run on the CPU
+    against the prompt path's repeated heads."""
+    from engine.model.qwen4.qsa import _one_query_attention, masked_attention
+    torch.manual_seed(held)
+    q, k, v = torch.randn(1, heads, 16), torch.randn(held, kv_heads, 16), torch.randn(held, kv_heads, 16)
+    visible = torch.rand(1, held) < 0.5
+    visible[0, 0] = True
+    torch.testing.assert_close(_one_query_attention(q, k, v, visible), masked_attention(q, k, v, visible),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_prefill_reads_each_distinct_row_once(text_dir, tmp_path):
     model_dir = repack(text_dir, tmp_path / "m")
     eng = streaming_engine(model_dir, device="cpu", dtype="float32")

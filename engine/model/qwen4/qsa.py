@@ -124,6 +124,8 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     """q [T, Hq, D]; k, v [S, Hkv, D]; visible [T, S] -> [T, Hq * D] (grouped KV heads)."""
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k.shape[1]
+    if q.is_cuda and num_tokens == 1:
+        return _one_query_attention(q, k, v, visible)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)          # [S, Hq, D]
     if q.is_cuda:
         qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -133,3 +135,15 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.einsum("hts,shd->thd", probs, v).reshape(num_tokens, num_heads * head_dim)
+
+
+def _one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """A decode step's: each KV head's query heads as its query rows, so K and V (a graph's: every position
+    held) are read in place, never repeated per query head. q [1, Hq, D]; k, v [S, Hkv, D]; visible [1, S]."""
+    num_heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
+    group = num_heads // kv_heads
+    qt = q.view(1, kv_heads, group, head_dim)                                             # [1, Hkv, G, D]
+    kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (k, v))                              # [1, Hkv, S, D]
+    mask = visible.expand(group, visible.shape[1])                                         # [G, S]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)                     # [1, Hkv, G, D]
+    return out.reshape(1, num_heads * head_dim)
