@@ -24,10 +24,11 @@ from engine.model.state import ModelState, StateSpec
 
 class Step:
     """The tokens a forward pass runs on: positions [T] (device), `start` (the first position, known
-    on the host; None inside a CUDA graph, where state is static) and the conversation's state."""
+    on the host; None inside a CUDA graph, where state is static) and the conversation's state. `decode`:
+    a decode step's, whose host inputs (qwen4_exp's n-gram rows) the model's decode hooks put in static buffers."""
 
-    def __init__(self, positions: torch.Tensor, start: int | None, state: ModelState):
-        self.positions, self.start, self.state = positions, start, state
+    def __init__(self, positions: torch.Tensor, start: int | None, state: ModelState, decode: bool = False):
+        self.positions, self.start, self.state, self.decode = positions, start, state, decode
         self._memo: dict = {}
 
     def memo(self, key, make):

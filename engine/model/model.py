@@ -53,6 +53,14 @@ class Model:
             return self.embed_tokens.rows(token_ids.cpu()).to(token_ids.device)
         return embedding(token_ids, self.embed_tokens)                     # [T] -> [T, H]
 
+    def before_step(self, token: int, position: int) -> None:
+        """Host work a decode step starts before its pieces run, the token known on the host (qwen4_exp: the
+        n-gram lookups); none by default."""
+
+    def before_layer(self, layer: int) -> None:
+        """Host work done before a decode step's layer runs or replays (qwen4_exp: a PLE layer's rows copied
+        into its static input); none by default."""
+
     def head(self, x: torch.Tensor) -> torch.Tensor:
         """The residual stream [T, H] -> logits of its last token [V], float32."""
         return linear(self.final_norm(x[-1:]), self.lm_head)[0].float()

@@ -7,6 +7,8 @@ the block's mixer and, for a MoE layer, its router, with the speculated ids of t
 (that layer's own router on this layer's input, best guess first) appended. A last piece gives the logits. The routed experts of layer L write the static `moe_out[L]`. What every layer computes
 alike from the step's position (rope cos/sin, `Step.memo`) is computed by the first layer that asks and
 read by the others, as in a prompt's pass (in graphs: the first graph's buffers).
+A family's host work (qwen4_exp's n-gram rows) goes in the model's hooks: `before_step` as the step is set, and
+`before_layer` before each layer runs or replays, filling the static buffers its pieces read.
 On CUDA the state is static (allocated at full size, graph-safe); elsewhere, and with
 `use_graphs=False` (the switch to bisect a graph bug), the very same functions run eagerly.
 """
@@ -50,14 +52,15 @@ class DecodeStep:
         # The step's values every layer shares (Step.memo: rope cos/sin): the first layer that asks computes
         # them, the others read them. Eagerly a new Step each token; in graphs one Step made before capture,
         # so the first graph that asks computes them at every replay and the later graphs read its buffers.
-        self._step = Step(self.position, None, state)
+        self._step = Step(self.position, None, state, decode=True)
 
     def set_step(self, token: int, position: int) -> None:
         """The next step's input token and position. The pinned row is reused only after the caller
         has read the previous step's result (a host sync), so its copy has long finished."""
+        self.model.before_step(token, position)           # first: its host reads overlap what follows
         self._start = None if self.state.static and self.use_graphs else position
         if self._graphs is None:
-            self._step = Step(self.position, self._start, self.state)
+            self._step = Step(self.position, self._start, self.state, decode=True)
         if self.x_in is not None:
             self._x_stage.copy_(self.model.embed_tokens.rows(torch.tensor([token])))
             self.x_in.copy_(self._x_stage, non_blocking=True)
@@ -115,7 +118,7 @@ class DecodeStep:
         torch.cuda.current_stream().wait_stream(stream)
         pool = torch.cuda.graph_pool_handle()
         graphs = []
-        self._step = Step(self.position, None, self.state)        # the warm-up's values were computed outside
+        self._step = Step(self.position, None, self.state, decode=True)   # the warm-up's values were computed outside
         for piece in self._pieces():
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -124,6 +127,7 @@ class DecodeStep:
         self._graphs = graphs
 
     def run_layer(self, layer: int) -> LayerOutputs:
+        self.model.before_layer(layer)
         if self._graphs is not None:
             self._graphs[layer].replay()
         else:

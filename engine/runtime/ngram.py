@@ -1,8 +1,10 @@
 """The n-gram tier: PLE rows read from ngram.bin as a step needs them, through a RAM cache of hot rows.
 
-A step's lookups start when its first layer mixes (Qwen4Block.mix): the row ids of every PLE layer are hashed
-on the host and each layer's rows are fetched on a worker thread, in layer order, while the layers before it
-run. A fetch takes the step's distinct rows (a prompt reads each once), copies the cached ones, and reads the
+A prompt's lookups start when its first layer mixes (Qwen4Block.mix), a decode step's before its first layer
+(Qwen4Model.before_step): the row ids of every PLE layer are hashed on the host and each layer's rows are
+fetched on a worker thread, in layer order, while the layers before it run; a decode step's rows land in a
+pinned host buffer per layer, copied into the layer's static input just before the layer runs. A fetch takes
+the step's distinct rows (a prompt reads each once), copies the cached ones, and reads the
 pages holding the others: pages sorted, adjacent ones coalesced into one read (at most MAX_RUN_PAGES), the
 reads in flight together on reader threads, O_DIRECT where the file system allows (what the disk really
 gives; buffered elsewhere). Rows read enter the cache (least recently used out). Nothing of the tables is held
@@ -96,11 +98,14 @@ def page_runs(pages: np.ndarray) -> list[tuple[int, int]]:
 class Lookups:
     """One step's rows, a future per PLE layer."""
 
-    def __init__(self, futures: list[Future]):
-        self.futures = futures
+    def __init__(self, futures: list[Future], telemetry: Telemetry):
+        self.futures, self.telemetry = futures, telemetry
 
     def rows(self, ple_index: int) -> torch.Tensor:
-        return self.futures[ple_index].result()
+        t0 = time.perf_counter()
+        rows = self.futures[ple_index].result()
+        self.telemetry.add(ngram_wait_s=time.perf_counter() - t0)
+        return rows
 
 
 class NgramTier:
@@ -116,14 +121,17 @@ class NgramTier:
         self._readers = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="sluice-ngram-read")
         weakref.finalize(self, _close, self._worker, self._readers, self.reader)
 
-    def begin(self, tokens: list[int], start: int) -> Lookups:
-        """The rows of tokens at positions start.. for every PLE layer, fetched in the background."""
+    def begin(self, tokens: list[int], start: int, staging: list[torch.Tensor] | None = None) -> Lookups:
+        """The rows of tokens at positions start.. for every PLE layer, fetched in the background: on the device,
+        or written into `staging` (a host buffer [T, E] per PLE layer)."""
         ids = self.hasher.step(tokens, start)
         self.telemetry.add(ngram_tokens=len(tokens))
-        return Lookups([self._worker.submit(self._fetch, table, layer_ids) for table, layer_ids in enumerate(ids)])
+        return Lookups([self._worker.submit(self._fetch, table, layer_ids, staging and staging[table])
+                        for table, layer_ids in enumerate(ids)], self.telemetry)
 
-    def _fetch(self, table: int, ids: torch.Tensor) -> torch.Tensor:
-        """ids [T, heads] -> their rows concatenated [T, heads * row_dim] on the device, compute dtype."""
+    def _fetch(self, table: int, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+        """ids [T, heads] -> their rows concatenated [T, heads * row_dim] in the compute dtype, in `out` or on
+        the device."""
         distinct, inverse = torch.unique(ids, return_inverse=True)
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
         missing = []
@@ -137,8 +145,8 @@ class NgramTier:
             rows[missing] = torch.from_numpy(self._read(table, distinct[missing].numpy()))
         self.telemetry.add(ngram_rows=distinct.shape[0], ngram_hits=distinct.shape[0] - len(missing),
                            ngram_misses=len(missing))
-        values = rows.view(self.index.dtype)[inverse]                            # [T, heads, row_dim]
-        return values.flatten(-2).to(device=self.device, dtype=self.dtype)
+        values = rows.view(self.index.dtype)[inverse].flatten(-2)                # [T, heads * row_dim]
+        return values.to(device=self.device, dtype=self.dtype) if out is None else out.copy_(values)
 
     def _read(self, table: int, row_ids: np.ndarray) -> np.ndarray:
         """Rows [N, row bytes] of `table` read from disk (each page once), put in the cache."""

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import engine
-from engine.model.state import ModelState, StateSpec
+from engine.model.state import ModelState, StateSpec, state_bytes
 from engine.runtime.telemetry import COUNTERS, Telemetry, delta, phase_hit_rate
 
 
@@ -42,6 +42,18 @@ def test_growing_state_keeps_earlier_positions_and_reset_clears_fixed_state():
     state.fixed(0, "conv").fill_(5)
     state.reset()
     assert state.fixed(0, "conv").abs().sum() == 0
+
+
+def test_a_buffer_of_a_row_per_block_of_tokens_is_sized_and_grown_in_rows():
+    specs = [{"blocks": StateSpec((2,), tokens_per_row=4)}]
+    assert state_bytes(specs, 9, torch.float32) == 3 * 2 * 4                   # 9 tokens: 3 rows, the last partial
+    growing = ModelState(specs, max_tokens=40, dtype=torch.float32, device=torch.device("cpu"), static=False,
+                         initial_tokens=8)
+    assert growing.buffers[0]["blocks"].shape == (2, 2)
+    held = growing.append(0, "blocks", torch.arange(2, 5), 2, torch.ones(3, 2))   # rows 2..4: grows, at most 10 rows
+    assert held.shape == (5, 2) and growing.buffers[0]["blocks"].shape[0] <= 10
+    static = ModelState(specs, max_tokens=40, dtype=torch.float32, device=torch.device("cpu"), static=True)
+    assert static.buffers[0]["blocks"].shape == (10, 2)
 
 
 def test_static_state_writes_at_device_positions_and_returns_the_whole_buffer():

@@ -1,6 +1,7 @@
 """qwen4_exp through the user's path (repack -> engine.load -> generate), token-exact with transformers (float32,
 greedy, streaming forced), from the text-only and the multimodal checkpoint; a prompt that crosses EOS tokens
-(the n-gram history resets) and spans three DeltaNet prefill chunks; the n-gram rows read from ngram.bin."""
+(the n-gram history resets) and spans three DeltaNet prefill chunks; the n-gram rows read from ngram.bin; the CUDA
+graphs' decode step run on the CPU."""
 import pytest
 import torch
 from safetensors import safe_open
@@ -54,6 +55,44 @@ def test_greedy_tokens_match_transformers(checkpoint, quant, request, tmp_path):
     assert ngram["hits"] > 0 and ngram["misses"] > 0 and ngram["read_amplification"] >= 1.0
     assert 0 < ngram["cache_bytes"] < tel["ram_cache"]["capacity_bytes"] + ngram["cache_bytes"]
     eng.close()
+
+
+def test_the_graph_shaped_decode_step_follows_transformers_across_blocks_and_an_eos(text_dir, tmp_path):
+    """The CUDA graphs' step, run eagerly on the CPU: the state static at full size and no host-known position (QSA
+    ranks every block row, each block's pooled key committed by the step that completes it), the n-gram rows copied
+    into static inputs before each layer. Tokens forced through an EOS (the history resets mid-decode) and five
+    block completions: every step's logits are transformers' over the whole sequence."""
+    from engine.model.state import ModelState
+    from engine.runtime.decode_step import DecodeStep
+
+    eng = streaming_engine(repack(text_dir, tmp_path / "m"), device="cpu", dtype="float32")
+    runner = eng.runner
+    runner.state = ModelState(runner.model.state_specs(), 96, torch.float32, runner.device, static=True)
+    runner.step = DecodeStep(runner.model, runner.state, runner.device)
+    runner.step.use_graphs = True                        # as on CUDA: the step's position stays on the device
+    prompt, forced = PROMPT_IDS[:45], [(i * 53) % 390 + 3 for i in range(21)]      # the prompt crosses EOS twice
+    forced[9] = EOS
+    with torch.inference_mode():
+        ours = [runner.prefill(prompt).clone()]
+        ours += [runner.decode(token, len(prompt) + i).clone() for i, token in enumerate(forced)]
+        theirs = load_reference(text_dir)(torch.tensor([prompt + forced])).logits[0, len(prompt) - 1:]
+    assert runner.state.buffers[1]["index_blocks"].shape == (24, TEXT["indexer_head_dim"])      # 96 tokens / 4
+    torch.testing.assert_close(torch.stack(ours), theirs, rtol=1e-4, atol=1e-4)
+    assert torch.equal(torch.stack(ours).argmax(-1), theirs.argmax(-1))
+    eng.close()
+
+
+@pytest.mark.parametrize("held,heads,kv_heads", [(37, 8, 2), (96, 4, 4), (5, 6, 1)])   # odd S; no groups; one KV head
+def test_a_decode_query_attends_kv_in_place_as_the_repeated_heads_do(held, heads, kv_heads):
+    """The CUDA decode's QSA attention (each KV head's query heads as rows, K and V never repeated), run on the CPU
+    against the prompt path's repeated heads."""
+    from engine.model.qwen4.qsa import _one_query_attention, masked_attention
+    torch.manual_seed(held)
+    q, k, v = torch.randn(1, heads, 16), torch.randn(held, kv_heads, 16), torch.randn(held, kv_heads, 16)
+    visible = torch.rand(1, held) < 0.5
+    visible[0, 0] = True
+    torch.testing.assert_close(_one_query_attention(q, k, v, visible), masked_attention(q, k, v, visible),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_prefill_reads_each_distinct_row_once(text_dir, tmp_path):

@@ -5,8 +5,10 @@ last hyper-connection mixer feeds the head). The pieces are in engine.model.qwen
 
 A PLE layer's rows come from `Qwen4Model.ngram`: the n-gram tables are the largest tensors of the model, kept
 out of the dense weights at repack (engine.format.ngram) and read by row from their own file
-(engine.runtime.ngram). The step's lookups start at the first layer's mix, so their reads are in flight
-while the layers before a PLE layer run.
+(engine.runtime.ngram). A prompt's lookups start at the first layer's mix, a decode step's before its first
+layer (`before_step`, the token on the host), so their reads are in flight while the layers before a PLE layer
+run; a decode step's rows are copied into the layer's static input just before it runs (`before_layer`), so its
+pieces read only static buffers and replay in CUDA graphs, as QSA selects from device positions (qsa.py).
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from engine.model.qwen4.config import Qwen4Dims, read_qwen4_dims, text_config
 from engine.model.qwen4.hyper import GatedResidual, inject
 from engine.model.qwen4.ngram_hash import NgramHasher
 from engine.model.qwen4.ple import Ple
-from engine.model.qwen4.qsa import IndexedAttention
+from engine.model.qwen4.qsa import IndexedAttention, index_specs
 from engine.model.spec import ModelSpec, as_ids
 from engine.model.state import StateSpec
 from engine.model.param_counts import ModelShape, text_config as merged_text_config
@@ -70,7 +72,8 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
             specs = dict(GatedDeltaNet.specs(d.hybrid), **(_ple_spec(d) if layer in d.ple_layers else {}))
         else:
             specs = {"k": StateSpec((spec.num_kv_heads, spec.head_dim)),
-                     "v": StateSpec((spec.num_kv_heads, spec.head_dim)), "index_k": StateSpec((d.indexer_head_dim,))}
+                     "v": StateSpec((spec.num_kv_heads, spec.head_dim)),
+                     **index_specs(d.indexer_head_dim, d.compress_ratio)}
         out.append(specs)
     return out
 
@@ -123,11 +126,9 @@ class Qwen4Block:
 
     def mix(self, x: torch.Tensor, step: Step) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         """x [T, n * H] -> ((streams, ffn stream weights [T, n]), the MoE input h [T, H])."""
-        if step.start is None:
-            raise RuntimeError("qwen4_exp's n-gram history and QSA need host-known positions (no CUDA graphs).")
-        lookups = step.memo("ngram", lambda: self._model.begin_ngram(step.start))
+        rows = self._model.ple_rows(step)
         if self.ple is not None:
-            x = x + self.ple(x, lookups.rows(self.ple_index), step.state.fixed(self.layer, "ple_conv"))
+            x = x + self.ple(x, rows(self.ple_index), step.state.fixed(self.layer, "ple_conv"))
         block_in, weights = self.attn_hc.mix(x)
         x = inject(x, self.mixer(block_in, step), weights)
         h, weights = self.mlp_hc.mix(x)
@@ -142,18 +143,37 @@ class Qwen4Block:
 
 
 class Qwen4Model(Model):
-    graph_safe = False              # the n-gram history and QSA's selection work on host-known positions
-
-    def __init__(self, spec: ModelSpec, d: Qwen4Dims, w: dict[str, torch.Tensor], mixer: GatedResidual):
+    def __init__(self, spec: ModelSpec, d: Qwen4Dims, w: dict[str, torch.Tensor], mixer: GatedResidual,
+                 dtype: torch.dtype, device: torch.device):
         super().__init__(spec, [], w["model.embed_tokens.weight"], None, w["lm_head.weight"], spec.rms_eps)
         self.d, self.mixer, self.token_ids = d, mixer, TokenIds()
         self.hasher = NgramHasher(d.vocab_size, d.ngram_size, d.heads_per_ngram, d.ngram_vocab_base, d.seed,
                                   d.eos_token_id, len(d.ple_layers))
         self.ngram = None            # the row source: engine.runtime.ngram's tier, attached by the runner
-        self.compute_dtype, self.device = torch.float32, torch.device("cpu")      # the rows' (set by build)
+        self.compute_dtype, self.device = dtype, torch.device(device)      # the rows'
+        # A decode step's rows: one static input [1, E] per PLE layer, filled from a host buffer (pinned on CUDA)
+        self.ple_in = [torch.zeros(1, d.ple_embed_dim, dtype=dtype, device=self.device) for _ in d.ple_layers]
+        self._ple_stage = [torch.zeros(1, d.ple_embed_dim, dtype=dtype, pin_memory=self.device.type == "cuda")
+                           for _ in d.ple_layers]
+        self._lookups = None         # the decode step's, begun by before_step
 
-    def begin_ngram(self, start: int):
-        return self.ngram.begin(self.token_ids.value.tolist(), start)
+    def ple_rows(self, step: Step):
+        """index -> a PLE layer's rows [T, E]: a decode step's static inputs, or a prompt's lookups (begun by the
+        first layer that asks)."""
+        if step.decode:
+            return lambda index: self.ple_in[index]
+        return step.memo("ngram", lambda: self.ngram.begin(self.token_ids.value.tolist(), step.start)).rows
+
+    def before_step(self, token: int, position: int) -> None:
+        if self.d.ple_layers:
+            self._lookups = self.ngram.begin([token], position, self._ple_stage)
+
+    def before_layer(self, layer: int) -> None:
+        """A PLE layer's rows, read into their host buffer on the worker, copied into its static input (from pinned
+        memory: the copy is queued, and the host does not wait for the layers before it)."""
+        index = self.d.ple_index(layer)
+        if index is not None:
+            self.ple_in[index].copy_(self._lookups.rows(index), non_blocking=True)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """[T] -> the n streams [T, n * H], each the token's embedding."""
@@ -170,8 +190,7 @@ def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, devic
                                           / d.hybrid.rotary_dim))
     rope = Rope(inv_freq.to(device), 1.0, dtype)
     hc = dict(count=d.hc_count, hidden=d.hidden, eps=eps)
-    model = Qwen4Model(spec, d, w, GatedResidual.load(w, "model.hyper_connection_mixer.", **hc))
-    model.compute_dtype, model.device = dtype, torch.device(device)
+    model = Qwen4Model(spec, d, w, GatedResidual.load(w, "model.hyper_connection_mixer.", **hc), dtype, device)
     for layer in range(spec.num_layers):
         p = f"model.layers.{layer}."
         if d.hybrid.is_linear(layer):

@@ -5,7 +5,11 @@ The indexer keeps one raw key per token [Di]. Complete blocks of R consecutive k
 normalised (1 + w) and rotated at the block's first position; a query (its own Hi heads, normalised and
 rotated) scores block b as sum_h relu(q_h . k_b) / sqrt(Di), keeps the best budget / R blocks, and sees their
 tokens plus the tokens after the last complete block (its own included). Selection is per query, each query
-ranking the blocks complete at its position, as the reference ranks them (torch.topk over that many scores).
+ranking the blocks complete at its position, as the reference ranks them (torch.topk over those scores).
+
+A block's key depends on its R raw keys alone, so it is computed once, by the step holding the block's last
+token, and kept in the state ("index_blocks", one row per R tokens). Selection is a mask over the positions
+held, from device positions only: a prompt's pass and a one-token CUDA-graph step run the same functions.
 """
 from __future__ import annotations
 
@@ -19,6 +23,12 @@ from engine.model.families.hybrid import GatedAttention, OffsetRmsNorm
 from engine.model.layers import apply_rope, linear, rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
+from kernels.attention_ref import top_k_visible
+
+
+def index_specs(head_dim: int, ratio: int) -> dict[str, StateSpec]:
+    """The indexer's state: each token's raw key and each complete block's pooled key (normed, rotated)."""
+    return {"index_k": StateSpec((head_dim,)), "index_blocks": StateSpec((head_dim,), tokens_per_row=ratio)}
 
 
 class IndexedAttention(GatedAttention):
@@ -34,12 +44,10 @@ class IndexedAttention(GatedAttention):
                                                 for n in "qk")
 
     def state_specs(self) -> dict[str, StateSpec]:
-        return {**super().state_specs(), "index_k": StateSpec((self.index_dim,))}
+        return {**super().state_specs(), **index_specs(self.index_dim, self.ratio)}
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         # T = tokens, Hq / Hkv = query / kv heads, D = head dim, S = positions held
-        if step.start is None:
-            raise RuntimeError("QSA selects keys on host-known positions (no CUDA graphs).")
         visible = self._select(x, step)                                                  # [T, S] bool
         q, gate = linear(x, *self.q).view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = linear(x, *self.k).view(-1, self.num_kv_heads, self.head_dim)
@@ -54,35 +62,70 @@ class IndexedAttention(GatedAttention):
 
     def _select(self, x: torch.Tensor, step: Step) -> torch.Tensor:
         """Which held positions each of the step's queries sees: [T, S] bool."""
-        num_tokens, di, r = x.shape[0], self.index_dim, self.ratio
+        num_tokens, di = x.shape[0], self.index_dim
         q, raw_k = linear(x, self.index_qk).split([self.index_heads * di, di], dim=-1)
         q = self.index_q_norm(q.reshape(num_tokens, self.index_heads, di))
         q = apply_rope(q, *self.rope.cos_sin(step))                                    # [T, Hi, Di]
         keys = step.state.append(self.layer, "index_k", step.positions, step.start, raw_k)    # [S, Di]
-        held = keys.shape[0]
-        blocks = held // r
-        pooled = keys[:blocks * r].view(blocks, r, di).float().mean(dim=1).to(keys.dtype)
-        starts = torch.arange(0, blocks * r, r, device=x.device)
-        cos, sin = rope_cos_sin(starts, self.rope.inv_freq, self.rope.scaling, self.rope.dtype)
-        block_keys = apply_rope(self.index_k_norm(pooled)[:, None], cos, sin)[:, 0]
+        block_keys = self._commit_blocks(keys, step)[:keys.shape[0] // self.ratio]         # [B, Di]
         scores = torch.matmul(q.float(), block_keys.float().T).transpose(-1, -2)          # [T, B, Hi]
         scores = torch.relu(scores).sum(dim=-1) / math.sqrt(di)                          # [T, B]
-        visible = torch.zeros(num_tokens, held, dtype=torch.bool, device=x.device)
-        for t in range(num_tokens):
-            position = step.start + t
-            complete = (position + 1) // r
-            visible[t, complete * r:position + 1] = True                                 # the open block's tail
-            if complete:
-                chosen = scores[t, :complete].topk(min(self.max_blocks, complete)).indices
-                token_ids = (chosen[:, None] * r + torch.arange(r, device=x.device)).flatten()
-                visible[t, token_ids] = True
-        return visible
+        return selection(scores, step.positions, step.start, keys.shape[0], self.ratio, self.max_blocks)
+
+    def _commit_blocks(self, keys: torch.Tensor, step: Step) -> torch.Tensor:
+        """The keys of the blocks this step completes, pooled from keys [S, Di] into the state -> the block keys
+        held [B, Di]. In a CUDA graph (start unknown) the step's own block is written every step: its row is
+        masked until the block's last token writes it whole."""
+        r = self.ratio
+        if step.start is None:
+            ends, first_row = step.positions, None
+        else:
+            first = (r - 1 - step.start) % r                      # the step's first token that ends a block
+            ends, first_row = step.positions[first::r], (step.start + first) // r
+        window = (ends[:, None] - r + 1 + torch.arange(r, device=ends.device)).clamp_min(0)     # [N, R]
+        pooled = keys[window].float().mean(dim=1).to(keys.dtype)                          # [N, Di]
+        cos, sin = rope_cos_sin(window[:, 0], self.rope.inv_freq, self.rope.scaling, self.rope.dtype)
+        rotated = apply_rope(self.index_k_norm(pooled)[:, None], cos, sin)[:, 0]
+        return step.state.append(self.layer, "index_blocks", ends // r, first_row, rotated)
+
+
+def selection(scores: torch.Tensor, positions: torch.Tensor, start: int | None, held: int, ratio: int,
+              max_blocks: int) -> torch.Tensor:
+    """scores [T, B] of the blocks held, query positions [T] -> [T, S] bool (S = held): each query's best
+    max_blocks blocks among those complete at its position, and its open block's tokens up to itself."""
+    num_tokens, num_blocks = scores.shape
+    complete = (positions + 1) // ratio                                                   # [T]
+    chosen = top_blocks(scores, complete, start, ratio, max_blocks)                       # [T, B]
+    chosen = chosen[:, :, None].expand(num_tokens, num_blocks, ratio).reshape(num_tokens, num_blocks * ratio)
+    key_positions = torch.arange(held, device=scores.device)
+    tail = (key_positions[None, :] >= complete[:, None] * ratio) & (key_positions[None, :] <= positions[:, None])
+    return tail | F.pad(chosen, (0, held - num_blocks * ratio))
+
+
+def top_blocks(scores: torch.Tensor, complete: torch.Tensor, start: int | None, ratio: int,
+               max_blocks: int) -> torch.Tensor:
+    """[T, B] bool: each query's best max_blocks of its `complete` [T] first blocks. Positions known on the host:
+    a topk over exactly those blocks per run of queries alike, as the reference ranks them (equal scores, e.g.
+    every head's product negative, then fall alike). In a CUDA graph: one topk over every row, the incomplete
+    masked (no host sync; equal scores may fall otherwise)."""
+    num_tokens, num_blocks = scores.shape
+    if start is None:
+        blocks = torch.arange(num_blocks, device=scores.device)
+        return top_k_visible(scores, blocks[None, :] < complete[:, None], max_blocks)
+    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    for n in range(max((start + 1) // ratio, 1), (start + num_tokens) // ratio + 1):
+        rows = slice(max(n * ratio - start - 1, 0), min((n + 1) * ratio - start - 1, num_tokens))   # complete == n
+        picked = scores[rows, :n].topk(min(max_blocks, n), dim=-1).indices
+        chosen[rows].scatter_(-1, picked, True)
+    return chosen
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
     """q [T, Hq, D]; k, v [S, Hkv, D]; visible [T, S] -> [T, Hq * D] (grouped KV heads)."""
     num_tokens, num_heads, head_dim = q.shape
     group = num_heads // k.shape[1]
+    if q.is_cuda and num_tokens == 1:
+        return _one_query_attention(q, k, v, visible)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)          # [S, Hq, D]
     if q.is_cuda:
         qt, kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
@@ -92,3 +135,15 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     scores = scores.masked_fill(~visible, torch.finfo(scores.dtype).min)
     probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
     return torch.einsum("hts,shd->thd", probs, v).reshape(num_tokens, num_heads * head_dim)
+
+
+def _one_query_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """A decode step's: each KV head's query heads as its query rows, so K and V (a graph's: every position
+    held) are read in place, never repeated per query head. q [1, Hq, D]; k, v [S, Hkv, D]; visible [1, S]."""
+    num_heads, head_dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
+    group = num_heads // kv_heads
+    qt = q.view(1, kv_heads, group, head_dim)                                             # [1, Hkv, G, D]
+    kt, vt = (t.transpose(0, 1).unsqueeze(0) for t in (k, v))                              # [1, Hkv, S, D]
+    mask = visible.expand(group, visible.shape[1])                                         # [G, S]
+    out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=mask)                     # [1, Hkv, G, D]
+    return out.reshape(1, num_heads * head_dim)
