@@ -30,6 +30,7 @@ class Dsv4Config:
     swiglu_limit: float
     o_groups: int
     index_topk: int
+    index_head_dim: int
     main_rope: tuple[torch.Tensor, float]        # inv_freq [R/2], attention scaling
     compress_rope: tuple[torch.Tensor, float]
 
@@ -53,4 +54,5 @@ def read_dsv4_config(cfg) -> Dsv4Config:
         sliding_window=cfg.sliding_window, compress_rates=dict(cfg.compress_rates), scoring=cfg.scoring_func,
         top_k=cfg.num_experts_per_tok, routed_scaling=float(cfg.routed_scaling_factor),
         swiglu_limit=float(cfg.swiglu_limit), o_groups=cfg.o_groups, index_topk=cfg.index_topk,
+        index_head_dim=cfg.index_head_dim,
         main_rope=main_rope, compress_rope=compress_rope)
