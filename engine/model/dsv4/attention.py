@@ -117,7 +117,7 @@ def attention(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: At
         last = min(first + QUERY_CHUNK, num_tokens)
         key_positions = positions[first] - window + 1 + torch.arange(window - 1 + last - first, device=h.device)
         visible = sliding_visible(positions[first:last], key_positions, window)
-        chunk_keys = keys[key_positions.clamp(min=0)]                                          # the chunk's keys
+        chunk_keys = keys.index_select(0, key_positions.clamp(min=0))                          # the chunk's keys
         if entries is not None:
             chunk_keys = torch.cat([chunk_keys, entries])
             visible = torch.cat([visible, entry_visible[first:last]], dim=1)

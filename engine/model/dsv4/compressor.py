@@ -68,8 +68,8 @@ def _pooled_rows(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, 
     pooled_positions = (window_ids[:, None] + 1) * rate - span + torch.arange(span, device=kv.device)   # [n, span]
     offset = pooled_positions - first
     source = torch.where(offset >= 0, span + offset.clamp(max=num_tokens - 1), pooled_positions.remainder(span))
-    rows_kv = torch.cat([b.ring_kv, kv])[source.flatten()].view(*source.shape, -1)
-    rows_gate = torch.cat([b.ring_gate, gate])[source.flatten()].view(*source.shape, -1)
+    rows_kv = torch.cat([b.ring_kv, kv]).index_select(0, source.flatten()).view(*source.shape, -1)
+    rows_gate = torch.cat([b.ring_gate, gate]).index_select(0, source.flatten()).view(*source.shape, -1)
     rows_gate = rows_gate.masked_fill((pooled_positions < 0)[..., None], float("-inf"))      # before position 0
     return window_ids, rows_kv, rows_gate
 

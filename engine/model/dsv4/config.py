@@ -1,6 +1,7 @@
 """The DeepSeek-V4 fields the pieces need, read from the transformers config, with the refusals."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,11 @@ class Dsv4Config:
     index_head_dim: int
     main_rope: tuple[torch.Tensor, float]        # inv_freq [R/2], attention scaling
     compress_rope: tuple[torch.Tensor, float]
+
+    def to(self, device: torch.device) -> "Dsv4Config":
+        """The rope tables on the device: a decode step captured in a CUDA graph copies nothing from the host."""
+        return dataclasses.replace(self, main_rope=(self.main_rope[0].to(device), self.main_rope[1]),
+                                   compress_rope=(self.compress_rope[0].to(device), self.compress_rope[1]))
 
 
 def read_dsv4_config(cfg) -> Dsv4Config:

@@ -109,7 +109,7 @@ def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], limit: float) -> torch.
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Dsv4Model:
-    cfg = read_dsv4_config(spec.cfg)
+    cfg = read_dsv4_config(spec.cfg).to(device)
     token_ids = TokenIds()
     blocks = [Dsv4Block(Dsv4Layer(cfg, i, lambda name, p=f"model.layers.{i}.": w[p + name]), token_ids, dtype)
               for i in range(spec.num_layers)]
