@@ -206,11 +206,17 @@ def test_decoder_layer_matches_reference(model, cfg, trace, layer):
         torch.testing.assert_close(out, out_ref, **TIGHT)
 
 
-@pytest.mark.parametrize("static", [False, True])       # True: each decode step as a graph replays it (no host start)
-def test_pieces_generate_the_reference_tokens(model, static):
-    """30 steps after a 21-token prompt: CSA windows (rate 4) and HCA windows (rate 8) close while decoding."""
+@pytest.fixture(scope="module")
+def generated(model):
+    """A 21-token prompt and the reference's 30 greedy tokens after it."""
     prompt = torch.randint(0, model.config.vocab_size, (21,), generator=torch.Generator().manual_seed(5))
-    expected = model.generate(prompt[None], max_new_tokens=30, do_sample=False)[0, 21:].tolist()
+    return prompt, model.generate(prompt[None], max_new_tokens=30, do_sample=False)[0, 21:].tolist()
+
+
+@pytest.mark.parametrize("static", [False, True])       # True: each decode step as a graph replays it (no host start)
+def test_pieces_generate_the_reference_tokens(model, generated, static):
+    """30 steps after a 21-token prompt: CSA windows (rate 4) and HCA windows (rate 8) close while decoding."""
+    prompt, expected = generated
     assert PieceModel(model).greedy(prompt, 30, static) == expected
     assert len(set(expected)) > 5                                     # not a degenerate repetition
 
