@@ -74,26 +74,35 @@ def _pooled_rows(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, 
     return window_ids, rows_kv, rows_gate
 
 
-def compress(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: CompressorWeights,
-             b: CompressorBuffers, eps: float, inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
-    """Feed h [T, H] at positions [T] (consecutive; `start`, the first, on the host or None); return every
-    entry held [N, D] (entry w valid once position (w + 1) * rate - 1 has been fed)."""
-    kv, gate = F.linear(h, w.kv), F.linear(h, w.gate)                                  # [T, W]
-    window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, w, b)         # [n], [n, span, W] x2
-    keep = min(kv.shape[0], w.span)                                                    # the ring's new rows
-    ring_rows = positions[-keep:].remainder(w.span)
-    b.ring_kv.index_copy_(0, ring_rows, kv[-keep:])
-    b.ring_gate.index_copy_(0, ring_rows, gate[-keep:])
-    rate, dim = w.rate, w.dim
-    bias = w.position_bias
+def _pool(kv_rows: torch.Tensor, gate_rows: torch.Tensor, w: CompressorWeights, eps: float) -> torch.Tensor:
+    """kv, gate [n, span, W] -> the windows' normed pools [n, D]."""
+    rate, dim, bias = w.rate, w.dim, w.position_bias
     if w.overlap:                                  # slots: the window before's Ca, then the window's Cb
         kv_rows = torch.cat([kv_rows[:, :rate, :dim], kv_rows[:, rate:, dim:]], dim=1)             # [n, 2 rate, D]
         gate_rows = torch.cat([gate_rows[:, :rate, :dim], gate_rows[:, rate:, dim:]], dim=1)
         bias = torch.cat([bias[:, :dim], bias[:, dim:]])                                           # [2 rate, D]
     weights = (gate_rows + bias).softmax(dim=1, dtype=torch.float32).to(kv_rows.dtype)
-    pooled = rms_norm((kv_rows * weights).sum(dim=1), w.norm, eps)                                 # [n, D]
-    cos, sin = rope_cos_sin(window_ids * rate, inv_freq, rope_scaling, pooled.dtype)
-    return b.store(window_ids, None if start is None else start // rate, apply_tail_rope(pooled, cos, sin))
+    return rms_norm((kv_rows * weights).sum(dim=1), w.norm, eps)
+
+
+def compress(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: CompressorWeights,
+             b: CompressorBuffers, eps: float, inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
+    """Feed h [T, H] at positions [T] (consecutive; `start`, the first, on the host or None); return every
+    entry held [N, D] (entry w valid once position (w + 1) * rate - 1 has been fed)."""
+    kv, gate = F.linear(h, w.kv), F.linear(h, w.gate)                                  # [T, W]
+    first_window = None if start is None else start // w.rate
+    closes = first_window is None or (start + kv.shape[0]) // w.rate > first_window
+    if closes:
+        window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, w, b)     # [n], [n, span, W] x2
+    keep = min(kv.shape[0], w.span)                                                    # the ring's new rows
+    ring_rows = positions[-keep:].remainder(w.span)
+    b.ring_kv.index_copy_(0, ring_rows, kv[-keep:])
+    b.ring_gate.index_copy_(0, ring_rows, gate[-keep:])
+    if not closes:              # the position on the host and no window closing (an eager step): nothing to pool
+        return b.store(positions[:0], first_window, kv.new_empty((0, w.dim)))
+    pooled = _pool(kv_rows, gate_rows, w, eps)                                                     # [n, D]
+    cos, sin = rope_cos_sin(window_ids * w.rate, inv_freq, rope_scaling, pooled.dtype)
+    return b.store(window_ids, first_window, apply_tail_rope(pooled, cos, sin))
 
 
 def causal_entries(q_positions: torch.Tensor, num_entries: int, rate: int) -> torch.Tensor:
