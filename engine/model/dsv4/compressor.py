@@ -7,10 +7,11 @@ window w-1 and the second half (Cb) of window w over 2 * rate slots (window 0: C
 
 State between calls, in fixed shapes (so a decode step is a CUDA graph): a ring of the last `span`
 projected rows (span = rate, or 2 * rate with overlap: the previous window's Ca too), row of position p
-at p % span, and the entries, entry w at row w. Every call pools each window its tokens touch, closed
-or not, and writes them all: a window still open is rewritten when it closes, and no query sees an
-entry before its window closed (causal_entries). Nothing depends on the position on the host, and a
-new conversation needs no reset: rows of positions below 0 are masked, and stale rows are never read.
+at p % span, and the entries, entry w at row w. A call pools each window its tokens touch, closed or
+not, and writes them all: a window still open is rewritten when it closes, and no query sees an entry
+before its window closed (causal_entries). Nothing depends on the position on the host (where it is
+known and no window closes, the pooling is skipped), and a new conversation needs no reset: rows of
+positions below 0 are masked, and stale rows are never read.
 
   T = tokens, W = projected width (D, or 2D with overlap), n = windows touched, N = entries held
 """
@@ -85,21 +86,25 @@ def _pool(kv_rows: torch.Tensor, gate_rows: torch.Tensor, w: CompressorWeights, 
     return rms_norm((kv_rows * weights).sum(dim=1), w.norm, eps)
 
 
+def _write_ring(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, w: CompressorWeights,
+                b: CompressorBuffers) -> None:
+    keep = min(kv.shape[0], w.span)                                       # the last span rows (or fewer)
+    ring_rows = positions[-keep:].remainder(w.span)
+    b.ring_kv.index_copy_(0, ring_rows, kv[-keep:])
+    b.ring_gate.index_copy_(0, ring_rows, gate[-keep:])
+
+
 def compress(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: CompressorWeights,
              b: CompressorBuffers, eps: float, inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
     """Feed h [T, H] at positions [T] (consecutive; `start`, the first, on the host or None); return every
     entry held [N, D] (entry w valid once position (w + 1) * rate - 1 has been fed)."""
     kv, gate = F.linear(h, w.kv), F.linear(h, w.gate)                                  # [T, W]
     first_window = None if start is None else start // w.rate
-    closes = first_window is None or (start + kv.shape[0]) // w.rate > first_window
-    if closes:
-        window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, w, b)     # [n], [n, span, W] x2
-    keep = min(kv.shape[0], w.span)                                                    # the ring's new rows
-    ring_rows = positions[-keep:].remainder(w.span)
-    b.ring_kv.index_copy_(0, ring_rows, kv[-keep:])
-    b.ring_gate.index_copy_(0, ring_rows, gate[-keep:])
-    if not closes:              # the position on the host and no window closing (an eager step): nothing to pool
+    if first_window is not None and (start + kv.shape[0]) // w.rate == first_window:  # host position, none closes
+        _write_ring(kv, gate, positions, w, b)                                         # (an eager step): no pooling
         return b.store(positions[:0], first_window, kv.new_empty((0, w.dim)))
+    window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, w, b)         # [n], [n, span, W] x2
+    _write_ring(kv, gate, positions, w, b)                                             # after reading the ring
     pooled = _pool(kv_rows, gate_rows, w, eps)                                                     # [n, D]
     cos, sin = rope_cos_sin(window_ids * w.rate, inv_freq, rope_scaling, pooled.dtype)
     return b.store(window_ids, first_window, apply_tail_rope(pooled, cos, sin))
