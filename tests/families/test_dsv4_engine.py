@@ -61,8 +61,9 @@ def test_decode_in_cuda_graphs_outpaces_the_eager_step(tmp_path, monkeypatch):
                     moe_intermediate_size=256, n_routed_experts=32, num_experts_per_tok=6, sliding_window=128,
                     index_topk=16, index_head_dim=64, compress_rates={CSA: 4, HCA: 128},
                     layer_types=[SLIDING, CSA, HCA, CSA] * 2, mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 6,
-                    max_position_embeddings=4096, rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32,
-                                                                   "beta_slow": 1, "original_max_position_embeddings": 1024})
+                    max_position_embeddings=4096,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1,
+                                     "original_max_position_embeddings": 1024})
     model_dir = repack(hf, tmp_path / "sluice")
     graphs = _decode_tok_s(model_dir)
     monkeypatch.setattr(Dsv4Model, "graph_safe", False)

@@ -38,8 +38,9 @@ def layer_buffers(step: Step, layer: int, kind: str) -> LayerBuffers:
     state = step.state
 
     def compressor(name: str) -> CompressorBuffers:
-        return CompressorBuffers(state.fixed(layer, f"{name}.ring_kv"), state.fixed(layer, f"{name}.ring_gate"),
-                                 lambda ids, first, entries: state.append(layer, f"{name}.entries", ids, first, entries))
+        def store(ids, first, entries):
+            return state.append(layer, f"{name}.entries", ids, first, entries)
+        return CompressorBuffers(state.fixed(layer, f"{name}.ring_kv"), state.fixed(layer, f"{name}.ring_gate"), store)
 
     buffers = {name: compressor(name) for name in _compressor_names(kind)}
     return LayerBuffers(lambda kv: state.append(layer, "kv", step.positions, step.start, kv), **buffers)
