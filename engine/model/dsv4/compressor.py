@@ -59,13 +59,21 @@ class CompressorBuffers:
     store: Callable[[torch.Tensor, int | None, torch.Tensor], torch.Tensor]
 
 
-def _pooled_rows(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, w: CompressorWeights,
-                 b: CompressorBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _windows_touched(num_tokens: int, start: int | None, rate: int) -> int:
+    """Windows that T consecutive tokens touch: exactly where the start is on the host, else at most (a decode
+    step's one token touches one)."""
+    if start is None:
+        return -(-(num_tokens - 1) // rate) + 1
+    return (start + num_tokens - 1) // rate - start // rate + 1
+
+
+def _pooled_rows(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, start: int | None,
+                 w: CompressorWeights, b: CompressorBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The rows each touched window pools -> window ids [n], kv [n, span, W], gate [n, span, W] (from the ring
     below the first position, from this call's rows above; rows past the last position are placeholders)."""
     num_tokens, rate, span = kv.shape[0], w.rate, w.span
     first = positions[0]
-    window_ids = first // rate + torch.arange(-(-(num_tokens - 1) // rate) + 1, device=kv.device)      # [n]
+    window_ids = first // rate + torch.arange(_windows_touched(num_tokens, start, rate), device=kv.device)   # [n]
     pooled_positions = (window_ids[:, None] + 1) * rate - span + torch.arange(span, device=kv.device)   # [n, span]
     offset = pooled_positions - first
     source = torch.where(offset >= 0, span + offset.clamp(max=num_tokens - 1), pooled_positions.remainder(span))
@@ -103,7 +111,7 @@ def compress(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: Com
     if first_window is not None and (start + kv.shape[0]) // w.rate == first_window:  # host position, none closes
         _write_ring(kv, gate, positions, w, b)                                         # (an eager step): no pooling
         return b.store(positions[:0], first_window, kv.new_empty((0, w.dim)))
-    window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, w, b)         # [n], [n, span, W] x2
+    window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, start, w, b)         # [n], [n, span, W] x2
     _write_ring(kv, gate, positions, w, b)                                             # after reading the ring
     pooled = _pool(kv_rows, gate_rows, w, eps)                                                     # [n, D]
     cos, sin = rope_cos_sin(window_ids * w.rate, inv_freq, rope_scaling, pooled.dtype)
