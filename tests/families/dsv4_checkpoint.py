@@ -11,7 +11,7 @@ SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily
 TINY = dict(
     vocab_size=512, hidden_size=64, moe_intermediate_size=32, num_hidden_layers=6, num_attention_heads=4,
     num_key_value_heads=1, head_dim=32, q_lora_rank=48, num_experts_per_tok=2, n_routed_experts=8,
-    partial_rotary_factor=0.25, sliding_window=8, o_groups=2, o_lora_rank=24, index_n_heads=4,
+    partial_rotary_factor=0.25, sliding_window=8, o_groups=2, o_lora_rank=24, index_n_heads=16,
     index_head_dim=16, index_topk=2, compress_rates={CSA: 4, HCA: 8},
     layer_types=[SLIDING, CSA, HCA, CSA, HCA, SLIDING], mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 4,
     hc_mult=3, swiglu_limit=1.5, routed_scaling_factor=1.5, max_position_embeddings=256,

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import torch
 
-from engine.model.dsv4.attention import LayerCache
+from engine.model.block import Step
 from engine.model.dsv4.config import read_dsv4_config
 from engine.model.dsv4.hyper import hyper_head
 from engine.model.dsv4.layer import Dsv4Layer, rope_for
 from engine.model.dsv4.norms import rms_norm
+from engine.model.dsv4.state import layer_state_specs
+from engine.model.state import ModelState
 
 
-class KeyList:
-    """Shared keys of one layer, grown by concatenation: store_keys for the pieces."""
+def layer_states(cfg, kinds, static: bool, max_tokens: int = 64) -> ModelState:
+    """The model state of layers of these kinds: growing (start on the host), or static at full size, as
+    the CUDA graphs keep it (zeros past the position)."""
+    return ModelState([layer_state_specs(cfg, kind) for kind in kinds], max_tokens, torch.float32,
+                      torch.device("cpu"), static=static, initial_tokens=4)
 
-    def __init__(self):
-        self.keys = None
 
-    def __call__(self, kv: torch.Tensor) -> torch.Tensor:
-        self.keys = kv if self.keys is None else torch.cat([self.keys, kv])
-        return self.keys
+def step_at(positions: torch.Tensor, state: ModelState, static: bool) -> Step:
+    """A step at these positions; over the static state with no start on the host, as in a graph replay."""
+    return Step(positions, None if static else int(positions[0]), state)
 
 
 def layer_weights(model, index: int):
@@ -54,24 +57,23 @@ class PieceModel:
         self.hc_head = (m.hc_head.hc_fn.detach(), m.hc_head.hc_base.detach(), m.hc_head.hc_scale.detach())
 
     @torch.no_grad()
-    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, caches: list[LayerCache],
-                keys: list[KeyList]) -> torch.Tensor:
-        """token_ids, positions [T] -> logits [T, vocab]."""
+    def forward(self, token_ids: torch.Tensor, step: Step) -> torch.Tensor:
+        """token_ids [T] at step.positions -> logits [T, vocab]."""
         x = self.embed[token_ids].unsqueeze(1).expand(-1, self.cfg.hc_mult, -1).contiguous()   # [T, n, H]
-        rope = rope_for(self.cfg, positions, x.dtype)
-        for layer, experts, cache, store in zip(self.layers, self.experts, caches, keys):
-            mixed, h = layer.mix(x, int(positions[0]), cache, rope, store)
+        rope = rope_for(self.cfg, step.positions, x.dtype)
+        for layer, experts in zip(self.layers, self.experts):
+            mixed, h = layer.mix(x, step, rope)
             weights, ids = layer.route(h, token_ids)
             x = layer.combine(mixed, h, routed_experts(layer, h, weights, ids, experts))
         x = rms_norm(hyper_head(x, *self.hc_head, self.cfg.hc_eps, self.cfg.eps), self.norm, self.cfg.eps)
         return x @ self.head.T
 
-    def greedy(self, prompt: torch.Tensor, max_new_tokens: int) -> list[int]:
-        caches, keys = [LayerCache() for _ in self.layers], [KeyList() for _ in self.layers]
-        logits = self.forward(prompt, torch.arange(len(prompt)), caches, keys)
+    def greedy(self, prompt: torch.Tensor, max_new_tokens: int, static: bool = False) -> list[int]:
+        """The prompt, then one token a step (static: each step with no start on the host, as a graph replay)."""
+        state = layer_states(self.cfg, self.cfg.layer_types, static, len(prompt) + max_new_tokens)
+        logits = self.forward(prompt, Step(torch.arange(len(prompt)), 0, state))
         out = []
-        for step in range(max_new_tokens):
-            token = int(logits[-1].argmax())
-            out.append(token)
-            logits = self.forward(torch.tensor([token]), torch.tensor([len(prompt) + step]), caches, keys)
+        for position in range(len(prompt), len(prompt) + max_new_tokens):
+            out.append(int(logits[-1].argmax()))
+            logits = self.forward(torch.tensor(out[-1:]), step_at(torch.tensor([position]), state, static))
         return out

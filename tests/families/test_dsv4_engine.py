@@ -7,7 +7,7 @@ from engine import GenerationParams
 from engine.errors import SluiceError
 from engine.format.checkpoint import Checkpoint
 from tests.engine.reference import load_reference, reference_greedy
-from tests.families.dsv4_checkpoint import build_dsv4, quantize_like_flash
+from tests.families.dsv4_checkpoint import CSA, HCA, SLIDING, build_dsv4, quantize_like_flash
 from tests.streaming.sized import streaming_engine
 
 PROMPT = [(i * 37) % 300 + 3 for i in range(21)]     # 21: a CSA and an HCA window left open at prefill's end
@@ -33,16 +33,43 @@ def test_greedy_tokens_equal_transformers_while_streaming(hf_dir, tmp_path, quan
 
 
 @pytest.mark.gpu
-def test_greedy_tokens_equal_transformers_on_the_gpu(hf_dir, tmp_path):
-    """float32 on CUDA, experts streaming through the slot banks and the Triton MoE kernels (clamped silu)
-    (decode runs eagerly: no graphs)."""
+@pytest.mark.parametrize("eager", [False, True])
+def test_greedy_tokens_equal_transformers_on_the_gpu(hf_dir, tmp_path, eager):
+    """float32 on CUDA, experts streaming through the slot banks: the decode step in CUDA graphs (the compressors'
+    rings and entries static, windows closing at device positions) with the Triton MoE kernels (clamped silu),
+    and the eager torch path."""
     from engine.format.repack import repack
-    eng = streaming_engine(repack(hf_dir, tmp_path / "bf16", quant="bf16"), device="cuda", dtype="float32")
-    assert eng.runner.experts.compute.kernel is not None and eng.runner.experts.compute.prefill_kernel is not None
+    from engine.options import Options
+    eng = streaming_engine(repack(hf_dir, tmp_path / "bf16", quant="bf16"), device="cuda", dtype="float32",
+                           options=Options(eager=eager))
+    assert eng.runner.step.use_graphs != eager and (eng.runner.experts.compute.kernel is None) == eager
     tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     assert tokens == reference_greedy(load_reference(hf_dir), PROMPT, NEW_TOKENS)
     assert eng.telemetry()["ram_cache"]["evictions"] > 0
     eng.close()
+
+
+@pytest.mark.gpu
+def test_decode_in_cuda_graphs_outpaces_the_eager_step(tmp_path, monkeypatch):
+    """Middle-sized layers with Flash's windows (sliding 128, CSA every 4, HCA every 128), 128 tokens decoded after
+    128 (a CSA window closing every 4 steps, an HCA window at the last), in CUDA graphs and in the eager step."""
+    from engine.format.repack import repack
+    from engine.model.families.deepseek_v4 import Dsv4Model
+    from tests.families.test_generic_gpu import _decode_tok_s
+    hf = build_dsv4(tmp_path / "hf", seed=2, with_tokenizer=False, hidden_size=1024, num_hidden_layers=8,
+                    num_attention_heads=16, head_dim=128, q_lora_rank=256, o_lora_rank=128, o_groups=4,
+                    moe_intermediate_size=256, n_routed_experts=32, num_experts_per_tok=6, sliding_window=128,
+                    index_topk=16, index_head_dim=64, compress_rates={CSA: 4, HCA: 128},
+                    layer_types=[SLIDING, CSA, HCA, CSA] * 2, mlp_layer_types=["hash_moe"] * 2 + ["moe"] * 6,
+                    max_position_embeddings=4096,
+                    rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32, "beta_slow": 1,
+                                     "original_max_position_embeddings": 1024})
+    model_dir = repack(hf, tmp_path / "sluice")
+    graphs = _decode_tok_s(model_dir)
+    monkeypatch.setattr(Dsv4Model, "graph_safe", False)
+    eager = _decode_tok_s(model_dir)
+    print(f"deepseek_v4 decode (8 layers of 1024, bf16): CUDA graphs {graphs:.1f} tok/s, eager step {eager:.1f} tok/s")
+    assert graphs > eager
 
 
 def test_flash_formats_fp8_dense_and_fp4_experts_equal_transformers(tmp_path):

@@ -3,16 +3,17 @@ import pytest
 import torch
 
 from engine.errors import SluiceError
-from engine.model.dsv4.attention import LayerCache, attention
-from engine.model.dsv4.compressor import CompressorState, compress, indexer_visible
+from engine.model.dsv4.attention import attention
+from engine.model.dsv4.compressor import compress, indexer_visible
 from engine.model.dsv4.config import read_dsv4_config
 from engine.model.dsv4.hyper import HyperWeights, hyper_collapse, hyper_expand, hyper_head
 from engine.model.dsv4.layer import Dsv4Layer, attention_weights, rope_for
 from engine.model.dsv4.moe import clamped_swiglu, route_hash, route_topk
 from engine.model.dsv4.rope import apply_tail_rope, rope_cos_sin
+from engine.model.dsv4.state import layer_buffers
 from engine.model.rotary import rope_frequencies
 from tests.families.dsv4_checkpoint import CSA, HCA, SLIDING, tiny_config, tiny_model
-from tests.families.dsv4_runner import KeyList, PieceModel, layer_weights, routed_experts
+from tests.families.dsv4_runner import PieceModel, layer_states, layer_weights, routed_experts, step_at
 
 TIGHT = dict(rtol=1e-5, atol=1e-5)
 
@@ -142,33 +143,40 @@ def test_clamped_swiglu_matches_experts_and_shared_expert(model, cfg):
     torch.testing.assert_close(out, expected, **TIGHT)
 
 
+@pytest.mark.parametrize("static", [False, True])                      # True: no start on the host, full-size state
 @pytest.mark.parametrize("layer", [1, 2])                               # CSA, HCA
-def test_compressor_streams_like_the_reference_cache(model, cfg, layer):
-    """Prefill of 13 tokens (a window left open), then one token at a time: same entries, same visibility."""
+def test_compressor_streams_like_the_reference_cache(model, cfg, layer, static):
+    """Prefill of 13 tokens (a window left open), then one token at a time: same entries, same visibility.
+    Entries past the closed windows (an open window's partial pool, the static buffer's zeros) stay unseen."""
     from transformers import DynamicCache
     compressor = model.model.layers[layer].self_attn.compressor
     cache = DynamicCache(config=model.config)
     get, _ = layer_weights(model, layer)
     kind = model.config.layer_types[layer]
     w = attention_weights(get, kind, cfg)
-    state, index_state = CompressorState(), CompressorState()
+    state = layer_states(cfg, [kind], static)
     hidden = torch.randn(1, 25, cfg.hidden_size)
     q_residual = torch.randn(1, 25, model.config.q_lora_rank)
     chunks = [(0, 13)] + [(t, t + 1) for t in range(13, 25)]
     for start, end in chunks:
         positions = torch.arange(start, end)
         entries_ref, bias_ref = compressor(hidden[:, start:end], q_residual[:, start:end], positions[None], cache, layer)
-        entries = compress(hidden[0, start:end], w.compressor, state, cfg.eps, *cfg.compress_rope)
-        torch.testing.assert_close(entries, entries_ref[0, 0], **TIGHT)
+        step = step_at(positions, state, static and start > 0)
+        b = layer_buffers(step, 0, kind)
+        entries = compress(hidden[0, start:end], positions, step.start, w.compressor, b.compressor, cfg.eps,
+                           *cfg.compress_rope)
+        closed = entries_ref.shape[2]
+        torch.testing.assert_close(entries[:closed], entries_ref[0, 0], **TIGHT)
         if kind == CSA:
-            index_keys = compress(hidden[0, start:end], w.indexer.compressor, index_state, cfg.eps, *cfg.compress_rope)
+            index_keys = compress(hidden[0, start:end], positions, step.start, w.indexer.compressor, b.indexer,
+                                  cfg.eps, *cfg.compress_rope)
             cos, sin = rope_cos_sin(positions, *cfg.compress_rope, torch.float32)
             visible = indexer_visible(q_residual[0, start:end], hidden[0, start:end], positions, index_keys,
                                       w.indexer, w.compressor.rate, cos, sin)
-            assert torch.equal(visible, bias_ref[0, 0] == 0)
-    assert state.num_entries == 25 // w.compressor.rate
+            assert torch.equal(visible[:, :closed], bias_ref[0, 0] == 0) and not visible[:, closed:].any()
+    assert closed == 25 // w.compressor.rate and entries.shape[0] == (64 // w.compressor.rate if static else closed)
     if kind == CSA:
-        assert visible.sum() == cfg.index_topk < entries.shape[0]     # the indexer really selects
+        assert visible.sum() == cfg.index_topk < closed     # the indexer really selects
 
 
 @pytest.mark.parametrize("query_chunk", [256, 5])                       # 5: a prompt in 3 chunks
@@ -177,31 +185,39 @@ def test_attention_matches_reference_through_prefill_and_decode(model, cfg, trac
     monkeypatch.setattr("engine.model.dsv4.attention.QUERY_CHUNK", query_chunk)
     get, _ = layer_weights(model, layer)
     kind = cfg.layer_types[layer]
-    w, cache, keys = attention_weights(get, kind, cfg), LayerCache(), KeyList()
+    w, state = attention_weights(get, kind, cfg), layer_states(cfg, [kind], static=False)
     for h, positions, _, out_ref in trace["attn"][layer]:
-        positions = positions[0]
-        out = attention(h, int(positions[0]), w, cache, kind, cfg.sliding_window, cfg.eps,
-                        rope_for(cfg, positions, h.dtype), keys)
+        step = step_at(positions[0], state, static=False)
+        out = attention(h, step.positions, step.start, w, layer_buffers(step, 0, kind), kind, cfg.sliding_window,
+                        cfg.eps, rope_for(cfg, step.positions, h.dtype))
         torch.testing.assert_close(out, out_ref, **TIGHT)
-    assert positions[-1] + 1 > 2 * cfg.sliding_window                 # the window has slid
+    assert positions[0, -1] + 1 > 2 * cfg.sliding_window                 # the window has slid
 
 
 @pytest.mark.parametrize("layer", range(6))
 def test_decoder_layer_matches_reference(model, cfg, trace, layer):
     get, experts = layer_weights(model, layer)
-    block, cache, keys = Dsv4Layer(cfg, layer, get), LayerCache(), KeyList()
+    block, state = Dsv4Layer(cfg, layer, get), layer_states(cfg, cfg.layer_types, static=False)
     for x, positions, input_ids, out_ref in trace["layer"][layer]:
-        positions = positions[0]
-        mixed, h = block.mix(x, int(positions[0]), cache, rope_for(cfg, positions, x.dtype), keys)
+        step = step_at(positions[0], state, static=False)
+        mixed, h = block.mix(x, step, rope_for(cfg, step.positions, x.dtype))
         weights, ids = block.route(h, input_ids[0])
         out = block.combine(mixed, h, routed_experts(block, h, weights, ids, experts))
         torch.testing.assert_close(out, out_ref, **TIGHT)
 
 
-def test_pieces_generate_the_reference_tokens(model):
+@pytest.fixture(scope="module")
+def generated(model):
+    """A 21-token prompt and the reference's 30 greedy tokens after it."""
     prompt = torch.randint(0, model.config.vocab_size, (21,), generator=torch.Generator().manual_seed(5))
-    expected = model.generate(prompt[None], max_new_tokens=30, do_sample=False)[0, 21:].tolist()
-    assert PieceModel(model).greedy(prompt, 30) == expected
+    return prompt, model.generate(prompt[None], max_new_tokens=30, do_sample=False)[0, 21:].tolist()
+
+
+@pytest.mark.parametrize("static", [False, True])       # True: each decode step as a graph replays it (no host start)
+def test_pieces_generate_the_reference_tokens(model, generated, static):
+    """30 steps after a 21-token prompt: CSA windows (rate 4) and HCA windows (rate 8) close while decoding."""
+    prompt, expected = generated
+    assert PieceModel(model).greedy(prompt, 30, static) == expected
     assert len(set(expected)) > 5                                     # not a degenerate repetition
 
 

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from engine.model.dsv4.compressor import (CompressorState, CompressorWeights, IndexerWeights, causal_entries,
+from engine.model.dsv4.compressor import (CompressorBuffers, CompressorWeights, IndexerWeights, causal_entries,
                                           compress, indexer_visible)
 from engine.model.dsv4.norms import rms_norm, unweighted_rms_norm
 from engine.model.dsv4.rope import apply_tail_rope
@@ -66,54 +66,58 @@ def project_output(o: torch.Tensor, w: AttentionWeights, cos: torch.Tensor, sin:
 
 
 def sliding_visible(q_positions: torch.Tensor, key_positions: torch.Tensor, window: int) -> torch.Tensor:
-    """[T, S]: causal and within the last `window` positions (the query's own included)."""
+    """[T, S]: causal and within the last `window` positions (the query's own included), none below 0."""
     q, k = q_positions[:, None], key_positions[None, :]
-    return (k <= q) & (k > q - window)
+    return (k <= q) & (k > q - window) & (k >= 0)
 
 
-@dataclass
-class LayerCache:
-    """One attention layer's compressor states (the shared keys live in the model state)."""
-    compressor: CompressorState | None = None
-    indexer: CompressorState | None = None
+@dataclass(frozen=True)
+class LayerBuffers:
+    """One layer's state for a step: where its shared keys go, and its compressors' buffers (CSA / HCA)."""
+    # kv [T, D] -> the keys of every position so far [S, D] (position i at row i; static: the whole buffer)
+    store_keys: Callable[[torch.Tensor], torch.Tensor]
+    compressor: CompressorBuffers | None = None
+    indexer: CompressorBuffers | None = None
 
 
 QUERY_CHUNK = 256      # queries per attention call: scores stay [h, 256, window + 256 + entries]
 
 
-def attention(h: torch.Tensor, start: int, w: AttentionWeights, cache: LayerCache, kind: str, window: int,
-              eps: float, rope: dict, store_keys: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-    """One layer's attention for the next T tokens h [T, H] at positions start..start+T-1 (after the cache).
+def _compressed(h: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, start: int | None,
+                w: AttentionWeights, kind: str, eps: float, rope: dict, b: LayerBuffers):
+    """The compressed entries [N, D] and which of them each query sees [T, N] (HCA: all closed; CSA: top-k)."""
+    inv_freq, scaling = rope["compress_tables"]
+    entries = compress(h, positions, start, w.compressor, b.compressor, eps, inv_freq, scaling)
+    if kind == HCA:
+        return entries, causal_entries(positions, entries.shape[0], w.compressor.rate)
+    index_keys = compress(h, positions, start, w.indexer.compressor, b.indexer, eps, inv_freq, scaling)
+    return entries, indexer_visible(q_residual, h, positions, index_keys, w.indexer, w.compressor.rate,
+                                    *rope["compress"])
 
-    store_keys(kv [T, D]) writes the tokens' shared keys and returns the keys of every position so far
-    [S, D] (position i at row i). Each chunk of queries reads only its window's keys, so a decode step
-    costs O(window) and a prompt O(T * window), not O(T^2). rope: {"main" | "compress": (cos, sin)
-    [T, R/2]} at the tokens' positions, and "compress_tables": (inv_freq, scaling) for the compressed
-    entries' own positions.
+
+def attention(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: AttentionWeights, b: LayerBuffers,
+              kind: str, window: int, eps: float, rope: dict) -> torch.Tensor:
+    """One layer's attention for the next T tokens h [T, H] at consecutive positions [T] (device; `start`, the
+    first, on the host, or None inside a CUDA graph).
+
+    Each chunk of queries gathers only its window's keys (by device positions: the same shapes at any
+    position), so a decode step costs O(window + N) and a prompt O(T * (window + N)), not O(T^2).
+    rope: {"main" | "compress": (cos, sin) [T, R/2]} at the tokens' positions, and "compress_tables":
+    (inv_freq, scaling) for the compressed entries' own positions.
     """
     num_tokens = h.shape[0]
-    positions = torch.arange(start, start + num_tokens, device=h.device)
     cos, sin = rope["main"] if kind == SLIDING else rope["compress"]
     q, q_residual = project_query(h, w, eps, cos, sin)
-    keys = store_keys(project_kv(h, w, eps, cos, sin))                                        # [S, D]
+    keys = b.store_keys(project_kv(h, w, eps, cos, sin))                                       # [S, D]
     entries = entry_visible = None
     if kind != SLIDING:
-        inv_freq, scaling = rope["compress_tables"]
-        cache.compressor = cache.compressor or CompressorState()
-        entries = compress(h, w.compressor, cache.compressor, eps, inv_freq, scaling)          # [N, D]
-        if kind == HCA:
-            entry_visible = causal_entries(positions, entries.shape[0], w.compressor.rate)
-        else:
-            cache.indexer = cache.indexer or CompressorState()
-            index_keys = compress(h, w.indexer.compressor, cache.indexer, eps, inv_freq, scaling)
-            entry_visible = indexer_visible(q_residual, h, positions, index_keys, w.indexer, w.compressor.rate,
-                                            *rope["compress"])                                 # [T, N]
+        entries, entry_visible = _compressed(h, q_residual, positions, start, w, kind, eps, rope, b)   # [N, D], [T, N]
     outs = []
     for first in range(0, num_tokens, QUERY_CHUNK):
         last = min(first + QUERY_CHUNK, num_tokens)
-        lo, hi = max(0, start + first - window + 1), start + last                             # the chunk's keys
-        visible = sliding_visible(positions[first:last], torch.arange(lo, hi, device=h.device), window)
-        chunk_keys = keys[lo:hi]
+        key_positions = positions[first] - window + 1 + torch.arange(window - 1 + last - first, device=h.device)
+        visible = sliding_visible(positions[first:last], key_positions, window)
+        chunk_keys = keys.index_select(0, key_positions.clamp(min=0))                          # the chunk's keys
         if entries is not None:
             chunk_keys = torch.cat([chunk_keys, entries])
             visible = torch.cat([visible, entry_visible[first:last]], dim=1)

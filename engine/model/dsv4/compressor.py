@@ -4,12 +4,21 @@ A compressor turns every closed window of `rate` tokens into one entry of width 
 `rms_norm(sum_j softmax_j(gate_j + position_bias_j) * kv_j)`, rope'd at the window's first position.
 HCA windows do not overlap. CSA ("overlap") projects to 2D: entry w pools the first half (Ca) of
 window w-1 and the second half (Cb) of window w over 2 * rate slots (window 0: Cb only).
-State carried between calls: the rows of the unfinished window, the last closed window's Ca rows
-(CSA) and the entries so far, exactly what the reference keeps in its cache.
+
+State between calls, in fixed shapes (so a decode step is a CUDA graph): a ring of the last `span`
+projected rows (span = rate, or 2 * rate with overlap: the previous window's Ca too), row of position p
+at p % span, and the entries, entry w at row w. A call pools each window its tokens touch, closed or
+not, and writes them all: a window still open is rewritten when it closes, and no query sees an entry
+before its window closed (causal_entries). Nothing depends on the position on the host (where it is
+known and no window closes, the pooling is skipped), and a new conversation needs no reset: rows of
+positions below 0 are masked, and stale rows are never read.
+
+  T = tokens, W = projected width (D, or 2D with overlap), n = windows touched, N = entries held
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -35,50 +44,78 @@ class CompressorWeights:
     def dim(self) -> int:
         return self.norm.shape[0]
 
-
-@dataclass
-class CompressorState:
-    pending_kv: torch.Tensor | None = None     # [< rate, W] rows of the unfinished window
-    pending_gate: torch.Tensor | None = None
-    prior_kv: torch.Tensor | None = None       # [rate, D] Ca rows of the last closed window (CSA)
-    prior_gate: torch.Tensor | None = None
-    entries: torch.Tensor | None = None        # [N, D]
-    num_entries: int = 0
-    extra: dict = field(default_factory=dict)  # the indexer's own compressor state (CSA)
+    @property
+    def span(self) -> int:
+        """Positions one entry pools: its window, and with overlap the window before."""
+        return 2 * self.rate if self.overlap else self.rate
 
 
-def compress(h: torch.Tensor, w: CompressorWeights, state: CompressorState, eps: float,
-             inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
-    """Feed h [T, H] (the next T tokens); return all entries so far [N, D]."""
-    kv, gate = F.linear(h, w.kv), F.linear(h, w.gate)                          # [T, W]
-    if state.pending_kv is not None:
-        kv, gate = torch.cat([state.pending_kv, kv]), torch.cat([state.pending_gate, gate])
-    rate, dim = w.rate, w.dim
-    usable = kv.shape[0] // rate * rate
-    state.pending_kv, state.pending_gate = kv[usable:], gate[usable:]
-    if state.entries is None:
-        state.entries = kv.new_zeros((0, dim))
-    if usable == 0:
-        return state.entries
-    num_windows = usable // rate
-    win_kv = kv[:usable].view(num_windows, rate, -1)                            # [n, rate, W]
-    win_gate = gate[:usable].view(num_windows, rate, -1) + w.position_bias
-    if w.overlap:
-        slots_kv = win_kv.new_zeros((num_windows, 2 * rate, dim))              # [n, 2 rate, D]
-        slots_gate = win_gate.new_full((num_windows, 2 * rate, dim), float("-inf"))
-        slots_kv[:, rate:], slots_gate[:, rate:] = win_kv[..., dim:], win_gate[..., dim:]
-        slots_kv[1:, :rate], slots_gate[1:, :rate] = win_kv[:-1, :, :dim], win_gate[:-1, :, :dim]
-        if state.prior_kv is not None:
-            slots_kv[0, :rate], slots_gate[0, :rate] = state.prior_kv, state.prior_gate
-        state.prior_kv, state.prior_gate = win_kv[-1, :, :dim].clone(), win_gate[-1, :, :dim].clone()
-        win_kv, win_gate = slots_kv, slots_gate
-    pooled = (win_kv * win_gate.softmax(dim=1, dtype=torch.float32).to(win_kv.dtype)).sum(dim=1)
-    pooled = rms_norm(pooled, w.norm, eps)                                      # [n, D]
-    positions = torch.arange(num_windows, device=h.device) * rate + state.num_entries * rate
-    cos, sin = rope_cos_sin(positions, inv_freq, rope_scaling, pooled.dtype)
-    state.entries = torch.cat([state.entries, apply_tail_rope(pooled, cos, sin)])
-    state.num_entries += num_windows
-    return state.entries
+@dataclass(frozen=True)
+class CompressorBuffers:
+    """One compressor's state: the ring of projected rows and the entries, with how to write the entries."""
+    ring_kv: torch.Tensor         # [span, W]
+    ring_gate: torch.Tensor       # [span, W]
+    # (window ids [n], the first one on the host or None, entries [n, D]) -> every entry held [N, D]
+    store: Callable[[torch.Tensor, int | None, torch.Tensor], torch.Tensor]
+
+
+def _windows_touched(num_tokens: int, start: int | None, rate: int) -> int:
+    """Windows that T consecutive tokens touch: exactly where the start is on the host, else at most (a decode
+    step's one token touches one)."""
+    if start is None:
+        return -(-(num_tokens - 1) // rate) + 1
+    return (start + num_tokens - 1) // rate - start // rate + 1
+
+
+def _pooled_rows(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, start: int | None,
+                 w: CompressorWeights, b: CompressorBuffers) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The rows each touched window pools -> window ids [n], kv [n, span, W], gate [n, span, W] (from the ring
+    below the first position, from this call's rows above; rows past the last position are placeholders)."""
+    num_tokens, rate, span = kv.shape[0], w.rate, w.span
+    first = positions[0]
+    window_ids = first // rate + torch.arange(_windows_touched(num_tokens, start, rate), device=kv.device)   # [n]
+    pooled_positions = (window_ids[:, None] + 1) * rate - span + torch.arange(span, device=kv.device)   # [n, span]
+    offset = pooled_positions - first
+    source = torch.where(offset >= 0, span + offset.clamp(max=num_tokens - 1), pooled_positions.remainder(span))
+    rows_kv = torch.cat([b.ring_kv, kv]).index_select(0, source.flatten()).view(*source.shape, -1)
+    rows_gate = torch.cat([b.ring_gate, gate]).index_select(0, source.flatten()).view(*source.shape, -1)
+    rows_gate = rows_gate.masked_fill((pooled_positions < 0)[..., None], float("-inf"))      # before position 0
+    return window_ids, rows_kv, rows_gate
+
+
+def _pool(kv_rows: torch.Tensor, gate_rows: torch.Tensor, w: CompressorWeights, eps: float) -> torch.Tensor:
+    """kv, gate [n, span, W] -> the windows' normed pools [n, D]."""
+    rate, dim, bias = w.rate, w.dim, w.position_bias
+    if w.overlap:                                  # slots: the window before's Ca, then the window's Cb
+        kv_rows = torch.cat([kv_rows[:, :rate, :dim], kv_rows[:, rate:, dim:]], dim=1)             # [n, 2 rate, D]
+        gate_rows = torch.cat([gate_rows[:, :rate, :dim], gate_rows[:, rate:, dim:]], dim=1)
+        bias = torch.cat([bias[:, :dim], bias[:, dim:]])                                           # [2 rate, D]
+    weights = (gate_rows + bias).softmax(dim=1, dtype=torch.float32).to(kv_rows.dtype)
+    return rms_norm((kv_rows * weights).sum(dim=1), w.norm, eps)
+
+
+def _write_ring(kv: torch.Tensor, gate: torch.Tensor, positions: torch.Tensor, w: CompressorWeights,
+                b: CompressorBuffers) -> None:
+    keep = min(kv.shape[0], w.span)                                       # the last span rows (or fewer)
+    ring_rows = positions[-keep:].remainder(w.span)
+    b.ring_kv.index_copy_(0, ring_rows, kv[-keep:])
+    b.ring_gate.index_copy_(0, ring_rows, gate[-keep:])
+
+
+def compress(h: torch.Tensor, positions: torch.Tensor, start: int | None, w: CompressorWeights,
+             b: CompressorBuffers, eps: float, inv_freq: torch.Tensor, rope_scaling: float) -> torch.Tensor:
+    """Feed h [T, H] at positions [T] (consecutive; `start`, the first, on the host or None); return every
+    entry held [N, D] (entry w valid once position (w + 1) * rate - 1 has been fed)."""
+    kv, gate = F.linear(h, w.kv), F.linear(h, w.gate)                                  # [T, W]
+    first_window = None if start is None else start // w.rate
+    if first_window is not None and (start + kv.shape[0]) // w.rate == first_window:  # host position, none closes
+        _write_ring(kv, gate, positions, w, b)                                         # (an eager step): no pooling
+        return b.store(positions[:0], first_window, kv.new_empty((0, w.dim)))
+    window_ids, kv_rows, gate_rows = _pooled_rows(kv, gate, positions, start, w, b)         # [n], [n, span, W] x2
+    _write_ring(kv, gate, positions, w, b)                                             # after reading the ring
+    pooled = _pool(kv_rows, gate_rows, w, eps)                                                     # [n, D]
+    cos, sin = rope_cos_sin(window_ids * w.rate, inv_freq, rope_scaling, pooled.dtype)
+    return b.store(window_ids, first_window, apply_tail_rope(pooled, cos, sin))
 
 
 def causal_entries(q_positions: torch.Tensor, num_entries: int, rate: int) -> torch.Tensor:

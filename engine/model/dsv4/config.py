@@ -1,6 +1,7 @@
 """The DeepSeek-V4 fields the pieces need, read from the transformers config, with the refusals."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -30,8 +31,14 @@ class Dsv4Config:
     swiglu_limit: float
     o_groups: int
     index_topk: int
+    index_head_dim: int
     main_rope: tuple[torch.Tensor, float]        # inv_freq [R/2], attention scaling
     compress_rope: tuple[torch.Tensor, float]
+
+    def to(self, device: torch.device) -> "Dsv4Config":
+        """The rope tables on the device: a decode step captured in a CUDA graph copies nothing from the host."""
+        return dataclasses.replace(self, main_rope=(self.main_rope[0].to(device), self.main_rope[1]),
+                                   compress_rope=(self.compress_rope[0].to(device), self.compress_rope[1]))
 
 
 def read_dsv4_config(cfg) -> Dsv4Config:
@@ -53,4 +60,5 @@ def read_dsv4_config(cfg) -> Dsv4Config:
         sliding_window=cfg.sliding_window, compress_rates=dict(cfg.compress_rates), scoring=cfg.scoring_func,
         top_k=cfg.num_experts_per_tok, routed_scaling=float(cfg.routed_scaling_factor),
         swiglu_limit=float(cfg.swiglu_limit), o_groups=cfg.o_groups, index_topk=cfg.index_topk,
+        index_head_dim=cfg.index_head_dim,
         main_rope=main_rope, compress_rope=compress_rope)

@@ -11,13 +11,15 @@ from typing import Callable
 
 import torch
 
-from engine.model.dsv4.attention import SLIDING, AttentionWeights, LayerCache, attention
+from engine.model.block import Step
+from engine.model.dsv4.attention import SLIDING, AttentionWeights, attention
 from engine.model.dsv4.compressor import CompressorWeights, IndexerWeights
 from engine.model.dsv4.config import Dsv4Config
 from engine.model.dsv4.hyper import HyperWeights, hyper_collapse, hyper_expand
 from engine.model.dsv4.moe import clamped_swiglu, route_hash, route_topk
 from engine.model.dsv4.norms import rms_norm
 from engine.model.dsv4.rope import rope_cos_sin
+from engine.model.dsv4.state import layer_buffers
 from engine.model.layers import Packed
 
 
@@ -80,13 +82,13 @@ class Dsv4Layer:
         c = self.cfg
         return hyper_collapse(x, w, c.hc_sinkhorn_iters, c.hc_eps, c.eps)
 
-    def mix(self, x: torch.Tensor, start: int, cache: LayerCache, rope: dict,
-            store_keys: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Mixed, torch.Tensor]:
-        """x [T, n, H] -> (Mixed, h [T, H]): attention between the attn hyper-connection, then the MoE input."""
+    def mix(self, x: torch.Tensor, step: Step, rope: dict) -> tuple[Mixed, torch.Tensor]:
+        """x [T, n, H] -> (Mixed, h [T, H]): attention between the attn hyper-connection, then the MoE input.
+        The layer's state is step.state's buffers of index `self.index` (dsv4/state.py)."""
         c = self.cfg
         collapsed, post, comb = self._collapse(x, self.attn_hc)
-        out = attention(rms_norm(collapsed, self.input_norm, c.eps), start, self.attn, cache, self.kind,
-                        c.sliding_window, c.eps, rope, store_keys)
+        out = attention(rms_norm(collapsed, self.input_norm, c.eps), step.positions, step.start, self.attn,
+                        layer_buffers(step, self.index, self.kind), self.kind, c.sliding_window, c.eps, rope)
         x = hyper_expand(x, out, post, comb)
         collapsed, post, comb = self._collapse(x, self.ffn_hc)
         return Mixed(x, post, comb), rms_norm(collapsed, self.post_attention_norm, c.eps)

@@ -13,12 +13,12 @@ import functools
 import torch
 
 from engine.model.block import Block, Step
-from engine.model.dsv4.attention import LayerCache
 from engine.model.dsv4.config import read_dsv4_config
 from engine.model.dsv4.hyper import hyper_head
 from engine.model.dsv4.layer import Dsv4Layer, Mixed, rope_for
 from engine.model.dsv4.moe import clamped_swiglu
 from engine.model.dsv4.norms import Dsv4RmsNorm
+from engine.model.dsv4.state import layer_state_specs
 from engine.model.layers import embedding, linear
 from engine.model.model import Model
 from engine.model.spec import ModelSpec, as_ids
@@ -50,8 +50,9 @@ def read_spec(cfg) -> ModelSpec:
 
 
 def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
-    """Per layer the shared K = V head of every position (the compressors' few rows are host-side state)."""
-    return [{"kv": StateSpec((spec.head_dim,))} for _ in range(spec.num_layers)]
+    """Per layer the shared K = V head of every position and its compressors' buffers (dsv4/state.py)."""
+    cfg = read_dsv4_config(spec.cfg)
+    return [layer_state_specs(cfg, kind) for kind in cfg.layer_types]
 
 
 class TokenIds:
@@ -65,20 +66,13 @@ class Dsv4Block:
 
     def __init__(self, layer: Dsv4Layer, token_ids: TokenIds, dtype: torch.dtype):
         self.layer, self.token_ids, self.dtype = layer, token_ids, dtype
-        self.cache = LayerCache()
 
     def state_specs(self) -> dict[str, StateSpec]:
-        return {"kv": StateSpec((self.layer.cfg.head_dim,))}          # as state_specs(spec) declares
+        return layer_state_specs(self.layer.cfg, self.layer.kind)          # as state_specs(spec) declares
 
     def mix(self, x: torch.Tensor, step: Step) -> tuple[Mixed, torch.Tensor]:
-        if step.start is None:
-            raise RuntimeError("DeepSeek-V4's compressors need the step's position on the host (no CUDA graphs).")
-        if step.start == 0:                               # a new conversation: the compressors start empty
-            self.cache = LayerCache()
         rope = step.memo("dsv4-rope", lambda: rope_for(self.layer.cfg, step.positions, self.dtype))
-        index = self.layer.index
-        return self.layer.mix(x, step.start, self.cache, rope,
-                              lambda kv: step.state.append(index, "kv", step.positions, step.start, kv))
+        return self.layer.mix(x, step, rope)
 
     def route(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         weights, ids = self.layer.route(h, self.token_ids.value)
@@ -89,7 +83,6 @@ class Dsv4Block:
 
 
 class Dsv4Model(Model):
-    graph_safe = False                  # the compressors close windows on host-known positions
     norm_type = Dsv4RmsNorm
 
     def __init__(self, spec: ModelSpec, blocks: list, token_ids: TokenIds, w: dict[str, torch.Tensor]):
@@ -116,7 +109,7 @@ def _expert(x: torch.Tensor, w: dict[str, torch.Tensor], limit: float) -> torch.
 
 
 def build(spec: ModelSpec, w: dict[str, torch.Tensor], dtype: torch.dtype, device: torch.device) -> Dsv4Model:
-    cfg = read_dsv4_config(spec.cfg)
+    cfg = read_dsv4_config(spec.cfg).to(device)
     token_ids = TokenIds()
     blocks = [Dsv4Block(Dsv4Layer(cfg, i, lambda name, p=f"model.layers.{i}.": w[p + name]), token_ids, dtype)
               for i in range(spec.num_layers)]
