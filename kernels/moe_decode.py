@@ -36,6 +36,7 @@ class DecodeConfig:
     num_warps: int = 4
     split_down: bool = False  # down grid over (token, expert) with atomic adds instead of a loop over experts
     num_stages: int | None = None   # Triton software pipelining depth (None: Triton's default)
+    flat_fp4: bool = False  # nvfp4 / mxfp4 through tiles.fp4_partial_flat: the GPU A/B's baseline only
 
 
 def default_config(fmt: str) -> DecodeConfig:
@@ -52,12 +53,12 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
                     alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                     UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                     FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr):
+                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
-                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES)
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES, FLAT_FP4)
     if ZERO_OUT:                                              # the split down pass adds into out
         if (pair % K == 0) & (tl.program_id(1) == 0):
             for h0 in range(0, H, BLOCK_K):
@@ -69,7 +70,7 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
 def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
-                 BASES: tl.constexpr):
+                 BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
     gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
     (added to out when ACCUMULATE)."""
@@ -82,7 +83,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
         part = tl.zeros([BLOCK_H], dtype=tl.float32)
         for i0 in range(0, I, BLOCK_K):
             part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
-                                FMT, BLOCK_H, BLOCK_K)
+                                FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
         part = (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                 + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
@@ -97,7 +98,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
             part = tl.zeros([BLOCK_H], dtype=tl.float32)
             for i0 in range(0, I, BLOCK_K):
                 part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
-                                    FMT, BLOCK_H, BLOCK_K)
+                                    FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
             acc += (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                     + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
@@ -158,11 +159,11 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
         x, h_buf, out, slots, base_arg, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
         off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate,
-        bases is not None, **launch)
+        bases is not None, cfg.flat_fp4, **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
         h_buf, out, slots, base_arg, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
-        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, **launch)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, cfg.flat_fp4, **launch)
     return out
 
 

@@ -81,12 +81,10 @@ def fp4_tile(words, scales, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.
 
 
 @triton.jit
-def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 / mxfp4 weights,
-    with the group scales applied (nvfp4's global scale is left to `row_scale`). x_even / x_odd
-    [BLOCK_K/2] are x[k0 + 2j] and x[k0 + 2j + 1]: element 2j sits in a byte's low nibble, 2j+1 in
-    its high nibble, so no interleaving of the weight tile is needed."""
+def fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
+                     FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp4_partial's previous form (a [R, K/2] tile, a float path a nibble, the groups summed through a reshape),
+    kept only while the GPU A/B against fp4_partial runs. x_even / x_odd [BLOCK_K/2]."""
     half = row_len // 2                                   # bytes per row
     jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)             # byte columns
     row_ok = rows[:, None] < n_rows
@@ -95,6 +93,53 @@ def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
     prod = _e2m1(raw & 15) * x_even[None, :] + _e2m1(raw >> 4) * x_odd[None, :]      # [R, K/2]
     scales = fp4_scales(bank_u8, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
     return fp4_group_dot(prod, scales, FMT, BLOCK_R, BLOCK_K)
+
+
+@triton.jit
+def _fp16_bits(bits):
+    """int32 holding an fp16 bit pattern in its low 16 bits -> float32 (exact, subnormals included)."""
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_pair(raw):
+    """Packed e2m1 bytes (int32) -> float32 (low nibble, high nibble), each 2^-14 times its e2m1 value. A nibble's
+    sign and three magnitude bits are moved to where an fp16 keeps its sign, two low exponent bits and top mantissa
+    bit, so that e2m1's 0.5 is fp16's subnormal 2^-15: shifts and masks, no int -> float convert and no select."""
+    lo = ((raw << 9) & 0x0E00) | ((raw << 12) & 0x8000)
+    hi = ((raw << 5) & 0x0E00) | ((raw << 8) & 0x8000)
+    return _fp16_bits(lo), _fp16_bits(hi)
+
+
+@triton.jit
+def fp4_vector(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(x_even, x_odd), each float32 [BLOCK_K / group, group / 2]: vec[k0 + 2j] and vec[k0 + 2j + 1], the
+    elements that the low and high nibbles of a tile's bytes multiply, one row of them per scale group."""
+    GB: tl.constexpr = 16 if FMT == 3 else 8                     # bytes a scale group
+    j = k0 + 2 * (tl.arange(0, BLOCK_K // (2 * GB))[:, None] * GB + tl.arange(0, GB)[None, :])
+    x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
+    x_odd = tl.load(vec_ptr + j + 1, mask=j < row_len, other=0.0).to(tl.float32)
+    return x_even, x_odd
+
+
+@triton.jit
+def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
+                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 / mxfp4 weights, with
+    the group scales applied (nvfp4's global scale is left to `row_scale`); x_even / x_odd from fp4_vector.
+    The tile is loaded as [rows, groups, group bytes], so that a group's bytes are contiguous in one thread:
+    each group's products are summed in place, then scaled once (one multiply a group, not a value)."""
+    GB: tl.constexpr = 16 if FMT == 3 else 8                     # bytes a scale group
+    G: tl.constexpr = BLOCK_K // (2 * GB)                         # scale groups a tile
+    groups = row_len // (2 * GB)                                  # scale groups a row
+    half = tl.multiple_of(row_len // 2, GB)                       # bytes a row (the launcher checks the group)
+    jg = k0 // (2 * GB) + tl.arange(0, G)
+    ok = (rows[:, None] < n_rows) & (jg[None, :] < groups)        # [R, G]
+    ptr = bank_u8 + w_off + rows[:, None, None] * half + jg[None, :, None] * GB + tl.arange(0, GB)[None, None, :]
+    lo, hi = e2m1_pair(tl.load(ptr, mask=ok[:, :, None], other=0).to(tl.int32))      # [R, G, GB]
+    per_group = tl.sum(lo * x_even[None, :, :] + hi * x_odd[None, :, :], axis=2)       # [R, G]
+    scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :], mask=ok, other=0)
+    return tl.sum(per_group * group_scale(scales, FMT), axis=1) * 16384.0              # undo e2m1_pair's 2^-14
 
 
 @triton.jit
@@ -138,20 +183,42 @@ def row_scale(bank_bf16, bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr
 
 
 @triton.jit
-def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec_ptr,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`.
-    vec_ptr points at the row's first element (any float dtype; zero past row_len)."""
-    if FMT == 2 or FMT == 3:
+def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """vec[k0:k0+BLOCK_K] (any float dtype, zero past row_len) as float32 in the shape `tile_dot` takes, loaded
+    once for all the weights it meets: (x_even, x_odd) of fp4_vector for nvfp4 / mxfp4, else (vec, vec)."""
+    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+        return fp4_vector(vec_ptr, k0, row_len, FMT, BLOCK_K)
+    elif FMT == 2 or FMT == 3:
         j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
         x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
-        x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
-        return fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd, FMT, BLOCK_R, BLOCK_K)
+        return x_even, tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
         vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32)
+        return vec, vec
+
+
+@triton.jit
+def tile_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b,
+             FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`;
+    (x_a, x_b) = vector_tile(vec, k0, ...)."""
+    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+        return fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b, FMT, BLOCK_R, BLOCK_K)
+    elif FMT == 2 or FMT == 3:
+        return fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b, FMT, BLOCK_R, BLOCK_K)
+    else:
         tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
-        return tl.sum(tile * vec[None, :], axis=1)
+        return tl.sum(tile * x_a[None, :], axis=1)
+
+
+@triton.jit
+def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec_ptr,
+                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """tile_dot of one weight against vec[k0:k0+BLOCK_K] read from vec_ptr (the row's first element)."""
+    x_a, x_b = vector_tile(vec_ptr, k0, row_len, FMT, BLOCK_K, FLAT_FP4)
+    return tile_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b, FMT, BLOCK_R, BLOCK_K,
+                    FLAT_FP4)
 
 
 @triton.jit
@@ -196,7 +263,7 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
                   GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                   UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                   FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                  base_ptr, BASES: tl.constexpr):
+                  base_ptr, BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
     """h[pair, rows] = act(gate_e x_t + gate bias, up_e x_t + up bias) for pair = t * K + k (stored to h_ptr)."""
     token = pair // K
     slot = tl.load(slot_ptr + pair)
@@ -206,8 +273,11 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
     x_row = x_ptr + token * H
     for k0 in range(0, H, BLOCK_K):
-        acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
-        acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
+        x_a, x_b = vector_tile(x_row, k0, H, FMT, BLOCK_K, FLAT_FP4)        # read once for gate and up
+        acc_gate += tile_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_a, x_b, FMT, BLOCK_I, BLOCK_K,
+                             FLAT_FP4)
+        acc_up += tile_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_a, x_b, FMT, BLOCK_I, BLOCK_K,
+                           FLAT_FP4)
     gate = acc_gate * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
     up = acc_up * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
     tl.store(h_ptr + pair * I + rows, activate(gate, up, ACT, alpha, limit), mask=rows < I)
