@@ -102,44 +102,67 @@ def _fp16_bits(bits):
 
 
 @triton.jit
-def e2m1_pair(raw):
-    """Packed e2m1 bytes (int32) -> float32 (low nibble, high nibble), each 2^-14 times its e2m1 value. A nibble's
-    sign and three magnitude bits are moved to where an fp16 keeps its sign, two low exponent bits and top mantissa
-    bit, so that e2m1's 0.5 is fp16's subnormal 2^-15: shifts and masks, no int -> float convert and no select."""
-    lo = ((raw << 9) & 0x0E00) | ((raw << 12) & 0x8000)
-    hi = ((raw << 5) & 0x0E00) | ((raw << 8) & 0x8000)
-    return _fp16_bits(lo), _fp16_bits(hi)
+def e2m1_halves(words, J: tl.constexpr):
+    """uint32 words of 8 packed e2m1 values -> float32 (value J, value J + 4) of each word (J < 4), 2^-14 times
+    their e2m1 values. Values J and J + 4 lie 16 bits apart, so one shift and mask move both their sign and three
+    magnitude bits to where the two halves of an fp16 pair keep a sign, two low exponent bits and the top
+    mantissa bit; e2m1's 0.5 is then fp16's subnormal 2^-15, and the fp16 -> fp32 converts are exact."""
+    if J == 3:
+        magnitude = (words >> 3) & 0x0E000E00
+    else:
+        magnitude = (words << (9 - 4 * J)) & 0x0E000E00
+    bits = magnitude | ((words << (12 - 4 * J)) & 0x80008000)
+    return _fp16_bits(bits), _fp16_bits(bits >> 16)
+
+
+@triton.jit
+def fp4_words(k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """([G, GW] index of each 32-bit word of W[r, k0:k0+BLOCK_K] in its row, [G, GW] whether it is in the row):
+    G scale groups of GW words (8 packed e2m1 values a word; 4 words a group mxfp4, 2 nvfp4)."""
+    GW: tl.constexpr = 4 if FMT == 3 else 2
+    jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
+    word = jg[:, None] * GW + tl.arange(0, GW)[None, :]
+    return word, word < row_len // 8
 
 
 @triton.jit
 def fp4_vector(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """(x_even, x_odd), each float32 [BLOCK_K / group, group / 2]: vec[k0 + 2j] and vec[k0 + 2j + 1], the
-    elements that the low and high nibbles of a tile's bytes multiply, one row of them per scale group."""
-    GB: tl.constexpr = 16 if FMT == 3 else 8                     # bytes a scale group
-    j = k0 + 2 * (tl.arange(0, BLOCK_K // (2 * GB))[:, None] * GB + tl.arange(0, GB)[None, :])
-    x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
-    x_odd = tl.load(vec_ptr + j + 1, mask=j < row_len, other=0.0).to(tl.float32)
-    return x_even, x_odd
+    """vec[k0:k0+BLOCK_K] as float32 in fp4_partial's order: the tuple of 8 [G, GW] tiles x_j (element j of
+    each word), read once for all the weights that meet it."""
+    word, ok = fp4_words(k0, row_len, FMT, BLOCK_K)
+    return (tl.load(vec_ptr + word * 8, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 1, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 2, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 3, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 4, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 5, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 6, mask=ok, other=0.0).to(tl.float32),
+            tl.load(vec_ptr + word * 8 + 7, mask=ok, other=0.0).to(tl.float32))
 
 
 @triton.jit
-def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
+def fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
                 FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 / mxfp4 weights, with
-    the group scales applied (nvfp4's global scale is left to `row_scale`); x_even / x_odd from fp4_vector.
-    The tile is loaded as [rows, groups, group bytes], so that a group's bytes are contiguous in one thread:
-    each group's products are summed in place, then scaled once (one multiply a group, not a value)."""
-    GB: tl.constexpr = 16 if FMT == 3 else 8                     # bytes a scale group
-    G: tl.constexpr = BLOCK_K // (2 * GB)                         # scale groups a tile
-    groups = row_len // (2 * GB)                                  # scale groups a row
-    half = tl.multiple_of(row_len // 2, GB)                       # bytes a row (the launcher checks the group)
-    jg = k0 // (2 * GB) + tl.arange(0, G)
-    ok = (rows[:, None] < n_rows) & (jg[None, :] < groups)        # [R, G]
-    ptr = bank_u8 + w_off + rows[:, None, None] * half + jg[None, :, None] * GB + tl.arange(0, GB)[None, None, :]
-    lo, hi = e2m1_pair(tl.load(ptr, mask=ok[:, :, None], other=0).to(tl.int32))      # [R, G, GB]
-    per_group = tl.sum(lo * x_even[None, :, :] + hi * x_odd[None, :, :], axis=2)       # [R, G]
-    scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :], mask=ok, other=0)
-    return tl.sum(per_group * group_scale(scales, FMT), axis=1) * 16384.0              # undo e2m1_pair's 2^-14
+    the group scales applied (nvfp4's global scale is left to `row_scale`); xs = fp4_vector(x, k0, ...).
+    The tile is read as 32-bit words [rows, groups, words a group]: a group's words sit in one thread, each
+    word is decoded as four pairs of values (e2m1_halves) and its products summed in place, then each group's
+    sum is scaled once."""
+    GW: tl.constexpr = 4 if FMT == 3 else 2                       # words a scale group (32 / 16 values)
+    word, word_ok = fp4_words(k0, row_len, FMT, BLOCK_K)          # [G, GW]
+    row_ok = rows[:, None, None] < n_rows
+    ptr = bank_f32 + w_off // 4 + rows[:, None, None] * tl.multiple_of(row_len // 8, GW) + word[None, :, :]
+    words = tl.load(ptr, mask=row_ok & word_ok[None, :, :], other=0.0).to(tl.uint32, bitcast=True)   # [R, G, GW]
+    acc = tl.zeros(words.shape, dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = e2m1_halves(words, j)
+        acc += lo * xs[j][None, :, :]                 # two statements: two fused multiply-adds
+        acc += hi * xs[j + 4][None, :, :]
+    groups = row_len // (8 * GW)
+    jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
+    scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
+                     mask=(rows[:, None] < n_rows) & (jg[None, :] < groups), other=0)
+    return tl.sum(tl.sum(acc, axis=2) * group_scale(scales, FMT), axis=1) * 16384.0      # undo the 2^-14
 
 
 @triton.jit
@@ -184,41 +207,31 @@ def row_scale(bank_bf16, bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr
 
 @triton.jit
 def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
-    """vec[k0:k0+BLOCK_K] (any float dtype, zero past row_len) as float32 in the shape `tile_dot` takes, loaded
-    once for all the weights it meets: (x_even, x_odd) of fp4_vector for nvfp4 / mxfp4, else (vec, vec)."""
+    """vec[k0:k0+BLOCK_K] (any float dtype, zero past row_len) as float32 in the form `tile_dot` takes, read
+    once for all the weights it meets: fp4_vector's tuple for nvfp4 / mxfp4, else a tuple of one [BLOCK_K]."""
     if (FMT == 2 or FMT == 3) and not FLAT_FP4:
         return fp4_vector(vec_ptr, k0, row_len, FMT, BLOCK_K)
     elif FMT == 2 or FMT == 3:
         j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-        x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
-        return x_even, tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
+        return (tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32),
+                tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32))
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
-        vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32)
-        return vec, vec
+        return (tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32),)
 
 
 @triton.jit
-def tile_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b,
+def tile_dot(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
              FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
     """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`;
-    (x_a, x_b) = vector_tile(vec, k0, ...)."""
+    xs = vector_tile(vec, k0, ...)."""
     if (FMT == 2 or FMT == 3) and not FLAT_FP4:
-        return fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b, FMT, BLOCK_R, BLOCK_K)
+        return fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs, FMT, BLOCK_R, BLOCK_K)
     elif FMT == 2 or FMT == 3:
-        return fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b, FMT, BLOCK_R, BLOCK_K)
+        return fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, xs[0], xs[1], FMT, BLOCK_R, BLOCK_K)
     else:
         tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
-        return tl.sum(tile * x_a[None, :], axis=1)
-
-
-@triton.jit
-def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec_ptr,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
-    """tile_dot of one weight against vec[k0:k0+BLOCK_K] read from vec_ptr (the row's first element)."""
-    x_a, x_b = vector_tile(vec_ptr, k0, row_len, FMT, BLOCK_K, FLAT_FP4)
-    return tile_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, x_a, x_b, FMT, BLOCK_R, BLOCK_K,
-                    FLAT_FP4)
+        return tl.sum(tile * xs[0][None, :], axis=1)
 
 
 @triton.jit
@@ -271,13 +284,12 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     base = block_base(slot, pair, block_bytes, base_ptr, BASES)
     acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
-    x_row = x_ptr + token * H
     for k0 in range(0, H, BLOCK_K):
-        x_a, x_b = vector_tile(x_row, k0, H, FMT, BLOCK_K, FLAT_FP4)        # read once for gate and up
-        acc_gate += tile_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_a, x_b, FMT, BLOCK_I, BLOCK_K,
-                             FLAT_FP4)
-        acc_up += tile_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_a, x_b, FMT, BLOCK_I, BLOCK_K,
-                           FLAT_FP4)
+        xs = vector_tile(x_ptr + token * H, k0, H, FMT, BLOCK_K, FLAT_FP4)       # read once for gate and up
+        acc_gate += tile_dot(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k0, n, H, xs, FMT, BLOCK_I,
+                             BLOCK_K, FLAT_FP4)
+        acc_up += tile_dot(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, xs, FMT, BLOCK_I,
+                           BLOCK_K, FLAT_FP4)
     gate = acc_gate * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
     up = acc_up * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
     tl.store(h_ptr + pair * I + rows, activate(gate, up, ACT, alpha, limit), mask=rows < I)
