@@ -117,12 +117,12 @@ def e2m1_halves(words, J: tl.constexpr):
 
 @triton.jit
 def fp4_words(k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """([G, GW] index of each 32-bit word of W[r, k0:k0+BLOCK_K] in its row, [G, GW] whether it is in the row):
+    """([G, GW] index of each 32-bit word of W[r, k0:k0+BLOCK_K] in its row, [G, 1] whether it is in the row):
     G scale groups of GW words (8 packed e2m1 values a word; 4 words a group mxfp4, 2 nvfp4)."""
     GW: tl.constexpr = 4 if FMT == 3 else 2
     jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
     word = jg[:, None] * GW + tl.arange(0, GW)[None, :]
-    return word, word < row_len // 8
+    return word, (jg < row_len // (8 * GW))[:, None]              # by group: one mask a group's words
 
 
 @triton.jit
