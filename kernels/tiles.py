@@ -5,6 +5,8 @@ byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-
 and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4, 3 mxfp4 (e2m1
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
+The decode kernel reads nvfp4 / mxfp4 tiles as 32-bit words of 8 values and decodes them by moving bits into
+fp16 halves (e2m1_halves, fp4_partial): a few integer operations a pair of values, one multiply-add a value.
 Also the pieces the MoE kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias) for a
 block of rows) and raw_tile (a tile loaded as stored words): the prefill kernel reads fp4 tiles with it and
 decodes them whole with fp4_tile. Both MoE kernels take
@@ -126,18 +128,20 @@ def fp4_words(k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
+def _word_elements(vec_ptr, word, ok, J: tl.constexpr):
+    """float32 [G, GW]: element J of each word's 8 (zero outside the row)."""
+    return tl.load(vec_ptr + word * 8 + J, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def fp4_vector(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
     """vec[k0:k0+BLOCK_K] as float32 in fp4_partial's order: the tuple of 8 [G, GW] tiles x_j (element j of
     each word), read once for all the weights that meet it."""
     word, ok = fp4_words(k0, row_len, FMT, BLOCK_K)
-    return (tl.load(vec_ptr + word * 8, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 1, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 2, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 3, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 4, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 5, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 6, mask=ok, other=0.0).to(tl.float32),
-            tl.load(vec_ptr + word * 8 + 7, mask=ok, other=0.0).to(tl.float32))
+    return (_word_elements(vec_ptr, word, ok, 0), _word_elements(vec_ptr, word, ok, 1),
+            _word_elements(vec_ptr, word, ok, 2), _word_elements(vec_ptr, word, ok, 3),
+            _word_elements(vec_ptr, word, ok, 4), _word_elements(vec_ptr, word, ok, 5),
+            _word_elements(vec_ptr, word, ok, 6), _word_elements(vec_ptr, word, ok, 7))
 
 
 @triton.jit
