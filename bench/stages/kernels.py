@@ -197,6 +197,7 @@ def best_config(case: ExpertCase, label: str, copy_s: float, configs: list):
 
 def print_table(rows: list[dict]) -> None:
     """Last: each row's best time and share of HBM copy, against the previous fp4 tiles' where measured."""
+    from kernels.moe_decode import DecodeConfig
     print("\n| shapes | format | previous fp4 tiles | now | speedup | config now |\n|---|---|---|---|---|---|")
     for r in rows:
         now = f"{r['graph_us']:.1f} us ({r['graph_frac_of_hbm_copy']:.0%})"
@@ -204,7 +205,7 @@ def print_table(rows: list[dict]) -> None:
         if "flat_fp4_us" in r:
             old = f"{r['flat_fp4_us']:.1f} us ({r['flat_fp4_frac_of_hbm_copy']:.0%})"
             gain = f"{r['flat_fp4_us'] / r['graph_us']:.2f}x"
-        cfg = "/".join(str(v) for k, v in r["best_config"].items() if k != "flat_fp4" and v is not None)
+        cfg = config_name(DecodeConfig(**r["best_config"]))
         print(f"| {r['model']} | {r['fmt']} | {old} | {now} | {gain} | {cfg} |", flush=True)
 
 
