@@ -44,8 +44,8 @@ def default_config(fmt: str) -> DecodeConfig:
     """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (fp4: see below)."""
     if fmt in ("fp8", "int8"):   # int8: fp8's (same bytes an element), not yet swept on its own
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt in ("nvfp4", "mxfp4"):     # fewest instructions a weight byte in ptxas at gpt-oss's width; not yet timed
-        return DecodeConfig(block_i=8, block_h=8, block_k=1024, num_warps=2, split_down=True)
+    if fmt in ("nvfp4", "mxfp4"):     # few instructions a weight byte and registers in ptxas at gpt-oss's width; untimed
+        return DecodeConfig(block_i=8, block_h=8, block_k=512, num_warps=2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
 
