@@ -75,7 +75,8 @@ def sweep(fmt: str) -> list:
     if fmt in ("nvfp4", "mxfp4"):
         grid = [C(r, r, k, w, True) for r in (4, 8, 16) for k in (512, 1024) for w in (1, 2, 4)
                 if (r, w) not in ((4, 4), (16, 1))]
-        return [default_config(fmt), *grid, C(8, 16, 1024, 2, True), C(16, 8, 1024, 4, True), C(8, 8, 512, 2)]
+        return list(dict.fromkeys([default_config(fmt), *grid, C(8, 16, 1024, 2, True), C(16, 8, 1024, 4, True),
+                                   C(8, 8, 512, 2)]))
     return [default_config(fmt), C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True),
             C(8, 8, 512, 4, True), C(4, 8, 512, 2, True)]
 
