@@ -24,7 +24,8 @@ import triton.language as tl
 from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .quant_formats import QUANT_FORMATS
-from .tiles import bias_rows, block_base, check_bank_inputs, field_offsets, gate_up_rows, row_scale, tile_dot, vector_tile
+from .tiles import (bias_rows, block_base, check_bank_inputs, field_offsets, gate_up_rows, row_scale, tile_dot,
+                    vector_tile)
 
 KERNEL_VERSION = 9     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
@@ -44,7 +45,7 @@ def default_config(fmt: str) -> DecodeConfig:
     """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (fp4: see below)."""
     if fmt in ("fp8", "int8"):   # int8: fp8's (same bytes an element), not yet swept on its own
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt in ("nvfp4", "mxfp4"):     # few instructions a weight byte and registers in ptxas at gpt-oss's width; untimed
+    if fmt in ("nvfp4", "mxfp4"):     # few instructions a weight byte and registers in ptxas at gpt-oss's width
         return DecodeConfig(block_i=8, block_h=8, block_k=512, num_warps=2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
@@ -84,8 +85,8 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
         part = tl.zeros([BLOCK_H], dtype=tl.float32)
         for i0 in range(0, I, BLOCK_K):
             hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
-            part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H, BLOCK_K,
-                             FLAT_FP4)
+            part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
+                             BLOCK_K, FLAT_FP4)
         part = (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                 + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
@@ -127,7 +128,8 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
 def _check_config(cfg: DecodeConfig, fmt: str) -> None:
     group = QUANT_FORMATS[fmt].group_size
     if group and (cfg.block_k % group or cfg.block_k & (cfg.block_k - 1)):
-        raise ValueError(f"{fmt} decode tiles need block_k a power of two and a multiple of {group} (got {cfg.block_k})")
+        raise ValueError(f"{fmt} decode tiles need block_k a power of two and a multiple of {group} "
+                         f"(got {cfg.block_k})")
 
 
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
