@@ -1,9 +1,10 @@
 """Batch-1 expert decode kernels at each family's expert shapes, per format: error against the torch reference,
 the best of a config sweep in a CUDA graph as a share of HBM copy bandwidth, eager and torch times; for nvfp4 /
 mxfp4 also the previous fp4 tiles (DecodeConfig.flat_fp4) best of their sweep, and a last table old against new.
-With --dense, the int8 dense linear against bf16 through cuBLAS.
+With --dense, the int8 dense linear against bf16 through cuBLAS. With --ptxas (no GPU needed), each launch of the
+default config compiled for --arch offline: its registers and SASS instructions a weight byte in its hottest loop.
 
-    python -m bench kernels [--models olmoe-1b-7b,gpt-oss-120b] [--formats int8,mxfp4] [--dense]
+    python -m bench kernels [--models olmoe-1b-7b,gpt-oss-120b] [--formats int8,mxfp4] [--dense | --ptxas]
 """
 from __future__ import annotations
 
@@ -27,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--formats", default="int8,fp8,nvfp4,mxfp4", help=f"comma-separated, of {', '.join(FORMATS)}")
     p.add_argument("--dense", action="store_true", help="the int8 dense linear instead of the expert kernels")
+    p.add_argument("--ptxas", action="store_true", help="compile offline for --arch: registers, instructions a byte")
+    p.add_argument("--arch", type=int, default=90, help="with --ptxas: the SM version (default 90)")
 
 
 def run(args) -> int:
@@ -36,6 +39,10 @@ def run(args) -> int:
         raise SluiceError(f"Unknown {', '.join(bad)}: models are {', '.join(SHAPES)}; formats {', '.join(FORMATS)}.")
     if args.dense:
         save_json(args.out, "kernels-dense", [dense_row(n, k) for n, k in DENSE_SHAPES])
+        return 0
+    if args.ptxas:
+        from bench.ptxas_decode import report
+        report(models, formats, args.arch)
         return 0
     hbm = kernel_env()
     rows = []
