@@ -24,8 +24,8 @@ import triton.language as tl
 from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .quant_formats import QUANT_FORMATS
-from .tiles import (bias_rows, block_base, check_bank_inputs, field_offsets, gate_up_rows, row_scale, tile_dot,
-                    vector_tile)
+from .tiles import (bias_rows, block_base, check_bank_inputs, dot_acc, dot_total, field_offsets, gate_up_rows,
+                    row_scale, tile_dot, vector_tile)
 
 KERNEL_VERSION = 9     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
@@ -82,12 +82,12 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
         slot = tl.load(slot_ptr + pair)
         n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
         base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-        part = tl.zeros([BLOCK_H], dtype=tl.float32)
+        part = dot_acc(FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
         for i0 in range(0, I, BLOCK_K):
             hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
             part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
                              BLOCK_K, FLAT_FP4)
-        part = (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+        part = (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                 + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
     else:
@@ -98,12 +98,12 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
             slot = tl.load(slot_ptr + pair)
             n = tl.where(slot >= 0, H, 0)
             base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-            part = tl.zeros([BLOCK_H], dtype=tl.float32)
+            part = dot_acc(FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
             for i0 in range(0, I, BLOCK_K):
                 hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
                 part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
                                  BLOCK_K, FLAT_FP4)
-            acc += (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+            acc += (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                     + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
             acc += tl.load(out_ptr + token * H + rows, mask=rows < H, other=0.0)

@@ -166,7 +166,7 @@ def fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
     jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
     scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
                      mask=(rows[:, None] < n_rows) & (jg[None, :] < groups), other=0)
-    return tl.sum(tl.sum(acc, axis=2) * group_scale(scales, FMT), axis=1) * 16384.0      # undo the 2^-14
+    return tl.sum(acc, axis=2) * group_scale(scales, FMT)                                 # [R, G]
 
 
 @triton.jit
@@ -207,6 +207,25 @@ def row_scale(bank_bf16, bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr
         return tl.zeros(rows.shape, tl.float32) + tl.load(bank_f32 + g_off // 4)
     else:
         return tl.full(rows.shape, 1.0, tl.float32)
+
+
+@triton.jit
+def dot_acc(FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """Zeros to sum tile_dot's results into over the reduction loop: [BLOCK_R, groups a tile] for fp4 (the sum
+    over groups left to `dot_total`, after the loop), else [BLOCK_R]."""
+    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+        return tl.zeros([BLOCK_R, BLOCK_K // (32 if FMT == 3 else 16)], dtype=tl.float32)
+    else:
+        return tl.zeros([BLOCK_R], dtype=tl.float32)
+
+
+@triton.jit
+def dot_total(acc):
+    """[BLOCK_R] from a dot_acc accumulator (fp4's in units of 2^-14: e2m1_halves')."""
+    if len(acc.shape) == 2:
+        return tl.sum(acc, axis=1) * 16384.0
+    else:
+        return acc
 
 
 @triton.jit
@@ -286,16 +305,16 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     slot = tl.load(slot_ptr + pair)
     n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = act(0, 0) = 0
     base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-    acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
+    acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K, FLAT_FP4)
+    acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K, FLAT_FP4)
     for k0 in range(0, H, BLOCK_K):
         xs = vector_tile(x_ptr + token * H, k0, H, FMT, BLOCK_K, FLAT_FP4)       # read once for gate and up
         acc_gate += tile_dot(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k0, n, H, xs, FMT, BLOCK_I,
                              BLOCK_K, FLAT_FP4)
         acc_up += tile_dot(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, xs, FMT, BLOCK_I,
                            BLOCK_K, FLAT_FP4)
-    gate = acc_gate * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
-    up = acc_up * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
+    gate = dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
+    up = dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
     tl.store(h_ptr + pair * I + rows, activate(gate, up, ACT, alpha, limit), mask=rows < I)
 
 
