@@ -6,7 +6,8 @@ and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nv
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
 The decode kernel reads nvfp4 / mxfp4 tiles as 32-bit words of 8 values and decodes them by moving bits into
-fp16 halves (e2m1_halves, fp4_partial): a few integer operations a pair of values, one multiply-add a value.
+fp16 halves (e2m1_halves, fp4_partial): a few integer operations a pair of values, one multiply-add a value,
+one multiply a scale group.
 Also the pieces the MoE kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias) for a
 block of rows) and raw_tile (a tile loaded as stored words): the prefill kernel reads fp4 tiles with it and
 decodes them whole with fp4_tile. Both MoE kernels take
@@ -147,11 +148,11 @@ def fp4_vector(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
 @triton.jit
 def fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
                 FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 / mxfp4 weights, with
-    the group scales applied (nvfp4's global scale is left to `row_scale`); xs = fp4_vector(x, k0, ...).
-    The tile is read as 32-bit words [rows, groups, words a group]: a group's words sit in one thread, each
-    word is decoded as four pairs of values (e2m1_halves) and its products summed in place, then each group's
-    sum is scaled once."""
+    """[BLOCK_R, G] float32: for each scale group g of the tile, 2^-14 times the sum over its k of W[rows, k] * x[k]
+    for nvfp4 / mxfp4 weights, its group scale applied (nvfp4's global scale is left to `row_scale`, the sum over
+    groups and the 2^14 to `dot_total`); xs = fp4_vector(x, k0, ...). The tile is read as 32-bit words [rows,
+    groups, words a group]: a group's words sit in one thread, each word is decoded as four pairs of values
+    (e2m1_halves) and its products summed in place, then each group's sum is scaled once."""
     GW: tl.constexpr = 4 if FMT == 3 else 2                       # words a scale group (32 / 16 values)
     word, word_ok = fp4_words(k0, row_len, FMT, BLOCK_K)          # [G, GW]
     row_ok = rows[:, None, None] < n_rows
@@ -246,8 +247,8 @@ def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr, 
 @triton.jit
 def tile_dot(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
              FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
-    """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`;
-    xs = vector_tile(vec, k0, ...)."""
+    """The sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`, in dot_acc's shape (fp4:
+    one a scale group); xs = vector_tile(vec, k0, ...)."""
     if (FMT == 2 or FMT == 3) and not FLAT_FP4:
         return fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs, FMT, BLOCK_R, BLOCK_K)
     elif FMT == 2 or FMT == 3:
@@ -313,8 +314,10 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
                              BLOCK_K, FLAT_FP4)
         acc_up += tile_dot(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, xs, FMT, BLOCK_I,
                            BLOCK_K, FLAT_FP4)
-    gate = dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
-    up = dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
+    gate = (dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
+            + bias_rows(bank_f32, base + GB, rows, n, GB))
+    up = (dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)
+          + bias_rows(bank_f32, base + UB, rows, n, UB))
     tl.store(h_ptr + pair * I + rows, activate(gate, up, ACT, alpha, limit), mask=rows < I)
 
 
