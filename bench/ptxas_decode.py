@@ -40,7 +40,7 @@ def _constexprs(fmt: str, inter: int, hidden: int, cfg) -> dict:
 
 
 def _sass(kernel, consts: dict, num_warps: int, arch: int) -> tuple[str, str]:
-    """(SASS, resource usage) of one launch; int arguments specialized as multiples of 16, as Triton does at run time."""
+    """(SASS, resource usage) of one launch; ints specialized as multiples of 16, as Triton does at run time."""
     params = list(inspect.signature(kernel.fn).parameters)
     consts = {p: v for p, v in consts.items() if p in params}
     signature = {p: "constexpr" if p in consts else POINTERS.get(p, "i32") for p in params}

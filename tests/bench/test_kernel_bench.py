@@ -35,7 +35,8 @@ def test_fp4_sweeps_try_each_config_once_and_only_valid_ones():
 
 def test_table_sets_the_previous_fp4_tiles_beside_the_kernel(capsys):
     best = default_config("mxfp4").__dict__
-    row = {"model": "gpt-oss-120b", "fmt": "mxfp4", "graph_us": 25.0, "graph_frac_of_hbm_copy": 0.5, "best_config": best}
+    row = {"model": "gpt-oss-120b", "fmt": "mxfp4", "graph_us": 25.0, "graph_frac_of_hbm_copy": 0.5,
+           "best_config": best}
     print_table([row | {"flat_fp4_us": 75.0, "flat_fp4_frac_of_hbm_copy": 0.166}, row | {"fmt": "bf16"}])
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2] == "| gpt-oss-120b | mxfp4 | 75.0 us (17%) | 25.0 us (50%) | 3.00x | 8/8/512/w2/split |"
