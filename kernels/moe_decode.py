@@ -23,9 +23,11 @@ import triton.language as tl
 
 from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
-from .tiles import bias_rows, block_base, check_bank_inputs, field_offsets, gate_up_rows, partial_dot, row_scale
+from .quant_formats import QUANT_FORMATS
+from .tiles import (bias_rows, block_base, check_bank_inputs, dot_acc, dot_total, field_offsets, gate_up_rows,
+                    row_scale, tile_dot, vector_tile)
 
-KERNEL_VERSION = 8     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 9     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -36,14 +38,15 @@ class DecodeConfig:
     num_warps: int = 4
     split_down: bool = False  # down grid over (token, expert) with atomic adds instead of a loop over experts
     num_stages: int | None = None   # Triton software pipelining depth (None: Triton's default)
+    flat_fp4: bool = False  # nvfp4 / mxfp4 through tiles.fp4_partial_flat: the GPU A/B's baseline only
 
 
 def default_config(fmt: str) -> DecodeConfig:
-    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes."""
+    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (fp4: see below)."""
     if fmt in ("fp8", "int8"):   # int8: fp8's (same bytes an element), not yet swept on its own
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt in ("nvfp4", "mxfp4"):     # mxfp4: nvfp4's measured best, not yet swept on its own
-        return DecodeConfig(block_i=4, block_h=8, block_k=512, num_warps=2, split_down=True)
+    if fmt in ("nvfp4", "mxfp4"):     # few instructions a weight byte and registers in ptxas at gpt-oss's width
+        return DecodeConfig(block_i=8, block_h=8, block_k=512, num_warps=2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
 
@@ -52,12 +55,12 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
                     alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                     UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                     FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr):
+                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
-                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES)
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES, FLAT_FP4)
     if ZERO_OUT:                                              # the split down pass adds into out
         if (pair % K == 0) & (tl.program_id(1) == 0):
             for h0 in range(0, H, BLOCK_K):
@@ -69,7 +72,7 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
 def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
-                 BASES: tl.constexpr):
+                 BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
     gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
     (added to out when ACCUMULATE)."""
@@ -79,11 +82,12 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
         slot = tl.load(slot_ptr + pair)
         n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
         base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-        part = tl.zeros([BLOCK_H], dtype=tl.float32)
+        part = dot_acc(FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
         for i0 in range(0, I, BLOCK_K):
-            part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
-                                FMT, BLOCK_H, BLOCK_K)
-        part = (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+            hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
+            part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
+                             BLOCK_K, FLAT_FP4)
+        part = (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                 + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
     else:
@@ -94,11 +98,12 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
             slot = tl.load(slot_ptr + pair)
             n = tl.where(slot >= 0, H, 0)
             base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-            part = tl.zeros([BLOCK_H], dtype=tl.float32)
+            part = dot_acc(FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
             for i0 in range(0, I, BLOCK_K):
-                part += partial_dot(bank_u8, bank_bf16, base + DW, base + DS, rows, i0, n, I, h_ptr + pair * I,
-                                    FMT, BLOCK_H, BLOCK_K)
-            acc += (part * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+                hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
+                part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
+                                 BLOCK_K, FLAT_FP4)
+            acc += (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                     + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
             acc += tl.load(out_ptr + token * H + rows, mask=rows < H, other=0.0)
@@ -120,6 +125,13 @@ def _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate):
         raise ValueError("mxfp4 needs hidden and intermediate sizes divisible by 32")
 
 
+def _check_config(cfg: DecodeConfig, fmt: str) -> None:
+    group = QUANT_FORMATS[fmt].group_size
+    if group and (cfg.block_k % group or cfg.block_k & (cfg.block_k - 1)):
+        raise ValueError(f"{fmt} decode tiles need block_k a power of two and a multiple of {group} "
+                         f"(got {cfg.block_k})")
+
+
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None, accumulate: bool = False,
@@ -136,6 +148,7 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     if accumulate and out is None:
         raise ValueError("moe_decode(accumulate=True) needs the out= tensor to add into")
     cfg = config or default_config(fmt)
+    _check_config(cfg, fmt)
     if bases is not None and (bases.shape != slots.shape or bases.dtype != torch.int64):
         raise ValueError(f"bases: int64 [T, K] like the slots (got {bases.dtype} {tuple(bases.shape)})")
     num_tokens, hidden = x.shape
@@ -158,11 +171,11 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
         x, h_buf, out, slots, base_arg, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
         off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate,
-        bases is not None, **launch)
+        bases is not None, cfg.flat_fp4, **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
         h_buf, out, slots, base_arg, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
-        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, **launch)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, cfg.flat_fp4, **launch)
     return out
 
 

@@ -5,6 +5,9 @@ byte offset `off` is element `off // 2` (bf16) or `off // 4` (float32); the 256-
 and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nvfp4, 3 mxfp4 (e2m1
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
+The decode kernel reads nvfp4 / mxfp4 tiles as 32-bit words of 8 values and decodes them by moving bits into
+fp16 halves (e2m1_halves, fp4_partial): a few integer operations a pair of values, one multiply-add a value,
+one multiply a scale group.
 Also the pieces the MoE kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias) for a
 block of rows) and raw_tile (a tile loaded as stored words): the prefill kernel reads fp4 tiles with it and
 decodes them whole with fp4_tile. Both MoE kernels take
@@ -81,12 +84,10 @@ def fp4_tile(words, scales, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.
 
 
 @triton.jit
-def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] float32: sum over k0 <= k < k0+BLOCK_K of W[rows, k] * x[k] for nvfp4 / mxfp4 weights,
-    with the group scales applied (nvfp4's global scale is left to `row_scale`). x_even / x_odd
-    [BLOCK_K/2] are x[k0 + 2j] and x[k0 + 2j + 1]: element 2j sits in a byte's low nibble, 2j+1 in
-    its high nibble, so no interleaving of the weight tile is needed."""
+def fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
+                     FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """fp4_partial's previous form (a [R, K/2] tile, a float path a nibble, the groups summed through a reshape),
+    kept only while the GPU A/B against fp4_partial runs. x_even / x_odd [BLOCK_K/2]."""
     half = row_len // 2                                   # bytes per row
     jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)             # byte columns
     row_ok = rows[:, None] < n_rows
@@ -95,6 +96,78 @@ def fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
     prod = _e2m1(raw & 15) * x_even[None, :] + _e2m1(raw >> 4) * x_odd[None, :]      # [R, K/2]
     scales = fp4_scales(bank_u8, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
     return fp4_group_dot(prod, scales, FMT, BLOCK_R, BLOCK_K)
+
+
+@triton.jit
+def _fp16_bits(bits):
+    """int32 holding an fp16 bit pattern in its low 16 bits -> float32 (exact, subnormals included)."""
+    return bits.to(tl.uint16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def e2m1_halves(words, J: tl.constexpr):
+    """uint32 words of 8 packed e2m1 values -> float32 (value J, value J + 4) of each word (J < 4), 2^-14 times
+    their e2m1 values. Values J and J + 4 lie 16 bits apart, so one shift and mask move both their sign and three
+    magnitude bits to where the two halves of an fp16 pair keep a sign, two low exponent bits and the top
+    mantissa bit; e2m1's 0.5 is then fp16's subnormal 2^-15, and the fp16 -> fp32 converts are exact."""
+    if J == 3:
+        magnitude = (words >> 3) & 0x0E000E00
+    else:
+        magnitude = (words << (9 - 4 * J)) & 0x0E000E00
+    bits = magnitude | ((words << (12 - 4 * J)) & 0x80008000)
+    return _fp16_bits(bits), _fp16_bits(bits >> 16)
+
+
+@triton.jit
+def fp4_words(k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """([G, GW] index of each 32-bit word of W[r, k0:k0+BLOCK_K] in its row, [G, 1] whether it is in the row):
+    G scale groups of GW words (8 packed e2m1 values a word; 4 words a group mxfp4, 2 nvfp4)."""
+    GW: tl.constexpr = 4 if FMT == 3 else 2
+    jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
+    word = jg[:, None] * GW + tl.arange(0, GW)[None, :]
+    return word, (jg < row_len // (8 * GW))[:, None]              # by group: one mask a group's words
+
+
+@triton.jit
+def _word_elements(vec_ptr, word, ok, J: tl.constexpr):
+    """float32 [G, GW]: element J of each word's 8 (zero outside the row)."""
+    return tl.load(vec_ptr + word * 8 + J, mask=ok, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def fp4_vector(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
+    """vec[k0:k0+BLOCK_K] as float32 in fp4_partial's order: the tuple of 8 [G, GW] tiles x_j (element j of
+    each word), read once for all the weights that meet it."""
+    word, ok = fp4_words(k0, row_len, FMT, BLOCK_K)
+    return (_word_elements(vec_ptr, word, ok, 0), _word_elements(vec_ptr, word, ok, 1),
+            _word_elements(vec_ptr, word, ok, 2), _word_elements(vec_ptr, word, ok, 3),
+            _word_elements(vec_ptr, word, ok, 4), _word_elements(vec_ptr, word, ok, 5),
+            _word_elements(vec_ptr, word, ok, 6), _word_elements(vec_ptr, word, ok, 7))
+
+
+@triton.jit
+def fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
+                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BLOCK_R, G] float32: for each scale group g of the tile, 2^-14 times the sum over its k of W[rows, k] * x[k]
+    for nvfp4 / mxfp4 weights, its group scale applied (nvfp4's global scale is left to `row_scale`, the sum over
+    groups and the 2^14 to `dot_total`); xs = fp4_vector(x, k0, ...). The tile is read as 32-bit words [rows,
+    groups, words a group]: a group's words sit in one thread, each word is decoded as four pairs of values
+    (e2m1_halves) and its products summed in place, then each group's sum is scaled once."""
+    GW: tl.constexpr = 4 if FMT == 3 else 2                       # words a scale group (32 / 16 values)
+    word, word_ok = fp4_words(k0, row_len, FMT, BLOCK_K)          # [G, GW]
+    row_ok = rows[:, None, None] < n_rows
+    ptr = bank_f32 + w_off // 4 + rows[:, None, None] * tl.multiple_of(row_len // 8, GW) + word[None, :, :]
+    words = tl.load(ptr, mask=row_ok & word_ok[None, :, :], other=0.0).to(tl.uint32, bitcast=True)   # [R, G, GW]
+    acc = tl.zeros(words.shape, dtype=tl.float32)
+    for j in tl.static_range(4):
+        lo, hi = e2m1_halves(words, j)
+        acc += lo * xs[j][None, :, :]                 # two statements: two fused multiply-adds
+        acc += hi * xs[j + 4][None, :, :]
+    groups = row_len // (8 * GW)
+    jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
+    scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
+                     mask=(rows[:, None] < n_rows) & (jg[None, :] < groups), other=0)
+    return tl.sum(acc, axis=2) * group_scale(scales, FMT)                                 # [R, G]
 
 
 @triton.jit
@@ -138,20 +211,51 @@ def row_scale(bank_bf16, bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr
 
 
 @triton.jit
-def partial_dot(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, vec_ptr,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R] float32: sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`.
-    vec_ptr points at the row's first element (any float dtype; zero past row_len)."""
-    if FMT == 2 or FMT == 3:
+def dot_acc(FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """Zeros to sum tile_dot's results into over the reduction loop: [BLOCK_R, groups a tile] for fp4 (the sum
+    over groups left to `dot_total`, after the loop), else [BLOCK_R]."""
+    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+        return tl.zeros([BLOCK_R, BLOCK_K // (32 if FMT == 3 else 16)], dtype=tl.float32)
+    else:
+        return tl.zeros([BLOCK_R], dtype=tl.float32)
+
+
+@triton.jit
+def dot_total(acc):
+    """[BLOCK_R] from a dot_acc accumulator (fp4's in units of 2^-14: e2m1_halves')."""
+    if len(acc.shape) == 2:
+        return tl.sum(acc, axis=1) * 16384.0
+    else:
+        return acc
+
+
+@triton.jit
+def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """vec[k0:k0+BLOCK_K] (any float dtype, zero past row_len) as float32 in the form `tile_dot` takes, read
+    once for all the weights it meets: fp4_vector's tuple for nvfp4 / mxfp4, else a tuple of one [BLOCK_K]."""
+    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+        return fp4_vector(vec_ptr, k0, row_len, FMT, BLOCK_K)
+    elif FMT == 2 or FMT == 3:
         j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-        x_even = tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32)
-        x_odd = tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32)
-        return fp4_partial(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd, FMT, BLOCK_R, BLOCK_K)
+        return (tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32),
+                tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32))
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
-        vec = tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32)
+        return (tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32),)
+
+
+@triton.jit
+def tile_dot(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
+             FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+    """The sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`, in dot_acc's shape (fp4:
+    one a scale group); xs = vector_tile(vec, k0, ...)."""
+    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+        return fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs, FMT, BLOCK_R, BLOCK_K)
+    elif FMT == 2 or FMT == 3:
+        return fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, xs[0], xs[1], FMT, BLOCK_R, BLOCK_K)
+    else:
         tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
-        return tl.sum(tile * vec[None, :], axis=1)
+        return tl.sum(tile * xs[0][None, :], axis=1)
 
 
 @triton.jit
@@ -196,20 +300,24 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
                   GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                   UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                   FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                  base_ptr, BASES: tl.constexpr):
+                  base_ptr, BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
     """h[pair, rows] = act(gate_e x_t + gate bias, up_e x_t + up bias) for pair = t * K + k (stored to h_ptr)."""
     token = pair // K
     slot = tl.load(slot_ptr + pair)
     n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = act(0, 0) = 0
     base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-    acc_gate = tl.zeros([BLOCK_I], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_I], dtype=tl.float32)
-    x_row = x_ptr + token * H
+    acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K, FLAT_FP4)
+    acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K, FLAT_FP4)
     for k0 in range(0, H, BLOCK_K):
-        acc_gate += partial_dot(bank_u8, bank_bf16, base + GW, base + GS, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
-        acc_up += partial_dot(bank_u8, bank_bf16, base + UW, base + US, rows, k0, n, H, x_row, FMT, BLOCK_I, BLOCK_K)
-    gate = acc_gate * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT) + bias_rows(bank_f32, base + GB, rows, n, GB)
-    up = acc_up * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT) + bias_rows(bank_f32, base + UB, rows, n, UB)
+        xs = vector_tile(x_ptr + token * H, k0, H, FMT, BLOCK_K, FLAT_FP4)       # read once for gate and up
+        acc_gate += tile_dot(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k0, n, H, xs, FMT, BLOCK_I,
+                             BLOCK_K, FLAT_FP4)
+        acc_up += tile_dot(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, xs, FMT, BLOCK_I,
+                           BLOCK_K, FLAT_FP4)
+    gate = (dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
+            + bias_rows(bank_f32, base + GB, rows, n, GB))
+    up = (dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)
+          + bias_rows(bank_f32, base + UB, rows, n, UB))
     tl.store(h_ptr + pair * I + rows, activate(gate, up, ACT, alpha, limit), mask=rows < I)
 
 

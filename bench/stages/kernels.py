@@ -1,8 +1,10 @@
 """Batch-1 expert decode kernels at each family's expert shapes, per format: error against the torch reference,
-the best of a config sweep in a CUDA graph as a share of HBM copy bandwidth, eager and torch times; with --dense,
-the int8 dense linear against bf16 through cuBLAS.
+the best of a config sweep in a CUDA graph as a share of HBM copy bandwidth, eager and torch times; for nvfp4 /
+mxfp4 also the previous fp4 tiles (DecodeConfig.flat_fp4) best of their sweep, and a last table old against new.
+With --dense, the int8 dense linear against bf16 through cuBLAS. With --ptxas (no GPU needed), each launch of the
+default config compiled for --arch offline: its registers and SASS instructions a weight byte in its hottest loop.
 
-    python -m bench kernels [--models olmoe-1b-7b,gpt-oss-120b] [--formats int8,mxfp4] [--dense]
+    python -m bench kernels [--models olmoe-1b-7b,gpt-oss-120b] [--formats int8,mxfp4] [--dense | --ptxas]
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from bench.common import save_json
 
 # (expert intermediate, hidden, experts a token) of each family's experts
 SHAPES = {"olmoe-1b-7b": (1024, 2048, 8), "qwen3-30b-a3b": (768, 2048, 8), "gpt-oss-120b": (2880, 2880, 4),
+          "gpt-oss-20b": (2880, 2880, 4),     # the same experts as 120b's (fewer of them)
           "qwen3.5-35b-a3b": (512, 2048, 8), "deepseek-v2-lite": (1408, 2048, 6),
           "deepseek-v4-flash": (2048, 4096, 6)}
 FORMATS = ("int8", "fp8", "nvfp4", "mxfp4", "bf16")
@@ -25,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"comma-separated, of {', '.join(SHAPES)}")
     p.add_argument("--formats", default="int8,fp8,nvfp4,mxfp4", help=f"comma-separated, of {', '.join(FORMATS)}")
     p.add_argument("--dense", action="store_true", help="the int8 dense linear instead of the expert kernels")
+    p.add_argument("--ptxas", action="store_true", help="compile offline for --arch: registers, instructions a byte")
+    p.add_argument("--arch", type=int, default=90, help="with --ptxas: the SM version (default 90)")
 
 
 def run(args) -> int:
@@ -35,12 +40,17 @@ def run(args) -> int:
     if args.dense:
         save_json(args.out, "kernels-dense", [dense_row(n, k) for n, k in DENSE_SHAPES])
         return 0
+    if args.ptxas:
+        from bench.ptxas_decode import report
+        report(models, formats, args.arch)
+        return 0
     hbm = kernel_env()
     rows = []
     for model in models:
         for fmt in formats:
             rows.append(expert_row(model, SHAPES[model], fmt, hbm))
             save_json(args.out, "kernels", rows)
+    print_table(rows)
     return 0
 
 
@@ -60,7 +70,7 @@ def kernel_env() -> float:
 
 
 def sweep(fmt: str) -> list:
-    """Configs tried for a format: a wide sweep for one-byte weights, a short one for the rest."""
+    """Configs tried for a format: a wide sweep for one-byte weights, a grid of rows x tile x warps for fp4."""
     from kernels.moe_decode import DecodeConfig as C, default_config
     if fmt in ("fp8", "int8"):
         return [default_config(fmt), C(8, 4, 1024, 4), C(8, 4, 1024, 4, True), C(8, 8, 1024, 4, True),
@@ -69,8 +79,21 @@ def sweep(fmt: str) -> list:
                 C(4, 16, 2048, 8, True), C(8, 16, 512, 4, True, num_stages=1), C(2, 4, 1024, 2, True),
                 C(4, 4, 2048, 2, True), C(2, 2, 1024, 1, True), C(4, 4, 1024, 1, True), C(2, 4, 2048, 2, True),
                 C(8, 4, 1024, 2, True), C(4, 4, 512, 2, True)]
+    if fmt in ("nvfp4", "mxfp4"):
+        grid = [C(r, r, k, w, True) for r in (4, 8, 16) for k in (512, 1024) for w in (1, 2, 4)
+                if (r, w) not in ((4, 4), (16, 1))]
+        return list(dict.fromkeys([default_config(fmt), *grid, C(8, 16, 1024, 2, True), C(16, 8, 1024, 4, True),
+                                   C(8, 8, 512, 2)]))
     return [default_config(fmt), C(16, 8, 512, 4), C(16, 8, 512, 4, True), C(8, 4, 1024, 4, True),
             C(8, 8, 512, 4, True), C(4, 8, 512, 2, True)]
+
+
+def flat_fp4_sweep() -> list:
+    """The previous fp4 tiles' configs (their default first), for the A/B baseline."""
+    from kernels.moe_decode import DecodeConfig as C
+    return [C(b_i, b_h, k, w, split, flat_fp4=True)
+            for b_i, b_h, k, w, split in ((4, 8, 512, 2, True), (16, 8, 512, 4, False), (16, 8, 512, 4, True),
+                                          (8, 4, 1024, 4, True), (8, 8, 512, 4, True), (4, 8, 512, 2, True))]
 
 
 class ExpertCase:
@@ -133,13 +156,14 @@ class ExpertCase:
 
 
 def expert_row(model: str, shape: tuple, fmt: str, hbm: float) -> dict:
-    """Correctness, the config sweep, eager and torch times, and the self-check's verdict."""
+    """Correctness, the config sweep, eager and torch times, the self-check's verdict, and for fp4 the previous
+    tiles' best time."""
     from triton.testing import do_bench
 
     from kernels.selfcheck import select_moe_decode
     case = ExpertCase(shape, fmt)
     errs, weight_bytes = case.errors(), case.weight_bytes()
-    cfg, t_graph = best_config(case, f"{model} {fmt}", weight_bytes / hbm)
+    cfg, t_graph = best_config(case, f"{model} {fmt}", weight_bytes / hbm, sweep(fmt))
     turn = iter(range(10 ** 9))
     t_eager = do_bench(lambda: case.call(cfg)(next(turn) % NUM_SETS), return_mode="median") * 1e-3
     t_torch = do_bench(lambda: case.call(reference=True)(next(turn) % NUM_SETS), return_mode="median") * 1e-3
@@ -148,25 +172,50 @@ def expert_row(model: str, shape: tuple, fmt: str, hbm: float) -> dict:
            "weight_bytes": weight_bytes, "graph_us": t_graph * 1e6, "eager_us": t_eager * 1e6,
            "torch_ref_us": t_torch * 1e6, "graph_frac_of_hbm_copy": weight_bytes / t_graph / hbm,
            "selfcheck": {"ok": verdict.ok, "reason": verdict.reason}}
+    if fmt in ("nvfp4", "mxfp4"):
+        flat_cfg, t_flat = best_config(case, f"{model} {fmt} flat", weight_bytes / hbm, flat_fp4_sweep())
+        row |= {"flat_fp4_us": t_flat * 1e6, "flat_fp4_frac_of_hbm_copy": weight_bytes / t_flat / hbm,
+                "flat_fp4_config": flat_cfg.__dict__}
     print(f"{model:18s} {fmt:6s} err {errs[0]:.1e}/{errs[1]:.1e}  {weight_bytes / 1e6:6.1f} MB  graph "
           f"{t_graph * 1e6:7.1f} us ({row['graph_frac_of_hbm_copy']:.0%} of HBM copy)  eager {t_eager * 1e6:7.1f} us  "
           f"torch {t_torch * 1e6:8.1f} us  best {config_name(cfg)}", flush=True)
     return row
 
 
-def best_config(case: ExpertCase, label: str, copy_s: float):
-    """(config, seconds) of the fastest config by CUDA-graph replay time; configs that do not compile are skipped."""
+def best_config(case: ExpertCase, label: str, copy_s: float, configs: list):
+    """(config, seconds) of the fastest config by CUDA-graph replay time; configs that do not compile or disagree with
+    the torch reference (relative error over 1e-4 on one expert set) are skipped."""
+    from kernels.selfcheck import rel_error
+    reference = case.call(reference=True)(0)
     best = None
-    for cfg in sweep(case.fmt):
+    for cfg in configs:
         try:
-            t = graph_time(case.call(cfg), NUM_SETS)
+            err = rel_error(case.call(cfg)(0), reference)
+            t = graph_time(case.call(cfg), NUM_SETS) if err < 1e-4 else None
         except Exception as exc:      # noqa: BLE001 - a config that does not compile is skipped
             print(f"  {label} {config_name(cfg)}: failed {type(exc).__name__}")
             continue
-        print(f"  {label} {config_name(cfg)}: {t * 1e6:.1f} us ({copy_s / t:.0%})")
+        if t is None:
+            print(f"  {label} {config_name(cfg)}: WRONG, error {err:.1e} against the torch reference")
+            continue
+        print(f"  {label} {config_name(cfg)}: {t * 1e6:.1f} us ({copy_s / t:.0%}), err {err:.1e}")
         if best is None or t < best[1]:
             best = (cfg, t)
     return best
+
+
+def print_table(rows: list[dict]) -> None:
+    """Last: each row's best time and share of HBM copy, against the previous fp4 tiles' where measured."""
+    from kernels.moe_decode import DecodeConfig
+    print("\n| shapes | format | previous fp4 tiles | now | speedup | config now |\n|---|---|---|---|---|---|")
+    for r in rows:
+        now = f"{r['graph_us']:.1f} us ({r['graph_frac_of_hbm_copy']:.0%})"
+        old, gain = "-", "-"
+        if "flat_fp4_us" in r:
+            old = f"{r['flat_fp4_us']:.1f} us ({r['flat_fp4_frac_of_hbm_copy']:.0%})"
+            gain = f"{r['flat_fp4_us'] / r['graph_us']:.2f}x"
+        cfg = config_name(DecodeConfig(**r["best_config"]))
+        print(f"| {r['model']} | {r['fmt']} | {old} | {now} | {gain} | {cfg} |", flush=True)
 
 
 def config_name(cfg) -> str:
