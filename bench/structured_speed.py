@@ -46,6 +46,7 @@ def main() -> None:
     if args.tokenizer:
         from transformers import AutoTokenizer
         eng.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        eng.eos_token_ids = {eng.tokenizer.eos_token_id}     # the preset's own EOS lies past the lent vocabulary
     grammar = grammar_for({"type": "json_schema", "json_schema": {"schema": SCHEMA}})
     try:
         runs = {"plain": [], "schema": []}
