@@ -5,7 +5,6 @@ tiles costs in issued instructions, before a GPU session. Needs only the triton 
 """
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 import re
@@ -36,7 +35,7 @@ def _constexprs(fmt: str, inter: int, hidden: int, cfg) -> dict:
     biases = {"GB": off["gate_bias.b"], "UB": off["up_bias.b"], "DB": off["down_bias.b"]}
     return {**fields, **biases, "FMT": FORMAT_IDS[fmt], "ACT": 1, "BLOCK_I": cfg.block_i, "BLOCK_H": cfg.block_h,
             "BLOCK_K": cfg.block_k, "ZERO_OUT": cfg.split_down, "SPLIT": cfg.split_down, "ACCUMULATE": False,
-            "BASES": False, "FLAT_FP4": cfg.flat_fp4}
+            "BASES": False}
 
 
 def _sass(kernel, consts: dict, num_warps: int, arch: int) -> tuple[str, str]:
@@ -83,7 +82,6 @@ def report(models: list[str], formats: list[str], arch: int) -> None:
         inter, hidden, _ = SHAPES[model]
         for fmt in formats:
             cfg = moe_decode.default_config(fmt)
-            for c in [cfg] + ([dataclasses.replace(cfg, flat_fp4=True)] if quant_format(fmt).is_fp4 else []):
-                costs = {kind: launch_cost(kind, fmt, inter, hidden, c, arch) for kind in ("gate_up", "down")}
-                print(f"{model} {fmt} {config_name(c)}{' flat' if c.flat_fp4 else ''} sm_{arch}: gate_up "
-                      f"{costs['gate_up']}; down {costs['down']}", flush=True)
+            costs = {kind: launch_cost(kind, fmt, inter, hidden, cfg, arch) for kind in ("gate_up", "down")}
+            print(f"{model} {fmt} {config_name(cfg)} sm_{arch}: gate_up {costs['gate_up']}; down {costs['down']}",
+                  flush=True)

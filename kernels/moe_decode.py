@@ -27,7 +27,7 @@ from .quant_formats import QUANT_FORMATS
 from .tiles import (bias_rows, block_base, check_bank_inputs, dot_acc, dot_total, field_offsets, gate_up_rows,
                     row_scale, tile_dot, vector_tile)
 
-KERNEL_VERSION = 9     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 10     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,15 @@ class DecodeConfig:
     num_warps: int = 4
     split_down: bool = False  # down grid over (token, expert) with atomic adds instead of a loop over experts
     num_stages: int | None = None   # Triton software pipelining depth (None: Triton's default)
-    flat_fp4: bool = False  # nvfp4 / mxfp4 through tiles.fp4_partial_flat: the GPU A/B's baseline only
 
 
 def default_config(fmt: str) -> DecodeConfig:
-    """Fastest measured on an H200 at qwen3-30b-a3b / olmoe expert shapes (fp4: see below)."""
+    """Fastest measured: one-byte formats on an H200 at qwen3-30b-a3b / olmoe expert shapes, fp4 on an H100 at
+    gpt-oss-120b's (`python -m bench kernels`)."""
     if fmt in ("fp8", "int8"):   # int8: fp8's (same bytes an element), not yet swept on its own
         return DecodeConfig(block_i=4, block_h=4, block_k=1024, num_warps=2, split_down=True)
-    if fmt in ("nvfp4", "mxfp4"):     # few instructions a weight byte and registers in ptxas at gpt-oss's width
-        return DecodeConfig(block_i=8, block_h=8, block_k=512, num_warps=2, split_down=True)
+    if fmt in ("nvfp4", "mxfp4"):
+        return DecodeConfig(block_i=8, block_h=8, block_k=512, num_warps=4 if fmt == "nvfp4" else 2, split_down=True)
     return DecodeConfig(block_i=16, block_h=8, block_k=512, split_down=True)
 
 
@@ -55,12 +55,12 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
                     alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                     UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                     FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
+                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
-                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES, FLAT_FP4)
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES)
     if ZERO_OUT:                                              # the split down pass adds into out
         if (pair % K == 0) & (tl.program_id(1) == 0):
             for h0 in range(0, H, BLOCK_K):
@@ -72,7 +72,7 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
 def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
-                 BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
+                 BASES: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
     gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
     (added to out when ACCUMULATE)."""
@@ -82,11 +82,11 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
         slot = tl.load(slot_ptr + pair)
         n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
         base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-        part = dot_acc(FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
+        part = dot_acc(FMT, BLOCK_H, BLOCK_K)
         for i0 in range(0, I, BLOCK_K):
-            hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
+            hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K)
             part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
-                             BLOCK_K, FLAT_FP4)
+                             BLOCK_K)
         part = (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                 + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
@@ -98,11 +98,11 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
             slot = tl.load(slot_ptr + pair)
             n = tl.where(slot >= 0, H, 0)
             base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-            part = dot_acc(FMT, BLOCK_H, BLOCK_K, FLAT_FP4)
+            part = dot_acc(FMT, BLOCK_H, BLOCK_K)
             for i0 in range(0, I, BLOCK_K):
-                hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K, FLAT_FP4)
+                hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K)
                 part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
-                                 BLOCK_K, FLAT_FP4)
+                                 BLOCK_K)
             acc += (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
                     + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
@@ -171,11 +171,11 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
         x, h_buf, out, slots, base_arg, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
         off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate,
-        bases is not None, cfg.flat_fp4, **launch)
+        bases is not None, **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
         h_buf, out, slots, base_arg, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
-        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, cfg.flat_fp4, **launch)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, **launch)
     return out
 
 

@@ -45,17 +45,6 @@ def group_scale(raw, FMT: tl.constexpr):
 
 
 @triton.jit
-def fp4_group_dot(prod, scales, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.constexpr):
-    """[BLOCK_R]: the products of e2m1 pairs and x ([R, NCOLS/2]) summed per scale group (16 values
-    nvfp4, 32 mxfp4), times the group scales ([R, NCOLS/group] bytes), summed."""
-    if FMT == 3:
-        per_group = tl.sum(tl.reshape(prod, [BLOCK_R, NCOLS // 32, 16]), axis=2)      # 16 bytes = 32 values
-    else:
-        per_group = tl.sum(tl.reshape(prod, [BLOCK_R, NCOLS // 16, 8]), axis=2)       # 8 bytes = 16 values
-    return tl.sum(per_group * group_scale(scales, FMT), axis=1)
-
-
-@triton.jit
 def fp4_scales(bank_u8, s_off, rows, c0, n_rows, row_len, FMT: tl.constexpr, BLOCK_R: tl.constexpr,
                NCOLS: tl.constexpr):
     """The group scale bytes of W[rows, c0:c0+NCOLS] ([BLOCK_R, NCOLS/group]; zero outside)."""
@@ -81,21 +70,6 @@ def fp4_tile(words, scales, FMT: tl.constexpr, BLOCK_R: tl.constexpr, NCOLS: tl.
     else:
         grouped = tl.reshape(values, [BLOCK_R, NCOLS // 16, 16]) * group_scale(scales, FMT)[:, :, None]
     return tl.reshape(grouped, [BLOCK_R, NCOLS])
-
-
-@triton.jit
-def fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, x_even, x_odd,
-                     FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """fp4_partial's previous form (a [R, K/2] tile, a float path a nibble, the groups summed through a reshape),
-    kept only while the GPU A/B against fp4_partial runs. x_even / x_odd [BLOCK_K/2]."""
-    half = row_len // 2                                   # bytes per row
-    jb = k0 // 2 + tl.arange(0, BLOCK_K // 2)             # byte columns
-    row_ok = rows[:, None] < n_rows
-    raw = tl.load(bank_u8 + w_off + rows[:, None] * half + jb[None, :],
-                  mask=row_ok & (jb[None, :] < half), other=0).to(tl.int32)
-    prod = _e2m1(raw & 15) * x_even[None, :] + _e2m1(raw >> 4) * x_odd[None, :]      # [R, K/2]
-    scales = fp4_scales(bank_u8, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
-    return fp4_group_dot(prod, scales, FMT, BLOCK_R, BLOCK_K)
 
 
 @triton.jit
@@ -211,10 +185,10 @@ def row_scale(bank_bf16, bank_f32, s_off, g_off, rows, n_rows, FMT: tl.constexpr
 
 
 @triton.jit
-def dot_acc(FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+def dot_acc(FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """Zeros to sum tile_dot's results into over the reduction loop: [BLOCK_R, groups a tile] for fp4 (the sum
     over groups left to `dot_total`, after the loop), else [BLOCK_R]."""
-    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+    if FMT == 2 or FMT == 3:
         return tl.zeros([BLOCK_R, BLOCK_K // (32 if FMT == 3 else 16)], dtype=tl.float32)
     else:
         return tl.zeros([BLOCK_R], dtype=tl.float32)
@@ -230,15 +204,11 @@ def dot_total(acc):
 
 
 @triton.jit
-def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
     """vec[k0:k0+BLOCK_K] (any float dtype, zero past row_len) as float32 in the form `tile_dot` takes, read
     once for all the weights it meets: fp4_vector's tuple for nvfp4 / mxfp4, else a tuple of one [BLOCK_K]."""
-    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+    if FMT == 2 or FMT == 3:
         return fp4_vector(vec_ptr, k0, row_len, FMT, BLOCK_K)
-    elif FMT == 2 or FMT == 3:
-        j = k0 + 2 * tl.arange(0, BLOCK_K // 2)
-        return (tl.load(vec_ptr + j, mask=j < row_len, other=0.0).to(tl.float32),
-                tl.load(vec_ptr + j + 1, mask=j + 1 < row_len, other=0.0).to(tl.float32))
     else:
         cols = k0 + tl.arange(0, BLOCK_K)
         return (tl.load(vec_ptr + cols, mask=cols < row_len, other=0.0).to(tl.float32),)
@@ -246,13 +216,11 @@ def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr, 
 
 @triton.jit
 def tile_dot(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
-             FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, FLAT_FP4: tl.constexpr):
+             FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """The sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`, in dot_acc's shape (fp4:
     one a scale group); xs = vector_tile(vec, k0, ...)."""
-    if (FMT == 2 or FMT == 3) and not FLAT_FP4:
+    if FMT == 2 or FMT == 3:
         return fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs, FMT, BLOCK_R, BLOCK_K)
-    elif FMT == 2 or FMT == 3:
-        return fp4_partial_flat(bank_u8, w_off, s_off, rows, k0, n_rows, row_len, xs[0], xs[1], FMT, BLOCK_R, BLOCK_K)
     else:
         tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
         return tl.sum(tile * xs[0][None, :], axis=1)
@@ -300,20 +268,20 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
                   GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                   UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                   FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                  base_ptr, BASES: tl.constexpr, FLAT_FP4: tl.constexpr):
+                  base_ptr, BASES: tl.constexpr):
     """h[pair, rows] = act(gate_e x_t + gate bias, up_e x_t + up bias) for pair = t * K + k (stored to h_ptr)."""
     token = pair // K
     slot = tl.load(slot_ptr + pair)
     n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = act(0, 0) = 0
     base = block_base(slot, pair, block_bytes, base_ptr, BASES)
-    acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K, FLAT_FP4)
-    acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K, FLAT_FP4)
+    acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K)
+    acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K)
     for k0 in range(0, H, BLOCK_K):
-        xs = vector_tile(x_ptr + token * H, k0, H, FMT, BLOCK_K, FLAT_FP4)       # read once for gate and up
+        xs = vector_tile(x_ptr + token * H, k0, H, FMT, BLOCK_K)       # read once for gate and up
         acc_gate += tile_dot(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k0, n, H, xs, FMT, BLOCK_I,
-                             BLOCK_K, FLAT_FP4)
+                             BLOCK_K)
         acc_up += tile_dot(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, xs, FMT, BLOCK_I,
-                           BLOCK_K, FLAT_FP4)
+                           BLOCK_K)
     gate = (dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
             + bias_rows(bank_f32, base + GB, rows, n, GB))
     up = (dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)

@@ -1,6 +1,6 @@
 """Batch-1 expert decode kernels at each family's expert shapes, per format: error against the torch reference,
-the best of a config sweep in a CUDA graph as a share of HBM copy bandwidth, eager and torch times; for nvfp4 /
-mxfp4 also the previous fp4 tiles (DecodeConfig.flat_fp4) best of their sweep, and a last table old against new.
+the best of a config sweep in a CUDA graph as a share of HBM copy bandwidth, eager and torch times, and a last
+table of each one's best.
 With --dense, the int8 dense linear against bf16 through cuBLAS. With --ptxas (no GPU needed), each launch of the
 default config compiled for --arch offline: its registers and SASS instructions a weight byte in its hottest loop.
 
@@ -88,14 +88,6 @@ def sweep(fmt: str) -> list:
             C(8, 8, 512, 4, True), C(4, 8, 512, 2, True)]
 
 
-def flat_fp4_sweep() -> list:
-    """The previous fp4 tiles' configs (their default first), for the A/B baseline."""
-    from kernels.moe_decode import DecodeConfig as C
-    return [C(b_i, b_h, k, w, split, flat_fp4=True)
-            for b_i, b_h, k, w, split in ((4, 8, 512, 2, True), (16, 8, 512, 4, False), (16, 8, 512, 4, True),
-                                          (8, 4, 1024, 4, True), (8, 8, 512, 4, True), (4, 8, 512, 2, True))]
-
-
 class ExpertCase:
     """One family's expert shapes in one format: a bank of ~768 MB of random valid blocks on the GPU, rotating
     expert sets, one token."""
@@ -172,10 +164,6 @@ def expert_row(model: str, shape: tuple, fmt: str, hbm: float) -> dict:
            "weight_bytes": weight_bytes, "graph_us": t_graph * 1e6, "eager_us": t_eager * 1e6,
            "torch_ref_us": t_torch * 1e6, "graph_frac_of_hbm_copy": weight_bytes / t_graph / hbm,
            "selfcheck": {"ok": verdict.ok, "reason": verdict.reason}}
-    if fmt in ("nvfp4", "mxfp4"):
-        flat_cfg, t_flat = best_config(case, f"{model} {fmt} flat", weight_bytes / hbm, flat_fp4_sweep())
-        row |= {"flat_fp4_us": t_flat * 1e6, "flat_fp4_frac_of_hbm_copy": weight_bytes / t_flat / hbm,
-                "flat_fp4_config": flat_cfg.__dict__}
     print(f"{model:18s} {fmt:6s} err {errs[0]:.1e}/{errs[1]:.1e}  {weight_bytes / 1e6:6.1f} MB  graph "
           f"{t_graph * 1e6:7.1f} us ({row['graph_frac_of_hbm_copy']:.0%} of HBM copy)  eager {t_eager * 1e6:7.1f} us  "
           f"torch {t_torch * 1e6:8.1f} us  best {config_name(cfg)}", flush=True)
@@ -205,17 +193,13 @@ def best_config(case: ExpertCase, label: str, copy_s: float, configs: list):
 
 
 def print_table(rows: list[dict]) -> None:
-    """Last: each row's best time and share of HBM copy, against the previous fp4 tiles' where measured."""
+    """Last: each row's best time, its share of HBM copy and its config."""
     from kernels.moe_decode import DecodeConfig
-    print("\n| shapes | format | previous fp4 tiles | now | speedup | config now |\n|---|---|---|---|---|---|")
+    print("\n| shapes | format | time | share of HBM copy | config |\n|---|---|---|---|---|")
     for r in rows:
-        now = f"{r['graph_us']:.1f} us ({r['graph_frac_of_hbm_copy']:.0%})"
-        old, gain = "-", "-"
-        if "flat_fp4_us" in r:
-            old = f"{r['flat_fp4_us']:.1f} us ({r['flat_fp4_frac_of_hbm_copy']:.0%})"
-            gain = f"{r['flat_fp4_us'] / r['graph_us']:.2f}x"
         cfg = config_name(DecodeConfig(**r["best_config"]))
-        print(f"| {r['model']} | {r['fmt']} | {old} | {now} | {gain} | {cfg} |", flush=True)
+        print(f"| {r['model']} | {r['fmt']} | {r['graph_us']:.1f} us | {r['graph_frac_of_hbm_copy']:.0%} | {cfg} |",
+              flush=True)
 
 
 def config_name(cfg) -> str:

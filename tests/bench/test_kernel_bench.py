@@ -1,7 +1,7 @@
-"""The kernels stage's pieces that need no GPU: the fp4 sweep's configs, the old-against-new table, and the offline
+"""The kernels stage's pieces that need no GPU: the fp4 sweep's configs, the table, and the offline
 SASS count's loop finder (on a hand-written listing)."""
 from bench.ptxas_decode import hottest_loop
-from bench.stages.kernels import flat_fp4_sweep, print_table, sweep
+from bench.stages.kernels import print_table, sweep
 from kernels.moe_decode import _check_config, default_config
 
 SASS = """
@@ -28,16 +28,15 @@ def test_fp4_sweeps_try_each_config_once_and_only_valid_ones():
     for fmt in ("nvfp4", "mxfp4"):
         configs = sweep(fmt)
         assert configs[0] == default_config(fmt) and len(set(configs)) == len(configs)
-        for cfg in configs + flat_fp4_sweep():
+        for cfg in configs:
             _check_config(cfg, fmt)
-        assert not any(c.flat_fp4 for c in configs) and all(c.flat_fp4 for c in flat_fp4_sweep())
 
 
-def test_table_sets_the_previous_fp4_tiles_beside_the_kernel(capsys):
+def test_table_gives_each_rows_best_time_share_and_config(capsys):
     best = default_config("mxfp4").__dict__
-    row = {"model": "gpt-oss-120b", "fmt": "mxfp4", "graph_us": 25.0, "graph_frac_of_hbm_copy": 0.5,
+    row = {"model": "gpt-oss-120b", "fmt": "mxfp4", "graph_us": 51.3, "graph_frac_of_hbm_copy": 0.34,
            "best_config": best}
-    print_table([row | {"flat_fp4_us": 75.0, "flat_fp4_frac_of_hbm_copy": 0.166}, row | {"fmt": "bf16"}])
+    print_table([row, row | {"fmt": "bf16"}])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert lines[-2] == "| gpt-oss-120b | mxfp4 | 75.0 us (17%) | 25.0 us (50%) | 3.00x | 8/8/512/w2/split |"
-    assert lines[-1].startswith("| gpt-oss-120b | bf16 | - | 25.0 us (50%) | - |")
+    assert lines[-2] == "| gpt-oss-120b | mxfp4 | 51.3 us | 34% | 8/8/512/w2/split |"
+    assert lines[-1].startswith("| gpt-oss-120b | bf16 | 51.3 us | 34% |")
