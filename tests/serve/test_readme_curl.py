@@ -4,6 +4,7 @@ import re
 import shlex
 import shutil
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -30,12 +31,16 @@ def answer_of(command: str, url: str) -> dict:
 def test_readme_curl_examples_chat_with_and_without_a_key(serve_model):
     plain, keyed = readme_curls()
     assert plain.startswith(f"curl {README_ADDRESS}/api/chat") and "Bearer YOUR-KEY" in keyed
-    for command, api_key in ((plain, None), (keyed, KEY)):
-        server = start_server(serve_model, api_key=api_key)
-        try:
+    with ThreadPoolExecutor(2) as pool:          # both servers start at once (each mostly imports, on one core)
+        starts = [pool.submit(start_server, serve_model, api_key=api_key) for api_key in (None, KEY)]
+    servers = [start.result() for start in starts if start.exception() is None]
+    try:
+        assert len(servers) == 2, [start.exception() for start in starts]
+        for command, server in zip((plain, keyed), servers):
             answer = answer_of(command, server.url)
             assert answer["done"] is True and 0 < answer["eval_count"] <= 64, answer      # the example's cap
-            if api_key:                                                  # the header is what lets it in
+            if server.api_key:                                           # the header is what lets it in
                 assert "API key is missing" in answer_of(plain, server.url)["error"]
-        finally:
+    finally:
+        for server in servers:
             server.stop()

@@ -1,12 +1,11 @@
 """A real `sluice serve` process on 127.0.0.1, driven by the official `openai` client and by httpx."""
 import json
-import subprocess
 import time
 
 import httpx
 import openai
 import pytest
-from serve_helpers import SLUICE, start_server
+from serve_helpers import start_server
 
 KEY = "sk-sluice-test"
 HI = [{"role": "user", "content": "hello world"}]
@@ -89,13 +88,12 @@ def test_requests_without_the_key_get_401(server):
     assert httpx.head(server.url + "/").status_code == 200
 
 
-def test_tokens_served_equal_sluice_generate(serve_model, server, client, http):
+def test_tokens_served_equal_sluice_generate(serve_model, server, client, http, capsys):
+    from engine.tools.cli import main                 # `sluice generate`'s own code, in this process
     prompt, seed = "the quick brown fox", 7
-    result = subprocess.run([SLUICE, "generate", str(serve_model), "--chat", "--prompt", prompt, "--max-new-tokens",
-                             "16", "--temperature", "0.9", "--seed", str(seed), "--json"],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 0, result.stderr
-    expected = json.loads(result.stdout)
+    assert main(["generate", str(serve_model), "--chat", "--prompt", prompt, "--max-new-tokens", "16",
+                 "--temperature", "0.9", "--seed", str(seed), "--json"]) == 0
+    expected = json.loads(capsys.readouterr().out)
 
     ollama = http.post("/api/generate", json={"model": "demo", "prompt": prompt, "stream": False, "options": {
         "num_predict": 16, "temperature": 0.9, "seed": seed, "top_p": 1, "top_k": 0}}).json()

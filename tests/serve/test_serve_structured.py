@@ -125,19 +125,15 @@ def test_completion_logprobs_streamed_and_not(served):
     assert tokens == lp.tokens
 
 
-def test_sluice_generate_takes_a_json_schema_and_names_a_bad_one(serve_model):
-    import subprocess
-    import sys
-    from pathlib import Path
-    sluice = str(Path(sys.executable).parent / "sluice")
-    run = subprocess.run([sluice, "generate", str(serve_model), "--prompt", "hi", "--chat", "--temperature", "0.8",
-                          "--max-new-tokens", "40", "--json", "--json-schema", json.dumps(SCHEMA)],
-                         capture_output=True, text=True, timeout=120)
-    assert run.returncode == 0 and follows_schema(json.loads(json.loads(run.stdout)["text"]))
-    bad = subprocess.run([sluice, "generate", str(serve_model), "--prompt", "hi", "--response-format",
-                          '{"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}'],
-                         capture_output=True, text=True, timeout=120)
-    assert bad.returncode != 0 and "Invalid type: strin" in bad.stderr and "Traceback" not in bad.stderr
+def test_sluice_generate_takes_a_json_schema_and_names_a_bad_one(serve_model, capsys):
+    from engine.tools.cli import main                 # `sluice generate`'s own code, in this process
+    assert main(["generate", str(serve_model), "--prompt", "hi", "--chat", "--temperature", "0.8",
+                 "--max-new-tokens", "40", "--json", "--json-schema", json.dumps(SCHEMA)]) == 0
+    assert follows_schema(json.loads(json.loads(capsys.readouterr().out)["text"]))
+    bad = main(["generate", str(serve_model), "--prompt", "hi", "--response-format",
+                '{"type": "json_schema", "json_schema": {"schema": {"type": "strin"}}}'])
+    err = capsys.readouterr().err
+    assert bad != 0 and "Invalid type: strin" in err and "Traceback" not in err
 
 
 def test_ollama_format_takes_a_schema(served):

@@ -20,8 +20,10 @@ from kernels.moe_prefill import PrefillConfig, PrefillKernel  # noqa: E402
 
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64, 1, 300]     # 10 tokens: the prefill kernel's (more than the decode kernel's 4)
 NEW_TOKENS = 6
-CPU_DECODE = DecodeConfig(block_i=32, block_h=32, block_k=64, split_down=True)    # few interpreted programs
-CPU_PREFILL = PrefillConfig(16, 32, 64)
+# Tiles as wide as the test models' experts (64): one interpreted program a pair and projection (the tails and
+# the tile loops are the kernel tests' own, tests/kernels)
+CPU_DECODE = DecodeConfig(block_i=64, block_h=64, block_k=64, split_down=True)
+CPU_PREFILL = PrefillConfig(16, 64, 64)
 
 
 class Counting:

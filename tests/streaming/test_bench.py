@@ -18,6 +18,12 @@ def tiny_preset(monkeypatch):
     return "tiny-qwen3"
 
 
+@pytest.fixture(scope="module")
+def int8_work(tmp_path_factory):
+    """One work folder for the int8 runs: the tiny model is written once (the bench keeps it) for both tests."""
+    return tmp_path_factory.mktemp("bench-int8")
+
+
 @pytest.mark.parametrize("via_repack,quant", [(False, "fp8"), (True, "nvfp4")])
 def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, quant):
     # 3 layers x 16 experts of 12 KiB (fp8) / 8 KiB (nvfp4) blocks; budgets: 4 slots a bank, 6 blocks of RAM
@@ -48,9 +54,9 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     assert 0 <= r["decode_major_faults_per_token"] < 5 and "read from files while decoding" in report(r)
 
 
-def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_preset, tmp_path, capsys):
+def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_preset, int8_work, capsys):
     argv = ["bench", "--preset", tiny_preset, "--quant", "int8", "--device", "cpu", "--prompt-tokens", "16",
-            "--new-tokens", "4", "--json", "--work-dir", str(tmp_path), "--dtype", "float32", "--ram-cache", "1GB"]
+            "--new-tokens", "4", "--json", "--work-dir", str(int8_work), "--dtype", "float32", "--ram-cache", "1GB"]
     assert main(argv + ["--vram-budget", "1GB"]) == 0
     stored = json.loads(capsys.readouterr().out)
     budget = str(stored["dense_bytes"] + stored["workspace_bytes"] + 20 * stored["device_slot_bytes"])
@@ -66,14 +72,14 @@ def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_prese
     assert "sampled at temperature 1 (" in report(int8)
 
 
-def test_bench_samples_like_the_app_when_asked(tiny_preset, tmp_path, capsys, monkeypatch):
+def test_bench_samples_like_the_app_when_asked(tiny_preset, int8_work, capsys, monkeypatch):
     """--top-k / --top-p: the decode samples with the app's cuts (what a user's reply runs), and says so; the
     warm prefill's first token too (plain sampling there would time loading another sampling path)."""
     from engine.engine import Engine
     asked, generate = [], Engine.generate
     monkeypatch.setattr(Engine, "generate", lambda self, prompt, params: (asked.append(params), generate(self, prompt, params))[1])
     assert main(["bench", "--preset", tiny_preset, "--quant", "int8", "--device", "cpu", "--prompt-tokens", "16",
-                 "--new-tokens", "4", "--json", "--work-dir", str(tmp_path), "--dtype", "float32",
+                 "--new-tokens", "4", "--json", "--work-dir", str(int8_work), "--dtype", "float32",
                  "--top-k", "40", "--top-p", "0.95"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["sampling"] == {"temperature": 1.0, "top_k": 40, "top_p": 0.95}
