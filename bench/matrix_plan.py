@@ -73,6 +73,8 @@ class Files:
     sluice_bytes: int
     gguf_bytes: int
     gguf_expert_bytes: int        # of gguf_bytes, the routed experts (what -ncmoe moves to the CPU)
+    gguf_host_bytes: int = 0      # of gguf_bytes, what llama.cpp keeps on the CPU at any -ngl: the token embeddings
+                                  # and Flash-Next's n-gram table (input-layer tensors, read by row)
 
     def peak(self, layout: str) -> int:
         """The most bytes on the disk at once."""
@@ -92,10 +94,13 @@ def file_bytes(config: dict, quant: str) -> Files:
     dense_params = shape.dense_params
     expert_elem = MXFP4_BYTES if shape.family == "gpt_oss" else None
     gguf_experts = int(expert_params * (expert_elem or Q8_0_BYTES))
+    # the converter quantizes the n-gram table too, where its rows split into Q8_0 blocks (else F16)
+    gguf_ngram = int(ngram_params * (Q8_0_BYTES if shape.ngram_row_dim % 32 == 0 else 2))
     return Files(hf_bytes=int(dense_params * 2 + ngram_params * 2 + expert_params * (expert_elem or 2)),
                  sluice_bytes=dense_params * 2 + ngram_file_bytes(shape, 2) + num_blocks * expert_block_bytes(shape, quant),
-                 gguf_bytes=int(dense_params * Q8_0_BYTES + ngram_params * 2) + gguf_experts,
-                 gguf_expert_bytes=gguf_experts)
+                 gguf_bytes=int(dense_params * Q8_0_BYTES) + gguf_ngram + gguf_experts,
+                 gguf_expert_bytes=gguf_experts,
+                 gguf_host_bytes=int(shape.embedding_params * Q8_0_BYTES) + gguf_ngram)
 
 
 # ---- the preset, a layer subset where the files would not fit --------------------------------------------------
@@ -209,11 +214,11 @@ def scaled_regime(r: Regime, model_bytes: int, reference_bytes: int) -> Regime:
 
 def ncmoe_points(files: Files, num_layers: int, num_moe_layers: int, vram_limit_bytes: int,
                  exceeds: bool = False) -> tuple[int, ...]:
-    """-ncmoe values to sweep: the fewest CPU layers whose predicted VRAM (dense weights, the GPU layers' experts,
-    llama.cpp's buffers) fits the limit, one fewer (the prediction is rough) and two more, and every layer on the
+    """-ncmoe values to sweep: the fewest CPU layers whose predicted VRAM (dense weights but the host's, the GPU
+    layers' experts, llama.cpp's buffers) fits the limit, one fewer (the prediction is rough) and two more, and every layer on the
     CPU; in `exceeds` only the fitting one and every layer (each run there takes its whole timeout)."""
     per_layer = files.gguf_expert_bytes / max(num_moe_layers, 1)
-    fixed = files.gguf_bytes - files.gguf_expert_bytes + LLAMA_VRAM_OVERHEAD_BYTES
+    fixed = files.gguf_bytes - files.gguf_expert_bytes - files.gguf_host_bytes + LLAMA_VRAM_OVERHEAD_BYTES
     on_gpu = min(num_moe_layers, max(0, int((vram_limit_bytes - fixed) // per_layer)))
     fit = num_layers - on_gpu
     around = (fit,) if exceeds else (fit - 1, fit, fit + 1, fit + 2)

@@ -324,8 +324,17 @@ def write_hf_checkpoint(preset: str, dst: Path, device="cuda", seed: int = 0, sh
             progress(f"{preset}: HF checkpoint, layer {layer} written")
     flush()
     (dst / HF_INDEX).write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    (dst / "config.json").write_text(json.dumps({**config, "architectures": [_architecture(config)]}, indent=1))
+    (dst / "config.json").write_text(json.dumps({**_hub_spelling(config), "architectures": [_architecture(config)]},
+                                                indent=1))
     return dst
+
+
+def _hub_spelling(config: dict) -> dict:
+    """The config as the Hub writes it: Flash-Next's indexed-attention layers are "full_attention" in its
+    config.json (transformers renames them on load; llama.cpp's converter gives only those a compress ratio)."""
+    if config["model_type"] != "qwen4_exp_text":
+        return config
+    return {**config, "layer_types": ["full_attention" if t == "indexed_attention" else t for t in config["layer_types"]]}
 
 
 def _add_gpt_oss_mxfp4_experts(spec, add, gen: torch.Generator, progress) -> None:

@@ -40,6 +40,16 @@ def test_ncmoe_points_bracket_the_vram_limit_and_include_every_layer_on_the_cpu(
     assert ncmoe_points(olmoe, 16, 16, 0) == (15, 16)                        # nothing fits
 
 
+def test_flash_next_gguf_quantizes_its_ngram_table_and_keeps_it_and_the_embeddings_off_the_gpu():
+    files = matrix_plan.file_bytes(presets.preset_config("qwen3.8-flash-next-4l"), "int8")
+    table = 16_001_920 * 160 * 34 // 32                         # 1/20 of the real table's rows, Q8_0 (160 = 5 blocks)
+    embeddings = 248_320 * 2560 * 34 // 32
+    assert abs(files.gguf_host_bytes - (table + embeddings)) < 10**6 and 15.0 * GB < files.gguf_bytes < 15.2 * GB
+    # 1.84 GB on the GPU besides the experts (2.67 GB a layer): 2 layers' experts within 7.75 GiB, none in 4 GiB
+    assert ncmoe_points(files, 4, 4, int(7.75 * 2**30)) == (1, 2, 3, 4)
+    assert ncmoe_points(files, 4, 4, 4 << 30, exceeds=True) == (4,)
+
+
 def test_regimes_scale_with_the_model_and_olmoes_are_the_regimes_own():
     r = REGIMES["fits-vram-ram"]
     assert scaled_regime(r, 7_355_445_248, 7_355_445_248) is r
