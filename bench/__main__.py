@@ -24,7 +24,6 @@ STAGES = {
     "host-calls": ("host_calls", "what each host call of a streaming decode layer costs"),
     "cpu-experts": ("cpu_experts", "how fast this host computes routed experts from the RAM cache"),
     "gui-stream": ("gui_stream", "how smooth the chat window stays while a long answer streams"),
-    "expect": ("expect", "README's table: the decode speed to expect on common PCs, computed (no GPU needed)"),
 }
 PASSES_BENCH_FLAGS = {"families", "regime", "ab", "matrix"}     # stages that hand unknown flags on to `sluice bench`
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.stages import expect
+from bench import speed_table as expect
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

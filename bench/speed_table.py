@@ -1,6 +1,6 @@
 """What speed to expect on common PCs: README's table, every speed COMPUTED, none measured.
 
-    python -m bench expect
+    python -m bench.speed_table
 
 Each cell is the download wizard's estimate (engine.plan.estimate) for that PC: the engine's default budgets (90% of
 the VRAM; a RAM cache of half the RAM left after SYSTEM_RAM_GB), experts used evenly (real chats reuse experts, so
@@ -11,7 +11,6 @@ divided by the measured efficiency, in place of the estimate's own; the row name
 """
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 GB = 1e9
@@ -141,10 +140,10 @@ def table() -> str:
     return "\n".join(lines) + "\n"
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """No options: the PCs and models are the README's."""
-
-
-def run(args) -> int:
+def main() -> int:
     print(table(), end="")
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
