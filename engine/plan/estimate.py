@@ -40,8 +40,8 @@ FAST_TOK_S = 5.0                   # about reading speed: below this a chat feel
 LAYER_OVERHEAD_S = {"cuda": 320e-6, "cpu": 800e-6}
 # The generic path run eagerly, without CUDA graphs: on a GPU each layer costs its launches and host work on top of
 # the native path's (the measured difference; on the CPU the two paths run alike). Families captured as graph
-# segments (engine.model.generic.graphs) pay far less (BENCHMARKS: the generic path), but the estimate does not
-# know which families capture, so it prices all of them on the slow side.
+# segments (engine.model.generic.graphs) pay far less, but the estimate does not know which families capture,
+# so it prices all of them on the slow side.
 GENERIC_LAYER_OVERHEAD_S = {"cuda": 320e-6 + 1.27e-3, "cpu": 800e-6}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 # Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the

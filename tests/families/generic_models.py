@@ -135,3 +135,19 @@ def vl_reference_greedy(hf_dir, prompt_ids: list[int], max_new_tokens: int) -> l
         out = model.generate(torch.tensor([prompt_ids]), max_new_tokens=max_new_tokens, do_sample=False,
                              eos_token_id=None, pad_token_id=0, min_new_tokens=max_new_tokens)
     return out[0, len(prompt_ids):].tolist()
+
+
+def vl_streamed_tokens(model_dir, prompt_ids: list[int], max_new_tokens: int, **load) -> tuple[list[int], int]:
+    """(Sluice's greedy tokens, the RAM cache's evictions) with the experts streaming. load: engine.load options
+    (device, dtype); without them the VRAM budget too is set far below the experts (the CPU's plan)."""
+    import engine
+    from engine import GenerationParams
+    from tests.streaming.sized import streaming_budgets
+    vram, ram = streaming_budgets(model_dir)
+    eng = engine.load(model_dir, vram_budget=None if load else vram, ram_cache=ram, **load)
+    try:
+        ours = [e.token_id for e in eng.generate(prompt_ids, GenerationParams(max_new_tokens=max_new_tokens,
+                                                                               temperature=0))]
+        return ours, eng.telemetry()["ram_cache"]["evictions"]
+    finally:
+        eng.close()

@@ -7,13 +7,12 @@ import torch
 from safetensors import safe_open
 
 import engine
-from engine import GenerationParams, SluiceError
+from engine import SluiceError
 from engine.format.repack import repack
 from engine.model.families import FAMILIES, GENERIC_VL_FAMILIES
-from tests.families.generic_models import build_vl_model, built_once, vl_reference_greedy
+from tests.families.generic_models import build_vl_model, built_once, vl_reference_greedy, vl_streamed_tokens
 from tests.families.hybrid_models import QWEN3_5_TEXT, _random_like
 from tests.families.tokens import NEW_TOKENS, PROMPT_IDS, assert_streamed_tokens_match
-from tests.streaming.sized import streaming_budgets
 
 
 def build_qwen3_5_text(dst):
@@ -56,13 +55,7 @@ def test_a_vision_language_checkpoints_language_model_runs_token_exact(family, v
     hf_dir, model_dir = vl_models(family)
     with safe_open(str(model_dir / "dense.safetensors"), "pt") as f:       # no vision tower
         assert all(n.startswith((FAMILIES[family].text_prefix, "lm_head.")) for n in f.keys())
-    vram, ram = streaming_budgets(model_dir)
-    eng = engine.load(model_dir, vram_budget=vram, ram_cache=ram)
-    try:
-        ours = [e.token_id for e in eng.generate(PROMPT_IDS, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
-        evictions = eng.telemetry()["ram_cache"]["evictions"]
-    finally:
-        eng.close()
+    ours, evictions = vl_streamed_tokens(model_dir, PROMPT_IDS, NEW_TOKENS)
     assert ours == vl_reference_greedy(hf_dir, PROMPT_IDS, NEW_TOKENS) and evictions > 0
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from engine.format.repack import repack
 from engine.model.families import GENERIC_VL_FAMILIES, Family
-from tests.families.generic_models import build_generic_model, build_vl_model, vl_reference_greedy
+from tests.families.generic_models import build_generic_model, build_vl_model, vl_reference_greedy, vl_streamed_tokens
 from tests.families.tokens import assert_streamed_tokens_match
 
 pytestmark = pytest.mark.gpu
@@ -25,19 +25,10 @@ def test_cuda_float32_tokens_match_transformers(family, quant, tmp_path):
 @pytest.mark.parametrize("family", GENERIC_VL_FAMILIES)
 def test_cuda_float32_language_model_of_a_vision_checkpoint_matches_transformers(family, tmp_path):
     """The text part of each vision-language checkpoint (Kimi-K2.5's DeepSeek-V3 among them), experts streaming."""
-    import engine
-    from engine import GenerationParams
     from tests.families.tokens import NEW_TOKENS, PROMPT_IDS
-    from tests.streaming.sized import streaming_budgets
     hf_dir = build_vl_model(family, tmp_path / "hf")
     model_dir = repack(hf_dir, tmp_path / "sluice")
-    _, ram = streaming_budgets(model_dir)
-    eng = engine.load(model_dir, device="cuda", dtype="float32", ram_cache=ram)
-    try:
-        ours = [e.token_id for e in eng.generate(PROMPT_IDS, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
-        evictions = eng.telemetry()["ram_cache"]["evictions"]
-    finally:
-        eng.close()
+    ours, evictions = vl_streamed_tokens(model_dir, PROMPT_IDS, NEW_TOKENS, device="cuda", dtype="float32")
     assert ours == vl_reference_greedy(hf_dir, PROMPT_IDS, NEW_TOKENS) and evictions > 0
 
 
