@@ -24,7 +24,7 @@ def load(model_dir, device: str = "cpu", vram_budget=None, ram_cache=None, dtype
     """Open a Sluice model dir (or a Hugging Face snapshot, repacked on the fly) and return an Engine.
     max_context: prompt + answer tokens; default the model's own limit cut to what the VRAM budget holds.
     cpu_experts: "auto" (GPU: the CPU computes the RAM-resident experts the cost model gives it), "all",
-    "off" or "split" (the cost model's split even where copying is faster); given, it wins over options.cpu_experts. dense_quant: "int8" keeps the dense weights as int8
+    or "off"; given, it wins over options.cpu_experts. dense_quant: "int8" keeps the dense weights as int8
     (half their VRAM goes to expert slots). options: engine.options.Options, the tunables (eager, ...)."""
     from engine.engine import Engine
     return Engine.load(model_dir, device=device, vram_budget=vram_budget, ram_cache=ram_cache,

@@ -102,8 +102,7 @@ class Engine:
              max_context: int | None = None, cpu_experts: str | None = None, dense_quant: str | None = None,
              options: Options | None = None) -> "Engine":
         """cpu_experts: "auto" (the placement cost model decides, CUDA only), "all" (every RAM-resident
-        expert of a decode step is computed by the CPU; also on the CPU device, for tests), "off" or "split" (the
-        cost model's split even where copying is faster at load: an A/B); given, it
+        expert of a decode step is computed by the CPU; also on the CPU device, for tests) or "off"; given, it
         wins over options.cpu_experts. dense_quant: None (dense weights in the compute dtype) or "int8"
         (engine.model.dense_quant). options: the tunables (engine.options.Options; the defaults when None)."""
         options = options or Options()

@@ -14,15 +14,14 @@ from dataclasses import dataclass
 
 from engine.errors import SluiceError
 
-CPU_EXPERTS = ("auto", "all", "off", "split")
+CPU_EXPERTS = ("auto", "all", "off")
 CPU_KERNELS = ("auto", "fused", "torch")
 
 
 @dataclass(frozen=True)
 class Options:
     eager: bool = False                 # no CUDA graphs and no Triton kernels: the plain torch path everywhere
-    cpu_experts: str = "auto"           # RAM-resident experts computed by the CPU: cost model, all of them, none,
-                                        # or the cost model's split even where copying is faster at load (an A/B)
+    cpu_experts: str = "auto"           # RAM-resident experts computed by the CPU: cost model, all of them, none
     cpu_kernel: str = "auto"            # the CPU's int8 experts: fused where faster and matching, always, never
     ram_fill: bool = True               # while idle, read the experts no prompt has read yet into free RAM
     prefetch_reads: int | None = None   # next layer's guesses whose disk reads start ahead (None: the default rule)

@@ -78,7 +78,7 @@ def computes_in_place(device_type: str, fmt: str, cpu_experts: str = "auto") -> 
     hybrid execution is off. A slot costs a copy, a float copy of the expert and a matmul over 4x the bytes,
     in place the matmul alone (decode more than twice as fast, faster still with the slot tier cut to a
     prefill batch). bf16 blocks would need a float copy each (QuantFormat.cpu_in_place)."""
-    return device_type != "cuda" and QUANT_FORMATS[fmt].cpu_in_place and cpu_experts in ("auto", "all", "split")
+    return device_type != "cuda" and QUANT_FORMATS[fmt].cpu_in_place and cpu_experts in ("auto", "all")
 
 
 def in_place_defaults(default_vram: int, default_ram: int, fixed_bytes: int, device_slot_bytes: int) -> tuple[int, int]:
