@@ -1,10 +1,12 @@
-"""Where a decode token's time goes, OLMoE int8 (int8 dense weights), RAM free, through Engine.generate:
+"""Where a decode token's time goes in a preset's model (default OLMoE int8), int8 dense weights, RAM free, through
+Engine.generate:
   py-spy    the decode thread sampled at 1000 Hz (no tracing overhead; --phase prefill: warm prefills)
   trace     a few decode tokens under torch.profiler (CPU and CUDA), the Chrome trace gzipped into OUT and summed up
   timeline  what the GPU runs in a decode token: kernels and copies by total time, GPU busy against wall time
   host      per-token telemetry and cProfile of the host
 
     python -m bench profile --mode py-spy [--budgets 4GB,40GB] [--tokens 256]
+    python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l --quant nvfp4 --budgets 8GB
 """
 from __future__ import annotations
 
@@ -26,10 +28,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--budgets", default="4GB,40GB", help="VRAM budgets, comma-separated (40GB: every expert resident)")
     p.add_argument("--tokens", type=int, default=256, help="tokens decoded (py-spy: prompt tokens with --phase prefill)")
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="py-spy: what is sampled")
+    p.add_argument("--preset", default="olmoe-1b-7b", help="the bench preset whose model is profiled")
+    p.add_argument("--quant", default="int8", help="its experts' format")
 
 
 def run(args) -> int:
-    path = bench_model(args.work_dir)
+    path = bench_model(args.work_dir, args.preset, args.quant)
     for budget in args.budgets.split(","):
         {"py-spy": py_spy, "trace": trace, "timeline": timeline, "host": host}[args.mode](args, path, budget)
     return 0
@@ -41,7 +45,7 @@ def _warm_engine(path, budget: str, seed: int = 0):
     from engine.tools.bench import timed_generate
     eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache="16GB", max_context=1024, dense_quant="int8")
     rng = random.Random(seed)
-    prompt = lambda n: [rng.randrange(50000) for _ in range(n)]          # noqa: E731 - a fresh prompt routes anew
+    prompt = lambda n: [rng.randrange(eng.spec.vocab_size) for _ in range(n)]   # noqa: E731 - a fresh prompt routes anew
     timed_generate(eng, prompt(512), sampled(96))
     timed_generate(eng, prompt(16), sampled(64))
     return eng, prompt
