@@ -36,6 +36,7 @@ class ModelShape:
     ngram_rows: int = 0            # the n-gram tables' rows (ngram.bin in the model dir) and their width
     ngram_row_dim: int = 0
     has_expert_gate: bool = True   # False: an expert is up and down alone (Nemotron-H), two projections, not three
+    generic_graphs: bool = False   # a generic family whose decode replays as CUDA graph segments (graph_blocker: none)
 
     @property
     def expert_params(self) -> int:

@@ -12,7 +12,7 @@ per token, with N = moe_layers * top_k expert blocks needed and B = one block's 
                  expert bytes read: on CUDA N * B (the kernels read the blocks as stored); on the CPU
                  N * expert params * 4 (each expert decoded to float32)
                  (int8 dense weights: one byte for each dense parameter they quantise)
-    layer_overhead_s = layers * LAYER_OVERHEAD_S (GENERIC_LAYER_OVERHEAD_S for a family on the generic path)
+    layer_overhead_s = layers * LAYER_OVERHEAD_S (+ GENERIC_EXTRA_S on a GPU for a family on the generic path)
 The budgets are split exactly as the engine splits them (engine.runtime.budget.plan_budgets, with the
 engine's defaults). Hit rates default to the cached fraction of all expert blocks: what an LRU
 cache gets when routing is uniform (slots first, then the RAM cache holding a superset). Real
@@ -38,11 +38,10 @@ FAST_TOK_S = 5.0                   # about reading speed: below this a chat feel
 # expert in a slot decodes at 5.49 ms a token on an H200, 0.37 ms of it reading 1.6 GB of HBM: 320 us for
 # each of its 16 layers (the layer's host sync, the decode thread's Python, launches).
 LAYER_OVERHEAD_S = {"cuda": 320e-6, "cpu": 800e-6}
-# The generic path run eagerly, without CUDA graphs: on a GPU each layer costs its launches and host work on top of
-# the native path's (the measured difference; on the CPU the two paths run alike). Families captured as graph
-# segments (engine.model.generic.graphs) pay far less, but the estimate does not know which families capture,
-# so it prices all of them on the slow side.
-GENERIC_LAYER_OVERHEAD_S = {"cuda": 320e-6 + 1.27e-3, "cpu": 800e-6}
+# The generic path on a GPU, a layer on top of the native path's (the measured difference; on the CPU the two paths
+# run alike): replayed as CUDA graph segments where engine.model.generic.graphs.graph_blocker finds nothing in the
+# way, else transformers' layers run eagerly, each paying its launches and host work.
+GENERIC_EXTRA_S = {"graphs": 110e-6, "eager": 1.27e-3}
 RAM_RESERVE_BYTES = 3 * 2**30      # the OS, the app and Python stay resident
 # Hybrid execution: the rate at which the CPU computes RAM-resident int8 experts, as a share of the
 # machine's memory bandwidth (an H200 box: 415 us for a 6.3 MB expert while decoding, DRAM 73 GB/s).
@@ -290,7 +289,10 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
 
 def layer_overhead_s(shape: ModelShape, device: str) -> float:
     """A token's time no byte count explains: the family's path's overhead for each of its layers."""
-    return shape.num_layers * (GENERIC_LAYER_OVERHEAD_S if _is_generic(shape.family) else LAYER_OVERHEAD_S)[device]
+    per_layer = LAYER_OVERHEAD_S[device]
+    if device == "cuda" and _is_generic(shape.family):
+        per_layer += GENERIC_EXTRA_S["graphs" if shape.generic_graphs else "eager"]
+    return shape.num_layers * per_layer
 
 
 def _uniform_hit_rates(plan, num_blocks: int, block: int) -> tuple[float, float]:

@@ -62,6 +62,7 @@ def required_dense_tensors(spec: ModelSpec) -> dict[str, tuple[int, ...]]:
 
 def param_counts(config: dict):
     """The estimate's parameter counts: transformers' model on the meta device counts them."""
+    from engine.model.generic.graphs import graph_blocker
     from engine.model.generic.scan import parameter_counts
     from engine.model.param_counts import ModelShape
     from engine.model.spec import read_spec as read_model_spec
@@ -72,4 +73,5 @@ def param_counts(config: dict):
     return ModelShape(spec.family, spec.num_layers, len(spec.moe_layers), spec.num_experts, spec.top_k,
                       spec.hidden_size, spec.expert_intermediate, spec.vocab_size, total,
                       dense + len(spec.moe_layers) * spec.top_k * expert, dense, embedding,
-                      has_expert_gate=spec.has_expert_gate)
+                      has_expert_gate=spec.has_expert_gate,
+                      generic_graphs=graph_blocker(spec.generic, spec.cfg.get_text_config(decoder=True)) is None)
