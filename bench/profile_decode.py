@@ -17,12 +17,13 @@ own code (self), plus ms a token.
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections import Counter
 
 PHASE = os.environ.get("PROFILE_PHASE", "decode")
-DECODE_FRAME = "Runner.prefill (" if PHASE == "prefill" else "Runner.decode ("
-PROFILED_FRAME = "_profiled (profile_decode.py"
+PHASE_FRAME = re.compile(rf"^(Runner\.)?{PHASE} \(.*runner\.py")   # py-spy names methods with or without the class
+PROFILED_FRAME = re.compile(r"^_profiled \(.*profile_decode\.py")
 
 
 def run(model_dir: str, vram_budget: str = "4GB", tokens: int = 256) -> None:
@@ -67,10 +68,10 @@ def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:
     inclusive, own, lines, total = Counter(), Counter(), Counter(), 0
     for line in open(raw_path):
         stack, _, count = line.rstrip("\n").rpartition(" ")
-        if DECODE_FRAME not in stack or PROFILED_FRAME not in stack:
-            continue
         frames = stack.split(";")
-        start = next(i for i, f in enumerate(frames) if DECODE_FRAME in f)
+        start = next((i for i, f in enumerate(frames) if PHASE_FRAME.match(f)), None)
+        if start is None or not any(PROFILED_FRAME.match(f) for f in frames[:start]):
+            continue
         n = int(count)
         lines[frames[-1].replace("/work/main/", "")] += n
         frames = [_short(f) for f in frames[start:]]
@@ -79,9 +80,10 @@ def summary(raw_path: str, tokens: int = 256, top: int = 30) -> None:
         for frame in set(frames):
             inclusive[frame] += n
     if not total:
-        print(f"no {PHASE} samples")
+        seen = Counter(f for line in open(raw_path) for f in line.rpartition(" ")[0].split(";") if "runner.py" in f)
+        print(f"no {PHASE} samples; the runner's frames sampled: {[f for f, _ in seen.most_common(8)]}")
         return
-    print(f"{total} samples in {DECODE_FRAME.strip(' (')}; share of them (inclusive | self)")
+    print(f"{total} samples in Runner.{PHASE}; share of them (inclusive | self)")
     for frame, n in inclusive.most_common(top):
         print(f"  {n / total:6.1%} | {own[frame] / total:6.1%}  {frame}")
     print("self time, largest:")

@@ -65,7 +65,7 @@ def py_spy(args, path, budget: str) -> None:
     append_log(args.out, "profile.txt", f"===== {budget}\n{proc.stdout}\n{text.stdout}\n")
     if raw.exists():                        # the decode's stacks, gzipped, for a look by line afterwards
         with open(raw) as src, gzip.open(args.out / f"{raw.name}.gz", "wt") as dst:
-            dst.writelines(line for line in src if "Runner." in line)
+            dst.writelines(line for line in src if "runner.py" in line)
 
 
 def trace(args, path, budget: str) -> None:

@@ -156,9 +156,10 @@ class LayerCompute:
         decode step's buffers, so a captured graph replays the launch."""
         layer, num_tokens = call.layer, call.x.shape[0]
         bank = self.banks.bank_of(layer)
-        groups = [early, late] if num_tokens == 1 and early and late else [early + late]
+        one_step = num_tokens == 1 or static_inputs         # a decode step (Llama 4's: one row per choice)
+        groups = [early, late] if one_step and early and late else [early + late]
         rows = _slot_rows(call.routed, slot_of, groups)
-        replay = static_inputs and num_tokens == 1 and layer in self._graphs
+        replay = static_inputs and layer in self._graphs
         if replay:                                   # both groups' slot rows in one upload
             graphs, flat_rows = self._graphs[layer]
             self.mover.upload([s for row in rows for s in row], flat_rows[len(rows) - 1])
@@ -175,16 +176,17 @@ class LayerCompute:
     def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], device: torch.device) -> None:
         """Capture the one-token kernel launches of each layer in CUDA graphs, two per layer (write `out`, add
         into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])} (the decode step's
-        buffers). The expert slots are a static int32 row per layer, uploaded before each replay. Done once at
+        buffers; x [R, H], weights [R, K / R], out [R, H] where a token's choices are rows of their own, as Llama 4's).
+        The expert slots are a static int32 row per layer, uploaded before each replay. Done once at
         load, so no capture happens while tokens are timed."""
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
         for layer, (x, weights, out) in layers.items():
             bank = self.banks.bank_of(layer)
-            index = torch.zeros(2, weights.shape[1], dtype=torch.int32, device=device)   # slot 0: valid bytes
+            index = torch.zeros(2, *weights.shape, dtype=torch.int32, device=device)   # slot 0: valid bytes
             graphs = []
             for accumulate in (False, True):
-                launch = lambda: self.kernel(x, self.banks.banks[bank], index[int(accumulate)][None],  # noqa: E731
+                launch = lambda: self.kernel(x, self.banks.banks[bank], index[int(accumulate)],  # noqa: E731
                                              weights.float(), self.layout.fmt, self.offsets,
                                              self.layout.intermediate, out=out, accumulate=accumulate)
                 launch()                                          # compile / warm up outside the capture
