@@ -76,12 +76,16 @@ class Mover:
 
     def upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
         """int32 values on the device through a staging row, into `dst` if given."""
+        src, dst = self._staged(values, dst)
+        return dst.copy_(src, non_blocking=True)
+
+    def _staged(self, values: list[int], dst: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """values written into the next host staging row -> (that row's slice, where they go)."""
         i = self._stage_next
         self._stage_next = (i + 1) % len(self._stage)
         n = len(values)
         self._stage_np[i][:n] = values
-        dst = self._stage_dev[i][:n] if dst is None else dst
-        return dst.copy_(self._stage[i][:n], non_blocking=True)
+        return self._stage[i][:n], (self._stage_dev[i][:n] if dst is None else dst)
 
     def _move(self, key: Key, bank: int, slot: int, dst: torch.Tensor, src: torch.Tensor,
               victim: Key | None, write_back: int | None) -> None:
@@ -190,6 +194,7 @@ class CudaMover(Mover):
         self._inflight: list[tuple[torch.cuda.Event, Key]] = []             # (copy done, RAM block it reads/writes)
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
         self._compute_stream = torch.cuda.current_stream(device)
+        self._upload = HostToDevice.load()               # the slot-index uploads through the driver too
         self._batch_each = True                        # each copy of the batch with its own done event, or one for all
         self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
         self._batch_keys: list[Key] = []
@@ -221,6 +226,13 @@ class CudaMover(Mover):
             self.telemetry.add(h2d_bytes=self._batch_copies * self.cache.block_bytes)
         if self.placement is not None:
             self.placement.observe_copies(time.perf_counter() - issued, self._batch_copies)
+
+    def upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
+        src, dst = self._staged(values, dst)
+        if self._upload is None:
+            return dst.copy_(src, non_blocking=True)
+        self._upload(dst.data_ptr(), src.data_ptr(), src.nbytes, self._compute_stream.cuda_stream)
+        return dst
 
     def _move(self, key, bank, slot, dst, src, victim, write_back) -> None:
         if write_back is not None:           # same stream: the victim's bytes leave before new ones land

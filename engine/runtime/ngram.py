@@ -28,7 +28,7 @@ from engine.format.ngram import NGRAM_FILE, PAGE, NgramIndex, read_index
 from engine.runtime.telemetry import Telemetry
 
 MAX_RUN_PAGES = 64          # one read at most 256 KiB
-READER_THREADS = 4
+READER_THREADS = 16         # a decode step's rows (a page each) all in flight together
 CACHE_SHARE = 16            # the rows' cache: this fraction (1 / n) of the RAM budget, at most the tables
 
 
@@ -129,10 +129,11 @@ class NgramTier:
         return Lookups([self._worker.submit(self._fetch, table, layer_ids, staging and staging[table])
                         for table, layer_ids in enumerate(ids)], self.telemetry)
 
-    def _fetch(self, table: int, ids: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    def _fetch(self, table: int, ids: np.ndarray, out: torch.Tensor | None) -> torch.Tensor:
         """ids [T, heads] -> their rows concatenated [T, heads * row_dim] in the compute dtype, in `out` or on
         the device."""
-        distinct, inverse = torch.unique(ids, return_inverse=True)
+        distinct, inverse = np.unique(ids, return_inverse=True)
+        inverse = torch.from_numpy(inverse.reshape(ids.shape))
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
         missing = []
         for j, row in enumerate(distinct.tolist()):
@@ -142,7 +143,7 @@ class NgramTier:
             else:
                 rows[j] = cached
         if missing:
-            rows[missing] = torch.from_numpy(self._read(table, distinct[missing].numpy()))
+            rows[missing] = torch.from_numpy(self._read(table, distinct[missing]))
         self.telemetry.add(ngram_rows=distinct.shape[0], ngram_hits=distinct.shape[0] - len(missing),
                            ngram_misses=len(missing))
         values = rows.view(self.index.dtype)[inverse].flatten(-2)                # [T, heads * row_dim]

@@ -5,14 +5,15 @@ A token t of a PLE layer reads one row per head: heads_per_ngram heads for each 
 own prime vocabulary, offset into the layer's one table. An EOS ends a history: a token looking back past the
 last EOS before it sees EOS instead (so the first token of a conversation, or after an EOS, sees EOS).
 Multipliers come from splitmix64 of the seed and the PLE layer's rank; each head's vocabulary is the next
-prime at or above the base, counted over all PLE layers' heads in order.
+prime at or above the base, counted over all PLE layers' heads in order. numpy, not torch: a decode step hashes
+one token on the host, before its rows can be read, and numpy's small-array ops cost a tenth of torch's.
 """
 from __future__ import annotations
 
 import functools
 import math
 
-import torch
+import numpy as np
 
 _MASK64 = (1 << 64) - 1
 _GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
@@ -26,12 +27,12 @@ def splitmix64(value: int) -> int:
     return value ^ (value >> 31)
 
 
-def multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: int) -> torch.Tensor:
+def multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: int) -> np.ndarray:
     """One odd multiplier per n-gram position [N], small enough that token * multiplier fits int64."""
     half_bound = max(1, ((1 << 63) - 1) // max(vocab_size, 1) // 2)
     base = seed + _LAYER_STRIDE * ple_index
-    return torch.tensor([2 * (splitmix64((base + _GAMMA * (i + 1)) & _MASK64) % half_bound) + 1
-                         for i in range(ngram_size)], dtype=torch.long)
+    return np.array([2 * (splitmix64((base + _GAMMA * (i + 1)) & _MASK64) % half_bound) + 1
+                     for i in range(ngram_size)], dtype=np.int64)
 
 
 def _is_prime(n: int) -> bool:
@@ -56,31 +57,27 @@ def head_vocab_sizes(base: int, ple_index: int, num_heads: int) -> list[int]:
     return list(primes[ple_index * num_heads:])
 
 
-def shifted_history(seq: torch.Tensor, ngram_size: int, eos: int) -> list[torch.Tensor]:
+def shifted_history(seq: np.ndarray, ngram_size: int, eos: int) -> list[np.ndarray]:
     """seq [L] int64 -> for each shift s < N, seq[t - s] where no EOS lies in seq[t-s .. t-1], else EOS."""
-    pos = torch.arange(seq.shape[0])
-    eos_pos = torch.where(seq == eos, pos, -1)
-    last_eos_before = torch.cat([eos_pos.new_full((1,), -1), torch.cummax(eos_pos, 0).values[:-1]])
-    out = []
-    for s in range(ngram_size):
-        source = seq[(pos - s).clamp_min(0)]
-        out.append(torch.where((last_eos_before < pos - s), source, eos))
-    return out
+    pos = np.arange(seq.shape[0])
+    eos_pos = np.where(seq == eos, pos, -1)
+    last_eos_before = np.concatenate([[-1], np.maximum.accumulate(eos_pos)[:-1]])
+    return [np.where(last_eos_before < pos - s, seq[np.maximum(pos - s, 0)], eos) for s in range(ngram_size)]
 
 
-def row_ids(history: list[int], tokens: list[int], *, mult: torch.Tensor, sizes: torch.Tensor,
-            offsets: torch.Tensor, ngram_size: int, heads_per_ngram: int, eos: int) -> torch.Tensor:
-    """Row ids [T, (N-1) * heads_per_ngram] of `tokens` (T) after `history` (the N-1 tokens before them)."""
-    seq = torch.tensor(history + tokens, dtype=torch.long)
-    shifted = shifted_history(seq, ngram_size, eos)
+def row_ids(history: list[int], tokens: list[int], *, mult: np.ndarray, sizes: np.ndarray,
+            offsets: np.ndarray, ngram_size: int, heads_per_ngram: int, eos: int) -> np.ndarray:
+    """Row ids [T, (N-1) * heads_per_ngram] of `tokens` (T) after `history` (the N-1 tokens before them).
+    token * multiplier fits int64 (`multipliers`), so no product wraps."""
+    shifted = shifted_history(np.array(history + tokens, dtype=np.int64), ngram_size, eos)
     blocks = []
     for n in range(2, ngram_size + 1):
         mixed = shifted[0] * mult[0]
         for p in range(1, n):
-            mixed = torch.bitwise_xor(mixed, shifted[p] * mult[p])
+            mixed = mixed ^ (shifted[p] * mult[p])
         heads = slice((n - 2) * heads_per_ngram, (n - 1) * heads_per_ngram)
-        blocks.append(torch.remainder(mixed[:, None], sizes[None, heads]) + offsets[None, heads])
-    return torch.cat(blocks, dim=-1)[len(history):]
+        blocks.append(np.remainder(mixed[:, None], sizes[None, heads]) + offsets[None, heads])   # >= 0, as Python's %
+    return np.concatenate(blocks, axis=-1)[len(history):]
 
 
 class NgramHasher:
@@ -92,15 +89,15 @@ class NgramHasher:
         heads = (ngram_size - 1) * heads_per_ngram
         self.layers = []
         for index in range(num_ple_layers):
-            sizes = torch.tensor(head_vocab_sizes(base, index, heads), dtype=torch.long)
-            offsets = torch.cat([sizes.new_zeros(1), sizes.cumsum(0)[:-1]])
+            sizes = np.array(head_vocab_sizes(base, index, heads), dtype=np.int64)
+            offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             self.layers.append((multipliers(vocab_size, ngram_size, index, seed), sizes, offsets))
         self.history = self._fresh()
 
     def _fresh(self) -> list[int]:
         return [self.eos] * (self.ngram_size - 1)
 
-    def step(self, tokens: list[int], start: int) -> list[torch.Tensor]:
+    def step(self, tokens: list[int], start: int) -> list[np.ndarray]:
         """Per PLE layer the row ids [T, heads] of tokens at positions start.. (start 0: a new conversation)."""
         if start == 0:
             self.history = self._fresh()
