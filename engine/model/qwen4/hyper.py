@@ -14,16 +14,21 @@ import torch.nn.functional as F
 from engine.model.layers import linear
 
 
-def grouped_offset_norm(x: torch.Tensor, weight: torch.Tensor, group: int, eps: float) -> torch.Tensor:
-    """RMSNorm over each `group` dims of x [T, n * group] (float32), scaled by (1 + w), cast back."""
+def offset_scale(weight: torch.Tensor) -> torch.Tensor:
+    """An offset norm's scale (1 + w) in float32, made once at load."""
+    return 1.0 + weight.float()
+
+
+def grouped_offset_norm(x: torch.Tensor, scale: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    """RMSNorm over each `group` dims of x [T, n * group] (float32), times scale (`offset_scale`), cast back."""
     x32 = x.float().unflatten(-1, (-1, group))
     x32 = (x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)).flatten(-2)
-    return (x32 * (1.0 + weight.float())).to(x.dtype)
+    return (x32 * scale).to(x.dtype)
 
 
 @dataclass(frozen=True)
 class GatedResidual:
-    norm: torch.Tensor             # [n * H]
+    norm: torch.Tensor             # [n * H], 1 + w (offset_scale)
     down: torch.Tensor             # [R, n * H]
     up: torch.Tensor               # [n * H, R]
     inject: torch.Tensor | None    # [n, n * H]
@@ -33,7 +38,7 @@ class GatedResidual:
 
     @classmethod
     def load(cls, w: dict, prefix: str, count: int, hidden: int, eps: float) -> "GatedResidual":
-        return cls(w[prefix + "hc_norm.weight"], w[prefix + "input_mix_weight_down.weight"],
+        return cls(offset_scale(w[prefix + "hc_norm.weight"]), w[prefix + "input_mix_weight_down.weight"],
                    w[prefix + "input_mix_weight_up.weight"], w.get(prefix + "block_inject_weight.weight"),
                    count, hidden, eps)
 

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.layers import linear
-from engine.model.qwen4.hyper import grouped_offset_norm
+from engine.model.qwen4.hyper import grouped_offset_norm, offset_scale
 from engine.model.state import StateSpec
 
 
@@ -23,8 +23,8 @@ class Ple:
     def __init__(self, w: dict, prefix: str, count: int, hidden: int, dilation: int, eps: float):
         self.count, self.hidden, self.dilation, self.eps = count, hidden, dilation, eps
         self.key, self.value = w[prefix + "key_proj.weight"], w[prefix + "value_proj.weight"]
-        self.norm_key, self.norm_query = w[prefix + "norm_key.weight"], w[prefix + "norm_query.weight"]
-        self.norm_conv = w[prefix + "norm_conv.weight"]
+        self.norm_key, self.norm_query, self.norm_conv = (offset_scale(w[prefix + f"norm_{name}.weight"])
+                                                          for name in ("key", "query", "conv"))
         self.conv = w[prefix + "conv1d.weight"].view(count * hidden, -1)           # [C, K]
 
     def state_spec(self) -> StateSpec:
