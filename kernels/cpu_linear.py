@@ -61,8 +61,10 @@ def dequantized(q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> tor
 
 
 def slab_rows(in_features: int, slab_bytes: int = SLAB_BYTES) -> int:
-    """Rows of an [out, in_features] weight whose float32 copy fits slab_bytes (at least one)."""
-    return max(1, slab_bytes // (in_features * 4))
+    """Rows of an [out, in_features] weight whose float32 copy fits slab_bytes, a multiple of 16 (at least 16): a GEMM
+    of a few output rows may take another kernel than the whole product's (MKL on AVX-512 does below 8), whose sums
+    would differ in the last bit."""
+    return max(16, slab_bytes // (in_features * 4) // 16 * 16)
 
 
 def int8_linear_ref(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

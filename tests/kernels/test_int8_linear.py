@@ -48,8 +48,8 @@ def test_reference_slabs_give_the_whole_weights_product(monkeypatch):
     q, scale = _weight(300, 64, "cpu")
     x = torch.randn(5, 64)
     whole = int8_linear_ref(x, q, scale)
-    monkeypatch.setattr("kernels.cpu_linear.SLAB_BYTES", 64 * 4 * 7)   # 7 rows a slab: 43 slabs
-    monkeypatch.setattr("kernels.cpu_linear.CPU_SLAB_BYTES", 64 * 4 * 7)
+    monkeypatch.setattr("kernels.cpu_linear.SLAB_BYTES", 64 * 4 * 16)   # 16 rows a slab: 19 slabs, the last of 12
+    monkeypatch.setattr("kernels.cpu_linear.CPU_SLAB_BYTES", 64 * 4 * 16)
     assert torch.allclose(int8_linear_ref(x, q, scale), whole, rtol=1e-6, atol=1e-6)
 
 
@@ -57,7 +57,7 @@ def test_cpu_reference_is_the_dequantised_weights_product_bit_for_bit_without_a_
     q, scale = _weight(300, 64, "cpu")
     x = torch.randn(5, 64)
     exact = torch.nn.functional.linear(x, dequantized(q, scale, torch.float32))   # what the token-exact tests hold
-    monkeypatch.setattr("kernels.cpu_linear.CPU_SLAB_BYTES", 64 * 4 * 7)          # 7 rows a slab, one buffer
+    monkeypatch.setattr("kernels.cpu_linear.CPU_SLAB_BYTES", 64 * 4 * 16)         # 16 rows a slab, one buffer
     monkeypatch.setattr("kernels.cpu_linear.dequantized", lambda *a: pytest.fail("a whole dequantised copy"))
     assert torch.equal(int8_linear_ref(x, q, scale), exact)
 
