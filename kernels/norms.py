@@ -27,3 +27,10 @@ def rms_normalized(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * rms_normalized(x, eps).to(x.dtype)
+
+
+def grouped_norm_ref(x: torch.Tensor, scale: torch.Tensor, group: int, eps: float) -> torch.Tensor:
+    """RMS norm over each `group` dims of x [..., n * group], times scale [n * group] (float32), rounded once to
+    x's dtype (qwen4_exp's hyper-connection and PLE norms, whose scale is 1 + w)."""
+    normed = rms_normalized(x.unflatten(-1, (-1, group)), eps).flatten(-2)
+    return (normed * scale).to(x.dtype)

@@ -291,6 +291,23 @@ def select_rms_norm(width: int, dtype: torch.dtype, weight_dtype: torch.dtype, d
     return (kernel if verdict.ok else None), verdict
 
 
+def select_grouped_norm(group: int, count: int, dtype: torch.dtype, device, kernel: Callable | None = None):
+    """The grouped RMS norm kernel (rms_norm.py) for rows of `count` groups of `group` on this device, if it matches
+    the torch path on one row, one row again and a prompt's 37. Returns (fn or None, verdict)."""
+    from .rms_norm import KERNEL_VERSION, grouped_norm_kernel, grouped_norm_ref
+
+    kernel = kernel or grouped_norm_kernel
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(7655)
+    scale = (1 + 0.2 * torch.randn(count * group, generator=gen)).to(device)
+    cases = iter([((torch.randn(n, count * group, generator=gen) * 3).to(device, dtype), scale, group, 1e-6)
+                  for n in (1, 1, 37)])
+    run_kernel, run_ref = _runners(cases, kernel, grouped_norm_ref)
+    verdict = check("grouped_norm", KERNEL_VERSION, f"G={group} n={count} {dtype}", device, run_kernel, run_ref,
+                    1e-5 if dtype == torch.float32 else 1e-2, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_rope(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary: int, dtype: torch.dtype, device,
                 kernel: Callable | None = None):
     """The rotary kernel (rope.py) for these heads, if it gives the torch path's values (each product rounded

@@ -5,6 +5,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
 
   piece                         kernel                          what it takes over
   layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
+  qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
   attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (none with sinks)
   block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
@@ -22,6 +23,7 @@ import torch
 from engine.model.block import Router
 from engine.model.layers import Packed, RmsNorm
 from engine.model.model import Model
+from engine.model.qwen4.hyper import GroupedNorm
 from engine.options import Options
 from kernels.norms import MAX_N as MAX_NORM_WIDTH
 from kernels.vocab_chunks import MAX_K
@@ -46,6 +48,9 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             piece.kernel = _once(chosen, ("int8", *piece.shape), lambda: _int8_linear(piece.shape, device, dtype, warn))
         elif type(piece) is RmsNorm:
             piece.kernel = _norm_kernel(chosen, piece, device, dtype)
+        elif type(piece) is GroupedNorm and piece.group <= MAX_NORM_WIDTH:
+            key = ("grouped_norm", piece.group, piece.scale.numel() // piece.group, dtype)
+            piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
         elif type(piece) is Router:
             key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize)
             piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
@@ -120,6 +125,14 @@ def _int8_linear(shape, device, dtype, warn: Warn):
     fn, verdict = select_int8_linear(*shape, device, dtype=dtype, prompts=True)
     if not verdict.ok:
         warn(f"int8 dense kernel disabled for {tuple(shape)} on this GPU: {verdict.reason}")
+    return fn
+
+
+def _grouped_norm(key: tuple, device, warn: Warn):
+    from kernels.selfcheck import select_grouped_norm
+    fn, verdict = select_grouped_norm(*key, device)
+    if not verdict.ok:
+        warn(f"Grouped norm kernel disabled for {key} on this GPU: {verdict.reason}")
     return fn
 
 

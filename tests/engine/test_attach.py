@@ -29,10 +29,11 @@ EXPECTED = {
     "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel"},
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel"},
     "deepseek_v3": {"RmsNorm.kernel"},
-    "qwen4_exp_text": {"Router.kernel"},           # QSA's indexed attention keeps its own masked attention
+    "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel"},   # QSA keeps its own masked attention
 }
 # the kernel functions the self-checks hand out, counted where the pieces call them
 KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kernel": ("kernels.rope", "rope_pair"),
+           "GroupedNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
            "Router.kernel": ("kernels.router", "router_kernel")}
 

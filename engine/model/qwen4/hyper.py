@@ -12,39 +12,39 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.layers import linear
+from kernels.norms import grouped_norm_ref
 
 
-def offset_scale(weight: torch.Tensor) -> torch.Tensor:
-    """An offset norm's scale (1 + w) in float32, made once at load."""
-    return 1.0 + weight.float()
+class GroupedNorm:
+    """RMSNorm over each `group` dims of x [T, n * group] in float32, times (1 + w) (made once at load), cast back;
+    `kernel` (kernels/rms_norm.grouped_norm_kernel) where engine.runtime.attach set it."""
 
+    def __init__(self, weight: torch.Tensor, group: int, eps: float):
+        self.scale, self.group, self.eps = 1.0 + weight.float(), group, eps
+        self.kernel = None
 
-def grouped_offset_norm(x: torch.Tensor, scale: torch.Tensor, group: int, eps: float) -> torch.Tensor:
-    """RMSNorm over each `group` dims of x [T, n * group] (float32), times scale (`offset_scale`), cast back."""
-    x32 = x.float().unflatten(-1, (-1, group))
-    x32 = (x32 * torch.rsqrt((x32 * x32).mean(-1, keepdim=True) + eps)).flatten(-2)
-    return (x32 * scale).to(x.dtype)
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.kernel or grouped_norm_ref)(x, self.scale, self.group, self.eps)
 
 
 @dataclass(frozen=True)
 class GatedResidual:
-    norm: torch.Tensor             # [n * H], 1 + w (offset_scale)
+    norm: GroupedNorm              # over each stream
     down: torch.Tensor             # [R, n * H]
     up: torch.Tensor               # [n * H, R]
     inject: torch.Tensor | None    # [n, n * H]
     count: int                     # n
     hidden: int                    # H
-    eps: float
 
     @classmethod
     def load(cls, w: dict, prefix: str, count: int, hidden: int, eps: float) -> "GatedResidual":
-        return cls(offset_scale(w[prefix + "hc_norm.weight"]), w[prefix + "input_mix_weight_down.weight"],
+        return cls(GroupedNorm(w[prefix + "hc_norm.weight"], hidden, eps), w[prefix + "input_mix_weight_down.weight"],
                    w[prefix + "input_mix_weight_up.weight"], w.get(prefix + "block_inject_weight.weight"),
-                   count, hidden, eps)
+                   count, hidden)
 
     def mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [T, n * H] -> block input [T, H] and per-stream output weights [T, n] (None for the last mixer)."""
-        normed = grouped_offset_norm(x, self.norm, self.hidden, self.eps)
+        normed = self.norm(x)
         gate = torch.sigmoid(linear(F.silu(linear(normed, self.down) / self.count), self.up))
         mixed = (gate.unflatten(-1, (self.count, self.hidden)) * normed.unflatten(-1, (self.count, self.hidden)))
         block_input = mixed.mean(dim=-2)

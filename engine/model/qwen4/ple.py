@@ -15,15 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from engine.model.layers import linear
-from engine.model.qwen4.hyper import grouped_offset_norm, offset_scale
+from engine.model.qwen4.hyper import GroupedNorm
 from engine.model.state import StateSpec
 
 
 class Ple:
     def __init__(self, w: dict, prefix: str, count: int, hidden: int, dilation: int, eps: float):
-        self.count, self.hidden, self.dilation, self.eps = count, hidden, dilation, eps
+        self.count, self.hidden, self.dilation = count, hidden, dilation
         self.key, self.value = w[prefix + "key_proj.weight"], w[prefix + "value_proj.weight"]
-        self.norm_key, self.norm_query, self.norm_conv = (offset_scale(w[prefix + f"norm_{name}.weight"])
+        self.norm_key, self.norm_query, self.norm_conv = (GroupedNorm(w[prefix + f"norm_{name}.weight"], hidden, eps)
                                                           for name in ("key", "query", "conv"))
         self.conv = w[prefix + "conv1d.weight"].view(count * hidden, -1)           # [C, K]
 
@@ -34,12 +34,12 @@ class Ple:
     def __call__(self, x: torch.Tensor, rows: torch.Tensor, conv_state: torch.Tensor) -> torch.Tensor:
         # T = tokens, n = streams, H = hidden, E = concatenated rows; x [T, n * H], rows [T, E]
         streams = (self.count, self.hidden)
-        key = grouped_offset_norm(linear(rows, self.key), self.norm_key, self.hidden, self.eps).unflatten(-1, streams)
-        query = grouped_offset_norm(x, self.norm_query, self.hidden, self.eps).unflatten(-1, streams)
+        key = self.norm_key(linear(rows, self.key)).unflatten(-1, streams)
+        query = self.norm_query(x).unflatten(-1, streams)
         gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(self.hidden)       # [T, n, 1]
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()
         gated = (torch.sigmoid(gate) * linear(rows, self.value).unsqueeze(-2)).flatten(-2)   # [T, n * H]
-        normed = grouped_offset_norm(gated, self.norm_conv, self.hidden, self.eps)
+        normed = self.norm_conv(gated)
         return gated + self._conv(normed, conv_state)
 
     def _conv(self, x: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
