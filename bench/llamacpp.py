@@ -75,8 +75,11 @@ def convert_preset(preset: str, work: Path, src: Path, device: str, log=print, o
 
 
 def llama_bench_argv(binary: Path, gguf: Path, ncmoe: int, threads: int, n_prompt: int, n_gen: int, reps: int) -> list[str]:
-    """jsonl: one line per finished test, flushed, so a run stopped at its timeout still gives its prefill."""
-    return [str(binary), "-m", str(gguf), "-ngl", "99", "-ncmoe", str(ncmoe), "-t", str(threads),
+    """jsonl: one line per finished test, flushed, so a run stopped at its timeout still gives its prefill.
+    `-lzm on`: a tensor llama.cpp can read by row (Qwen3.8-Flash-Next's n-gram table; no other family's) is read from
+    disk as Sluice reads it, as llama.cpp does by itself for the real model's 54 GB table (its auto mode: above 4 GiB;
+    a preset's 1/20 of the rows stays under that)."""
+    return [str(binary), "-m", str(gguf), "-ngl", "99", "-ncmoe", str(ncmoe), "-lzm", "on", "-t", str(threads),
             "-p", str(n_prompt), "-n", str(n_gen), "-r", str(reps), "-o", "jsonl"]
 
 

@@ -224,6 +224,7 @@ def test_peer_run_in_a_capped_regime_without_cgroup(no_cgroup_here, tmp_path):
     assert row["ncmoe"] == 9 and row["n_cpu_moe"] == 9 and not row["timed_out"] and row["returncode"] == 0
     assert row["memory_cap_bytes"] is None and "not a cgroup v2 hierarchy" in row["memory_cap_note"]
     assert row["argv"][row["argv"].index("-p") + 1] == "512" and row["argv"][row["argv"].index("-n") + 1] == "64"
+    assert row["argv"][row["argv"].index("-lzm") + 1] == "on"           # an n-gram table read by row, as Sluice does
     assert "decode 120.30 tok/s" in peer.peer_line(row)
 
 

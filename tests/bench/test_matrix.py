@@ -139,7 +139,7 @@ def test_dry_run_prints_every_command_for_two_families(tmp_path, capsys):
     i = lines.index("   -- fits-vram-ram: VRAM budget 3.73 GiB, cap 4.00 GiB (cgroup v2 memory.max, page cache "
                     "dropped before each run)")
     assert [line.split("-ncmoe ")[1].split()[0] for line in lines[i + 1:i + 6]] == ["9", "10", "11", "12", "16"]
-    assert lines[i + 1] == ("   /x/llama-bench -m /w/olmoe-1b-7b-q8_0.gguf -ngl 99 -ncmoe 9 -t 16 -p 512 -n 64 -r 2 "
+    assert lines[i + 1] == ("   /x/llama-bench -m /w/olmoe-1b-7b-q8_0.gguf -ngl 99 -ncmoe 9 -lzm on -t 16 -p 512 -n 64 -r 2 "
                             "-o jsonl")
     assert lines[i + 7] == (f"   sluice bench {flags} --new-tokens 64 --device cuda --vram-budget PEER_VRAM "
                             "--via-repack --json --work-dir /w")
