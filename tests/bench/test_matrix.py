@@ -143,7 +143,7 @@ def test_dry_run_prints_every_command_for_two_families(tmp_path, capsys):
                             "-o jsonl")
     assert lines[i + 7] == (f"   sluice bench {flags} --new-tokens 64 --device cuda --vram-budget PEER_VRAM "
                             "--via-repack --json --work-dir /w")
-    assert "-ncmoe 15 -t 16 -p 512 -n 16 -r 1" in out                          # exceeds: fewer tokens, one repetition
+    assert "-ncmoe 15 -lzm on -t 16 -p 512 -n 16 -r 1" in out                          # exceeds: fewer tokens, one repetition
     # DeepSeek-V4-Flash: the converter cannot take it; Sluice alone, its preset written directly, scaled regimes
     assert "== deepseek-v4-flash: preset deepseek-v4-flash-4l, 4 of 43 layers (the preset deepseek-v4-flash-4l's subset)" in lines
     assert any(line.startswith("   llama.cpp: not run (llama.cpp cannot take it: llama.cpp's DeepSeek-V4") for line in lines)
