@@ -185,7 +185,8 @@ class CudaMover(Mover):
         self.pacing = pacing             # a simulated slower link: the copy stream held after each batch's copies
         self.copy_stream = torch.cuda.Stream(device)
         # a block's copy through the driver, not torch's copy_ (engine.runtime.cuda_driver), where it loads
-        self._h2d = HostToDevice.load() if banks.block_bytes == cache.block_bytes else None
+        self._upload = HostToDevice.load()            # the slot-index uploads through it too
+        self._h2d = self._upload if banks.block_bytes == cache.block_bytes else None
         self._copy_handle = self.copy_stream.cuda_stream
         self._slot_ready: dict[tuple[int, int], torch.cuda.Event] = {}     # (bank, slot) -> copy done
         # the last compute reading each bank: one event a bank, re-recorded (a copy's wait takes the record made
@@ -194,7 +195,6 @@ class CudaMover(Mover):
         self._inflight: list[tuple[torch.cuda.Event, Key]] = []             # (copy done, RAM block it reads/writes)
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []   # copy batches, for h2d busy time
         self._compute_stream = torch.cuda.current_stream(device)
-        self._upload = HostToDevice.load()               # the slot-index uploads through the driver too
         self._batch_each = True                        # each copy of the batch with its own done event, or one for all
         self._batch_ready: list[tuple[int, int]] = []  # (bank, slot)s and RAM keys the batch's done event covers
         self._batch_keys: list[Key] = []
@@ -228,9 +228,9 @@ class CudaMover(Mover):
             self.placement.observe_copies(time.perf_counter() - issued, self._batch_copies)
 
     def upload(self, values: list[int], dst: torch.Tensor | None = None) -> torch.Tensor:
-        src, dst = self._staged(values, dst)
         if self._upload is None:
-            return dst.copy_(src, non_blocking=True)
+            return super().upload(values, dst)
+        src, dst = self._staged(values, dst)
         self._upload(dst.data_ptr(), src.data_ptr(), src.nbytes, self._compute_stream.cuda_stream)
         return dst
 
