@@ -18,14 +18,22 @@ SHAPES = {"olmoe-1b-7b": (1024, 2048, 8), "qwen3-30b-a3b": (768, 2048, 8), "gpt-
           "qwen3.5-35b-a3b": (512, 2048, 8), "deepseek-v2-lite": (1408, 2048, 6),
           "deepseek-v4-flash": (2048, 4096, 6)}
 FORMATS = ("int8", "fp8", "nvfp4", "mxfp4", "bf16")
-# [out, in] of the dense weights a decode step reads: attention and heads of OLMoE and Qwen3
-DENSE_SHAPES = ((2048, 2048), (1024, 2048), (50304, 2048), (4096, 4096), (151936, 2048))
+# [out, in] of the dense weights a decode step reads: attention and heads of OLMoE and Qwen3; Qwen3.8-Flash-Next's
+# DeltaNet qkv / z / out, QSA q / kv / o, indexer, shared expert up / down, hyper-connection mixer down / up, head
+DENSE_SHAPES = {"olmoe-1b-7b": ((2048, 2048), (1024, 2048), (50304, 2048)),
+                "qwen3-30b-a3b": ((4096, 4096), (151936, 2048)),
+                "qwen3.8-flash-next": ((10240, 2560), (6144, 2560), (2560, 6144), (12288, 2560), (512, 2560),
+                                       (640, 2560), (2560, 640), (320, 10240), (10240, 320), (248320, 2560))}
+DENSE_CONFIGS = ((8, 512, 4), (4, 512, 4), (16, 256, 4), (8, 1024, 4), (4, 1024, 2), (16, 512, 8), (2, 1024, 2),
+                 (16, 128, 4), (32, 128, 4), (32, 256, 8), (64, 64, 4))
+L2_PAST_BYTES = 256 << 20           # weights rotated through at least this many bytes: each call reads HBM
+DEFAULT_MODELS = "olmoe-1b-7b,qwen3-30b-a3b,gpt-oss-120b"
 NUM_SETS = 64                      # rotating expert sets a graph replays: ~768 MB of slots, far past the L2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--models", default="olmoe-1b-7b,qwen3-30b-a3b,gpt-oss-120b",
-                   help=f"comma-separated, of {', '.join(SHAPES)}")
+    p.add_argument("--models", help=f"comma-separated, of {', '.join(SHAPES)} (default: {DEFAULT_MODELS}); with "
+                   f"--dense, of {', '.join(DENSE_SHAPES)} (default: all)")
     p.add_argument("--formats", default="int8,fp8,nvfp4,mxfp4", help=f"comma-separated, of {', '.join(FORMATS)}")
     p.add_argument("--dense", action="store_true", help="the int8 dense linear instead of the expert kernels")
     p.add_argument("--ptxas", action="store_true", help="compile offline for --arch: registers, instructions a byte")
@@ -34,11 +42,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args) -> int:
     from engine.errors import SluiceError
-    models, formats = args.models.split(","), args.formats.split(",")
-    if bad := [m for m in models if m not in SHAPES] + [f for f in formats if f not in FORMATS]:
-        raise SluiceError(f"Unknown {', '.join(bad)}: models are {', '.join(SHAPES)}; formats {', '.join(FORMATS)}.")
+    known = DENSE_SHAPES if args.dense else SHAPES
+    models = args.models.split(",") if args.models else list(DENSE_SHAPES) if args.dense else DEFAULT_MODELS.split(",")
+    formats = args.formats.split(",")
+    if bad := [m for m in models if m not in known] + [f for f in formats if f not in FORMATS]:
+        raise SluiceError(f"Unknown {', '.join(bad)}: models are {', '.join(known)}; formats {', '.join(FORMATS)}.")
     if args.dense:
-        save_json(args.out, "kernels-dense", [dense_row(n, k) for n, k in DENSE_SHAPES])
+        rows = [dict(dense_row(n, k), model=m) for m in models for n, k in DENSE_SHAPES[m]]
+        save_json(args.out, "kernels-dense", rows)
+        print("\n| model | [out, in] | int8 | GB/s of codes | bf16 (torch) | config |\n|---|---|---|---|---|---|")
+        for r in rows:
+            print(f"| {r['model']} | {r['shape']} | {r['int8_us']:.1f} us | {r['codes_gbps']:.0f} | {r['bf16_us']:.1f} us "
+                  f"| {r['config']} |", flush=True)
         return 0
     if args.ptxas:
         from bench.ptxas_decode import report
@@ -230,29 +245,33 @@ def graph_time(call, n: int) -> float:
 
 
 def dense_row(n: int, k: int) -> dict:
-    """The int8 dense linear at one token against the bf16 weight through torch, both in a CUDA graph."""
+    """The int8 dense linear at one token against the bf16 weight through torch, both in a CUDA graph, each call on
+    the next of enough weight copies that the L2 never holds the one it reads (as in a decode step)."""
     import torch
 
     from kernels.cpu_linear import int8_linear_ref
     from kernels.int8_linear import LinearConfig, int8_linear_kernel
     from kernels.selfcheck import rel_error
+    copies = max(1, -(-L2_PAST_BYTES // (n * k)))
     gen = torch.Generator().manual_seed(0)
     q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8).cuda()
     scale = (torch.rand(n, generator=gen) / k ** 0.5 / 64).to("cuda", torch.bfloat16)
-    xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(8)]
-    w16 = (q.float() * scale.float()[:, None]).bfloat16()
-    t_bf16 = graph_time(lambda i: torch.nn.functional.linear(xs[i], w16), 8)
+    qs = [q] + [q.clone() for _ in range(copies - 1)]
+    xs = [torch.randn(1, k, device="cuda", dtype=torch.bfloat16) for _ in range(copies)]
+    w16 = [(q.float() * scale.float()[:, None]).bfloat16()]
+    w16 += [w16[0].clone() for _ in range(max(1, -(-L2_PAST_BYTES // (2 * n * k))) - 1)]
+    t_bf16 = graph_time(lambda i: torch.nn.functional.linear(xs[i % copies], w16[i % len(w16)]), len(w16))
     del w16
     best = None
-    for cfg in [LinearConfig(*c) for c in ((8, 512, 4), (4, 512, 4), (16, 256, 4), (8, 1024, 4), (4, 1024, 2),
-                                           (16, 512, 8), (2, 1024, 2))]:
+    for cfg in [LinearConfig(*c) for c in DENSE_CONFIGS]:
         try:
             err = rel_error(int8_linear_kernel(xs[0], q, scale, cfg), int8_linear_ref(xs[0], q, scale))
-            t = graph_time(lambda i, cfg=cfg: int8_linear_kernel(xs[i], q, scale, cfg), 8)
+            t = graph_time(lambda i, cfg=cfg: int8_linear_kernel(xs[i], qs[i], scale, cfg), copies)
         except Exception as exc:      # noqa: BLE001 - a config that does not compile is skipped
             print(f"  {n}x{k} {cfg}: failed {type(exc).__name__}")
             continue
         best = min(best or (cfg, t, err), (cfg, t, err), key=lambda b: b[1])
     print(f"int8 linear {n}x{k}: {best[1] * 1e6:.1f} us ({n * k / best[1] / 1e9:.0f} GB/s of codes, {best[0]}) "
           f"against bf16 through torch {t_bf16 * 1e6:.1f} us; err {best[2]:.1e}", flush=True)
-    return {"shape": [n, k], "bf16_us": t_bf16 * 1e6, "int8_us": best[1] * 1e6, "err": best[2], "config": str(best[0])}
+    return {"shape": [n, k], "bf16_us": t_bf16 * 1e6, "int8_us": best[1] * 1e6, "codes_gbps": n * k / best[1] / 1e9,
+            "err": best[2], "config": str(best[0])}
