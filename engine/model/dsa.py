@@ -79,25 +79,41 @@ class Indexer:
     def select(self, x: torch.Tensor, q_residual: torch.Tensor, keys: torch.Tensor, q_positions: torch.Tensor,
                cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """[T, S] bool: each query's top_k causally visible keys (keys [S, Di], position s at row s) by score."""
+        q, head_weights = self._queries(x, q_residual, cos, sin)
+        keys_t, causal = keys.float().T, visible_keys(q_positions, keys.shape[0])              # [Di, S], [T, S]
+        rows = max(1, min(QUERY_CHUNK, SCORE_ELEMENTS // (self.shape.num_heads * max(keys.shape[0], 1))))
+        picked = [top_k_visible(_index_scores(q[r], head_weights[r], keys_t), causal[r], self.shape.top_k)
+                  for r in (slice(first, first + rows) for first in range(0, x.shape[0], rows))]
+        return picked[0] if len(picked) == 1 else torch.cat(picked)
+
+    def picked_rows(self, x: torch.Tensor, q_residual: torch.Tensor, keys: torch.Tensor, position: torch.Tensor,
+                    cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A CUDA graph's one query over the whole static state (keys [S, Di]) -> the rows of its top_k causally
+        visible keys [K] (K = min(top_k, S)) and which of them count [1, K] (where fewer than top_k are visible the
+        topk picks masked rows too): the rows the step gathers, so it reads top_k positions, not S."""
+        q, head_weights = self._queries(x, q_residual, cos, sin)
+        causal = visible_keys(position, keys.shape[0])                                           # [1, S]
+        scores = _index_scores(q, head_weights, keys.float().T).masked_fill(~causal, float("-inf"))
+        rows = scores.topk(min(self.shape.top_k, keys.shape[0]), dim=-1).indices[0]
+        return rows, causal[:, rows]
+
+    def _queries(self, x: torch.Tensor, q_residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """-> the indexer's queries [T, Hi, Di] (float32, rotated) and their head weights [T, Hi]."""
         s, num_tokens = self.shape, x.shape[0]
         q = linear(q_residual, self.wq_b).view(num_tokens, s.num_heads, s.head_dim)
-        q = self._rope(q, cos, sin).float()                                                   # [T, Hi, Di]
-        head_weights = linear(x.float(), self.weights_proj) * s.num_heads ** -0.5              # [T, Hi]
-        keys_t, causal = keys.float().T, visible_keys(q_positions, keys.shape[0])              # [Di, S], [T, S]
-        rows = max(1, min(QUERY_CHUNK, SCORE_ELEMENTS // (s.num_heads * max(keys.shape[0], 1))))
-        picked = []
-        for first in range(0, num_tokens, rows):
-            r = slice(first, first + rows)
-            scores = F.relu(torch.matmul(q[r], keys_t) * s.head_dim ** -0.5)                  # [t, Hi, S]
-            index_scores = torch.matmul(head_weights[r, None, :], scores)[:, 0]               # [t, S]
-            picked.append(top_k_visible(index_scores, causal[r], s.top_k))
-        return picked[0] if len(picked) == 1 else torch.cat(picked)
+        return self._rope(q, cos, sin).float(), linear(x.float(), self.weights_proj) * s.num_heads ** -0.5
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [T, heads, Di]: the first R channels rotated, the rest passed through."""
         rotate = apply_rope_interleaved if self.shape.rope_interleave else apply_rope
         rope_dim = self.shape.rope_dim
         return torch.cat((rotate(x[..., :rope_dim], cos, sin), x[..., rope_dim:]), dim=-1)
+
+
+def _index_scores(q: torch.Tensor, head_weights: torch.Tensor, keys_t: torch.Tensor) -> torch.Tensor:
+    """q [t, Hi, Di], head weights [t, Hi], keys [Di, S] -> scores [t, S] = sum_h w[h] * relu(q[h] . k / sqrt(Di))."""
+    scores = F.relu(torch.matmul(q, keys_t) * q.shape[-1] ** -0.5)                           # [t, Hi, S]
+    return torch.matmul(head_weights[:, None, :], scores)[:, 0]
 
 
 class DsaMixer(MlaMixer):
@@ -122,17 +138,21 @@ class DsaMixer(MlaMixer):
         q_residual = a.query_residual(x)                                                       # [T, q_lora]
         q = a.query(x, cos, sin, q_residual)                                                   # [T, H, nope+rope]
         kv_latent, k_rope = self.store(step, *a.latent(x, cos, sin))                           # [S, r], [S, dr]
-        visible = step.memo(("dsa", self.source), lambda: self._select(x, q_residual, step, cos, sin))   # [T, S]
-        if x.shape[0] == 1:
-            out = a.attend_absorbed(q, kv_latent, k_rope, visible)
+        selected = step.memo(("dsa", self.source), lambda: self._select(x, q_residual, step, cos, sin))
+        if step.start is None:           # a graph's one token over the whole static state: the picked rows only
+            rows, visible = selected
+            out = a.attend_absorbed(q, kv_latent[rows], k_rope[rows], visible)
+        elif x.shape[0] == 1:
+            out = a.attend_absorbed(q, kv_latent, k_rope, selected)
         else:
             k, v = a.expand(kv_latent, k_rope)                                                 # [S, H, *]
-            out = attention(q, k, v, step.positions, scale=a.shape.softmax_scale, visible=visible)   # [T, H * v]
+            out = attention(q, k, v, step.positions, scale=a.shape.softmax_scale, visible=selected)  # [T, H * v]
         return linear(out, a.w["o_proj.weight"], a.w.get("o_proj.bias"))
 
-    def _select(self, x: torch.Tensor, q_residual: torch.Tensor, step: Step, cos: torch.Tensor,
-                sin: torch.Tensor) -> torch.Tensor:
+    def _select(self, x: torch.Tensor, q_residual: torch.Tensor, step: Step, cos: torch.Tensor, sin: torch.Tensor):
+        """[T, S] bool (Indexer.select); in a graph the rows picked and which count (Indexer.picked_rows)."""
         if self.indexer is None:        # the full layer before it runs first in every pass
             raise RuntimeError(f"layer {self.layer} ran before layer {self.source}, whose selection it uses")
         keys = step.state.append(self.layer, "index_k", step.positions, step.start, self.indexer.keys(x, cos, sin))
-        return self.indexer.select(x, q_residual, keys, step.positions, cos, sin)
+        pick = self.indexer.picked_rows if step.start is None else self.indexer.select
+        return pick(x, q_residual, keys, step.positions, cos, sin)

@@ -63,7 +63,7 @@ def test_indexer_selects_the_keys_transformers_selects(family):
     assert visible.sum(1).tolist() == [min(p + 1, 5) for p in range(T)]             # the top 5 once 5 are visible
 
 
-@pytest.mark.parametrize("length,prompt", [(T, 7), (300, 295)])     # 300: queries in two chunks (QUERY_CHUNK)
+@pytest.mark.parametrize("length,prompt", [(T, 7), (T, 2), (300, 295)])   # 2: fewer keys than top_k; 300: two chunks
 @pytest.mark.parametrize("family", PREFIXES)
 def test_prompt_and_one_token_steps_match_transformers_over_the_static_and_the_growing_state(family, length, prompt):
     """A prompt, then one-token steps (latent-space attention over the selected keys), against transformers'

@@ -96,6 +96,24 @@ def test_a_decode_query_attends_kv_in_place_as_the_repeated_heads_do(held, heads
                                rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("held,max_blocks", [(40, 3), (42, 3), (13, 5)])    # R = 4: S a multiple; not; B < budget
+def test_a_graph_step_gathers_exactly_the_positions_the_prompt_path_sees(held, max_blocks):
+    """The graph's one-token step scores every block row of the whole static state and gathers budget + R rows;
+    at each position (none complete yet, fewer than the budget, more) they are the prompt path's visible set."""
+    from engine.model.qwen4.qsa import picked_rows, selection
+    ratio, gen = 4, torch.Generator().manual_seed(held)
+    for position in range(held):
+        scores = torch.rand(1, held // ratio, generator=gen)
+        rows, counts = picked_rows(scores, torch.tensor([position]), held, ratio, max_blocks)
+        assert rows.shape == (min(max_blocks, held // ratio) * ratio + ratio,) and int(rows.max()) < held
+        gathered = torch.zeros(held, dtype=torch.bool)
+        gathered[rows[counts[0]]] = True
+        assert int(counts.sum()) == int(gathered.sum())                    # no position counted twice
+        seen = selection(scores[:, :(position + 1) // ratio], torch.tensor([position]), position, position + 1,
+                         ratio, max_blocks)
+        assert torch.equal(gathered[:position + 1], seen[0]) and not gathered[position + 1:].any()
+
+
 def test_prefill_reads_each_distinct_row_once(text_dir, tmp_path):
     model_dir = repack(text_dir, tmp_path / "m")
     eng = streaming_engine(model_dir, device="cpu", dtype="float32")

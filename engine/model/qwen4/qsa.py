@@ -8,8 +8,10 @@ tokens plus the tokens after the last complete block (its own included). Selecti
 ranking the blocks complete at its position, as the reference ranks them (torch.topk over those scores).
 
 A block's key depends on its R raw keys alone, so it is computed once, by the step holding the block's last
-token, and kept in the state ("index_blocks", one row per R tokens). Selection is a mask over the positions
-held, from device positions only: a prompt's pass and a one-token CUDA-graph step run the same functions.
+token, and kept in the state ("index_blocks", one row per R tokens). A prompt's queries see a mask over the
+positions held. A CUDA graph's one-token step holds the whole static state, every position the context may
+reach: it gathers the rows of the budget / R blocks it picks and of its open block (budget + R positions, from
+device values only) and attends over those, so a token reads the keys it sees, not the whole context's.
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ from engine.model.families.hybrid import GatedAttention, OffsetRmsNorm
 from engine.model.layers import apply_rope, linear, rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
-from kernels.attention_ref import top_k_visible
 
 
 def index_specs(head_dim: int, ratio: int) -> dict[str, StateSpec]:
@@ -47,8 +48,8 @@ class IndexedAttention(GatedAttention):
         return {**super().state_specs(), **index_specs(self.index_dim, self.ratio)}
 
     def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        # T = tokens, Hq / Hkv = query / kv heads, D = head dim, S = positions held
-        visible = self._select(x, step)                                                  # [T, S] bool
+        # T = tokens, Hq / Hkv = query / kv heads, D = head dim, S = positions held, P = positions a graph's step sees
+        scores = self._block_scores(x, step)                                             # [T, B]
         q, gate = linear(x, *self.q).view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
         k = linear(x, *self.k).view(-1, self.num_kv_heads, self.head_dim)
         v = linear(x, *self.v).view(-1, self.num_kv_heads, self.head_dim)
@@ -57,11 +58,16 @@ class IndexedAttention(GatedAttention):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)                         # the first R dims rotate
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
-        out = masked_attention(q, keys, values, visible)                                 # [T, Hq * D]
+        if step.start is None:                     # a graph's one-token step: the picked rows, gathered
+            rows, visible = picked_rows(scores, step.positions, keys.shape[0], self.ratio, self.max_blocks)
+            out = _one_query_attention(q, keys[rows], values[rows], visible)              # [1, Hq * D]
+        else:
+            visible = selection(scores, step.positions, step.start, keys.shape[0], self.ratio, self.max_blocks)
+            out = masked_attention(q, keys, values, visible)                             # [T, Hq * D]
         return linear(out * torch.sigmoid(gate.reshape(out.shape)), *self.o)
 
-    def _select(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        """Which held positions each of the step's queries sees: [T, S] bool."""
+    def _block_scores(self, x: torch.Tensor, step: Step) -> torch.Tensor:
+        """The step's queries' scores of the blocks held: [T, B] (B = S // R; blocks not yet complete included)."""
         num_tokens, di = x.shape[0], self.index_dim
         q, raw_k = linear(x, self.index_qk).split([self.index_heads * di, di], dim=-1)
         q = self.index_q_norm(q.reshape(num_tokens, self.index_heads, di))
@@ -69,8 +75,7 @@ class IndexedAttention(GatedAttention):
         keys = step.state.append(self.layer, "index_k", step.positions, step.start, raw_k)    # [S, Di]
         block_keys = self._commit_blocks(keys, step)[:keys.shape[0] // self.ratio]         # [B, Di]
         scores = torch.matmul(q.float(), block_keys.float().T).transpose(-1, -2)          # [T, B, Hi]
-        scores = torch.relu(scores).sum(dim=-1) / math.sqrt(di)                          # [T, B]
-        return selection(scores, step.positions, step.start, keys.shape[0], self.ratio, self.max_blocks)
+        return torch.relu(scores).sum(dim=-1) / math.sqrt(di)                            # [T, B]
 
     def _commit_blocks(self, keys: torch.Tensor, step: Step) -> torch.Tensor:
         """The keys of the blocks this step completes, pooled from keys [S, Di] into the state -> the block keys
@@ -89,35 +94,40 @@ class IndexedAttention(GatedAttention):
         return step.state.append(self.layer, "index_blocks", ends // r, first_row, rotated)
 
 
-def selection(scores: torch.Tensor, positions: torch.Tensor, start: int | None, held: int, ratio: int,
+def selection(scores: torch.Tensor, positions: torch.Tensor, start: int, held: int, ratio: int,
               max_blocks: int) -> torch.Tensor:
-    """scores [T, B] of the blocks held, query positions [T] -> [T, S] bool (S = held): each query's best
-    max_blocks blocks among those complete at its position, and its open block's tokens up to itself."""
+    """scores [T, B] of the blocks held, query positions [T] (from `start`) -> [T, S] bool (S = held): each
+    query's best max_blocks blocks among those complete at its position, and its open block's tokens up to
+    itself. The blocks are ranked by a topk over exactly those complete, per run of queries alike, as the
+    reference ranks them (equal scores, e.g. every head's product negative, then fall alike)."""
     num_tokens, num_blocks = scores.shape
     complete = (positions + 1) // ratio                                                   # [T]
-    chosen = top_blocks(scores, complete, start, ratio, max_blocks)                       # [T, B]
+    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
+    for n in range(max((start + 1) // ratio, 1), (start + num_tokens) // ratio + 1):
+        rows = slice(max(n * ratio - start - 1, 0), min((n + 1) * ratio - start - 1, num_tokens))   # complete == n
+        picked = scores[rows, :n].topk(min(max_blocks, n), dim=-1).indices
+        chosen[rows].scatter_(-1, picked, True)
     chosen = chosen[:, :, None].expand(num_tokens, num_blocks, ratio).reshape(num_tokens, num_blocks * ratio)
     key_positions = torch.arange(held, device=scores.device)
     tail = (key_positions[None, :] >= complete[:, None] * ratio) & (key_positions[None, :] <= positions[:, None])
     return tail | F.pad(chosen, (0, held - num_blocks * ratio))
 
 
-def top_blocks(scores: torch.Tensor, complete: torch.Tensor, start: int | None, ratio: int,
-               max_blocks: int) -> torch.Tensor:
-    """[T, B] bool: each query's best max_blocks of its `complete` [T] first blocks. Positions known on the host:
-    a topk over exactly those blocks per run of queries alike, as the reference ranks them (equal scores, e.g.
-    every head's product negative, then fall alike). In a CUDA graph: one topk over every row, the incomplete
-    masked (no host sync; equal scores may fall otherwise)."""
-    num_tokens, num_blocks = scores.shape
-    if start is None:
-        blocks = torch.arange(num_blocks, device=scores.device)
-        return top_k_visible(scores, blocks[None, :] < complete[:, None], max_blocks)
-    chosen = torch.zeros(scores.shape, dtype=torch.bool, device=scores.device)
-    for n in range(max((start + 1) // ratio, 1), (start + num_tokens) // ratio + 1):
-        rows = slice(max(n * ratio - start - 1, 0), min((n + 1) * ratio - start - 1, num_tokens))   # complete == n
-        picked = scores[rows, :n].topk(min(max_blocks, n), dim=-1).indices
-        chosen[rows].scatter_(-1, picked, True)
-    return chosen
+def picked_rows(scores: torch.Tensor, position: torch.Tensor, held: int, ratio: int, max_blocks: int
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A graph's one query: scores [1, B] of every block row held (those not complete masked; static shapes, no
+    host sync), position [1] -> the rows it sees [P] (P = min(max_blocks, B) * R + R: its best blocks' tokens,
+    then its open block's) and which of them count [1, P]. A block past those complete, picked where fewer are
+    complete than max_blocks, and the open block's rows past the position do not count. One topk over every
+    row: equal scores may fall otherwise than in the reference's topk over the complete ones alone."""
+    num_blocks = scores.shape[1]
+    complete = (position + 1) // ratio                                                    # [1]
+    blocks = torch.arange(num_blocks, device=scores.device)
+    picked = scores.masked_fill(blocks >= complete, float("-inf")).topk(min(max_blocks, num_blocks), dim=-1).indices[0]
+    offsets = torch.arange(ratio, device=scores.device)
+    rows = torch.cat([(picked[:, None] * ratio + offsets).flatten(), complete * ratio + offsets])      # [P]
+    counts = torch.cat([(picked < complete).repeat_interleave(ratio), complete * ratio + offsets <= position])
+    return rows.clamp_max(held - 1), counts[None, :]
 
 
 def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
