@@ -6,6 +6,7 @@ The keys a query head can see, 0..position (the last `window` of them with a sli
 splits of SPLIT keys: one program a (head, split) walks its split in blocks with an online softmax in float32
 and leaves its running max, sum and weighted values; a second launch, one program a head, merges the splits
 that hold visible keys, so a token's attention costs about the same deep in a long context as near its start.
+With sinks [Hq] (gpt-oss), the merge then folds each head's sink logit in as a softmax column it drops.
 Neither launch reads the rest of a static KV buffer or depends on the position on the host: the grid is the
 buffer's, so the step runs inside the decode's CUDA graph. Why a kernel: the torch path's masked
 `scaled_dot_product_attention` loads a CUDA module that holds 70 MiB of host memory for the process's life.
@@ -18,7 +19,7 @@ import triton.language as tl
 
 from .attention_ref import attention_ref
 
-KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 3     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 BLOCK_S = 64           # keys a program loads at once
 SPLIT = 64             # keys a program walks (a multiple of BLOCK_S): the fastest of 64-256 measured
 
@@ -71,8 +72,8 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, pos_ptr, acc_ptr, stat_ptr, num_kv_heads,
 
 
 @triton.jit
-def _merge_kernel(acc_ptr, stat_ptr, pos_ptr, out_ptr, head_dim, window, num_splits, HAS_WINDOW: tl.constexpr,
-                  SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_kernel(acc_ptr, stat_ptr, pos_ptr, sinks_ptr, out_ptr, head_dim, window, num_splits,
+                  HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_D: tl.constexpr):
     head = tl.program_id(0)
     start, end = _visible(pos_ptr, window, HAS_WINDOW)
     dims = tl.arange(0, BLOCK_D)
@@ -87,14 +88,20 @@ def _merge_kernel(acc_ptr, stat_ptr, pos_ptr, out_ptr, head_dim, window, num_spl
         total = total * rescale + tl.load(stat_ptr + part * 2 + 1) * weight
         acc = acc * rescale + tl.load(acc_ptr + part * BLOCK_D + dims) * weight
         best = new_best
+    if HAS_SINKS:       # a column of the softmax with no value; the logit as the checkpoint holds it (not scaled)
+        sink = tl.load(sinks_ptr + head).to(tl.float32)
+        new_best = tl.maximum(best, sink)
+        rescale = tl.exp(best - new_best)
+        total = total * rescale + tl.exp(sink - new_best)
+        acc = acc * rescale
     tl.store(out_ptr + head * head_dim + dims, (acc / total).to(out_ptr.dtype.element_ty), mask=dims < head_dim)
 
 
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-                     window: int | None, split: int | None = None) -> torch.Tensor:
-    """k and v as the state holds them (contiguous [S, Hkv, D]): the kernels index them by row. `split`: keys a
-    program walks (a multiple of BLOCK_S; default SPLIT, read at the call; the buffer's length or more walks every
-    key in one program a head)."""
+                     window: int | None, sinks: torch.Tensor | None = None, split: int | None = None) -> torch.Tensor:
+    """k and v as the state holds them (contiguous [S, Hkv, D]): the kernels index them by row. `sinks` [Hq]: a
+    sink logit per head, in any float dtype (attention_ref's). `split`: keys a program walks (a multiple of BLOCK_S;
+    default SPLIT, read at the call; the buffer's length or more walks every key in one program a head)."""
     split = split or SPLIT
     _, num_q_heads, head_dim = q.shape
     held, num_kv_heads = k.shape[0], k.shape[1]
@@ -108,15 +115,16 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positi
                                              num_q_heads // num_kv_heads, head_dim, head_dim ** -0.5, window or 0,
                                              num_splits, HAS_WINDOW=has_window, SPLIT=split, BLOCK_S=BLOCK_S,
                                              BLOCK_D=block_d, num_warps=4)
-    _merge_kernel[(num_q_heads,)](acc, stats, q_positions, out, head_dim, window or 0, num_splits,
-                                  HAS_WINDOW=has_window, SPLIT=split, BLOCK_D=block_d, num_warps=1)
+    _merge_kernel[(num_q_heads,)](acc, stats, q_positions, stats if sinks is None else sinks, out, head_dim,
+                                  window or 0, num_splits, HAS_WINDOW=has_window, HAS_SINKS=sinks is not None,
+                                  SPLIT=split, BLOCK_D=block_d, num_warps=1)
     return out
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions: torch.Tensor,
-              window: int | None) -> torch.Tensor:
+              window: int | None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """attention_ref's signature: one token through decode_attention (KV contiguous, as the state holds it),
     a prompt through the reference."""
     if q.shape[0] == 1 and k.is_contiguous() and v.is_contiguous():
-        return decode_attention(q, k, v, q_positions, window)
-    return attention_ref(q, k, v, q_positions, window)
+        return decode_attention(q, k, v, q_positions, window, sinks=sinks)
+    return attention_ref(q, k, v, q_positions, window, sinks=sinks)

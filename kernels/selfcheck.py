@@ -336,10 +336,11 @@ def select_rope(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary: int,
 
 
 def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                            window: int | None, device, kernel: Callable | None = None):
+                            window: int | None, device, kernel: Callable | None = None, sinks: bool = False):
     """The one-token attention kernel (decode_attention.py) for these heads, if it matches the torch path
     over a KV buffer longer than what is held: the first position, one in the middle (past the window,
-    where there is one) and the buffer's last. Returns (fn or None, verdict)."""
+    where there is one) and the buffer's last. `sinks`: each case with random sink logits [Hq] too.
+    Returns (fn or None, verdict)."""
     from .decode_attention import KERNEL_VERSION, attention_ref, decode_attention
 
     kernel = kernel or decode_attention
@@ -349,10 +350,13 @@ def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     cases = iter([(torch.randn(1, num_q_heads, head_dim, generator=gen).to(device, dtype),
                    torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
                    torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
-                   torch.tensor([position]).to(device), window) for position in (0, 137, held - 1)])
-    run_kernel, run_ref = _runners(cases, kernel, attention_ref)
+                   torch.tensor([position]).to(device), window)
+                  + (((torch.randn(num_q_heads, generator=gen) * 2).to(device, dtype),) if sinks else ())
+                  for position in (0, 137, held - 1)])
+    sinks_last = lambda fn: (lambda *args: fn(*args[:-1], sinks=args[-1])) if sinks else fn    # noqa: E731
+    run_kernel, run_ref = _runners(cases, sinks_last(kernel), sinks_last(attention_ref))
     rtol = 1e-2 if dtype != torch.float32 else 1e-4
-    shape_key = f"Hq={num_q_heads} Hkv={num_kv_heads} D={head_dim} window={window} {dtype}"
+    shape_key = f"Hq={num_q_heads} Hkv={num_kv_heads} D={head_dim} window={window} {dtype}{' sinks' if sinks else ''}"
     verdict = check("decode_attention", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
     return (kernel if verdict.ok else None), verdict
 

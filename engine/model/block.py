@@ -50,7 +50,7 @@ class Attention:
     """Grouped-query attention with RoPE; optional q/k norm (per head or over the projection),
     qkv clipping, biases, a sliding window and sinks (gpt-oss: `sinks` [Hq] in the checkpoint).
     KV goes to the step's state as "k" and "v". `rope_kernel` / `attention_kernel`: GPU kernels of rope_pair's /
-    attention's signature, attached at load (engine/runtime/attach.py; never with sinks)."""
+    attention's signature, attached at load (engine/runtime/attach.py)."""
 
     def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, *, num_heads: int, num_kv_heads: int,
                  head_dim: int, rope: Rope, eps: float, qk_norm: str = "none", clip_qkv: float | None = None,
@@ -88,10 +88,8 @@ class Attention:
         q, k = (self.rope_kernel or rope_pair)(q, k, cos, sin)
         keys = step.state.append(self.layer, "k", step.positions, step.start, k)     # [S, Hkv, D]
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
-        if self.sinks is not None:
-            return linear(attention(q, keys, values, step.positions, self.window, sinks=self.sinks), *self.o)
         attend = self.attention_kernel or attention
-        return linear(attend(q, keys, values, step.positions, self.window), *self.o)   # [T, H]
+        return linear(attend(q, keys, values, step.positions, self.window, sinks=self.sinks), *self.o)   # [T, H]
 
 
 class Router:

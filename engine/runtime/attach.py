@@ -7,7 +7,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
   qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
-  attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (none with sinks)
+  attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (with sinks too)
   block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
   layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
   the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
@@ -105,7 +105,8 @@ def _norm_kernel(chosen: dict, norm: RmsNorm, device, dtype):
 
 
 def _attach_attention(chosen: dict, attn, device, dtype) -> None:
-    """An attention's rope (its tables in the compute dtype) and, without sinks, its decode-token kernel."""
+    """An attention's rope (its tables in the compute dtype) and its decode-token kernel (checked with sinks where
+    the attention has them)."""
     from kernels import decode_attention
     from kernels.selfcheck import select_decode_attention, select_rope
     heads = (attn.num_heads, attn.num_kv_heads, attn.head_dim)
@@ -113,11 +114,10 @@ def _attach_attention(chosen: dict, attn, device, dtype) -> None:
         rotary = 2 * attn.rope.inv_freq.shape[0]
         attn.rope_kernel = _once(chosen, ("rope", *heads, rotary),
                                  lambda: select_rope(*heads, rotary, dtype, device)[0])
-    if getattr(attn, "sinks", None) is None:
-        window = getattr(attn, "window", None)
-        checked = _once(chosen, ("decode_attention", *heads, window),
-                        lambda: select_decode_attention(*heads, dtype, window, device)[0])
-        attn.attention_kernel = decode_attention.attention if checked is not None else None
+    window, has_sinks = getattr(attn, "window", None), getattr(attn, "sinks", None) is not None
+    checked = _once(chosen, ("decode_attention", *heads, window, has_sinks),
+                    lambda: select_decode_attention(*heads, dtype, window, device, sinks=has_sinks)[0])
+    attn.attention_kernel = decode_attention.attention if checked is not None else None
 
 
 def _int8_linear(shape, device, dtype, warn: Warn):

@@ -22,11 +22,11 @@ pytest.importorskip("triton")
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 NEW_TOKENS = 6
-# What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's sinks keep the torch
-# attention; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs.
+# What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's attention takes the kernel
+# with its sinks; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs.
 EXPECTED = {
     "olmoe": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "Router.kernel"},
-    "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel"},
+    "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel"},
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel"},
     "deepseek_v3": {"RmsNorm.kernel"},
     "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel"},   # QSA keeps its own masked attention

@@ -48,6 +48,28 @@ def test_keys_past_the_position_are_never_read(device):
                           rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 50])
+@pytest.mark.parametrize("position", [0, 150, 299])             # the first, a middle and the last of the buffer
+def test_sinks_attend_as_the_torch_path(device, window, position):
+    q, k, v = _case(device, 8, 2, 64, 300, seed=2)               # groups of 4 query heads a kv head
+    sinks = torch.randn(8, generator=torch.Generator().manual_seed(3)).to(device) * 2
+    where = torch.tensor([position], device=device)
+    out = decode_attention(q, k, v, where, window, sinks=sinks)
+    torch.testing.assert_close(out, attention_ref(q, k, v, where, window, sinks=sinks), rtol=1e-4, atol=1e-5)
+    q, k, v, sinks = (t.to(torch.bfloat16) for t in (q, k, v, sinks))     # the checkpoint's dtype, sinks too
+    out = decode_attention(q, k, v, where, window, sinks=sinks)
+    torch.testing.assert_close(out, attention_ref(q, k, v, where, window, sinks=sinks), rtol=2e-2, atol=2e-2)
+
+
+def test_a_dominant_sink_takes_its_heads_attention_and_a_negligible_one_none(device):
+    q, k, v = _case(device, 4, 2, 32, 200, seed=4)
+    sinks = torch.tensor([30.0, -30.0, 30.0, -30.0], device=device)       # unscaled logits, as the checkpoint's
+    where = torch.tensor([120], device=device)
+    out = decode_attention(q, k, v, where, None, sinks=sinks).view(4, 32)
+    assert out[0::2].abs().max() < 1e-6                                     # the sink's column holds ~all the weight
+    torch.testing.assert_close(out[1::2], attention_ref(q, k, v, where, None).view(4, 32)[1::2], rtol=1e-4, atol=1e-5)
+
+
 def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
     monkeypatch.setattr(selfcheck, "_warnings", [])
     fn, verdict = select_decode_attention(8, 2, 32, torch.float32, None, device)
@@ -57,12 +79,23 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
     assert not verdict.ok and fn is None
 
 
+def test_selfcheck_with_sinks_passes_the_kernel_and_refuses_one_that_ignores_them(device, monkeypatch):
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    fn, verdict = select_decode_attention(8, 2, 32, torch.float32, 16, device, sinks=True)
+    assert verdict.ok and fn is decode_attention
+    ignores_sinks = lambda q, k, v, where, window, sinks: decode_attention(q, k, v, where, window)  # noqa: E731
+    fn, verdict = select_decode_attention(8, 2, 32, torch.float32, None, device, sinks=True,  # another key: not cached
+                                          kernel=ignores_sinks)
+    assert not verdict.ok and fn is None
+
+
 def test_the_models_attention_takes_the_kernel_for_one_token_only(device, monkeypatch):
     """kernels.decode_attention.attention (what engine/runtime/attach.py sets on an attention): one token whose
     keys lie as the state holds them through the kernel; a prompt, or keys in another layout, the reference."""
     import kernels.decode_attention as module
     ran = []
-    monkeypatch.setattr(module, "decode_attention", lambda *args: ran.append(args[0].shape[0]) or attention_ref(*args))
+    monkeypatch.setattr(module, "decode_attention",
+                        lambda *args, **kw: ran.append(args[0].shape[0]) or attention_ref(*args, **kw))
     q, k, v = _case(device, 4, 2, 16, 9)
     module.attention(q, k, v, torch.tensor([8], device=device), None)
     prompt = torch.randn(9, 4, 16).to(device)
