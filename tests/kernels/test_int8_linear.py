@@ -36,6 +36,21 @@ def test_kernel_matches_the_dequantized_weights(device, dtype, tol, num_tokens, 
     assert _rel(int8_linear_ref(x, q, scale), exact) < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float16])
+def test_each_weight_element_is_the_references_bit_for_bit(device, dtype):
+    """One-hot tokens read single weight elements: every code from -128 to 127 at scales of many exponents
+    (ties to even included) gives the reference's element exactly (the kernel's integer-op conversions)."""
+    codes = torch.arange(-128, 128, dtype=torch.int8).repeat(8, 1)                        # [8, 256]
+    # 1 + 2^-7 and its like times an odd code: ties between two bf16 values, which must go to the even one
+    scale = torch.tensor([2.0 ** -e * (1 + i / 7) for i, e in enumerate(range(0, 12, 3))]
+                         + [2.0 ** -e * (1 + k / 128) for e, k in ((0, 1), (5, 3), (9, 65), (14, 127))]).to(torch.bfloat16)
+    q, scale = codes.roll(3, dims=0).to(device), scale.to(device)
+    one_hot = torch.eye(256, dtype=dtype, device=device)
+    out = torch.cat([int8_linear_kernel(one_hot[i:i + MAX_KERNEL_TOKENS], q, scale, LinearConfig(block_n=4, block_k=128))
+                     for i in range(0, 256, MAX_KERNEL_TOKENS)])                           # [256 columns, 8 rows]
+    assert torch.equal(out.T.cpu(), dequantized(q, scale, dtype).cpu())
+
+
 def test_prompts_and_a_batch_dimension_take_the_reference(device):
     q, scale = _weight(24, 64, device)
     x = torch.randn(2, MAX_KERNEL_TOKENS, 64).to(device)               # 16 tokens: the reference's GEMM
