@@ -60,6 +60,7 @@ MEASURED = {
     "deepseek_v4": Measured("deepseek-v4-flash-4l, 4 of 43 layers, mxfp4", "H100", 22.43, 0.86, 4, IO),
     "qwen3_5_moe": Measured("qwen3.5-35b-a3b, all 40 layers, nvfp4", "H100", 6.44, 0.70, 40, IO),
     "qwen3_moe": Measured("qwen3-30b-a3b, fp8", "H200", 0.79, 0.89, 48, IO),     # the low ends of 0.79-0.89, 0.89-1.01
+    "qwen4_exp_text": Measured("qwen3.8-flash-next-4l, 4 of 48 layers, int8, exceeds", "H200", 28.68, 0.61, 4, IO),
 }
 
 
