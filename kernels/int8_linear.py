@@ -9,9 +9,8 @@ reads BLOCK_N rows of codes once, dequantises each element exactly as the refere
 float32, rounded to x's dtype) and accumulates its products with one token in float32. Half the bytes
 of a bf16 weight, and no dequantised copy in memory. The conversions run on the full-rate integer and
 float32 units (the hardware's int8 -> float and float -> bf16 conversions run at a quarter of their rate
-and bounded the kernel at ~45% of HBM): a code's value is a float32 whose low mantissa bits hold it
-(0x4B000000 | (code ^ 0x80), minus 2^23 + 128, exact), and the bf16 rounding is the float32's bits rounded
-to nearest even (as the conversion rounds a finite value).
+and bounded the kernel at ~45% of HBM): tiles.int8_values, and the bf16 rounding as the float32's bits
+rounded to nearest even (as the conversion rounds a finite value).
 Its reference, kernels.cpu_linear.int8_linear_ref (no Triton there: the CPU app installs without it), takes
 the same dequantised weights a slab of rows at a time through torch's matmul: prompts (more than
 MAX_KERNEL_TOKENS, compute-bound: the GEMM reads the codes once), eager mode, and any GPU where the
@@ -26,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .cpu_linear import int8_linear_ref
+from .tiles import int8_values
 
 KERNEL_VERSION = 3     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
 MAX_KERNEL_TOKENS = 8  # more tokens than this (prompts) take the reference
@@ -38,13 +38,6 @@ class LinearConfig:
     block_n: int = 4        # output rows per program
     block_k: int = 512      # reduction tile (input elements)
     num_warps: int = 4
-
-
-@triton.jit
-def _code_values(codes):
-    """int8 codes -> their values as float32, without the int -> float conversion unit."""
-    biased = (codes.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80) | 0x4B000000      # 2^23 + code + 128
-    return biased.to(tl.float32, bitcast=True) - 8388736.0
 
 
 @triton.jit
@@ -68,7 +61,7 @@ def _int8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, ROUND: tl.constexpr, B
         codes = tl.load(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                         mask=row_ok[:, None] & col_ok[None, :], other=0)
         # the reference's weight element: q * scale rounded once to the compute dtype
-        w = _code_values(codes) * scale[:, None]
+        w = int8_values(codes) * scale[:, None]
         if ROUND == "bf16":
             w = _round_bf16(w)
         elif ROUND == "other":
