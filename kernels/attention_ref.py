@@ -1,6 +1,7 @@
-"""Attention in plain torch (no Triton: the CPU app imports it): every family's attention and the reference of
-the one-token decode kernel (kernels/decode_attention.py). One core, `attend`: grouped KV heads, a visibility
-mask (causal, sliding window, chunked, or the caller's own), a scale, and optionally a sink logit per head.
+"""Attention in plain torch (no Triton: the CPU app imports it): every family's attention and the references of
+the one-token decode kernels (kernels/decode_attention.py, kernels/mla_decode.py). One core, `attend`: grouped KV
+heads, a visibility mask (causal, sliding window, chunked, or the caller's own), a scale, and optionally a sink
+logit per head; MLA's absorbed decode token has its own, `latent_attention`.
 
   T = query tokens, S = keys held (position s at row s), Hq / Hkv = query / kv heads, Dk / Dv = key / value width
 """
@@ -78,6 +79,22 @@ def attention_ref(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positions
                    else visible[rows], scale, sinks)
             for rows in (slice(r, r + QUERY_CHUNK) for r in range(0, q.shape[0], QUERY_CHUNK))]
     return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def latent_attention(q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
+                     visible: torch.Tensor, scale: float) -> torch.Tensor:
+    """MLA's one decode token in the latent space (engine/model/mla.py folds kv_b_proj into the query before and
+    applies its value half after): every head attends over the one shared latent KV.
+    q_latent [H, r], q_rope [H, dr], kv_latent [S, r], k_rope [S, dr], visible [1, S] -> [H, r] in q's dtype."""
+    scores = (q_latent @ kv_latent.T + q_rope @ k_rope.T).float() * scale                # [H, S]
+    probs = masked_softmax(scores[:, None, :], visible)[:, 0].to(q_latent.dtype)
+    return probs @ kv_latent
+
+
+def mla_decode_ref(q_latent: torch.Tensor, q_rope: torch.Tensor, kv_latent: torch.Tensor, k_rope: torch.Tensor,
+                   q_positions: torch.Tensor, scale: float) -> torch.Tensor:
+    """kernels/mla_decode.py's reference: latent_attention over the keys 0..position (q_positions [1])."""
+    return latent_attention(q_latent, q_rope, kv_latent, k_rope, visible_keys(q_positions, kv_latent.shape[0]), scale)
 
 
 def _fused_attention(q, k, v, q_positions, window, scale, chunk=None, visible=None) -> torch.Tensor:

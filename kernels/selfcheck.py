@@ -361,6 +361,36 @@ def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     return (kernel if verdict.ok else None), verdict
 
 
+def select_mla_decode(num_heads: int, kv_lora_rank: int, rope_dim: int, dtype: torch.dtype, device,
+                      kernel: Callable | None = None):
+    """MLA's one-token latent attention kernel (mla_decode.py) for these heads and widths, if it matches the torch
+    path's math over a latent buffer longer than what is held: the first position, one in the middle and the
+    buffer's last. Returns (fn or None, verdict)."""
+    from .attention_ref import mla_decode_ref
+    from .mla_decode import KERNEL_VERSION, mla_decode
+
+    kernel = kernel or mla_decode
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(8766)
+    held = 300
+    cases = iter([tuple(torch.randn(*shape, generator=gen).to(device, dtype) for shape in
+                        ((num_heads, kv_lora_rank), (num_heads, rope_dim), (held, kv_lora_rank), (held, rope_dim)))
+                  + (torch.tensor([position]).to(device), (kv_lora_rank + rope_dim) ** -0.5)
+                  for position in (0, 137, held - 1)])
+
+    def exact(q_latent, q_rope, kv_latent, k_rope, where, scale):
+        """The reference in float32 on the same inputs: in bf16 it rounds the scores before the softmax (an error
+        of ~1e-2 at r = 512, about twice the kernel's, which keeps them in float32)."""
+        latents = (t.float() for t in (q_latent, q_rope, kv_latent, k_rope))
+        return mla_decode_ref(*latents, where, scale).to(dtype)
+
+    run_kernel, run_ref = _runners(cases, kernel, exact)
+    rtol = 1e-2 if dtype != torch.float32 else 1e-4
+    shape_key = f"H={num_heads} r={kv_lora_rank} dr={rope_dim} {dtype}"
+    verdict = check("mla_decode", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_top_candidates(vocab: int, k: int, device, kernel: Callable | None = None):
     """The top-candidates kernel (top_candidates.py) for k's block size on this vocabulary, if each chunk's
     k largest and their ids match its numpy reference: bf16-rounded logits (many ties), and one chunk

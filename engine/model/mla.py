@@ -22,7 +22,7 @@ from engine.model.block import Rope, Step
 from engine.model.layers import RmsNorm, apply_rope, attention, linear
 from engine.model.rotary import apply_rope_interleaved
 from engine.model.state import StateSpec
-from kernels.attention_ref import masked_softmax, visible_keys
+from kernels.attention_ref import latent_attention, visible_keys
 
 # q_a_layernorm and kv_a_layernorm are built without the config's rms_norm_eps in every reference
 # implementation (DeepseekV2RMSNorm(rank) -> eps 1e-6), also where rms_norm_eps is 1e-5 (GLM-4.7-Flash).
@@ -78,6 +78,7 @@ class MlaAttention:
         self.shape, self.w = shape, weights
         self.q_a_norm = RmsNorm(weights["q_a_layernorm.weight"], LATENT_NORM_EPS) if shape.q_lora_rank else None
         self.kv_a_norm = RmsNorm(weights["kv_a_layernorm.weight"], LATENT_NORM_EPS)
+        self.decode_kernel = None       # kernels.mla_decode (mla_decode_ref's signature), attached at load
 
     def query_residual(self, x: torch.Tensor) -> torch.Tensor:
         """x [T, D] -> the normed q LoRA [T, q_lora] (q_lora_rank set; DSA's indexer reads it too)."""
@@ -108,6 +109,10 @@ class MlaAttention:
                q_positions: torch.Tensor) -> torch.Tensor:
         """q [T, H, nope+rope] at q_positions [T]; kv_latent [S, r], k_rope [S, dr] at positions 0..S-1 -> [T, H*v]."""
         # S = tokens so far, H = heads
+        if q.shape[0] == 1 and self.decode_kernel is not None:     # reads the keys 0..position only, on the device
+            q_latent, q_rope = self.absorb_query(q)
+            return self.apply_values(self.decode_kernel(q_latent, q_rope, kv_latent, k_rope, q_positions,
+                                                        self.shape.softmax_scale))
         if q.shape[0] == 1:
             return self.attend_absorbed(q, kv_latent, k_rope, visible_keys(q_positions, kv_latent.shape[0]))
         k, v = self.expand(kv_latent, k_rope)
@@ -127,16 +132,27 @@ class MlaAttention:
         costs O(S x r) per head instead of expanding every cached latent into full keys and values
         (O(S x r x H x (nope+v)): on CUDA the state is static and holds the whole context, so that expansion
         would run over all of it at every token)."""
-        # H = heads, r = kv_lora_rank, S = positions held, n = nope dim, dv = value dim
+        q_latent, q_rope = self.absorb_query(q)                                             # [H, r], [H, dr]
+        out_latent = latent_attention(q_latent, q_rope, kv_latent, k_rope, visible, self.shape.softmax_scale)
+        return self.apply_values(out_latent)
+
+    def absorb_query(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q [1, H, nope+rope] -> q_latent [H, r] (q_nope through kv_b_proj's key half), q_rope [H, dr]."""
+        s = self.shape
+        q_nope, q_rope = q[0].split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)   # [H, n], [H, dr]
+        return torch.einsum("hn,hnr->hr", q_nope, self._kv_b()[0]), q_rope
+
+    def apply_values(self, out_latent: torch.Tensor) -> torch.Tensor:
+        """out_latent [H, r] -> [1, H * v] through kv_b_proj's value half."""
+        s = self.shape
+        return torch.einsum("hr,hvr->hv", out_latent, self._kv_b()[1]).reshape(1, s.num_heads * s.v_head_dim)
+
+    def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """kv_b_proj per head: its key half [H, n, r] and value half [H, dv, r] (views, no copies)."""
+        # H = heads, r = kv_lora_rank, n = nope dim, dv = value dim
         s = self.shape
         w_kv = self.w["kv_b_proj.weight"].view(s.num_heads, s.qk_nope_head_dim + s.v_head_dim, s.kv_lora_rank)
-        w_k, w_v = w_kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)                # [H, n, r], [H, dv, r]
-        q_nope, q_rope = q[0].split([s.qk_nope_head_dim, s.qk_rope_head_dim], dim=-1)   # [H, n], [H, dr]
-        q_latent = torch.einsum("hn,hnr->hr", q_nope, w_k)                              # [H, r]
-        scores = (q_latent @ kv_latent.T + q_rope @ k_rope.T).float() * s.softmax_scale  # [H, S]
-        probs = masked_softmax(scores[:, None, :], visible)[:, 0].to(q.dtype)
-        out_latent = probs @ kv_latent                                                   # [H, r]
-        return torch.einsum("hr,hvr->hv", out_latent, w_v).reshape(1, s.num_heads * s.v_head_dim)
+        return w_kv.split([s.qk_nope_head_dim, s.v_head_dim], dim=1)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                 store: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:

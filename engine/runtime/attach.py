@@ -8,6 +8,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
   attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (with sinks too)
+  mla.MlaAttention (MLA mixers) kernels/mla_decode.py           one decode token's latent attention (not DSA's)
   block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
   layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
   the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
@@ -22,6 +23,7 @@ import torch
 
 from engine.model.block import Router
 from engine.model.layers import Packed, RmsNorm
+from engine.model.mla import MlaMixer
 from engine.model.model import Model
 from engine.model.qwen4.hyper import GroupedNorm
 from engine.options import Options
@@ -56,6 +58,10 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
         elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):
             _attach_attention(chosen, piece, device, dtype)
+        elif type(piece) is MlaMixer:           # DsaMixer's attention reads the indexer's selection: it keeps torch
+            s = piece.attention.shape
+            key = ("mla_decode", s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim)
+            piece.attention.decode_kernel = _once(chosen, key, lambda: _mla_decode(key[1:], device, dtype, warn))
 
 
 def attached_kernels(model: Model) -> dict[str, int]:
@@ -63,7 +69,7 @@ def attached_kernels(model: Model) -> dict[str, int]:
     ({} with none attached)."""
     counts: dict[str, int] = {}
     for piece in _pieces(model):
-        for name in ("kernel", "rope_kernel", "attention_kernel"):
+        for name in ("kernel", "rope_kernel", "attention_kernel", "decode_kernel"):
             if getattr(piece, name, None) is not None:
                 key = f"{type(piece).__name__}.{name}"
                 counts[key] = counts.get(key, 0) + 1
@@ -125,6 +131,14 @@ def _int8_linear(shape, device, dtype, warn: Warn):
     fn, verdict = select_int8_linear(*shape, device, dtype=dtype, prompts=True)
     if not verdict.ok:
         warn(f"int8 dense kernel disabled for {tuple(shape)} on this GPU: {verdict.reason}")
+    return fn
+
+
+def _mla_decode(key: tuple, device, dtype, warn: Warn):
+    from kernels.selfcheck import select_mla_decode
+    fn, verdict = select_mla_decode(*key, dtype, device)
+    if not verdict.ok:
+        warn(f"MLA decode kernel disabled for {key} on this GPU: {verdict.reason}")
     return fn
 
 

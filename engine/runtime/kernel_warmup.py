@@ -43,7 +43,8 @@ def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense
     from kernels.selfcheck import device_fingerprint
     versions = []
     for name in ("kernels.moe_decode", "kernels.moe_prefill", "kernels.int8_linear", "kernels.router",
-                 "kernels.top_candidates", "kernels.rms_norm", "kernels.decode_attention", "kernels.rope"):
+                 "kernels.top_candidates", "kernels.rms_norm", "kernels.decode_attention", "kernels.rope",
+                 "kernels.mla_decode"):
         try:
             versions.append(str(__import__(name, fromlist=["KERNEL_VERSION"]).KERNEL_VERSION))
         except ImportError:                       # no Triton: no kernels to warm

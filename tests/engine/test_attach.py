@@ -23,19 +23,21 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 NEW_TOKENS = 6
 # What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's attention takes the kernel
-# with its sinks; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs.
+# with its sinks; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs
+# and its decode token the latent attention kernel.
 EXPECTED = {
     "olmoe": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "Router.kernel"},
     "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel"},
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel"},
-    "deepseek_v3": {"RmsNorm.kernel"},
+    "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel"},
     "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel"},   # QSA keeps its own masked attention
 }
 # the kernel functions the self-checks hand out, counted where the pieces call them
 KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kernel": ("kernels.rope", "rope_pair"),
            "GroupedNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
-           "Router.kernel": ("kernels.router", "router_kernel")}
+           "Router.kernel": ("kernels.router", "router_kernel"),
+           "decode_kernel": ("kernels.mla_decode", "mla_decode")}
 
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
@@ -124,7 +126,7 @@ def test_eager_attaches_nothing_and_a_failed_check_keeps_torch(model_dir, monkey
 
 def _detach(model) -> None:
     for piece in attach._pieces(model):
-        for name in ("kernel", "rope_kernel", "attention_kernel"):
+        for name in ("kernel", "rope_kernel", "attention_kernel", "decode_kernel"):
             if hasattr(piece, name):
                 setattr(piece, name, None)
 

@@ -44,7 +44,8 @@ def _hf_attention(family, cfg):
     ("deepseek_v3", dict(q_lora_rank=24, rope_interleave=False)),
     ("glm4_moe_lite", dict(q_lora_rank=24)),
 ])
-def test_mla_matches_transformers_in_prefill_and_decode(family, kw):
+@pytest.mark.parametrize("with_kernel", [False, True])        # decode tokens through kernels/mla_decode.py or torch
+def test_mla_matches_transformers_in_prefill_and_decode(family, kw, with_kernel):
     cfg = _config(family, **kw)
     attn, rotary = _hf_attention(family, cfg)
     T = 9
@@ -57,6 +58,8 @@ def test_mla_matches_transformers_in_prefill_and_decode(family, kw):
 
     shape = MlaShape.from_config(cfg)
     mine = MlaAttention(shape, {k: v.detach() for k, v in attn.state_dict().items()})
+    if with_kernel:
+        mine.decode_kernel = pytest.importorskip("kernels.mla_decode").mla_decode
     inv_freq, scaling = rope_frequencies(cfg)
     state = {}
 
