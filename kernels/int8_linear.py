@@ -7,10 +7,7 @@ format's projection: W = q * scale[:, None], rounded to the compute dtype as the
 int8_linear_kernel: a decode step's few tokens, one Triton launch, grid (N / BLOCK_N, T): each program
 reads BLOCK_N rows of codes once, dequantises each element exactly as the reference does (q * scale in
 float32, rounded to x's dtype) and accumulates its products with one token in float32. Half the bytes
-of a bf16 weight, and no dequantised copy in memory. The conversions run on the full-rate integer and
-float32 units (the hardware's int8 -> float and float -> bf16 conversions run at a quarter of their rate
-and bounded the kernel at ~45% of HBM): tiles.int8_values, and the bf16 rounding as the float32's bits
-rounded to nearest even (as the conversion rounds a finite value).
+of a bf16 weight, and no dequantised copy in memory.
 Its reference, kernels.cpu_linear.int8_linear_ref (no Triton there: the CPU app installs without it), takes
 the same dequantised weights a slab of rows at a time through torch's matmul: prompts (more than
 MAX_KERNEL_TOKENS, compute-bound: the GEMM reads the codes once), eager mode, and any GPU where the
@@ -25,9 +22,8 @@ import triton
 import triton.language as tl
 
 from .cpu_linear import int8_linear_ref
-from .tiles import int8_values
 
-KERNEL_VERSION = 3     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 2     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
 MAX_KERNEL_TOKENS = 8  # more tokens than this (prompts) take the reference
 
 
@@ -41,15 +37,7 @@ class LinearConfig:
 
 
 @triton.jit
-def _round_bf16(w):
-    """float32 -> the nearest bf16 (ties to even), kept in float32: integer ops on its bits."""
-    bits = w.to(tl.int32, bitcast=True)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _int8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, ROUND: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr):
+def _int8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     token = tl.program_id(1)
     row_ok = rows < N
@@ -61,11 +49,7 @@ def _int8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, ROUND: tl.constexpr, B
         codes = tl.load(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                         mask=row_ok[:, None] & col_ok[None, :], other=0)
         # the reference's weight element: q * scale rounded once to the compute dtype
-        w = int8_values(codes) * scale[:, None]
-        if ROUND == "bf16":
-            w = _round_bf16(w)
-        elif ROUND == "other":
-            w = w.to(x_ptr.dtype.element_ty).to(tl.float32)
+        w = (codes.to(tl.float32) * scale[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
         x = tl.load(x_ptr + token * K + cols, mask=col_ok, other=0.0).to(tl.float32)
         acc += w * x[None, :]
     tl.store(y_ptr + token * N + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=row_ok)
@@ -79,14 +63,9 @@ def int8_linear_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
     num_tokens, (n, k) = flat.shape[0], q.shape
     y = torch.empty(num_tokens, n, dtype=x.dtype, device=x.device)
     grid = (triton.cdiv(n, config.block_n), num_tokens)
-    _int8_linear_kernel[grid](flat, q, scale, y, n, k, ROUND=_rounding(x.dtype), BLOCK_N=config.block_n,
-                              BLOCK_K=config.block_k, num_warps=config.num_warps)
+    _int8_linear_kernel[grid](flat, q, scale, y, n, k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                              num_warps=config.num_warps)
     return y.reshape(*x.shape[:-1], n)
-
-
-def _rounding(dtype: torch.dtype) -> str:
-    """How a weight element is rounded to the compute dtype: none in float32, bf16's by bits, else converted."""
-    return {torch.float32: "none", torch.bfloat16: "bf16"}.get(dtype, "other")
 
 
 @dataclass(frozen=True)

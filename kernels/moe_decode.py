@@ -27,7 +27,7 @@ from .quant_formats import QUANT_FORMATS
 from .tiles import (bias_rows, block_base, check_bank_inputs, dot_acc, dot_total, field_offsets, gate_up_rows,
                     row_scale, tile_dot, vector_tile)
 
-KERNEL_VERSION = 11     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 10     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)

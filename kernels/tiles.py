@@ -150,16 +150,7 @@ def byte_weights(raw, FMT: tl.constexpr):
     if FMT == 1:
         return raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
     else:
-        return int8_values(raw)
-
-
-@triton.jit
-def int8_values(codes):
-    """int8 codes (as int8 or their uint8 bytes) -> their values as float32 by full-rate integer and float ops: the
-    float32 0x4B000000 | (byte ^ 0x80) is 2^23 + 128 + code exactly. (The int -> float conversion unit runs at a
-    quarter rate and bounded the int8 kernels well below HBM speed.)"""
-    biased = (codes.to(tl.uint8, bitcast=True).to(tl.int32) ^ 0x80) | 0x4B000000
-    return biased.to(tl.float32, bitcast=True) - 8388736.0
+        return raw.to(tl.int8, bitcast=True).to(tl.float32)
 
 
 @triton.jit
