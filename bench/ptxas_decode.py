@@ -1,7 +1,8 @@
-"""Compile the batch-1 decode kernels (kernels/moe_decode.py) for an NVIDIA target on a machine without a GPU, and
-print each launch's registers and the SASS instructions a weight byte in its hottest loop: what a change to the
-tiles costs in issued instructions, before a GPU session. Needs only the triton wheel (its ptxas and cuobjdump).
-`python -m bench kernels --ptxas [--models gpt-oss-120b] [--formats mxfp4,nvfp4] [--arch 90]`.
+"""Compile the batch-1 decode kernels (kernels/moe_decode.py; with --dense the int8 dense linear) for an NVIDIA
+target on a machine without a GPU, and print each launch's registers and the SASS instructions a weight byte in its
+hottest loop: what a change to the tiles costs in issued instructions, before a GPU session. Needs only the triton
+wheel (its ptxas and cuobjdump).
+`python -m bench kernels --ptxas [--models gpt-oss-120b] [--formats mxfp4,nvfp4] [--arch 90] [--dense]`.
 """
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from kernels.quant_formats import quant_format
 from kernels.tiles import field_offsets
 
 BIN = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-POINTERS = {"x_ptr": "*bf16", "h_ptr": "*fp32", "out_ptr": "*fp32", "slot_ptr": "*i32", "base_ptr": "*i32",
+POINTERS = {"x_ptr": "*bf16", "q_ptr": "*i8", "s_ptr": "*bf16", "y_ptr": "*bf16", "h_ptr": "*fp32", "out_ptr": "*fp32", "slot_ptr": "*i32", "base_ptr": "*i32",
             "weight_ptr": "*fp32", "bank_u8": "*u8", "bank_bf16": "*bf16", "bank_f32": "*fp32", "alpha": "fp32",
             "limit": "fp32"}
 FIELDS = {"G": "gate", "U": "up", "D": "down"}
@@ -85,3 +86,15 @@ def report(models: list[str], formats: list[str], arch: int) -> None:
             costs = {kind: launch_cost(kind, fmt, inter, hidden, cfg, arch) for kind in ("gate_up", "down")}
             print(f"{model} {fmt} {config_name(cfg)} sm_{arch}: gate_up {costs['gate_up']}; down {costs['down']}",
                   flush=True)
+
+
+def dense_report(arch: int) -> None:
+    """The int8 dense linear's decode launch at each config of the sweep (bench/stages/kernels.py)."""
+    from bench.stages.kernels import DENSE_CONFIGS
+    from kernels import int8_linear
+    for block_n, block_k, num_warps in DENSE_CONFIGS:
+        sass, usage = _sass(int8_linear._int8_linear_kernel, {"BLOCK_N": block_n, "BLOCK_K": block_k}, num_warps, arch)
+        per_byte = hottest_loop(sass) * 32 * num_warps / (block_n * block_k)
+        registers = re.search(r"REG:(\d+)", usage).group(1)
+        print(f"int8 dense linear {block_n}/{block_k}/w{num_warps} sm_{arch}: {registers} regs, {per_byte:.1f} "
+              "instructions a code byte", flush=True)

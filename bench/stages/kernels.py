@@ -4,7 +4,7 @@ table of each one's best.
 With --dense, the int8 dense linear against bf16 through cuBLAS. With --ptxas (no GPU needed), each launch of the
 default config compiled for --arch offline: its registers and SASS instructions a weight byte in its hottest loop.
 
-    python -m bench kernels [--models olmoe-1b-7b,gpt-oss-120b] [--formats int8,mxfp4] [--dense | --ptxas]
+    python -m bench kernels [--models olmoe-1b-7b,gpt-oss-120b] [--formats int8,mxfp4] [--dense] [--ptxas]
 """
 from __future__ import annotations
 
@@ -47,6 +47,10 @@ def run(args) -> int:
     formats = args.formats.split(",")
     if bad := [m for m in models if m not in known] + [f for f in formats if f not in FORMATS]:
         raise SluiceError(f"Unknown {', '.join(bad)}: models are {', '.join(known)}; formats {', '.join(FORMATS)}.")
+    if args.ptxas and args.dense:
+        from bench.ptxas_decode import dense_report
+        dense_report(args.arch)
+        return 0
     if args.dense:
         rows = [dict(dense_row(n, k), model=m) for m in models for n, k in DENSE_SHAPES[m]]
         save_json(args.out, "kernels-dense", rows)
