@@ -37,6 +37,7 @@ from bench.common import save_json
 from bench.matrix_plan import (NEW_TOKENS, PROMPT_TOKENS, REFERENCE_PRESET, RESERVED_DISK_BYTES, SAME, SEPARATE, Planned,
                                families, file_bytes, format_table, ncmoe_points, plan_family, scaled_regime,
                                sluice_vram_at)
+from bench.origin import origin_lines, origin_projection
 from bench.peer_runs import peer_lines, ratios, sweep
 from bench.regimes import REGIMES, Regime, describe
 from engine.errors import SluiceError
@@ -175,6 +176,7 @@ def run_cell(plan: Planned, reg: Regime, gguf: Path | None, no_peer: str | None,
         sluice = sluice_in_regime(reg, flags, args, via_repack=gguf is not None and plan.layout == SAME)
     except SluiceError as exc:                     # one cell failing leaves the others to run
         return {"sluice": {"error": str(exc)}, "peer": peer or {"not_run": no_peer or "Sluice failed"}}
+    sluice["origin"] = origin_projection(sluice)  # a model the project's origin ran: its speed there, computed
     if gguf and peer is None:
         limit = max(sluice["vram_budget_bytes"], sluice.get("vram_driver_bytes") or 0)
         peer = peer_sweep(plan, reg, gguf, limit, n_prompt, args)
@@ -207,7 +209,7 @@ def cell_lines(cell: dict) -> list[str]:
     s, peer = cell["sluice"], cell["peer"]
     if "error" in s:
         return [f"Sluice failed: {s['error']}"]
-    lines = [*regime_lines(s), report(s)]
+    lines = [*regime_lines(s), report(s), *origin_lines(s)]
     if "not_run" in peer:
         return lines + [f"llama.cpp    not run: {peer['not_run']}"]
     return lines + peer_lines({**s, "llama_cpp": peer})

@@ -232,3 +232,22 @@ def test_a_separate_draw_deletes_the_checkpoint_once_converted(monkeypatch, tmp_
     assert matrix._gguf(replace(plan, layout="separate"), args) == (tmp_path / "tiny.gguf", None) and not hf.exists()
     assert matrix._gguf(replace(plan, layout="alone", peer_left_out=True), args)[1].startswith(
         "its HF checkpoint and GGUF beside Sluice's files")
+
+
+def test_a_flash_next_cell_carries_its_speed_on_the_origins_machine_computed(monkeypatch):
+    """The model the project was made for: its cell adds the whole model's computed speed on the origin's machine
+    (the estimate there times the efficiency this run measured), beside the origin's measured 11.65 tok/s."""
+    from argparse import Namespace
+
+    from bench.stages.matrix import run_cell
+    from bench.origin import ORIGIN
+    from engine.plan.estimate import estimate
+    from engine.tools.presets import full_model_config
+    measured = {"preset": "qwen3.8-flash-next-4l", "quant": "int8", "dense_quant": "int8", "decode_efficiency": 0.61}
+    monkeypatch.setattr(regime_stage, "sluice_in_regime", lambda *a, **kw: dict(measured))
+    plan = matrix_plan.plan_family(FAMILIES["qwen3.8-flash-next"], presets.PRESETS, 64 * GB, with_peer=False)
+    cell = run_cell(plan, REGIMES["exceeds"], None, "no --llama-bench", Namespace(bench_args=[], device="cuda"))
+    origin = cell["sluice"]["origin"]
+    roofline = estimate(full_model_config("qwen3.8-flash-next-4l"), 0, ORIGIN, "int8", dense_quant="int8").tok_s
+    assert origin["computed"] and origin["reference_tok_s"] == 11.65
+    assert origin["tok_s"] == roofline * 0.61 and 0 < origin["tok_s"] < 11.65
