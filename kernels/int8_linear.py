@@ -5,9 +5,12 @@ format's projection: W = q * scale[:, None], rounded to the compute dtype as the
   x [..., K] (compute dtype), q [N, K] int8, scale [N] bf16 -> [..., N] in x's dtype
 
 int8_linear_kernel: a decode step's few tokens, one Triton launch, grid (N / BLOCK_N, T): each program
-reads BLOCK_N rows of codes once, dequantises each element exactly as the reference does (q * scale in
-float32, rounded to x's dtype) and accumulates its products with one token in float32. Half the bytes
-of a bf16 weight, and no dequantised copy in memory.
+reads BLOCK_N rows of codes once, accumulates their products with one token in float32 and applies each
+row's scale once, to the sum. Half the bytes of a bf16 weight, and no dequantised copy in memory. The
+reference rounds each weight (q * scale) to the compute dtype first; in float32 the two differ only in
+rounding order, in bf16 by well under one unit in the last place of the output (the self-check's
+tolerance). Scaling each element cost ~40% more instructions a code byte in a loop that is issue-bound
+(`python -m bench kernels --ptxas --dense`).
 Its reference, kernels.cpu_linear.int8_linear_ref (no Triton there: the CPU app installs without it), takes
 the same dequantised weights a slab of rows at a time through torch's matmul: prompts (more than
 MAX_KERNEL_TOKENS, compute-bound: the GEMM reads the codes once), eager mode, and any GPU where the
@@ -23,7 +26,7 @@ import triton.language as tl
 
 from .cpu_linear import int8_linear_ref
 
-KERNEL_VERSION = 2     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 3     # bump on any change to the kernel below: cached self-check verdicts are keyed on it
 MAX_KERNEL_TOKENS = 8  # more tokens than this (prompts) take the reference
 
 
@@ -48,11 +51,9 @@ def _int8_linear_kernel(x_ptr, q_ptr, s_ptr, y_ptr, N, K, BLOCK_N: tl.constexpr,
         col_ok = cols < K
         codes = tl.load(q_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
                         mask=row_ok[:, None] & col_ok[None, :], other=0)
-        # the reference's weight element: q * scale rounded once to the compute dtype
-        w = (codes.to(tl.float32) * scale[:, None]).to(x_ptr.dtype.element_ty).to(tl.float32)
         x = tl.load(x_ptr + token * K + cols, mask=col_ok, other=0.0).to(tl.float32)
-        acc += w * x[None, :]
-    tl.store(y_ptr + token * N + rows, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=row_ok)
+        acc += codes.to(tl.float32) * x[None, :]
+    tl.store(y_ptr + token * N + rows, (tl.sum(acc, axis=1) * scale).to(y_ptr.dtype.element_ty), mask=row_ok)
 
 
 def int8_linear_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor,
