@@ -120,3 +120,26 @@ def test_flash_fp4_experts_repack_to_mxfp4_byte_for_byte_and_equal_transformers(
     tokens = [e.token_id for e in eng.generate(PROMPT, GenerationParams(max_new_tokens=NEW_TOKENS, temperature=0))]
     eng.close()
     assert tokens == reference_greedy(load_reference(hf_dir), PROMPT, NEW_TOKENS)
+
+
+def test_the_graph_shaped_decode_step_gathers_the_indexers_entries_as_transformers_selects(hf_dir, tmp_path):
+    """The CUDA graphs' step run eagerly on the CPU: the state static at full size and no host-known position, so
+    a CSA layer scores every entry row the state holds and gathers its top_k (fewer valid than top_k at first,
+    then more). A 5-token prompt, then 40 forced tokens: every step's logits are transformers' over the whole
+    sequence."""
+    from engine.format.repack import repack
+    from engine.model.state import ModelState
+    from engine.runtime.decode_step import DecodeStep
+    eng = streaming_engine(repack(hf_dir, tmp_path / "m", quant="bf16"), device="cpu", dtype="float32")
+    runner = eng.runner
+    runner.state = ModelState(runner.model.state_specs(), 96, torch.float32, runner.device, static=True)
+    runner.step = DecodeStep(runner.model, runner.state, runner.device)
+    runner.step.use_graphs = True                        # as on CUDA: the step's position stays on the device
+    prompt, forced = PROMPT[:5], [(i * 53) % 300 + 3 for i in range(40)]
+    with torch.inference_mode():
+        ours = [runner.prefill(prompt).clone()]
+        ours += [runner.decode(token, len(prompt) + i).clone() for i, token in enumerate(forced)]
+        theirs = load_reference(hf_dir)(torch.tensor([prompt + forced])).logits[0, len(prompt) - 1:]
+    torch.testing.assert_close(torch.stack(ours), theirs, rtol=1e-4, atol=1e-4)
+    assert torch.equal(torch.stack(ours).argmax(-1), theirs.argmax(-1))
+    eng.close()

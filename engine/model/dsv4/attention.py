@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 
 from engine.model.dsv4.compressor import (CompressorBuffers, CompressorWeights, IndexerWeights, causal_entries,
-                                          compress, indexer_visible)
+                                          compress, indexer_rows, indexer_visible)
 from engine.model.dsv4.norms import rms_norm, unweighted_rms_norm
 from engine.model.dsv4.rope import apply_tail_rope
 from engine.model.layers import Packed, linear
@@ -85,12 +85,17 @@ QUERY_CHUNK = 256      # queries per attention call: scores stay [h, 256, window
 
 def _compressed(h: torch.Tensor, q_residual: torch.Tensor, positions: torch.Tensor, start: int | None,
                 w: AttentionWeights, kind: str, eps: float, rope: dict, b: LayerBuffers):
-    """The compressed entries [N, D] and which of them each query sees [T, N] (HCA: all closed; CSA: top-k)."""
+    """The compressed entries [N, D] and which of them each query sees [T, N] (HCA: all closed; CSA: top-k; in a
+    graph's step CSA's top-k entries alone, gathered)."""
     inv_freq, scaling = rope["compress_tables"]
     entries = compress(h, positions, start, w.compressor, b.compressor, eps, inv_freq, scaling)
     if kind == HCA:
         return entries, causal_entries(positions, entries.shape[0], w.compressor.rate)
     index_keys = compress(h, positions, start, w.indexer.compressor, b.indexer, eps, inv_freq, scaling)
+    if start is None:          # a graph's one token over every entry row the state holds: its top_k, gathered
+        rows, visible = indexer_rows(q_residual, h, positions, index_keys, w.indexer, w.compressor.rate,
+                                     *rope["compress"])
+        return entries[rows], visible
     return entries, indexer_visible(q_residual, h, positions, index_keys, w.indexer, w.compressor.rate,
                                     *rope["compress"])
 

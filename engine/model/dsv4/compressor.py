@@ -136,10 +136,27 @@ def indexer_visible(q_residual: torch.Tensor, h: torch.Tensor, q_positions: torc
                     w: IndexerWeights, rate: int, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """[T, N] bool: the top_k causally valid entries per query by the indexer's score
     sum_h w_h * relu(q_h . k) (entries [N, Di] are the indexer's own compressed keys)."""
+    scores = _indexer_scores(q_residual, h, entries, w, cos, sin)
+    return top_k_visible(scores, causal_entries(q_positions, entries.shape[0], rate), w.top_k)
+
+
+def indexer_rows(q_residual: torch.Tensor, h: torch.Tensor, q_position: torch.Tensor, entries: torch.Tensor,
+                 w: IndexerWeights, rate: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A CUDA graph's one query over every entry row the static state holds -> the rows of its top_k causally valid
+    entries [K] (K = min(top_k, N)) and which of them count [1, K] (where fewer are valid the topk picks masked
+    rows too): the entries the step gathers, so it reads top_k of them, not every row the context may reach."""
+    causal = causal_entries(q_position, entries.shape[0], rate)                                  # [1, N]
+    scores = _indexer_scores(q_residual, h, entries, w, cos, sin).masked_fill(~causal, float("-inf"))
+    rows = scores.topk(min(w.top_k, entries.shape[0]), dim=-1).indices[0]
+    return rows, causal[:, rows]
+
+
+def _indexer_scores(q_residual: torch.Tensor, h: torch.Tensor, entries: torch.Tensor, w: IndexerWeights,
+                    cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """[T, N]: sum_h w_h * relu(q_h . k) of each query and entry."""
     num_tokens, index_dim = h.shape[0], w.compressor.dim
     num_heads = w.weights_proj.shape[0]
     q = apply_tail_rope(F.linear(q_residual, w.q_b).view(num_tokens, -1, index_dim), cos, sin)   # [T, h, Di]
     scores = F.relu(torch.matmul(q.float(), entries.float().T)) * index_dim ** -0.5               # [T, h, N]
     head_weights = F.linear(h, w.weights_proj).float() * num_heads ** -0.5                       # [T, h]
-    scores = (scores * head_weights.unsqueeze(-1)).sum(dim=1)                                     # [T, N]
-    return top_k_visible(scores, causal_entries(q_positions, entries.shape[0], rate), w.top_k)
+    return (scores * head_weights.unsqueeze(-1)).sum(dim=1)
