@@ -36,6 +36,14 @@ def top_k_visible(scores: torch.Tensor, causal: torch.Tensor, top_k: int) -> tor
     return visible.scatter_(-1, picked, True) & causal
 
 
+def top_k_rows(scores: torch.Tensor, causal: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One query's top_k_visible as rows to gather: scores and causal [1, S] -> the rows of its top_k visible keys
+    [K] (K = min(top_k, S)) and which of them count [1, K] (where it sees fewer than top_k the topk picks masked
+    rows too). A CUDA graph's step over a static state gathers these, reading K rows, not S."""
+    rows = scores.masked_fill(~causal, float("-inf")).topk(min(top_k, scores.shape[-1]), dim=-1).indices[0]
+    return rows, causal[:, rows]
+
+
 def masked_softmax(scores: torch.Tensor, visible: torch.Tensor, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """scores [H, T, S], visible [T, S] -> probabilities [H, T, S]. Without sinks in float32; with a sink logit
     per head (sinks [H]: one more column, dropped after the softmax, so a row may sum to less than one) in the

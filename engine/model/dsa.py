@@ -24,7 +24,7 @@ from engine.model.layers import apply_rope, attention, linear
 from engine.model.mla import MlaAttention, MlaMixer, MlaShape
 from engine.model.rotary import apply_rope_interleaved
 from engine.model.state import StateSpec
-from kernels.attention_ref import QUERY_CHUNK, top_k_visible, visible_keys
+from kernels.attention_ref import QUERY_CHUNK, top_k_rows, top_k_visible, visible_keys
 
 INDEX_NORM_EPS = 1e-6         # the indexer's k_norm: nn.LayerNorm(index_head_dim, eps=1e-6) in every reference
 SCORE_ELEMENTS = 1 << 24      # float32 indexer scores [rows, Hi, S] one call holds: bounds a long prompt's
@@ -88,14 +88,11 @@ class Indexer:
 
     def picked_rows(self, x: torch.Tensor, q_residual: torch.Tensor, keys: torch.Tensor, position: torch.Tensor,
                     cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A CUDA graph's one query over the whole static state (keys [S, Di]) -> the rows of its top_k causally
-        visible keys [K] (K = min(top_k, S)) and which of them count [1, K] (where fewer than top_k are visible the
-        topk picks masked rows too): the rows the step gathers, so it reads top_k positions, not S."""
+        """A CUDA graph's one query over the whole static state (keys [S, Di]): the rows of its top_k causally
+        visible keys and which of them count (attention_ref.top_k_rows)."""
         q, head_weights = self._queries(x, q_residual, cos, sin)
-        causal = visible_keys(position, keys.shape[0])                                           # [1, S]
-        scores = _index_scores(q, head_weights, keys.float().T).masked_fill(~causal, float("-inf"))
-        rows = scores.topk(min(self.shape.top_k, keys.shape[0]), dim=-1).indices[0]
-        return rows, causal[:, rows]
+        return top_k_rows(_index_scores(q, head_weights, keys.float().T), visible_keys(position, keys.shape[0]),
+                          self.shape.top_k)
 
     def _queries(self, x: torch.Tensor, q_residual: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """-> the indexer's queries [T, Hi, Di] (float32, rotated) and their head weights [T, Hi]."""

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from engine.model.dsv4.norms import rms_norm
 from engine.model.dsv4.rope import apply_tail_rope, rope_cos_sin
-from kernels.attention_ref import top_k_visible
+from kernels.attention_ref import top_k_rows, top_k_visible
 
 
 @dataclass(frozen=True)
@@ -142,13 +142,10 @@ def indexer_visible(q_residual: torch.Tensor, h: torch.Tensor, q_positions: torc
 
 def indexer_rows(q_residual: torch.Tensor, h: torch.Tensor, q_position: torch.Tensor, entries: torch.Tensor,
                  w: IndexerWeights, rate: int, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A CUDA graph's one query over every entry row the static state holds -> the rows of its top_k causally valid
-    entries [K] (K = min(top_k, N)) and which of them count [1, K] (where fewer are valid the topk picks masked
-    rows too): the entries the step gathers, so it reads top_k of them, not every row the context may reach."""
-    causal = causal_entries(q_position, entries.shape[0], rate)                                  # [1, N]
-    scores = _indexer_scores(q_residual, h, entries, w, cos, sin).masked_fill(~causal, float("-inf"))
-    rows = scores.topk(min(w.top_k, entries.shape[0]), dim=-1).indices[0]
-    return rows, causal[:, rows]
+    """A CUDA graph's one query over every entry row the static state holds: the rows of its top_k causally valid
+    entries and which of them count (attention_ref.top_k_rows), so it reads top_k of them, not every row."""
+    return top_k_rows(_indexer_scores(q_residual, h, entries, w, cos, sin),
+                      causal_entries(q_position, entries.shape[0], rate), w.top_k)
 
 
 def _indexer_scores(q_residual: torch.Tensor, h: torch.Tensor, entries: torch.Tensor, w: IndexerWeights,

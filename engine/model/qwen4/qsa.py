@@ -25,6 +25,7 @@ from engine.model.families.hybrid import GatedAttention, OffsetRmsNorm
 from engine.model.layers import apply_rope, linear, rope_cos_sin
 from engine.model.spec import ModelSpec
 from engine.model.state import StateSpec
+from kernels.attention_ref import top_k_rows
 
 
 def index_specs(head_dim: int, ratio: int) -> dict[str, StateSpec]:
@@ -120,13 +121,12 @@ def picked_rows(scores: torch.Tensor, position: torch.Tensor, held: int, ratio: 
     then its open block's) and which of them count [1, P]. A block past those complete, picked where fewer are
     complete than max_blocks, and the open block's rows past the position do not count. One topk over every
     row: equal scores may fall otherwise than in the reference's topk over the complete ones alone."""
-    num_blocks = scores.shape[1]
     complete = (position + 1) // ratio                                                    # [1]
-    blocks = torch.arange(num_blocks, device=scores.device)
-    picked = scores.masked_fill(blocks >= complete, float("-inf")).topk(min(max_blocks, num_blocks), dim=-1).indices[0]
+    blocks = torch.arange(scores.shape[1], device=scores.device)
+    picked, chosen = top_k_rows(scores, blocks[None, :] < complete, max_blocks)          # [M], [1, M]
     offsets = torch.arange(ratio, device=scores.device)
     rows = torch.cat([(picked[:, None] * ratio + offsets).flatten(), complete * ratio + offsets])      # [P]
-    counts = torch.cat([(picked < complete).repeat_interleave(ratio), complete * ratio + offsets <= position])
+    counts = torch.cat([chosen[0].repeat_interleave(ratio), complete * ratio + offsets <= position])
     return rows.clamp_max(held - 1), counts[None, :]
 
 
