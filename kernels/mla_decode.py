@@ -16,23 +16,13 @@ import torch
 import triton
 import triton.language as tl
 
-from .tiles import interpreting
+from .tiles import interpreting, mma
 
-KERNEL_VERSION = 1     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 2     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 BLOCK_H = 16           # heads a program: tl.dot's least number of rows
 BLOCK_S = 32           # keys a program loads at once: [BLOCK_S, r] latents, 32 KiB in bf16 at r = 512
 SPLIT = 128            # keys a program walks at least (a multiple of BLOCK_S)
 MAX_SPLITS = 128       # splits at most: their partial sums hold H x splits x r floats (32 MiB at H = 128, r = 512)
-
-
-@triton.jit
-def _dot(a, b, FP32_DOT: tl.constexpr):
-    """a @ b in float32. FP32_DOT: float32 inputs (IEEE products, not TF32's 10-bit mantissa), or bf16 / fp16
-    ones in Triton's interpreter, whose low-precision dot is wrong (upcast: the same exact products)."""
-    if FP32_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b)
 
 
 @triton.jit
@@ -62,13 +52,14 @@ def _split_kernel(ql_ptr, qr_ptr, kv_ptr, kr_ptr, pos_ptr, acc_ptr, stat_ptr, nu
                          other=0.0)                                                         # [BS, BR]
             k_rope = tl.load(kr_ptr + keys[:, None] * kr_stride + rope_dims[None, :],
                              mask=s_ok[:, None] & dr_ok[None, :], other=0.0)                # [BS, BDR]
-            scores = _dot(q_latent, tl.trans(kv), FP32_DOT) + _dot(q_rope, tl.trans(k_rope), FP32_DOT)  # [BH, BS]
+            scores = mma(q_rope, tl.trans(k_rope), mma(q_latent, tl.trans(kv), tl.zeros([BLOCK_H, BLOCK_S], tl.float32),
+                                                        FP32_DOT), FP32_DOT)                # [BH, BS]
             scores = tl.where(s_ok[None, :], scores * scale, float("-inf"))
             new_best = tl.maximum(best, tl.max(scores, axis=1))
             weights = tl.exp(scores - new_best[:, None])
             rescale = tl.exp(best - new_best)
             total = total * rescale + tl.sum(weights, axis=1)
-            acc = acc * rescale[:, None] + _dot(weights.to(kv_type), kv, FP32_DOT)        # [BH, BR]
+            acc = mma(weights.to(kv_type), kv, acc * rescale[:, None], FP32_DOT)            # [BH, BR]
             best = new_best
         parts = heads * num_splits + split                                                  # [BH]
         tl.store(acc_ptr + parts[:, None] * BLOCK_R + dims[None, :], acc)

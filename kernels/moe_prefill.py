@@ -30,7 +30,7 @@ from .formats import FORMAT_IDS, dequantize_block
 from .quant_formats import QUANT_FORMATS
 from .pair_routing import Routing, int32_on, route_pairs
 from .tiles import (activate, bias_rows, byte_weights, check_bank_inputs, field_offsets, fp4_tile, interpreting,
-                    raw_tile, row_scale)
+                    mma, raw_tile, row_scale)
 
 KERNEL_VERSION = 3     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 PREFILL_FORMATS = tuple(name for name, f in QUANT_FORMATS.items() if f.prefill_kernel)
@@ -82,16 +82,6 @@ def _weight_tile(bank_u8, bank_bf16, w_off, s_off, out_rows, k0, num_rows, row_l
         return byte_weights(tl.load(bank_u8 + w_off + offs, mask=mask, other=0), FMT) * scale[None, :]
 
 
-@triton.jit
-def _mma(a, b, acc, FP32_DOT: tl.constexpr):
-    """acc + a @ b. FP32_DOT: float32 activations (IEEE products, not TF32's 10-bit mantissa), or bf16 /
-    fp16 ones in Triton's interpreter, whose low-precision dot is wrong (upcast: the same exact products)."""
-    if FP32_DOT:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
-    else:
-        return tl.dot(a, b, acc)
-
-
 @triton.jit(do_not_specialize=["num_groups", "b0"])
 def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                     num_groups, b0, alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
@@ -114,10 +104,10 @@ def _gate_up_kernel(x_ptr, h_ptr, rows_ptr, table_ptr, bank_u8, bank_bf16, bank_
         xs = tl.load(x_rows + k[None, :], mask=valid[:, None] & (k[None, :] < H), other=0.0)      # [BM, BK]
         w_gate = _weight_tile(bank_u8, bank_bf16, base + GW, base + GS, n, k0, I, H, gate_scale, FMT,
                               BLOCK_N, BLOCK_K).to(xs.dtype)
-        acc_gate = _mma(xs, w_gate, acc_gate, FP32_DOT)
+        acc_gate = mma(xs, w_gate, acc_gate, FP32_DOT)
         w_up = _weight_tile(bank_u8, bank_bf16, base + UW, base + US, n, k0, I, H, up_scale, FMT,
                             BLOCK_N, BLOCK_K).to(xs.dtype)
-        acc_up = _mma(xs, w_up, acc_up, FP32_DOT)
+        acc_up = mma(xs, w_up, acc_up, FP32_DOT)
     gate = acc_gate + bias_rows(bank_f32, base + GB, n, I, GB).to(x_ptr.dtype.element_ty).to(tl.float32)[None, :]
     up = acc_up + bias_rows(bank_f32, base + UB, n, I, UB).to(x_ptr.dtype.element_ty).to(tl.float32)[None, :]
     hidden = activate(gate, up, ACT, alpha, limit)
@@ -145,7 +135,7 @@ def _down_kernel(h_ptr, out_ptr, rows_ptr, table_ptr, weight_ptr, bank_u8, bank_
         hs = tl.load(h_rows + k[None, :], mask=k[None, :] < I, other=0.0)                        # [BM, BK]
         w_down = _weight_tile(bank_u8, bank_bf16, base + DW, base + DS, n, k0, H, I, down_scale, FMT,
                               BLOCK_N, BLOCK_K).to(hs.dtype)
-        acc = _mma(hs, w_down, acc, FP32_DOT)
+        acc = mma(hs, w_down, acc, FP32_DOT)
     acc += bias_rows(bank_f32, base + DB, n, H, DB).to(h_ptr.dtype.element_ty).to(tl.float32)[None, :]
     acc *= tl.load(weight_ptr + pair, mask=valid, other=0.0)[:, None]                            # routing weight
     out_rows = out_ptr + (tl.maximum(pair, 0) // K).to(tl.int64)[:, None] * H

@@ -145,6 +145,16 @@ def fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
 
 
 @triton.jit
+def mma(a, b, acc, FP32_DOT: tl.constexpr):
+    """acc + a @ b. FP32_DOT: float32 inputs (IEEE products, not TF32's 10-bit mantissa), or bf16 / fp16 ones in
+    Triton's interpreter, whose low-precision dot is wrong (upcast: the same exact products)."""
+    if FP32_DOT:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
 def byte_weights(raw, FMT: tl.constexpr):
     """Stored weight bytes (uint8) of a one-byte format -> float32: e4m3 (fp8) or int8."""
     if FMT == 1:
