@@ -243,33 +243,44 @@ def select_int8_linear(out_features: int, in_features: int, device, dtype: torch
 
 
 def select_router(num_experts: int, hidden: int, top_k: int, renormalize: bool, device,
-                  dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None):
-    """The softmax top-k router kernel (router.py) for this shape, if it routes as its torch reference does
-    (one token, a prompt's 100), else None. Compared: the kernel's weights, and what the reference's
-    probabilities give the experts the kernel chose, against the reference's top k. An expert swapped at
-    a near-tie (the logits' last bit) costs ~nothing; a wrong choice costs its whole weight.
-    `kernel` injects a variant (tests). Returns (fn or None, verdict)."""
+                  dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None, topk_first: bool = False):
+    """The router kernel (router.py) for this shape, if it routes as its torch reference does (one token, a
+    prompt's 100): softmax top-k, or with topk_first gpt-oss's top-k softmax of biased logits. Compared: the
+    kernel's weights, and what the reference's scores give the experts the kernel chose, against the
+    reference's top k. An expert swapped at a near-tie (the logits' last bit) costs ~nothing; a wrong choice
+    costs its whole weight. `kernel` injects a variant (tests). Returns (fn or None, verdict)."""
     import torch.nn.functional as F
-    from .router import KERNEL_VERSION, router_kernel, router_ref
+    from .router import KERNEL_VERSION, router_kernel, router_ref, topk_softmax_ref
 
     kernel = kernel or router_kernel
     device = torch.device(device)
     gen = torch.Generator().manual_seed(5432)
     weight = (torch.randn(num_experts, hidden, generator=gen) * hidden ** -0.5).to(device, dtype)
+    bias = torch.randn(num_experts, generator=gen).to(device, dtype) if topk_first else None
     cases = iter([(torch.randn(n, hidden, generator=gen).to(device, dtype),) for n in (1, 1, 100)])
 
-    def chosen(h):                # the kernel's weights, then the reference's probabilities of its experts
-        weights, ids = kernel(h, weight, top_k, renormalize)
-        given = torch.softmax(F.linear(h, weight), dim=-1, dtype=torch.float32).gather(1, ids)
-        return torch.cat([weights, given / given.sum(dim=-1, keepdim=True) if renormalize else given], dim=1)
+    def chosen(h):                # the kernel's weights, then the reference's scores of its experts
+        weights, ids = kernel(h, weight, top_k, renormalize, **({"bias": bias, "topk_first": True} if topk_first
+                                                                 else {}))
+        if topk_first:
+            given = torch.softmax(F.linear(h, weight, bias).float().gather(1, ids), dim=-1)
+        else:
+            given = torch.softmax(F.linear(h, weight), dim=-1, dtype=torch.float32).gather(1, ids)
+            given = given / given.sum(dim=-1, keepdim=True) if renormalize else given
+        return torch.cat([weights.float(), given], dim=1)
 
     def expected(h):
+        if topk_first:
+            weights, _ = topk_softmax_ref(h, weight, bias, top_k)
+            top = torch.topk(F.linear(h, weight, bias).float(), top_k, dim=-1).values
+            return torch.cat([weights.float(), torch.softmax(top, dim=-1)], dim=1)
         weights, _ = router_ref(h, weight, top_k, renormalize)
         return torch.cat([weights, weights], dim=1)
 
     run_kernel, run_ref = _runners(cases, chosen, expected)
     rtol = 1e-2 if dtype != torch.float32 else 1e-4
-    shape_key = f"E={num_experts} H={hidden} K={top_k} renorm={renormalize} {dtype}"
+    how = "topk-softmax bias" if topk_first else f"renorm={renormalize}"
+    shape_key = f"E={num_experts} H={hidden} K={top_k} {how} {dtype}"
     verdict = check("router", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
     return (kernel if verdict.ok else None), verdict
 

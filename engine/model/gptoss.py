@@ -15,19 +15,24 @@ from __future__ import annotations
 import torch
 
 from engine.model.layers import linear
+from kernels.softmax_topk import topk_softmax_ref
 
 
 class TopKSoftmaxRouter:
     """gpt-oss routing: top-k of the biased logits, softmax over the k (in the logits' dtype)."""
 
+    best_first = True               # its ids come best first (torch.topk sorted; the kernel the same)
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor, top_k: int):
         self.weight, self.bias, self.top_k = weight, bias, top_k
+        self.kernel = None          # kernels.router (topk_first), attached at load
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # h [T, H] -> weights [T, K] (h's dtype), expert ids [T, K]
-        logits = linear(h, self.weight, self.bias)                                    # [T, E]
-        top, ids = torch.topk(logits, self.top_k, dim=-1)
-        return torch.softmax(top, dim=-1, dtype=top.dtype), ids
+        if self.kernel is None:
+            return topk_softmax_ref(h, self.weight, self.bias, self.top_k)
+        weights, ids = self.kernel(h, self.weight, self.top_k, False, bias=self.bias, topk_first=True)
+        return weights.to(h.dtype), ids
 
 
 def clamped_swiglu_expert(x: torch.Tensor, w: dict[str, torch.Tensor], alpha: float, limit: float) -> torch.Tensor:

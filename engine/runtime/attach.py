@@ -10,6 +10,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (with sinks too)
   mla.MlaAttention (MLA mixers) kernels/mla_decode.py           one decode token's latent attention (not DSA's)
   block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
+  gptoss.TopKSoftmaxRouter      kernels/router.py               gpt-oss's top-k softmax routing, its bias
   layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
   the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
   top-k sampling                kernels/top_candidates.py                            (CandidateKernels)
@@ -22,6 +23,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.model.block import Router
+from engine.model.gptoss import TopKSoftmaxRouter
 from engine.model.layers import Packed, RmsNorm
 from engine.model.mla import MlaMixer
 from engine.model.model import Model
@@ -54,7 +56,10 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             key = ("grouped_norm", piece.group, piece.scale.numel() // piece.group, dtype)
             piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
         elif type(piece) is Router:
-            key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize)
+            key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize, False)
+            piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
+        elif type(piece) is TopKSoftmaxRouter:
+            key = ("router", *piece.weight.shape, piece.top_k, False, True)
             piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
         elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):
             _attach_attention(chosen, piece, device, dtype)
@@ -152,7 +157,8 @@ def _grouped_norm(key: tuple, device, warn: Warn):
 
 def _router(key: tuple, device, dtype, warn: Warn):
     from kernels.selfcheck import select_router
-    fn, verdict = select_router(*key, device, dtype=dtype)
+    *shape, topk_first = key
+    fn, verdict = select_router(*shape, device, dtype=dtype, topk_first=topk_first)
     if not verdict.ok:
         warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
     return fn

@@ -23,11 +23,11 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 NEW_TOKENS = 6
 # What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's attention takes the kernel
-# with its sinks; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs
+# with its sinks, its router the top-k softmax one; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs
 # and its decode token the latent attention kernel.
 EXPECTED = {
     "olmoe": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "Router.kernel"},
-    "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel"},
+    "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "TopKSoftmaxRouter.kernel"},
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel"},
     "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel"},
     "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel"},   # QSA keeps its own masked attention
@@ -37,6 +37,7 @@ KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kern
            "GroupedNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
            "Router.kernel": ("kernels.router", "router_kernel"),
+           "TopKSoftmaxRouter.kernel": ("kernels.router", "router_kernel"),
            "decode_kernel": ("kernels.mla_decode", "mla_decode")}
 
 
@@ -113,15 +114,16 @@ def test_eager_attaches_nothing_and_a_failed_check_keeps_torch(model_dir, monkey
     attach_kernels(model, {}, torch.device("cuda"), torch.float32, Options(eager=True), print)
     assert attached_kernels(model) == {}                            # eager returns before touching any GPU
     import kernels.router
-    monkeypatch.setattr(kernels.router, "router_kernel", lambda h, w, k, renormalize: kernels.router.router_ref(
-        h, w, k, not renormalize))                                  # a router kernel that renormalises wrongly
+    monkeypatch.setattr(kernels.router, "router_kernel", lambda h, w, k, renormalize, **kw: kernels.router.router_ref(
+        h, w, k, not renormalize))                  # a router kernel that renormalises wrongly (and ignores top-k first)
     monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))                 # fresh verdicts
     monkeypatch.setattr(attach, "attaches", lambda options, device: True)
     warnings = []
     attach_kernels(model, {}, torch.device(DEVICE), torch.float32, Options(), warnings.append)
     expected = EXPECTED[eng.spec.family]
-    assert set(attached_kernels(model)) == expected - {"Router.kernel"}
-    assert any(w.startswith("Router kernel disabled") for w in warnings) == ("Router.kernel" in expected)
+    routers = {"Router.kernel", "TopKSoftmaxRouter.kernel"}
+    assert set(attached_kernels(model)) == expected - routers
+    assert any(w.startswith("Router kernel disabled") for w in warnings) == bool(routers & expected)
 
 
 def _detach(model) -> None:

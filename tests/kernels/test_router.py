@@ -1,9 +1,10 @@
-"""The softmax top-k router kernel (kernels/router.py) against its torch reference, and its self-check."""
+"""The router kernel (kernels/router.py) against its torch references (softmax top-k; gpt-oss's top-k softmax of
+biased logits), and its self-check."""
 import pytest
 import torch
 
 from kernels import selfcheck
-from kernels.router import router_kernel, router_ref
+from kernels.router import router_kernel, router_ref, topk_softmax_ref
 from kernels.selfcheck import select_router
 
 
@@ -41,6 +42,25 @@ def test_a_decode_steps_split_sums_route_as_the_reference(device, tokens, hidden
     assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("num_experts,hidden,tokens", [
+    (128, 96, 1),                  # gpt-oss-120b's 128 experts, one token (the split sums)
+    (32, 600, 3),                  # gpt-oss-20b's 32, a decode step's few tokens over split sums
+    (128, 80, 37),                 # a prompt: one program a token
+])
+def test_routes_top_k_first_as_gpt_oss(device, num_experts, hidden, tokens):
+    """gpt-oss: the top 4 of the biased logits, then a softmax over those 4 only; best first (the decode
+    step's next-layer guesses rely on it: no sort follows)."""
+    h, weight = _case(num_experts, hidden, tokens, device, torch.float32, seed=tokens)
+    bias = torch.randn(num_experts, generator=torch.Generator().manual_seed(9)).to(device) * 3
+    weights, ids = router_kernel(h, weight, 4, False, bias=bias, topk_first=True)
+    ref_weights, ref_ids = topk_softmax_ref(h, weight, bias, 4)
+    assert torch.equal(ids, ref_ids)
+    assert torch.allclose(weights, ref_weights, rtol=1e-5, atol=1e-7)
+    assert (weights[:, :-1] >= weights[:, 1:]).all()
+    without_bias, _ = router_kernel(h, weight, 4, False, bias=None, topk_first=True)
+    assert not torch.equal(without_bias, weights)                      # the bias takes part in the choice
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter rounds bf16 on its own terms")
 def test_routes_bf16_as_the_reference_on_a_gpu(device):
     """bf16 logits often tie or differ in their last bit between two ways of summing (8 bits of mantissa),
@@ -57,6 +77,20 @@ def test_routes_bf16_as_the_reference_on_a_gpu(device):
     assert torch.allclose(weights, ref_weights, rtol=2e-2, atol=1e-3)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Triton's interpreter rounds bf16 on its own terms")
+def test_routes_top_k_first_bf16_as_gpt_oss_on_a_gpu(device):
+    """gpt-oss's shapes in bf16: the kernel's choice is worth the reference's, up to a near-tie of the logits."""
+    h, weight = _case(128, 2880, 512, device, torch.bfloat16)
+    bias = torch.randn(128, generator=torch.Generator().manual_seed(9)).to(device, torch.bfloat16)
+    weights, ids = router_kernel(h, weight, 4, False, bias=bias, topk_first=True)
+    ref_weights, _ = topk_softmax_ref(h, weight, bias, 4)
+    logits = torch.nn.functional.linear(h, weight, bias).float()
+    given = torch.softmax(logits.gather(1, ids), dim=-1)
+    expected = torch.softmax(logits.topk(4, dim=-1).values, dim=-1)
+    assert ((given - expected).abs() / expected).max().item() < 2e-2
+    assert torch.allclose(weights, ref_weights.float(), rtol=2e-2, atol=1e-3)
+
+
 def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch):
     monkeypatch.setattr(selfcheck, "_warnings", [])
     fn, verdict = select_router(64, 96, 8, False, device, dtype=torch.float32)
@@ -67,3 +101,15 @@ def test_selfcheck_passes_the_kernel_and_refuses_a_wrong_one(device, monkeypatch
         return weights[:, 1:], ids[:, 1:]
     fn, verdict = select_router(64, 96, 8, True, device, dtype=torch.float32, kernel=second_best)
     assert not verdict.ok and fn is None and "exceeds" in verdict.reason
+
+
+def test_selfcheck_of_top_k_first_refuses_a_kernel_without_the_bias(device, monkeypatch):
+    """(Verdicts are cached by shape: the wrong kernel is checked at a shape of its own.)"""
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    fn, verdict = select_router(128, 96, 4, False, device, dtype=torch.float32, topk_first=True)
+    assert verdict.ok and fn is router_kernel
+
+    def no_bias(h, weight, top_k, renormalize, bias=None, topk_first=False):
+        return router_kernel(h, weight, top_k, renormalize, bias=None, topk_first=topk_first)
+    fn, verdict = select_router(128, 80, 4, False, device, dtype=torch.float32, kernel=no_bias, topk_first=True)
+    assert not verdict.ok and fn is None
