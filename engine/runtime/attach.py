@@ -6,6 +6,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   piece                         kernel                          what it takes over
   layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
   qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
+  hybrid.OffsetRmsNorm          kernels/rms_norm.py             the (1 + w) norms (Qwen3-Next / 3.5, qwen4_exp): one group
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
   attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (with sinks too)
   mla.MlaAttention (MLA mixers) kernels/mla_decode.py           one decode token's latent attention (not DSA's)
@@ -23,6 +24,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.model.block import Router
+from engine.model.families.hybrid import OffsetRmsNorm
 from engine.model.gptoss import TopKSoftmaxRouter
 from engine.model.layers import Packed, RmsNorm
 from engine.model.mla import MlaMixer
@@ -54,6 +56,9 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             piece.kernel = _norm_kernel(chosen, piece, device, dtype)
         elif type(piece) is GroupedNorm and piece.group <= MAX_NORM_WIDTH:
             key = ("grouped_norm", piece.group, piece.scale.numel() // piece.group, dtype)
+            piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
+        elif type(piece) is OffsetRmsNorm and piece.scale.shape[-1] <= MAX_NORM_WIDTH:
+            key = ("grouped_norm", piece.scale.shape[-1], 1, dtype)
             piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
         elif type(piece) is Router:
             key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize, False)

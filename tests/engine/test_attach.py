@@ -23,18 +23,21 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 NEW_TOKENS = 6
 # What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's attention takes the kernel
-# with its sinks, its router the top-k softmax one; Qwen3-Next's (1 + w) norms keep torch, its gated attention takes both; MLA's latent norms theirs
+# with its sinks, its router the top-k softmax one; Qwen3-Next's (1 + w) norms the grouped norm's kernel (one group),
+# its gated attention both kernels; MLA's latent norms theirs
 # and its decode token the latent attention kernel.
 EXPECTED = {
     "olmoe": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "Router.kernel"},
     "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "TopKSoftmaxRouter.kernel"},
-    "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel"},
+    "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel",
+                   "OffsetRmsNorm.kernel"},
     "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel"},
-    "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel"},   # QSA keeps its own masked attention
+    "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel", "OffsetRmsNorm.kernel"},   # QSA keeps its own attention
 }
 # the kernel functions the self-checks hand out, counted where the pieces call them
 KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kernel": ("kernels.rope", "rope_pair"),
            "GroupedNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
+           "OffsetRmsNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
            "Router.kernel": ("kernels.router", "router_kernel"),
            "TopKSoftmaxRouter.kernel": ("kernels.router", "router_kernel"),

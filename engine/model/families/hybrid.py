@@ -20,7 +20,7 @@ from engine.model.layers import Packed, RmsNorm, attention, linear, rope_pair
 from engine.model.model import Model
 from engine.model.rotary import rope_frequencies
 from engine.model.spec import ModelSpec, as_ids
-from kernels.norms import rms_normalized
+from kernels.norms import grouped_norm_ref
 from engine.model.state import StateSpec
 from engine.model.param_counts import ModelShape, Parts, moe_shape
 
@@ -73,10 +73,16 @@ def state_specs(spec: ModelSpec) -> list[dict[str, StateSpec]]:
 
 
 class OffsetRmsNorm(RmsNorm):
-    """RMSNorm scaled by (1 + w), computed in float32 and cast back (as the reference rounds); no kernel."""
+    """RMSNorm scaled by (1 + w), computed in float32 and cast back (as the reference rounds): one group of the
+    grouped norm, whose scale (1 + w in float32) is made once here; `kernel` (kernels/rms_norm.grouped_norm_kernel)
+    where engine.runtime.attach set it."""
+
+    def __init__(self, weight: torch.Tensor, eps: float):
+        super().__init__(weight, eps)
+        self.scale = 1.0 + weight.float()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return (rms_normalized(x, self.eps) * (1.0 + self.weight.float())).to(x.dtype)
+        return (self.kernel or grouped_norm_ref)(x, self.scale, self.scale.shape[-1], self.eps)
 
 
 def split_qwen3_next_projections(weights: dict[str, torch.Tensor | Packed], d: HybridDims) -> None:
