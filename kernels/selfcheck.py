@@ -372,6 +372,33 @@ def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     return (kernel if verdict.ok else None), verdict
 
 
+def select_masked_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device,
+                            kernel: Callable | None = None):
+    """The one-token attention kernel over a mask of gathered rows (decode_attention.masked_attention, qwen4_exp's
+    QSA) for these heads, if it matches the torch path: a sparse mask, one whose first splits are all dropped, and
+    a full one (the last row always seen, as a query sees itself). Returns (fn or None, verdict)."""
+    from .decode_attention import KERNEL_VERSION, masked_attention, masked_attention_ref
+
+    kernel = kernel or masked_attention
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(8767)
+    held = 300
+
+    def mask(keep: float, dropped: int) -> torch.Tensor:
+        visible = torch.rand(1, held, generator=gen) < keep
+        visible[0, :dropped], visible[0, -1] = False, True
+        return visible.to(device)
+    cases = iter([(torch.randn(1, num_q_heads, head_dim, generator=gen).to(device, dtype),
+                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
+                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype), mask(keep, dropped))
+                  for keep, dropped in ((0.2, 0), (0.5, 200), (1.0, 0))])
+    run_kernel, run_ref = _runners(cases, kernel, masked_attention_ref)
+    rtol = 1e-2 if dtype != torch.float32 else 1e-4
+    shape_key = f"Hq={num_q_heads} Hkv={num_kv_heads} D={head_dim} {dtype}"
+    verdict = check("masked_attention", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_mla_decode(num_heads: int, kv_lora_rank: int, rope_dim: int, dtype: torch.dtype, device,
                       kernel: Callable | None = None):
     """MLA's one-token latent attention kernel (mla_decode.py) for these heads and widths, if it matches the torch

@@ -9,6 +9,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   hybrid.OffsetRmsNorm          kernels/rms_norm.py             the (1 + w) norms (Qwen3-Next / 3.5, qwen4_exp): one group
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
   attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (with sinks too)
+  qsa.IndexedAttention          kernels/decode_attention.py     a graph step's attention over its gathered picks
   mla.MlaAttention (MLA mixers) kernels/mla_decode.py           one decode token's latent attention (not DSA's)
   block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
   gptoss.TopKSoftmaxRouter      kernels/router.py               gpt-oss's top-k softmax routing, its bias
@@ -30,6 +31,7 @@ from engine.model.layers import Packed, RmsNorm
 from engine.model.mla import MlaMixer
 from engine.model.model import Model
 from engine.model.qwen4.hyper import GroupedNorm
+from engine.model.qwen4.qsa import IndexedAttention
 from engine.options import Options
 from kernels.norms import MAX_N as MAX_NORM_WIDTH
 from kernels.vocab_chunks import MAX_K
@@ -68,6 +70,10 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
         elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):
             _attach_attention(chosen, piece, device, dtype)
+        elif type(piece) is IndexedAttention:
+            heads = (piece.num_heads, piece.num_kv_heads, piece.head_dim)
+            piece.masked_kernel = _once(chosen, ("masked_attention", *heads), lambda: _masked_attention(heads, device,
+                                                                                                          dtype, warn))
         elif type(piece) is MlaMixer:           # DsaMixer's attention reads the indexer's selection: it keeps torch
             s = piece.attention.shape
             key = ("mla_decode", s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim)
@@ -79,7 +85,7 @@ def attached_kernels(model: Model) -> dict[str, int]:
     ({} with none attached)."""
     counts: dict[str, int] = {}
     for piece in _pieces(model):
-        for name in ("kernel", "rope_kernel", "attention_kernel", "decode_kernel"):
+        for name in ("kernel", "rope_kernel", "attention_kernel", "decode_kernel", "masked_kernel"):
             if getattr(piece, name, None) is not None:
                 key = f"{type(piece).__name__}.{name}"
                 counts[key] = counts.get(key, 0) + 1
@@ -134,6 +140,14 @@ def _attach_attention(chosen: dict, attn, device, dtype) -> None:
     checked = _once(chosen, ("decode_attention", *heads, window, has_sinks),
                     lambda: select_decode_attention(*heads, dtype, window, device, sinks=has_sinks)[0])
     attn.attention_kernel = decode_attention.attention if checked is not None else None
+
+
+def _masked_attention(heads: tuple, device, dtype, warn: Warn):
+    from kernels.selfcheck import select_masked_attention
+    fn, verdict = select_masked_attention(*heads, dtype, device)
+    if not verdict.ok:
+        warn(f"Masked decode attention kernel disabled for {heads} on this GPU: {verdict.reason}")
+    return fn
 
 
 def _int8_linear(shape, device, dtype, warn: Warn):

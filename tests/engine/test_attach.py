@@ -32,7 +32,8 @@ EXPECTED = {
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel",
                    "OffsetRmsNorm.kernel"},
     "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel"},
-    "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel", "OffsetRmsNorm.kernel"},   # QSA keeps its own attention
+    "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel", "OffsetRmsNorm.kernel",
+                       "IndexedAttention.masked_kernel"},        # QSA: its one token over its picks
 }
 # the kernel functions the self-checks hand out, counted where the pieces call them
 KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kernel": ("kernels.rope", "rope_pair"),
@@ -41,7 +42,8 @@ KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kern
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
            "Router.kernel": ("kernels.router", "router_kernel"),
            "TopKSoftmaxRouter.kernel": ("kernels.router", "router_kernel"),
-           "decode_kernel": ("kernels.mla_decode", "mla_decode")}
+           "decode_kernel": ("kernels.mla_decode", "mla_decode"),
+           "masked_kernel": ("kernels.decode_attention", "masked_attention")}
 
 
 @pytest.fixture(scope="module", params=sorted(EXPECTED))
@@ -131,7 +133,7 @@ def test_eager_attaches_nothing_and_a_failed_check_keeps_torch(model_dir, monkey
 
 def _detach(model) -> None:
     for piece in attach._pieces(model):
-        for name in ("kernel", "rope_kernel", "attention_kernel", "decode_kernel"):
+        for name in ("kernel", "rope_kernel", "attention_kernel", "decode_kernel", "masked_kernel"):
             if hasattr(piece, name):
                 setattr(piece, name, None)
 

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from kernels import selfcheck
-from kernels.decode_attention import attention_ref, decode_attention
-from kernels.selfcheck import select_decode_attention
+from kernels.decode_attention import attention_ref, decode_attention, masked_attention, masked_attention_ref
+from kernels.selfcheck import select_decode_attention, select_masked_attention
 
 
 def _case(device, num_q_heads, num_kv_heads, head_dim, held, seed=0):
@@ -103,3 +103,27 @@ def test_the_models_attention_takes_the_kernel_for_one_token_only(device, monkey
     strided = torch.randn(2, 9, 16).to(device).transpose(0, 1)                    # [S, Hkv, D], not contiguous
     module.attention(q, strided, strided, torch.tensor([8], device=device), None)
     assert ran == [1]
+
+
+@pytest.mark.parametrize("keep,dropped", [(0.25, 0), (0.5, 130), (1.0, 0), (0.0, 0)])
+def test_a_mask_of_gathered_rows_attends_as_the_torch_path(device, keep, dropped):
+    """qwen4_exp's QSA: one query over the rows its indexer picked (gathered, a mask of those that count): sparse,
+    whole splits dropped (no visible row in a program's 64), all, and only the query's own last row."""
+    q, k, v = _case(device, 8, 2, 64, 200, seed=3)
+    visible = torch.rand(1, 200, generator=torch.Generator().manual_seed(4)) < keep
+    visible[0, :dropped], visible[0, -1] = False, True
+    visible = visible.to(device)
+    out = masked_attention(q, k, v, visible)
+    assert torch.allclose(out, masked_attention_ref(q, k, v, visible), rtol=1e-4, atol=1e-5)
+    assert not torch.isnan(out).any()
+    if keep == 0.0:                                            # its own row alone: that row's values
+        assert torch.allclose(out.view(8, 64), v[-1].repeat_interleave(4, dim=0), rtol=1e-5, atol=1e-6)
+
+
+def test_selfcheck_of_the_mask_refuses_a_kernel_that_ignores_it(device, monkeypatch):
+    monkeypatch.setattr(selfcheck, "_warnings", [])
+    fn, verdict = select_masked_attention(8, 2, 64, torch.float32, device)
+    assert verdict.ok and fn is masked_attention
+    every_row = lambda q, k, v, visible: masked_attention(q, k, v, torch.ones_like(visible))    # noqa: E731
+    fn, verdict = select_masked_attention(8, 2, 32, torch.float32, device, kernel=every_row)
+    assert not verdict.ok and fn is None

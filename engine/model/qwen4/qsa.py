@@ -44,6 +44,7 @@ class IndexedAttention(GatedAttention):
         self.index_qk = w[prefix + "indexer.index_qk_proj.weight"]
         self.index_q_norm, self.index_k_norm = (OffsetRmsNorm(w[prefix + f"indexer.{n}_layernorm.weight"], spec.rms_eps)
                                                 for n in "qk")
+        self.masked_kernel = None    # kernels.decode_attention.masked_attention for a graph's step, attached at load
 
     def state_specs(self) -> dict[str, StateSpec]:
         return {**super().state_specs(), **index_specs(self.index_dim, self.ratio)}
@@ -61,10 +62,11 @@ class IndexedAttention(GatedAttention):
         values = step.state.append(self.layer, "v", step.positions, step.start, v)
         if step.start is None:                     # a graph's one-token step: the picked rows, gathered
             rows, visible = picked_rows(scores, step.positions, keys.shape[0], self.ratio, self.max_blocks)
-            out = _one_query_attention(q, keys[rows], values[rows], visible)              # [1, Hq * D]
+            keys, values = keys[rows], values[rows]                                       # [P, Hkv, D]
         else:
             visible = selection(scores, step.positions, step.start, keys.shape[0], self.ratio, self.max_blocks)
-            out = masked_attention(q, keys, values, visible)                             # [T, Hq * D]
+        one_token = self.masked_kernel is not None and q.shape[0] == 1
+        out = (self.masked_kernel if one_token else masked_attention)(q, keys, values, visible)   # [T, Hq * D]
         return linear(out * torch.sigmoid(gate.reshape(out.shape)), *self.o)
 
     def _block_scores(self, x: torch.Tensor, step: Step) -> torch.Tensor:
