@@ -319,6 +319,40 @@ def select_grouped_norm(group: int, count: int, dtype: torch.dtype, device, kern
     return (kernel if verdict.ok else None), verdict
 
 
+def select_deltanet_decode(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, activation: str,
+                           dtype: torch.dtype, weight_dtype: torch.dtype, device, kernel: Callable | None = None):
+    """Gated DeltaNet's one-token kernel (deltanet_decode.py, its gated norm fused) for these heads, if it matches the
+    torch path over two steps from a random state (the second reads the state the first wrote), with decays from
+    e^-4 to 1. Returns (fn or None, verdict)."""
+    from .deltanet_decode import KERNEL_VERSION, deltanet_decode, deltanet_decode_ref
+
+    kernel = kernel or deltanet_decode
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(6789)
+    weight = (1 + 0.2 * torch.randn(v_dim, generator=gen)).to(device, weight_dtype)
+
+    def token():                  # q, k, v, g, beta, gate
+        rand = lambda *shape: torch.randn(*shape, generator=gen).to(device, dtype)     # noqa: E731
+        return (rand(1, num_k_heads, k_dim), rand(1, num_k_heads, k_dim), rand(1, num_v_heads, v_dim),
+                (-4 * torch.rand(1, num_v_heads, generator=gen)).to(device), torch.rand(1, num_v_heads, generator=gen).to(device),
+                rand(1, num_v_heads, v_dim))
+
+    cases = iter([(token(), token(), (0.3 * torch.randn(num_v_heads, k_dim, v_dim, generator=gen)).to(device))
+                  for _ in range(3)])
+
+    def two_steps(fn):
+        def run(first, second, state):
+            state = state.clone()
+            return torch.cat([fn(*t[:5], state, t[5], weight, 1e-6, activation).flatten() for t in (first, second)])
+        return run
+
+    run_kernel, run_ref = _runners(cases, two_steps(kernel), two_steps(deltanet_decode_ref))
+    rtol = 1e-2 if dtype != torch.float32 else 1e-4
+    shape_key = f"Hk={num_k_heads} Hv={num_v_heads} Dk={k_dim} Dv={v_dim} {activation} {dtype} weight {weight_dtype}"
+    verdict = check("deltanet_decode", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_rope(num_q_heads: int, num_kv_heads: int, head_dim: int, rotary: int, dtype: torch.dtype, device,
                 kernel: Callable | None = None):
     """The rotary kernel (rope.py) for these heads, if it gives the torch path's values (each product rounded

@@ -8,14 +8,15 @@ Per token t (k, q L2-normalised, q scaled by Dk^-1/2, decay a_t = exp(g_t) in (0
 Prefill computes the same recurrence a chunk of 64 tokens at a time (the UT transform turns the
 chunk's delta updates into a triangular solve and a few matmuls); one-token decode runs the step
 above in place, with static shapes and no host sync, so it can be captured in a CUDA graph. The
-two forms are the ones the reference uses (its torch fallback), so they round the same way.
+two forms are the ones the reference uses (its torch fallback), so they round the same way. The step
+and the gated norm live in kernels/deltanet_ref.py, beside the Triton kernel that fuses them.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from kernels.norms import rms_normalized
+from kernels.deltanet_ref import deltanet_decode_ref, gated_rms_norm, prepare_heads, recurrent_delta_step  # noqa: F401
 
 CHUNK_TOKENS = 64
 
@@ -32,10 +33,6 @@ def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
     return F.silu(out[0]).transpose(0, 1).to(x.dtype)                                # [T, C]
 
 
-def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
 def decay_and_beta(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
     """Per token and value head: log-decay g = -exp(A_log) * softplus(a + dt_bias) (<= 0, float32) and
     the write strength beta = sigmoid(b). a, b [T, Hv]."""
@@ -43,37 +40,11 @@ def decay_and_beta(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bia
     return g, b.sigmoid()
 
 
-def _prepare(q, k, v, g, beta):
-    """[T, H*, D*] inputs -> float32 [Hv, T, D*] with k/q heads repeated per value head, q, k
-    normalised and q scaled; g, beta [Hv, T]."""
-    group = v.shape[1] // k.shape[1]
-    if group > 1:
-        q, k = q.repeat_interleave(group, dim=1), k.repeat_interleave(group, dim=1)
-    q, k, v = (t.transpose(0, 1).float().contiguous() for t in (q, k, v))
-    q = l2norm(q) * q.shape[-1] ** -0.5
-    k = l2norm(k)
-    return q, k, v, g.transpose(0, 1).float(), beta.transpose(0, 1).float()
-
-
-def recurrent_delta_step(q, k, v, g, beta, state: torch.Tensor) -> torch.Tensor:
-    """One token. q, k [1, Hk, Dk]; v [1, Hv, Dv]; g, beta [1, Hv]; state [Hv, Dk, Dv] (in place).
-    Returns o [1, Hv, Dv] in v's dtype."""
-    out_dtype = v.dtype
-    q, k, v, g, beta = _prepare(q, k, v, g, beta)
-    q, k, v, g, beta = q[:, 0], k[:, 0], v[:, 0], g[:, 0], beta[:, 0]       # [Hv, D*], [Hv]
-    state.mul_(g.exp()[:, None, None])
-    remembered = (state * k[:, :, None]).sum(dim=1)                           # S^T k  [Hv, Dv]
-    delta = (v - remembered) * beta[:, None]
-    state.add_(k[:, :, None] * delta[:, None, :])
-    out = (state * q[:, :, None]).sum(dim=1)                                  # S^T q  [Hv, Dv]
-    return out[None].to(out_dtype)
-
-
 def chunked_delta_rule(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK_TOKENS) -> torch.Tensor:
     """T tokens, a chunk at a time. Shapes as recurrent_delta_step with T tokens; state updated in
     place. Returns o [T, Hv, Dv] in v's dtype."""
     out_dtype, num_tokens = v.dtype, v.shape[0]
-    q, k, v, g, beta = _prepare(q, k, v, g, beta)                             # [Hv, T, D*], [Hv, T]
+    q, k, v, g, beta = prepare_heads(q, k, v, g, beta)                        # [Hv, T, D*], [Hv, T]
     pad = (chunk - num_tokens % chunk) % chunk
     q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
     g, beta = F.pad(g, (0, pad)), F.pad(beta, (0, pad))
@@ -101,8 +72,3 @@ def chunked_delta_rule(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK
         s = s * chunk_decay[:, i] + k[:, i].transpose(-1, -2) @ v_new
     state.copy_(s)
     return out.reshape(heads, -1, out.shape[-1])[:, :num_tokens].transpose(0, 1).to(out_dtype)
-
-
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim (plain weight, not 1 + w), then times SiLU(gate)."""
-    return (weight * rms_normalized(x, eps).to(x.dtype) * F.silu(gate.float())).to(x.dtype)

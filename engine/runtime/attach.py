@@ -7,6 +7,8 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
   qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
   hybrid.OffsetRmsNorm          kernels/rms_norm.py             the (1 + w) norms (Qwen3-Next / 3.5, qwen4_exp): one group
+  hybrid.GatedDeltaNet          kernels/deltanet_decode.py      a decode token's delta step and gated norm in one launch
+                                                                (qwen4_exp's DeltaNet too)
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
   attentions (attention_kernel) kernels/decode_attention.py     one decode token's attention (with sinks too)
   qsa.IndexedAttention          kernels/decode_attention.py     a graph step's attention over its gathered picks
@@ -25,7 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.model.block import Router
-from engine.model.families.hybrid import OffsetRmsNorm
+from engine.model.families.hybrid import GatedDeltaNet, OffsetRmsNorm
 from engine.model.gptoss import TopKSoftmaxRouter
 from engine.model.layers import Packed, RmsNorm
 from engine.model.mla import MlaMixer
@@ -33,6 +35,7 @@ from engine.model.model import Model
 from engine.model.qwen4.hyper import GroupedNorm
 from engine.model.qwen4.qsa import IndexedAttention
 from engine.options import Options
+from kernels.deltanet_ref import MAX_HEAD_DIM as MAX_DELTANET_HEAD_DIM
 from kernels.norms import MAX_N as MAX_NORM_WIDTH
 from kernels.vocab_chunks import MAX_K
 
@@ -74,6 +77,11 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             heads = (piece.num_heads, piece.num_kv_heads, piece.head_dim)
             piece.masked_kernel = _once(chosen, ("masked_attention", *heads), lambda: _masked_attention(heads, device,
                                                                                                           dtype, warn))
+        elif isinstance(piece, GatedDeltaNet) and max(piece.d.k_head_dim, piece.d.v_head_dim) <= MAX_DELTANET_HEAD_DIM:
+            d = piece.d
+            key = ("deltanet_decode", d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, piece.activation,
+                   dtype, piece.norm.dtype)
+            piece.decode_kernel = _once(chosen, key, lambda: _deltanet_decode(key[1:], device, warn))
         elif type(piece) is MlaMixer:           # DsaMixer's attention reads the indexer's selection: it keeps torch
             s = piece.attention.shape
             key = ("mla_decode", s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim)
@@ -163,6 +171,14 @@ def _mla_decode(key: tuple, device, dtype, warn: Warn):
     fn, verdict = select_mla_decode(*key, dtype, device)
     if not verdict.ok:
         warn(f"MLA decode kernel disabled for {key} on this GPU: {verdict.reason}")
+    return fn
+
+
+def _deltanet_decode(key: tuple, device, warn: Warn):
+    from kernels.selfcheck import select_deltanet_decode
+    fn, verdict = select_deltanet_decode(*key, device)
+    if not verdict.ok:
+        warn(f"DeltaNet decode kernel disabled for {key[:5]} on this GPU: {verdict.reason}")
     return fn
 
 

@@ -135,7 +135,8 @@ class GatedAttention:
 
 class GatedDeltaNet:
     """Short causal conv over q, k, v, then the gated delta rule (chunked for a prompt, one recurrent
-    step for one token: static shapes, state updated in place), gated RMSNorm, out_proj."""
+    step for one token: static shapes, state updated in place), gated RMSNorm, out_proj. A decode token's step
+    and norm run as `decode_kernel` where engine.runtime.attach set it."""
 
     def __init__(self, layer: int, w: dict[str, torch.Tensor], prefix: str, d: HybridDims, eps: float):
         self.layer, self.d, self.eps = layer, d, eps
@@ -144,6 +145,8 @@ class GatedDeltaNet:
         self.conv = w[prefix + "conv1d.weight"].view(d.conv_channels, -1)               # [C, K]
         self.a_log, self.dt_bias = w[prefix + "A_log"], w[prefix + "dt_bias"]
         self.norm, self.out = w[prefix + "norm.weight"], w[prefix + "out_proj.weight"]
+        self.activation = "silu"        # the output gate's (deltanet_ref.GATE_ACTIVATIONS)
+        self.decode_kernel = None       # kernels.deltanet_decode (deltanet_decode_ref's signature), attached at load
 
     @staticmethod
     def specs(d: HybridDims) -> dict[str, StateSpec]:
@@ -163,10 +166,15 @@ class GatedDeltaNet:
         q, k = q.view(T, d.num_k_heads, d.k_head_dim), k.view(T, d.num_k_heads, d.k_head_dim)
         v = v.view(T, d.num_v_heads, d.v_head_dim)
         g, beta = deltanet.decay_and_beta(linear(x, self.in_a), linear(x, self.in_b), self.a_log, self.dt_bias)  # [T, Hv]
-        rule = deltanet.recurrent_delta_step if T == 1 else deltanet.chunked_delta_rule
-        out = rule(q, k, v, g, beta, step.state.fixed(self.layer, "recurrent"))        # [T, Hv, Dv]
         z = linear(x, self.in_z).view(T, d.num_v_heads, d.v_head_dim)
-        return linear(deltanet.gated_rms_norm(out, z, self.norm, self.eps).reshape(T, -1), self.out)
+        state = step.state.fixed(self.layer, "recurrent")                               # [Hv, Dk, Dv], in place
+        if T == 1:          # the step and the gated norm: one launch where the kernel is attached
+            out = (self.decode_kernel or deltanet.deltanet_decode_ref)(q, k, v, g, beta, state, z, self.norm, self.eps,
+                                                                       self.activation)
+        else:
+            out = deltanet.gated_rms_norm(deltanet.chunked_delta_rule(q, k, v, g, beta, state), z, self.norm, self.eps,
+                                          self.activation)                            # [T, Hv, Dv]
+        return linear(out.reshape(T, -1), self.out)
 
 
 class OffsetNormBlock(Block):

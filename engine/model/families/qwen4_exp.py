@@ -13,9 +13,7 @@ pieces read only static buffers and replay in CUDA graphs, as QSA selects from d
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from engine.model import deltanet
 from engine.model.block import Block, Rope, Router, Mlp, Step
 from engine.model.families.hybrid import GatedDeltaNet
 from engine.model.layers import embedding, linear
@@ -83,24 +81,7 @@ class DeltaNet(GatedDeltaNet):
 
     def __init__(self, *args, activation: str):
         super().__init__(*args)
-        self.activation = torch.sigmoid if activation == "sigmoid" else F.silu
-
-    def __call__(self, x: torch.Tensor, step: Step) -> torch.Tensor:
-        # T = tokens, Hk / Hv = key / value heads, Dk / Dv = their dims
-        d, T = self.d, x.shape[0]
-        qkv = deltanet.causal_conv(linear(x, self.in_qkv), step.state.fixed(self.layer, "conv"), self.conv)
-        key_dim = d.num_k_heads * d.k_head_dim
-        q, k, v = qkv.split([key_dim, key_dim, d.num_v_heads * d.v_head_dim], dim=-1)
-        q, k = q.view(T, d.num_k_heads, d.k_head_dim), k.view(T, d.num_k_heads, d.k_head_dim)
-        v = v.view(T, d.num_v_heads, d.v_head_dim)
-        g, beta = deltanet.decay_and_beta(linear(x, self.in_a), linear(x, self.in_b), self.a_log, self.dt_bias)
-        rule = deltanet.recurrent_delta_step if T == 1 else deltanet.chunked_delta_rule
-        out = rule(q, k, v, g, beta, step.state.fixed(self.layer, "recurrent"))              # [T, Hv, Dv]
-        z = linear(x, self.in_z).view(T, d.num_v_heads, d.v_head_dim)
-        o32 = out.float()
-        normed = (o32 * torch.rsqrt((o32 * o32).mean(-1, keepdim=True) + self.eps)).to(out.dtype)
-        gated = (self.norm * normed * self.activation(z.float())).to(out.dtype)
-        return linear(gated.reshape(T, -1), self.out)
+        self.activation = "sigmoid" if activation == "sigmoid" else "silu"
 
 
 class TokenIds:
