@@ -1,36 +1,22 @@
-"""Group-limited MoE routers (DeepSeek-V2/V3, Kimi-K2, GLM-4.x, MiniMax-M2, dots1, ERNIE-4.5; reused by DeepSeek-V4).
+"""Group-limited MoE routers (DeepSeek-V2/V3, Kimi-K2, GLM-4.x, MiniMax-M2, dots1, ERNIE-4.5; reused by Nemotron-H).
 
-One parameterised router covers them, read from the config:
-  scores    softmax (V2, ERNIE) or sigmoid (V3, GLM, MiniMax, dots1) of the float32 router logits
-  choice    scores + e_score_correction_bias (selection only: the weights use the unbiased scores)
-  groups    experts split into n_group groups; a group's score is its max (V2) or the sum of its
-            top-2 choice scores (V3, GLM); only the topk_group best groups stay selectable
-  weights   the chosen scores, renormalised to sum 1 if norm_topk_prob (V2 never; ERNIE divides by the sum
-            clamped to at least moe_norm_min), times routed_scaling_factor
+One parameterised router covers them: kernels.softmax_topk.GroupedRouting (its `route` is the torch path and the
+Triton kernel's reference), its parameters read from the config here:
+  scoring       softmax (V2, ERNIE) or sigmoid (V3, GLM, MiniMax, dots1)
+  groups        n_group and topk_group; a group's score its max (V2) or its top-2 sum (V3, GLM)
+  renormalize   norm_topk_prob (V2 never; ERNIE clamps the sum to at least moe_norm_min)
+  scaling       routed_scaling_factor
 `route` is a pure function of its input, so the runtime may call layer L+1's router on layer L's
 hidden state to guess the next experts (speculative prefetch).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-import torch.nn.functional as F
-
 from engine.errors import SluiceError
+from kernels.softmax_topk import GroupedRouting
 
 
-@dataclass(frozen=True)
-class GroupedRouter:
-    top_k: int
-    scoring: str = "sigmoid"              # "softmax" | "sigmoid"
-    num_groups: int = 1
-    keep_groups: int = 1
-    group_score: str = "top2_sum"         # "max" (V2) | "top2_sum" (V3, GLM)
-    renormalize: bool = True
-    renorm_eps: float = 1e-20             # V3/GLM add 1e-20 to the sum; MiniMax-M2 and ERNIE add nothing
-    renorm_min: float = 0.0               # ERNIE clamps the sum to at least this (moe_norm_min)
-    scaling: float = 1.0
+class GroupedRouter(GroupedRouting):
+    """The routing's parameters read from a model's config; `route` (GroupedRouting's) is the torch path."""
 
     @classmethod
     def from_config(cls, cfg) -> "GroupedRouter":
@@ -56,27 +42,3 @@ class GroupedRouter:
         if num_experts % self.num_groups or self.keep_groups > self.num_groups:
             raise SluiceError(f"The router config is inconsistent ({num_experts} experts in {self.num_groups} groups, "
                               f"keeping {self.keep_groups}); the config.json is damaged.")
-
-    def route(self, h: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """h [T, D], router weight [E, D], correction bias [E] or None -> weights [T, K] float32, expert ids [T, K]."""
-        # T = tokens, E = experts, G = groups, K = experts per token
-        logits = F.linear(h.float(), weight.float())                                       # [T, E]
-        scores = logits.softmax(dim=-1) if self.scoring == "softmax" else logits.sigmoid()
-        choice = scores if bias is None else scores + bias.float()
-        if self.num_groups > 1:
-            grouped = choice.view(h.shape[0], self.num_groups, -1)                          # [T, G, E/G]
-            if self.group_score == "max":
-                group_scores = grouped.max(dim=-1).values
-            else:
-                group_scores = grouped.topk(2, dim=-1).values.sum(dim=-1)                  # [T, G]
-            kept = torch.topk(group_scores, self.keep_groups, dim=-1, sorted=False).indices
-            group_mask = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, kept, True)
-            expert_mask = group_mask[:, :, None].expand_as(grouped).reshape(h.shape[0], -1)  # [T, E]
-            # V2 masks with 0 (softmax scores are positive), V3 with -inf: same choice unless ties at 0
-            choice = choice.masked_fill(~expert_mask, 0.0 if self.scoring == "softmax" else float("-inf"))
-        expert_ids = torch.topk(choice, self.top_k, dim=-1, sorted=False).indices          # [T, K]
-        weights = scores.gather(1, expert_ids)
-        if self.renormalize:
-            weights = weights / (weights.sum(dim=-1, keepdim=True).clamp(min=self.renorm_min) + self.renorm_eps)
-        return weights * self.scaling, expert_ids
