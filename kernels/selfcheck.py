@@ -285,6 +285,43 @@ def select_router(num_experts: int, hidden: int, top_k: int, renormalize: bool, 
     return (kernel if verdict.ok else None), verdict
 
 
+def select_grouped_router(num_experts: int, hidden: int, routing, has_bias: bool, device,
+                          dtype: torch.dtype = torch.bfloat16, kernel: Callable | None = None):
+    """The grouped router kernel (router.py) for this shape and routing (a softmax_topk.GroupedRouting), if it
+    routes as routing.route does (one token, a prompt's 100). Compared: the kernel's weights against what the
+    reference weighs the experts it chose with, and the reference's choice scores of those experts in the
+    kernel's order against the reference's top k best first. An expert swapped at a near-tie of the choice costs
+    ~nothing; a wrong choice, a wrong order or a wrong weighing costs its whole score. `kernel` injects a variant
+    (tests). Returns (fn or None, verdict)."""
+    from .router import KERNEL_VERSION, grouped_router_kernel
+
+    kernel = kernel or grouped_router_kernel
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(6543)
+    weight = (torch.randn(num_experts, hidden, generator=gen) * hidden ** -0.5).to(device, dtype)
+    bias = (0.3 * torch.randn(num_experts, generator=gen)).to(device) if has_bias else None
+    cases = iter([(torch.randn(n, hidden, generator=gen).to(device, dtype),) for n in (1, 1, 100)])
+    kernel_ids: list[torch.Tensor] = []
+
+    def chosen(h):                # the kernel's weights, then the reference's choice of its experts in its order
+        weights, ids = kernel(h, weight, bias, routing)
+        kernel_ids[:] = [ids]
+        choice = routing.choice(routing.scores(h, weight), bias).gather(1, ids)
+        return torch.cat([weights.float(), choice.nan_to_num(neginf=0.0)], dim=1)   # outside the kept groups: 0
+
+    def expected(h):              # the reference's weights of the kernel's experts, its own top k choice
+        scores = routing.scores(h, weight)
+        top = torch.topk(routing.choice(scores, bias), routing.top_k, dim=-1).values
+        return torch.cat([routing.weights(scores, kernel_ids[0]), top], dim=1)
+
+    run_kernel, run_ref = _runners(cases, chosen, expected)
+    rtol = 1e-3                   # float32 logits, scores and weights: only the sums' order differs
+    how = ",".join(f"{name}={value}" for name, value in vars(routing).items())
+    shape_key = f"E={num_experts} H={hidden} {how}{' bias' if has_bias else ''} {dtype}"
+    verdict = check("grouped_router", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
+    return (kernel if verdict.ok else None), verdict
+
+
 def select_rms_norm(width: int, dtype: torch.dtype, weight_dtype: torch.dtype, device, kernel: Callable | None = None):
     """The RMS norm kernel (rms_norm.py) for rows of `width` on this device, if it matches the torch path on
     one row, one row again and a prompt's 37. Returns (fn or None, verdict)."""

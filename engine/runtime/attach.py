@@ -15,6 +15,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   mla.MlaAttention (MLA mixers) kernels/mla_decode.py           one decode token's latent attention (not DSA's)
   block.Router                  kernels/router.py               softmax top-k routing (no cuBLAS, topk, softmax)
   gptoss.TopKSoftmaxRouter      kernels/router.py               gpt-oss's top-k softmax routing, its bias
+  deepseek_style.RouterPiece    kernels/router.py               group-limited routing (DeepSeek, GLM, MiniMax, ERNIE...)
   layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
   the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
   top-k sampling                kernels/top_candidates.py                            (CandidateKernels)
@@ -27,6 +28,7 @@ from typing import Callable, Iterator
 import torch
 
 from engine.model.block import Router
+from engine.model.families.deepseek_style import RouterPiece
 from engine.model.families.hybrid import GatedDeltaNet, OffsetRmsNorm
 from engine.model.gptoss import TopKSoftmaxRouter
 from engine.model.layers import Packed, RmsNorm
@@ -71,6 +73,11 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
         elif type(piece) is TopKSoftmaxRouter:
             key = ("router", *piece.weight.shape, piece.top_k, False, True)
             piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
+        elif type(piece) is RouterPiece:
+            key = ("grouped_router", *piece.weight.shape, piece.router, piece.bias is not None)
+            piece.kernel = _once(chosen, key, lambda: _grouped_router(key[1:], device, dtype, warn))
+            if piece.kernel is not None:        # the weight as loaded (exact): the kernel sums it in float32
+                piece.weight = piece.weight.to(dtype)
         elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):
             _attach_attention(chosen, piece, device, dtype)
         elif type(piece) is IndexedAttention:
@@ -196,6 +203,14 @@ def _router(key: tuple, device, dtype, warn: Warn):
     fn, verdict = select_router(*shape, device, dtype=dtype, topk_first=topk_first)
     if not verdict.ok:
         warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
+    return fn
+
+
+def _grouped_router(key: tuple, device, dtype, warn: Warn):
+    from kernels.selfcheck import select_grouped_router
+    fn, verdict = select_grouped_router(*key, device, dtype=dtype)
+    if not verdict.ok:
+        warn(f"Grouped router kernel disabled for {key} on this GPU: {verdict.reason}")
     return fn
 
 

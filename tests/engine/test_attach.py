@@ -25,13 +25,13 @@ NEW_TOKENS = 6
 # What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's attention takes the kernel
 # with its sinks, its router the top-k softmax one; Qwen3-Next's (1 + w) norms the grouped norm's kernel (one group),
 # its gated attention both kernels, its DeltaNets (qwen4_exp's too) the fused decode step; MLA's latent norms theirs
-# and its decode token the latent attention kernel.
+# and its decode token the latent attention kernel, its grouped router the grouped one.
 EXPECTED = {
     "olmoe": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "Router.kernel"},
     "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "TopKSoftmaxRouter.kernel"},
     "qwen3_next": {"GatedAttention.rope_kernel", "GatedAttention.attention_kernel", "Router.kernel",
                    "OffsetRmsNorm.kernel", "GatedDeltaNet.decode_kernel"},
-    "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel"},
+    "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel", "RouterPiece.kernel"},
     "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel", "OffsetRmsNorm.kernel", "DeltaNet.decode_kernel",
                        "IndexedAttention.masked_kernel"},        # QSA: its one token over its picks
 }
@@ -42,6 +42,7 @@ KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kern
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
            "Router.kernel": ("kernels.router", "router_kernel"),
            "TopKSoftmaxRouter.kernel": ("kernels.router", "router_kernel"),
+           "RouterPiece.kernel": ("kernels.router", "grouped_router_kernel"),
            "decode_kernel": ("kernels.mla_decode", "mla_decode"),
            "masked_kernel": ("kernels.decode_attention", "masked_attention"),
            "GatedDeltaNet.decode_kernel": ("kernels.deltanet_decode", "deltanet_decode"),

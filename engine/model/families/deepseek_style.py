@@ -117,9 +117,18 @@ class RouterPiece:
 
     def __init__(self, router: GroupedRouter, weight: torch.Tensor, bias: torch.Tensor | None):
         self.router, self.weight, self.bias = router, weight.float(), None if bias is None else bias.float()
+        self.kernel = None          # kernels.router.grouped_router_kernel, attached at load (with the weight as loaded)
+
+    @property
+    def best_first(self) -> bool:
+        """The kernel gives the ids best first; the torch path's topk leaves them unsorted."""
+        return self.kernel is not None
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        weights, ids = self.router.route(h, self.weight, self.bias)          # [T, K] float32, [T, K]
+        if self.kernel is None:
+            weights, ids = self.router.route(h, self.weight, self.bias)      # [T, K] float32, [T, K]
+        else:
+            weights, ids = self.kernel(h, self.weight, self.bias, self.router)
         return weights.to(h.dtype), ids
 
 
