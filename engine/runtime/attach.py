@@ -76,6 +76,7 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
         elif type(piece) is RouterPiece:
             key = ("grouped_router", *piece.weight.shape, piece.router, piece.bias is not None)
             piece.kernel = _once(chosen, key, lambda: _grouped_router(key[1:], device, dtype, warn))
+            piece.best_first = piece.kernel is not None
             if piece.kernel is not None:        # the weight as loaded (exact): the kernel sums it in float32
                 piece.weight = piece.weight.to(dtype)
         elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):

@@ -106,11 +106,13 @@ def test_attached_kernels_run_and_give_transformers_tokens(model_dir, attach_on_
     try:
         ours = token_ids(eng, PROMPT, NEW_TOKENS)
         attached = attached_kernels(eng.runner.model)
+        routers = [block.router for block in eng.runner.model.blocks if getattr(block, "router", None) is not None]
     finally:
         eng.close()
     assert set(attached) == EXPECTED[eng.spec.family]
     for kind in attached:
         assert calls[kind if kind in KERNELS else kind.split(".")[1]], kind     # the pieces ran what was attached
+    assert all(router.best_first for router in routers)        # the decode step's guesses need no sort
     assert ours == reference_greedy(load_reference(model_dir / "hf", "bf16"), PROMPT, NEW_TOKENS)
 
 

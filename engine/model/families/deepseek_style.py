@@ -118,11 +118,7 @@ class RouterPiece:
     def __init__(self, router: GroupedRouter, weight: torch.Tensor, bias: torch.Tensor | None):
         self.router, self.weight, self.bias = router, weight.float(), None if bias is None else bias.float()
         self.kernel = None          # kernels.router.grouped_router_kernel, attached at load (with the weight as loaded)
-
-    @property
-    def best_first(self) -> bool:
-        """The kernel gives the ids best first; the torch path's topk leaves them unsorted."""
-        return self.kernel is not None
+        self.best_first = False     # the torch path's topk leaves the ids unsorted; the kernel's come best first
 
     def __call__(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.kernel is None:
