@@ -128,7 +128,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_positi
     out = torch.empty(1, num_q_heads * head_dim, dtype=q.dtype, device=q.device)
     has_window, has_visible = bool(window), visible is not None
     positions = stats if q_positions is None else q_positions          # any pointer where it is not read
-    mask = visible.reshape(-1).contiguous() if has_visible else stats
+    mask = visible.reshape(-1).contiguous().view(torch.uint8) if has_visible else stats     # bytes, as bool holds them
     _split_kernel[(num_q_heads, num_splits)](q.contiguous(), k, v, positions, mask, acc, stats, num_kv_heads,
                                              num_q_heads // num_kv_heads, head_dim, head_dim ** -0.5, window or 0,
                                              held, num_splits, HAS_WINDOW=has_window, HAS_VISIBLE=has_visible,
