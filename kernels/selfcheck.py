@@ -356,6 +356,37 @@ def select_grouped_norm(group: int, count: int, dtype: torch.dtype, device, kern
     return (kernel if verdict.ok else None), verdict
 
 
+def select_hyper_steps(count: int, hidden: int, rank: int, dtype: torch.dtype, device, steps=None):
+    """qwen4_exp's hyper-connection steps (hyper_mix.py) for n = `count` streams of `hidden` and a gate of `rank` on
+    this device, if each matches its torch step on one token, one again and a prompt's 37. `steps` injects a variant
+    (tests). Returns (the kernels' HyperSteps or None, the first failing verdict or the last one)."""
+    from . import hyper_mix
+    from .hyper_ref import HyperSteps
+
+    steps = steps or HyperSteps(hyper_mix.scaled_silu, hyper_mix.gated_mean, hyper_mix.stream_weights,
+                                hyper_mix.inject)
+    device = torch.device(device)
+    gen = torch.Generator().manual_seed(7656)
+
+    def rows(n: int, width: int, spread: float = 3.0) -> torch.Tensor:
+        return (torch.randn(n, width, generator=gen) * spread).to(device, dtype)
+
+    counts = (1, 1, 37)
+    checks = {"scaled_silu": [(rows(n, rank), count) for n in counts],
+              "gated_mean": [(rows(n, count * hidden), rows(n, count * hidden, 1.0), count) for n in counts],
+              "stream_weights": [(rows(n, count), count) for n in counts],
+              "inject": [(rows(n, count * hidden), rows(n, hidden), rows(n, count, 1.0).sigmoid() * 2) for n in counts]}
+    shape_key = f"n={count} H={hidden} R={rank} {dtype}"
+    rtol = 1e-5 if dtype == torch.float32 else 1e-2
+    for name, cases in checks.items():
+        run_kernel, run_ref = _runners(iter(cases), getattr(steps, name), getattr(hyper_mix, f"{name}_ref"))
+        verdict = check(f"hyper_{name}", hyper_mix.KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol,
+                        num_trials=3)
+        if not verdict.ok:
+            return None, verdict
+    return steps, verdict
+
+
 def select_deltanet_decode(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim: int, activation: str,
                            dtype: torch.dtype, weight_dtype: torch.dtype, device, kernel: Callable | None = None):
     """Gated DeltaNet's one-token kernel (deltanet_decode.py, its gated norm fused) for these heads, if it matches the

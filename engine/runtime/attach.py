@@ -6,6 +6,8 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   piece                         kernel                          what it takes over
   layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
   qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
+  qwen4.hyper.MixSteps          kernels/hyper_mix.py            the glue around its hyper-connections' linears: 3
+                                                                launches a mix, not 8; 1 an inject, not 2
   hybrid.OffsetRmsNorm          kernels/rms_norm.py             the (1 + w) norms (Qwen3-Next / 3.5, qwen4_exp): one group
   hybrid.GatedDeltaNet          kernels/deltanet_decode.py      a decode token's delta step and gated norm in one launch
                                                                 (qwen4_exp's DeltaNet too)
@@ -34,7 +36,7 @@ from engine.model.gptoss import TopKSoftmaxRouter
 from engine.model.layers import Packed, RmsNorm
 from engine.model.mla import MlaMixer
 from engine.model.model import Model
-from engine.model.qwen4.hyper import GroupedNorm
+from engine.model.qwen4.hyper import GatedResidual, GroupedNorm
 from engine.model.qwen4.qsa import IndexedAttention
 from engine.options import Options
 from kernels.deltanet_ref import MAX_HEAD_DIM as MAX_DELTANET_HEAD_DIM
@@ -64,6 +66,9 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
         elif type(piece) is GroupedNorm and piece.group <= MAX_NORM_WIDTH:
             key = ("grouped_norm", piece.group, piece.scale.numel() // piece.group, dtype)
             piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
+        elif type(piece) is GatedResidual:
+            key = ("hyper_steps", piece.count, piece.hidden, piece.down.shape[0], dtype)
+            piece.steps.kernel = _once(chosen, key, lambda: _hyper_steps(key[1:], device, warn))
         elif type(piece) is OffsetRmsNorm and piece.scale.shape[-1] <= MAX_NORM_WIDTH:
             key = ("grouped_norm", piece.scale.shape[-1], 1, dtype)
             piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
@@ -196,6 +201,14 @@ def _grouped_norm(key: tuple, device, warn: Warn):
     if not verdict.ok:
         warn(f"Grouped norm kernel disabled for {key} on this GPU: {verdict.reason}")
     return fn
+
+
+def _hyper_steps(key: tuple, device, warn: Warn):
+    from kernels.selfcheck import select_hyper_steps
+    steps, verdict = select_hyper_steps(*key, device)
+    if not verdict.ok:
+        warn(f"Hyper-connection step kernels disabled for {key} on this GPU: {verdict.reason}")
+    return steps
 
 
 def _router(key: tuple, device, dtype, warn: Warn):

@@ -25,7 +25,8 @@ NEW_TOKENS = 6
 # What each family's pieces take: OLMoE norms q and k over the projection; gpt-oss's attention takes the kernel
 # with its sinks, its router the top-k softmax one; Qwen3-Next's (1 + w) norms the grouped norm's kernel (one group),
 # its gated attention both kernels, its DeltaNets (qwen4_exp's too) the fused decode step; MLA's latent norms theirs
-# and its decode token the latent attention kernel, its grouped router the grouped one.
+# and its decode token the latent attention kernel, its grouped router the grouped one; qwen4_exp's hyper-connections
+# their steps' kernels.
 EXPECTED = {
     "olmoe": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "Router.kernel"},
     "gpt_oss": {"RmsNorm.kernel", "Attention.rope_kernel", "Attention.attention_kernel", "TopKSoftmaxRouter.kernel"},
@@ -33,11 +34,13 @@ EXPECTED = {
                    "OffsetRmsNorm.kernel", "GatedDeltaNet.decode_kernel"},
     "deepseek_v3": {"RmsNorm.kernel", "MlaAttention.decode_kernel", "RouterPiece.kernel"},
     "qwen4_exp_text": {"Router.kernel", "GroupedNorm.kernel", "OffsetRmsNorm.kernel", "DeltaNet.decode_kernel",
-                       "IndexedAttention.masked_kernel"},        # QSA: its one token over its picks
+                       "IndexedAttention.masked_kernel",          # QSA: its one token over its picks
+                       "MixSteps.kernel"},
 }
 # the kernel functions the self-checks hand out, counted where the pieces call them
 KERNELS = {"RmsNorm.kernel": ("kernels.rms_norm", "rms_norm_kernel"), "rope_kernel": ("kernels.rope", "rope_pair"),
            "GroupedNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
+           "MixSteps.kernel": ("kernels.hyper_mix", "gated_mean"),
            "OffsetRmsNorm.kernel": ("kernels.rms_norm", "grouped_norm_kernel"),
            "attention_kernel": ("kernels.decode_attention", "decode_attention"),
            "Router.kernel": ("kernels.router", "router_kernel"),

@@ -19,7 +19,7 @@ from engine.model.families.hybrid import GatedDeltaNet
 from engine.model.layers import embedding, linear
 from engine.model.model import Model
 from engine.model.qwen4.config import Qwen4Dims, read_qwen4_dims, text_config
-from engine.model.qwen4.hyper import GatedResidual, inject
+from engine.model.qwen4.hyper import GatedResidual
 from engine.model.qwen4.ngram_hash import NgramHasher
 from engine.model.qwen4.ple import Ple
 from engine.model.qwen4.qsa import IndexedAttention, index_specs
@@ -111,7 +111,7 @@ class Qwen4Block:
         if self.ple is not None:
             x = x + self.ple(x, rows(self.ple_index), step.state.fixed(self.layer, "ple_conv"))
         block_in, weights = self.attn_hc.mix(x)
-        x = inject(x, self.mixer(block_in, step), weights)
+        x = self.attn_hc.add(x, self.mixer(block_in, step), weights)
         h, weights = self.mlp_hc.mix(x)
         return (x, weights), h
 
@@ -120,7 +120,7 @@ class Qwen4Block:
 
     def combine(self, mixed: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor, moe_out: torch.Tensor) -> torch.Tensor:
         x, weights = mixed
-        return inject(x, (moe_out + self.shared(h)).to(x.dtype), weights)
+        return self.mlp_hc.add(x, (moe_out + self.shared(h)).to(x.dtype), weights)
 
 
 class Qwen4Model(Model):

@@ -6,12 +6,12 @@ added to every stream with its own weight 2 * sigmoid(inject(x_n) / n). The mode
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 
 from engine.model.layers import linear
+from kernels.hyper_ref import TORCH_STEPS, HyperSteps
 from kernels.norms import grouped_norm_ref
 
 
@@ -27,6 +27,18 @@ class GroupedNorm:
         return (self.kernel or grouped_norm_ref)(x, self.scale, self.group, self.eps)
 
 
+class MixSteps:
+    """A GatedResidual's elementwise steps: `kernel` (kernels/hyper_mix.py's, one launch a step) where
+    engine.runtime.attach set it, else None: torch (kernels/hyper_ref.py)."""
+
+    def __init__(self):
+        self.kernel: HyperSteps | None = None
+
+    @property
+    def run(self) -> HyperSteps:
+        return self.kernel or TORCH_STEPS
+
+
 @dataclass(frozen=True)
 class GatedResidual:
     norm: GroupedNorm              # over each stream
@@ -35,6 +47,7 @@ class GatedResidual:
     inject: torch.Tensor | None    # [n, n * H]
     count: int                     # n
     hidden: int                    # H
+    steps: MixSteps = field(default_factory=MixSteps, compare=False)
 
     @classmethod
     def load(cls, w: dict, prefix: str, count: int, hidden: int, eps: float) -> "GatedResidual":
@@ -43,16 +56,16 @@ class GatedResidual:
                    count, hidden)
 
     def mix(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [T, n * H] -> block input [T, H] and per-stream output weights [T, n] (None for the last mixer)."""
-        normed = self.norm(x)
-        gate = torch.sigmoid(linear(F.silu(linear(normed, self.down) / self.count), self.up))
-        mixed = (gate.unflatten(-1, (self.count, self.hidden)) * normed.unflatten(-1, (self.count, self.hidden)))
-        block_input = mixed.mean(dim=-2)
+        """x [T, n * H] -> block input [T, H] and per-stream output weights [T, n] (None for the last mixer);
+        R = the gate's rank."""
+        steps = self.steps.run
+        normed = self.norm(x)                                                           # [T, n * H]
+        rank_in = steps.scaled_silu(linear(normed, self.down), self.count)              # [T, R]
+        block_input = steps.gated_mean(linear(rank_in, self.up), normed, self.count)    # [T, H]
         if self.inject is None:
             return block_input, None
-        return block_input, 2 * torch.sigmoid(linear(normed, self.inject) / self.count)
+        return block_input, steps.stream_weights(linear(normed, self.inject), self.count)   # [T, n]
 
-
-def inject(x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Streams after a block: x [T, n * H] + out [T, H] weighted per stream by weights [T, n]."""
-    return x + (out.unsqueeze(-2) * weights.unsqueeze(-1)).flatten(-2)
+    def add(self, x: torch.Tensor, out: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """Streams after a block: x [T, n * H] + out [T, H] weighted per stream by this mix's weights [T, n]."""
+        return self.steps.run.inject(x, out, weights)
