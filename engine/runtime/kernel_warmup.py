@@ -44,7 +44,7 @@ def warmup_key(model_path: Path, device: torch.device, dtype: torch.dtype, dense
     versions = []
     for name in ("kernels.moe_decode", "kernels.moe_prefill", "kernels.int8_linear", "kernels.router",
                  "kernels.top_candidates", "kernels.rms_norm", "kernels.decode_attention", "kernels.rope",
-                 "kernels.mla_decode", "kernels.deltanet_decode"):
+                 "kernels.mla_decode", "kernels.deltanet_decode", "kernels.hyper_mix"):
         try:
             versions.append(str(__import__(name, fromlist=["KERNEL_VERSION"]).KERNEL_VERSION))
         except ImportError:                       # no Triton: no kernels to warm
