@@ -3,7 +3,8 @@ models' path (engine.model.deltanet, whose prompt form shares `prepare_heads`) a
 kernel (kernels/deltanet_decode.py).
 
   Hk / Hv = key / value heads (Hv a multiple of Hk), Dk / Dv = their dims, state S [Hv, Dk, Dv] float32
-Per token (k, q L2-normalised, q scaled by Dk^-1/2, decay a = exp(g) in (0, 1]):
+Per token (k, q L2-normalised, q scaled by Dk^-1/2, decay exp(g) in (0, 1], g and beta from the token's a and b:
+decay_and_beta):
   S <- a * S;   S <- S + k (beta * (v - S^T k))^T;   o = S^T q
 then o, rounded to the compute dtype, is RMS-normed over each head's Dv, times the norm weight and the gate's
 activation (silu: Qwen3-Next / 3.5; silu or sigmoid: qwen4_exp).
@@ -21,6 +22,13 @@ GATE_ACTIVATIONS = {"silu": F.silu, "sigmoid": torch.sigmoid}
 
 def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
+
+
+def decay_and_beta(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
+    """Per token and value head: log-decay g = -exp(A_log) * softplus(a + dt_bias) (<= 0, float32) and
+    the write strength beta = sigmoid(b). a, b [T, Hv]."""
+    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
+    return g, b.sigmoid()
 
 
 def prepare_heads(q, k, v, g, beta):
@@ -56,9 +64,10 @@ def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, ep
     return (weight * rms_normalized(x, eps).to(x.dtype) * GATE_ACTIVATIONS[activation](gate.float())).to(x.dtype)
 
 
-def deltanet_decode_ref(q, k, v, g, beta, state: torch.Tensor, gate: torch.Tensor | None = None,
+def deltanet_decode_ref(q, k, v, a, b, a_log, dt_bias, state: torch.Tensor, gate: torch.Tensor | None = None,
                         weight: torch.Tensor | None = None, eps: float = 1e-6, activation: str = "silu") -> torch.Tensor:
-    """One token's step (state in place), then with `gate` [1, Hv, Dv] and `weight` [Dv] the gated norm.
-    Returns [1, Hv, Dv] in v's dtype."""
+    """One token's decay and write strength (a, b [1, Hv]; a_log, dt_bias [Hv]), its step (state in place), then
+    with `gate` [1, Hv, Dv] and `weight` [Dv] the gated norm. Returns [1, Hv, Dv] in v's dtype."""
+    g, beta = decay_and_beta(a, b, a_log, dt_bias)
     out = recurrent_delta_step(q, k, v, g, beta, state)
     return out if gate is None else gated_rms_norm(out, gate, weight, eps, activation)

@@ -391,7 +391,7 @@ def select_deltanet_decode(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim
                            dtype: torch.dtype, weight_dtype: torch.dtype, device, kernel: Callable | None = None):
     """Gated DeltaNet's one-token kernel (deltanet_decode.py, its gated norm fused) for these heads, if it matches the
     torch path over two steps from a random state (the second reads the state the first wrote), with decays from
-    e^-4 to 1. Returns (fn or None, verdict)."""
+    ~e^-15 to 1 formed from the token's a and b. Returns (fn or None, verdict)."""
     from .deltanet_decode import KERNEL_VERSION, deltanet_decode, deltanet_decode_ref
 
     kernel = kernel or deltanet_decode
@@ -399,11 +399,13 @@ def select_deltanet_decode(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim
     gen = torch.Generator().manual_seed(6789)
     weight = (1 + 0.2 * torch.randn(v_dim, generator=gen)).to(device, weight_dtype)
 
-    def token():                  # q, k, v, g, beta, gate
-        rand = lambda *shape: torch.randn(*shape, generator=gen).to(device, dtype)     # noqa: E731
+    rand = lambda *shape, scale=1.0: (scale * torch.randn(*shape, generator=gen)).to(device, dtype)   # noqa: E731
+    a_log = (torch.rand(num_v_heads, generator=gen) * 2.7).log().to(device, dtype)      # decay rates up to ~e^1
+    dt_bias = rand(num_v_heads)
+
+    def token():                  # q, k, v, a, b, gate (a spread wide: decays from ~e^-15 to 1)
         return (rand(1, num_k_heads, k_dim), rand(1, num_k_heads, k_dim), rand(1, num_v_heads, v_dim),
-                (-4 * torch.rand(1, num_v_heads, generator=gen)).to(device), torch.rand(1, num_v_heads, generator=gen).to(device),
-                rand(1, num_v_heads, v_dim))
+                rand(1, num_v_heads, scale=4.0), rand(1, num_v_heads), rand(1, num_v_heads, v_dim))
 
     cases = iter([(token(), token(), (0.3 * torch.randn(num_v_heads, k_dim, v_dim, generator=gen)).to(device))
                   for _ in range(3)])
@@ -411,7 +413,8 @@ def select_deltanet_decode(num_k_heads: int, num_v_heads: int, k_dim: int, v_dim
     def two_steps(fn):
         def run(first, second, state):
             state = state.clone()
-            return torch.cat([fn(*t[:5], state, t[5], weight, 1e-6, activation).flatten() for t in (first, second)])
+            return torch.cat([fn(*t[:5], a_log, dt_bias, state, t[5], weight, 1e-6, activation).flatten()
+                              for t in (first, second)])
         return run
 
     run_kernel, run_ref = _runners(cases, two_steps(kernel), two_steps(deltanet_decode_ref))

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.deltanet_ref import deltanet_decode_ref, gated_rms_norm, prepare_heads, recurrent_delta_step  # noqa: F401
+from kernels.deltanet_ref import (decay_and_beta, deltanet_decode_ref, gated_rms_norm, prepare_heads,  # noqa: F401
+                                  recurrent_delta_step)
 
 CHUNK_TOKENS = 64
 
@@ -31,13 +32,6 @@ def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor,
     state.copy_(window[:, window.shape[1] - state.shape[1]:])
     out = F.conv1d(window[None].to(weight.dtype), weight[:, None, :], bias, groups=weight.shape[0])   # [1, C, T]
     return F.silu(out[0]).transpose(0, 1).to(x.dtype)                                # [T, C]
-
-
-def decay_and_beta(a: torch.Tensor, b: torch.Tensor, a_log: torch.Tensor, dt_bias: torch.Tensor):
-    """Per token and value head: log-decay g = -exp(A_log) * softplus(a + dt_bias) (<= 0, float32) and
-    the write strength beta = sigmoid(b). a, b [T, Hv]."""
-    g = -a_log.float().exp() * F.softplus(a.float() + dt_bias)
-    return g, b.sigmoid()
 
 
 def chunked_delta_rule(q, k, v, g, beta, state: torch.Tensor, chunk: int = CHUNK_TOKENS) -> torch.Tensor:

@@ -165,13 +165,14 @@ class GatedDeltaNet:
         q, k, v = qkv.split([key_dim, key_dim, d.num_v_heads * d.v_head_dim], dim=-1)
         q, k = q.view(T, d.num_k_heads, d.k_head_dim), k.view(T, d.num_k_heads, d.k_head_dim)
         v = v.view(T, d.num_v_heads, d.v_head_dim)
-        g, beta = deltanet.decay_and_beta(linear(x, self.in_a), linear(x, self.in_b), self.a_log, self.dt_bias)  # [T, Hv]
+        a, b = linear(x, self.in_a), linear(x, self.in_b)                               # [T, Hv]
         z = linear(x, self.in_z).view(T, d.num_v_heads, d.v_head_dim)
         state = step.state.fixed(self.layer, "recurrent")                               # [Hv, Dk, Dv], in place
-        if T == 1:          # the step and the gated norm: one launch where the kernel is attached
-            out = (self.decode_kernel or deltanet.deltanet_decode_ref)(q, k, v, g, beta, state, z, self.norm, self.eps,
-                                                                       self.activation)
+        if T == 1:          # the decay, the step and the gated norm: one launch where the kernel is attached
+            out = (self.decode_kernel or deltanet.deltanet_decode_ref)(q, k, v, a, b, self.a_log, self.dt_bias, state, z,
+                                                                       self.norm, self.eps, self.activation)
         else:
+            g, beta = deltanet.decay_and_beta(a, b, self.a_log, self.dt_bias)
             out = deltanet.gated_rms_norm(deltanet.chunked_delta_rule(q, k, v, g, beta, state), z, self.norm, self.eps,
                                           self.activation)                            # [T, Hv, Dv]
         return linear(out.reshape(T, -1), self.out)
