@@ -8,7 +8,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   qwen4.hyper.GroupedNorm       kernels/rms_norm.py             qwen4_exp's per-stream norms (one launch, not seven)
   qwen4.hyper.MixSteps          kernels/hyper_mix.py            the glue around its hyper-connections' linears: 3
                                                                 launches a mix, not 8; 1 an inject, not 2
-  hybrid.OffsetRmsNorm          kernels/rms_norm.py             the (1 + w) norms (Qwen3-Next / 3.5, qwen4_exp): one group
+  hybrid.OffsetRmsNorm          kernels/rms_norm.py             (1 + w) norms (Qwen3-Next / 3.5, qwen4_exp): one group
   hybrid.GatedDeltaNet          kernels/deltanet_decode.py      a decode token's delta step and gated norm in one launch
                                                                 (qwen4_exp's DeltaNet too)
   attentions (rope_kernel)      kernels/rope.py                 a step's queries and keys rotated in one launch
@@ -58,47 +58,48 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
         return
     chosen: dict[tuple, object] = {}                  # one check per distinct key
     packed = [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]
+    check = lambda key, kind, select, *args, **kw: _once(                                         # noqa: E731
+        chosen, key, lambda: _checked(select, kind, key[1:], warn, *args, **kw))
     for piece in packed + list(_pieces(model)):
         if isinstance(piece, Packed):
-            piece.kernel = _once(chosen, ("int8", *piece.shape), lambda: _int8_linear(piece.shape, device, dtype, warn))
+            piece.kernel = check(("int8", *piece.shape), "int8 dense", "select_int8_linear", *piece.shape, device,
+                                 dtype=dtype, prompts=True)
         elif type(piece) is RmsNorm:
             piece.kernel = _norm_kernel(chosen, piece, device, dtype)
         elif type(piece) is GroupedNorm and piece.group <= MAX_NORM_WIDTH:
             key = ("grouped_norm", piece.group, piece.scale.numel() // piece.group, dtype)
-            piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
+            piece.kernel = check(key, "Grouped norm", "select_grouped_norm", *key[1:], device)
         elif type(piece) is GatedResidual:
             key = ("hyper_steps", piece.count, piece.hidden, piece.down.shape[0], dtype)
-            piece.steps.kernel = _once(chosen, key, lambda: _hyper_steps(key[1:], device, warn))
+            piece.steps.kernel = check(key, "Hyper-connection step", "select_hyper_steps", *key[1:], device)
         elif type(piece) is OffsetRmsNorm and piece.scale.shape[-1] <= MAX_NORM_WIDTH:
             key = ("grouped_norm", piece.scale.shape[-1], 1, dtype)
-            piece.kernel = _once(chosen, key, lambda: _grouped_norm(key[1:], device, warn))
-        elif type(piece) is Router:
-            key = ("router", *piece.weight.shape, piece.top_k, piece.renormalize, False)
-            piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
-        elif type(piece) is TopKSoftmaxRouter:
-            key = ("router", *piece.weight.shape, piece.top_k, False, True)
-            piece.kernel = _once(chosen, key, lambda: _router(key[1:], device, dtype, warn))
+            piece.kernel = check(key, "Grouped norm", "select_grouped_norm", *key[1:], device)
+        elif type(piece) in (Router, TopKSoftmaxRouter):
+            topk_first = type(piece) is TopKSoftmaxRouter
+            key = ("router", *piece.weight.shape, piece.top_k, not topk_first and piece.renormalize, topk_first)
+            piece.kernel = check(key, "Router", "select_router", *key[1:-1], device, dtype=dtype, topk_first=topk_first)
         elif type(piece) is RouterPiece:
             key = ("grouped_router", *piece.weight.shape, piece.router, piece.bias is not None)
-            piece.kernel = _once(chosen, key, lambda: _grouped_router(key[1:], device, dtype, warn))
+            piece.kernel = check(key, "Grouped router", "select_grouped_router", *key[1:], device, dtype=dtype)
             piece.best_first = piece.kernel is not None
             if piece.kernel is not None:        # the weight as loaded (exact): the kernel sums it in float32
                 piece.weight = piece.weight.to(dtype)
         elif hasattr(piece, "attention_kernel") and getattr(piece, "takes_kernels", True):
             _attach_attention(chosen, piece, device, dtype)
         elif type(piece) is IndexedAttention:
-            heads = (piece.num_heads, piece.num_kv_heads, piece.head_dim)
-            piece.masked_kernel = _once(chosen, ("masked_attention", *heads), lambda: _masked_attention(heads, device,
-                                                                                                          dtype, warn))
+            key = ("masked_attention", piece.num_heads, piece.num_kv_heads, piece.head_dim)
+            piece.masked_kernel = check(key, "Masked decode attention", "select_masked_attention", *key[1:], dtype,
+                                        device)
         elif isinstance(piece, GatedDeltaNet) and max(piece.d.k_head_dim, piece.d.v_head_dim) <= MAX_DELTANET_HEAD_DIM:
             d = piece.d
             key = ("deltanet_decode", d.num_k_heads, d.num_v_heads, d.k_head_dim, d.v_head_dim, piece.activation,
                    dtype, piece.norm.dtype)
-            piece.decode_kernel = _once(chosen, key, lambda: _deltanet_decode(key[1:], device, warn))
+            piece.decode_kernel = check(key, "DeltaNet decode", "select_deltanet_decode", *key[1:], device)
         elif type(piece) is MlaMixer:           # DsaMixer's attention reads the indexer's selection: it keeps torch
             s = piece.attention.shape
             key = ("mla_decode", s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim)
-            piece.attention.decode_kernel = _once(chosen, key, lambda: _mla_decode(key[1:], device, dtype, warn))
+            piece.attention.decode_kernel = check(key, "MLA decode", "select_mla_decode", *key[1:], dtype, device)
 
 
 def attached_kernels(model: Model) -> dict[str, int]:
@@ -163,68 +164,13 @@ def _attach_attention(chosen: dict, attn, device, dtype) -> None:
     attn.attention_kernel = decode_attention.attention if checked is not None else None
 
 
-def _masked_attention(heads: tuple, device, dtype, warn: Warn):
-    from kernels.selfcheck import select_masked_attention
-    fn, verdict = select_masked_attention(*heads, dtype, device)
+def _checked(select: str, kind: str, what, warn: Warn, *args, **kw):
+    """kernels.selfcheck's `select` for these arguments -> the kernel, or None with a warning naming `kind` and
+    `what` (its shape) where its check failed."""
+    from kernels import selfcheck
+    fn, verdict = getattr(selfcheck, select)(*args, **kw)
     if not verdict.ok:
-        warn(f"Masked decode attention kernel disabled for {heads} on this GPU: {verdict.reason}")
-    return fn
-
-
-def _int8_linear(shape, device, dtype, warn: Warn):
-    from kernels.selfcheck import select_int8_linear
-    fn, verdict = select_int8_linear(*shape, device, dtype=dtype, prompts=True)
-    if not verdict.ok:
-        warn(f"int8 dense kernel disabled for {tuple(shape)} on this GPU: {verdict.reason}")
-    return fn
-
-
-def _mla_decode(key: tuple, device, dtype, warn: Warn):
-    from kernels.selfcheck import select_mla_decode
-    fn, verdict = select_mla_decode(*key, dtype, device)
-    if not verdict.ok:
-        warn(f"MLA decode kernel disabled for {key} on this GPU: {verdict.reason}")
-    return fn
-
-
-def _deltanet_decode(key: tuple, device, warn: Warn):
-    from kernels.selfcheck import select_deltanet_decode
-    fn, verdict = select_deltanet_decode(*key, device)
-    if not verdict.ok:
-        warn(f"DeltaNet decode kernel disabled for {key[:5]} on this GPU: {verdict.reason}")
-    return fn
-
-
-def _grouped_norm(key: tuple, device, warn: Warn):
-    from kernels.selfcheck import select_grouped_norm
-    fn, verdict = select_grouped_norm(*key, device)
-    if not verdict.ok:
-        warn(f"Grouped norm kernel disabled for {key} on this GPU: {verdict.reason}")
-    return fn
-
-
-def _hyper_steps(key: tuple, device, warn: Warn):
-    from kernels.selfcheck import select_hyper_steps
-    steps, verdict = select_hyper_steps(*key, device)
-    if not verdict.ok:
-        warn(f"Hyper-connection step kernels disabled for {key} on this GPU: {verdict.reason}")
-    return steps
-
-
-def _router(key: tuple, device, dtype, warn: Warn):
-    from kernels.selfcheck import select_router
-    *shape, topk_first = key
-    fn, verdict = select_router(*shape, device, dtype=dtype, topk_first=topk_first)
-    if not verdict.ok:
-        warn(f"Router kernel disabled for {key} on this GPU: {verdict.reason}")
-    return fn
-
-
-def _grouped_router(key: tuple, device, dtype, warn: Warn):
-    from kernels.selfcheck import select_grouped_router
-    fn, verdict = select_grouped_router(*key, device, dtype=dtype)
-    if not verdict.ok:
-        warn(f"Grouped router kernel disabled for {key} on this GPU: {verdict.reason}")
+        warn(f"{kind} kernel disabled for {what} on this GPU: {verdict.reason}")
     return fn
 
 
