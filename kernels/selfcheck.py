@@ -463,10 +463,8 @@ def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     device = torch.device(device)
     gen = torch.Generator().manual_seed(8765)
     held = 300
-    cases = iter([(torch.randn(1, num_q_heads, head_dim, generator=gen).to(device, dtype),
-                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
-                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
-                   torch.tensor([position]).to(device), window)
+    cases = iter([_one_query(gen, num_q_heads, num_kv_heads, head_dim, held, device, dtype)
+                  + (torch.tensor([position]).to(device), window)
                   + (((torch.randn(num_q_heads, generator=gen) * 2).to(device, dtype),) if sinks else ())
                   for position in (0, 137, held - 1)])
     sinks_last = lambda fn: (lambda *args: fn(*args[:-1], sinks=args[-1])) if sinks else fn    # noqa: E731
@@ -475,6 +473,13 @@ def select_decode_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, 
     shape_key = f"Hq={num_q_heads} Hkv={num_kv_heads} D={head_dim} window={window} {dtype}{' sinks' if sinks else ''}"
     verdict = check("decode_attention", KERNEL_VERSION, shape_key, device, run_kernel, run_ref, rtol, num_trials=3)
     return (kernel if verdict.ok else None), verdict
+
+
+def _one_query(gen, num_q_heads: int, num_kv_heads: int, head_dim: int, held: int, device, dtype) -> tuple:
+    """A decode token's random q [1, Hq, D] and a KV buffer's k, v [held, Hkv, D]."""
+    return (torch.randn(1, num_q_heads, head_dim, generator=gen).to(device, dtype),
+            torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
+            torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype))
 
 
 def select_masked_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device,
@@ -493,9 +498,7 @@ def select_masked_attention(num_q_heads: int, num_kv_heads: int, head_dim: int, 
         visible = torch.rand(1, held, generator=gen) < keep
         visible[0, :dropped], visible[0, -1] = False, True
         return visible.to(device)
-    cases = iter([(torch.randn(1, num_q_heads, head_dim, generator=gen).to(device, dtype),
-                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype),
-                   torch.randn(held, num_kv_heads, head_dim, generator=gen).to(device, dtype), mask(keep, dropped))
+    cases = iter([_one_query(gen, num_q_heads, num_kv_heads, head_dim, held, device, dtype) + (mask(keep, dropped),)
                   for keep, dropped in ((0.2, 0), (0.5, 200), (1.0, 0))])
     run_kernel, run_ref = _runners(cases, kernel, masked_attention_ref)
     rtol = 1e-2 if dtype != torch.float32 else 1e-4
