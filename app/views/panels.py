@@ -51,7 +51,7 @@ def _ngram_text(snapshot: dict) -> str | None:
         return None
     return (f"n-gram rows: {ngram['rows_per_token']:.1f} a token · {format_size(ngram['bytes_per_token'])} read a "
             f"token · hit rate {_percent(ngram['hit_rate'])} · read amplification {ngram['read_amplification']:.1f}x"
-            f" · {format_size(ngram['cache_bytes'])} of hot rows")
+            f" · {format_size(ngram['cache_bytes'])} {'of tables held in RAM' if ngram.get('held') else 'of hot rows'}")
 
 
 def _fit_from_zero(plot, values: list[float]) -> None:

@@ -7,13 +7,17 @@ pinned host buffer per layer, copied into the layer's static input just before t
 the step's distinct rows (a prompt reads each once), copies the cached ones, and reads the
 pages holding the others: pages sorted, adjacent ones coalesced into one read (at most MAX_RUN_PAGES), the
 reads in flight together on reader threads, O_DIRECT where the file system allows (what the disk really
-gives; buffered elsewhere). Rows read enter the cache (least recently used out). Nothing of the tables is held
-on the device: a step's rows go there as its PLE layers' input.
+gives; buffered elsewhere). Rows read enter the cache (least recently used out). Where the RAM budget holds the
+whole model, experts and tables (`holds_tables`), the tables are held in RAM instead: read once in the background,
+front to back, and a row below the part read so far is a plain gather (a disk read costs ~0.1 ms, and random
+text's n-grams are new rows a cache of hot ones does not have). Nothing of the tables is held on the device: a
+step's rows go there as its PLE layers' input.
 """
 from __future__ import annotations
 
 import mmap
 import os
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -30,6 +34,7 @@ from engine.runtime.telemetry import Telemetry
 MAX_RUN_PAGES = 64          # one read at most 256 KiB
 READER_THREADS = 16         # a decode step's rows (a page each) all in flight together
 CACHE_SHARE = 16            # the rows' cache: this fraction (1 / n) of the RAM budget, at most the tables
+HOLD_READ_PAGES = 4096      # the held tables are read 16 MiB at a time
 
 
 class RowCache:
@@ -69,19 +74,56 @@ class PageReader:
 
     def read(self, first_page: int, count: int) -> mmap.mmap:
         buf = mmap.mmap(-1, count * PAGE)                 # page aligned, as O_DIRECT needs
+        self.read_into(buf, first_page)
+        return buf
+
+    def read_into(self, buf, first_page: int) -> None:
+        """Whole pages from `first_page` into a page-aligned buffer (the file's end leaves the rest as it was)."""
         if self.direct_fd is not None:
             try:
                 os.preadv(self.direct_fd, [buf], first_page * PAGE)
-                return buf
+                return
             except OSError:
                 self.direct_fd = None                     # a file system that refuses it: buffered from now on
         os.preadv(self.fd, [buf], first_page * PAGE)
-        return buf
 
     def close(self) -> None:
         for fd in (self.fd, self.direct_fd):
             if fd is not None:
                 os.close(fd)
+
+
+class HeldTables:
+    """The whole tables in RAM, read front to back by a background thread: `upto` bytes are in so far."""
+
+    def __init__(self, reader: PageReader, total_bytes: int):
+        self.reader, self.total_bytes = reader, total_bytes
+        self.buffer = mmap.mmap(-1, -(-total_bytes // PAGE) * PAGE)        # page aligned, as O_DIRECT needs
+        self.data = np.frombuffer(self.buffer, dtype=np.uint8)
+        self.upto = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read_all, name="sluice-ngram-hold", daemon=True)
+        self._thread.start()
+
+    def _read_all(self) -> None:
+        pages = len(self.data) // PAGE
+        for first in range(0, pages, HOLD_READ_PAGES):
+            if self._stop.is_set():
+                return
+            count = min(HOLD_READ_PAGES, pages - first)
+            try:
+                self.reader.read_into(memoryview(self.buffer)[first * PAGE:(first + count) * PAGE], first)
+            except OSError:
+                return                      # the rows past `upto` are read as they are needed (and fail there)
+            self.upto = min((first + count) * PAGE, self.total_bytes)
+
+    def rows(self, offsets: np.ndarray, row_bytes: int) -> np.ndarray:
+        """[N, row bytes] of rows that start at `offsets`, all below `upto`."""
+        return self.data[offsets[:, None] + np.arange(row_bytes)]
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def page_runs(pages: np.ndarray) -> list[tuple[int, int]]:
@@ -110,16 +152,18 @@ class Lookups:
 
 class NgramTier:
     def __init__(self, path: Path, index: NgramIndex, hasher, telemetry: Telemetry, cache_bytes: int,
-                 dtype: torch.dtype, device: torch.device):
+                 dtype: torch.dtype, device: torch.device, hold: bool = False):
+        """hold: the whole tables in RAM (read in the background; `cache_bytes` is then unused)."""
         self.index, self.hasher, self.telemetry = index, hasher, telemetry
         self.dtype, self.device = dtype, device
         self.reader = PageReader(path / NGRAM_FILE)
-        self.cache = RowCache(cache_bytes // index.row_bytes, index.row_bytes)
-        self.cache_bytes = self.cache.pool.numel()
-        telemetry.set(ngram_cache_bytes=self.cache_bytes)
+        self.held = HeldTables(self.reader, index.total_bytes) if hold else None
+        self.cache = RowCache(0 if hold else cache_bytes // index.row_bytes, index.row_bytes)
+        self.cache_bytes = len(self.held.data) if hold else self.cache.pool.numel()
+        telemetry.set(ngram_cache_bytes=self.cache_bytes, ngram_held=int(hold))
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="sluice-ngram")       # layer order
         self._readers = ThreadPoolExecutor(READER_THREADS, thread_name_prefix="sluice-ngram-read")
-        weakref.finalize(self, _close, self._worker, self._readers, self.reader)
+        weakref.finalize(self, _close, self._worker, self._readers, self.reader, self.held)
 
     def begin(self, tokens: list[int], start: int, staging: list[torch.Tensor] | None = None) -> Lookups:
         """The rows of tokens at positions start.. for every PLE layer, fetched in the background: on the device,
@@ -136,7 +180,11 @@ class NgramTier:
         inverse = torch.from_numpy(inverse.reshape(ids.shape))
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
         missing = []
-        for j, row in enumerate(distinct.tolist()):
+        offsets = self.index.tables[table].offset + distinct.astype(np.int64) * self.index.row_stride
+        held = self.held is not None and offsets[-1] + self.index.row_bytes <= self.held.upto   # (sorted: the last)
+        if held:
+            rows.numpy()[:] = self.held.rows(offsets, self.index.row_bytes)
+        for j, row in enumerate([] if held else distinct.tolist()):
             cached = self.cache.get((table, row))
             if cached is None:
                 missing.append(j)
@@ -166,10 +214,13 @@ class NgramTier:
         return rows
 
     def close(self) -> None:
-        _close(self._worker, self._readers, self.reader)
+        _close(self._worker, self._readers, self.reader, self.held)
 
 
-def _close(worker: ThreadPoolExecutor, readers: ThreadPoolExecutor, reader: PageReader) -> None:
+def _close(worker: ThreadPoolExecutor, readers: ThreadPoolExecutor, reader: PageReader,
+           held: HeldTables | None) -> None:
+    if held is not None:
+        held.close()
     worker.shutdown(wait=True)
     readers.shutdown(wait=True)
     if reader.fd is not None:
@@ -177,15 +228,21 @@ def _close(worker: ThreadPoolExecutor, readers: ThreadPoolExecutor, reader: Page
         reader.fd = reader.direct_fd = None
 
 
-def attach_ngram(model, model_dir: Path, ram_budget: int, telemetry: Telemetry) -> int:
-    """A PLE model's rows from the model dir's ngram.bin (model.ngram); returns the RAM its cache takes
-    (0 for other models)."""
+def holds_tables(ram_budget: int, expert_bytes: int, table_bytes: int) -> bool:
+    """Whether the RAM budget holds the whole model (every expert block and the tables): the tables are then held
+    in RAM, not cached by row."""
+    return ram_budget >= expert_bytes + table_bytes
+
+
+def attach_ngram(model, model_dir: Path, ram_budget: int, expert_bytes: int, telemetry: Telemetry) -> int:
+    """A PLE model's rows from the model dir's ngram.bin (model.ngram); returns the RAM the rows take, their
+    cache's or the held tables' (0 for other models)."""
     if not hasattr(model, "ngram") or not model.d.ple_layers:
         return 0
     index = read_index(model_dir)
     if index is None:
         raise SluiceError(f"'{model_dir}' has no {NGRAM_FILE} for this model's n-gram tables; repack it again.")
     cache_bytes = min(ram_budget // CACHE_SHARE, index.total_bytes)
-    model.ngram = NgramTier(Path(model_dir), index, model.hasher, telemetry, cache_bytes,
-                            model.compute_dtype, model.device)
+    model.ngram = NgramTier(Path(model_dir), index, model.hasher, telemetry, cache_bytes, model.compute_dtype,
+                            model.device, hold=holds_tables(ram_budget, expert_bytes, index.total_bytes))
     return model.ngram.cache_bytes

@@ -27,6 +27,13 @@ def test_the_ram_cache_box_shows_the_ngram_rows_the_engine_reports(qtbot, tmp_pa
     assert ngram["rows_per_token"] > 0 and f"n-gram rows: {ngram['rows_per_token']:.1f} a token" in text
     assert f"hit rate {ngram['hit_rate'] * 100:.0f} %" in text
     assert f"read amplification {ngram['read_amplification']:.1f}x" in text
+    assert not ngram["held"] and text.endswith("of hot rows")          # a RAM budget short of the whole model
+
+
+def test_tables_held_in_ram_are_said_so():
+    ngram = {"tokens": 4, "rows_per_token": 16.0, "bytes_per_token": 0, "hit_rate": 1.0, "read_amplification": 0.0,
+             "cache_bytes": 3 << 30, "held": True}
+    assert _ngram_text({"ngram": ngram}).endswith("3.00 GiB of tables held in RAM")
 
 
 def test_models_without_ngram_tables_show_no_ngram_line():

@@ -9,6 +9,7 @@ from safetensors import safe_open
 
 import engine
 from engine import GenerationParams, SluiceError
+from engine.format.modeldir import open_model_dir
 from engine.format.ngram import PAGE, read_index
 from engine.format.repack import repack
 from engine.model.qwen4.ngram_hash import NgramHasher
@@ -127,6 +128,24 @@ def test_prefill_reads_each_distinct_row_once(text_dir, tmp_path):
     assert ngram["bytes_read"] == pages * PAGE                   # each page once
     assert ngram["bytes_used"] == ngram["rows"] * index.row_bytes
     assert ngram["rows_per_token"] == pytest.approx(ngram["rows"] / len(PROMPT_IDS))
+    eng.close()
+
+
+def test_where_ram_holds_the_whole_model_the_tables_are_held_and_no_step_reads_a_row(text_dir, tmp_path):
+    model_dir = repack(text_dir, tmp_path / "m")
+    index = read_index(model_dir)
+    ram = open_model_dir(model_dir).expert_bytes_total + index.total_bytes
+    eng = engine.load(model_dir, device="cpu", dtype="float32", ram_cache=ram)
+    held = eng.runner.model.ngram.held
+    held._thread.join(timeout=60)                                  # the background read, front to back
+    assert held.upto == index.total_bytes
+    with open(model_dir / "ngram.bin", "rb") as f:
+        assert held.data[:index.total_bytes].tobytes() == f.read(index.total_bytes)
+    ours = token_ids(eng, PROMPT_IDS, NEW_TOKENS)
+    ngram = eng.telemetry()["ngram"]
+    assert ngram["misses"] == ngram["reads"] == ngram["bytes_read"] == 0 and ngram["hit_rate"] == 1.0
+    assert ngram["cache_bytes"] >= index.total_bytes
+    assert ours == reference_greedy(load_reference(text_dir, "bf16"), PROMPT_IDS, NEW_TOKENS)
     eng.close()
 
 
