@@ -170,6 +170,9 @@ class NgramTier:
         or written into `staging` (a host buffer [T, E] per PLE layer)."""
         ids = self.hasher.step(tokens, start)
         self.telemetry.add(ngram_tokens=len(tokens))
+        if len(tokens) == 1 and self.held is not None and self.held.upto == self.index.total_bytes:
+            return Lookups([_done(self._fetch(table, layer_ids, staging and staging[table]))   # a gather: no
+                            for table, layer_ids in enumerate(ids)], self.telemetry)           # thread's handoff
         return Lookups([self._worker.submit(self._fetch, table, layer_ids, staging and staging[table])
                         for table, layer_ids in enumerate(ids)], self.telemetry)
 
@@ -215,6 +218,12 @@ class NgramTier:
 
     def close(self) -> None:
         _close(self._worker, self._readers, self.reader, self.held)
+
+
+def _done(result) -> Future:
+    future = Future()
+    future.set_result(result)
+    return future
 
 
 def _close(worker: ThreadPoolExecutor, readers: ThreadPoolExecutor, reader: PageReader,
