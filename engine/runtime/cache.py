@@ -60,6 +60,13 @@ class RamCache:
     def __contains__(self, key: Key) -> bool:
         return key in self._entries
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def slot_of(self, key: Key) -> int | None:
+        """Slot of a cached block, counting nothing and making it no more recent."""
+        return self._entries.get(key)
+
     def lookup(self, key: Key) -> int | None:
         """Slot of a cached block (counted as a hit, made most recent) or None (counted as a miss)."""
         slot = self._entries.get(key)

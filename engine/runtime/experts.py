@@ -23,6 +23,7 @@ from engine.format.layout import Layout
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.expert_compute import CpuShare, LayerCall, LayerCompute
+from engine.runtime.sync_free import SyncFreeSteps
 from engine.runtime.movers import make_mover
 from engine.runtime.reads import DiskReads
 from engine.runtime.residency import (FillPlan, Key, copies_ahead, hottest, keys_to_read, reads_ahead,
@@ -70,6 +71,8 @@ class Experts:
         self._prefetched: dict[int, set[int]] = {}
         self._deferred: tuple | None = None            # what `run(..., defer=True)` left for `run_deferred`
         self._fill = FillPlan()
+        self.sync_free: SyncFreeSteps | None = None      # decode steps with one host sync a token (attach_sync_free)
+        self._step_misses: int | None = None           # a synced decode step's misses so far
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -79,6 +82,7 @@ class Experts:
         self.banks.begin_sweep()
 
     def end_pass(self) -> None:
+        self._step_misses = None                 # a prompt's misses say nothing of a decode step's
         for key in self.banks.end_sweep():       # still in VRAM after the sweep: RAM may drop them first again
             self.cache.demote(key)
         if self.reads.pass_counts:
@@ -97,6 +101,8 @@ class Experts:
         the decode thread does this work. (A decode step's own misses are all protected while they are
         brought in, so their use counts, counted later, would not have changed a victim.)"""
         num_tokens, top_k = weights.shape
+        if self.sync_free is not None:
+            self.sync_free.invalidate()                # blocks may move: its table is rebuilt before a step in place
         hybrid = self._stage(x, weights, static_inputs)
         routed, predicted, waited = _host_ids(ids, num_tokens * top_k)
         wanted, slot_of, late, counts = self._find(layer, routed, waited, defer)
@@ -139,6 +145,8 @@ class Experts:
             self.banks.note_used(layer, routed)
         slot_of, late = split_resident(wanted, lambda e: self.banks.find((layer, e)))
         counts = dict(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
+        if self._step_misses is not None:
+            self._step_misses += len(late)
         if not defer:
             self.telemetry.add(**counts)
         return wanted, slot_of, late, counts
@@ -173,9 +181,27 @@ class Experts:
             share.compute(call)
         return share
 
-    def begin_step(self) -> None:
-        """A decode step starts: its launches go to the stream current now; the copies' busy time is counted."""
+    def begin_step(self) -> bool:
+        """A decode step starts: its launches go to the stream current now; the copies' busy time is counted.
+        Returns whether it goes without a host sync a layer (sync_free.py)."""
         self.mover.begin_step()
+        if self.sync_free is None:
+            return False
+        if self._step_misses is not None:                  # the synced step before
+            self.sync_free.note_synced_misses(self._step_misses)
+        self._step_misses = None
+        if self.sync_free.begin_step(self._settle):
+            return True
+        self._step_misses = 0
+        return False
+
+    def _settle(self) -> None:
+        """The deferred work done, every copy and read landed: each block sits where the residency says."""
+        self.run_deferred()
+        self.synchronize()
+
+    def attach_sync_free(self, steps: SyncFreeSteps) -> None:
+        self.sync_free = steps
 
     def run_deferred(self) -> None:
         """The work a `run(..., defer=True)` left: its use counts, telemetry and next layer's prefetch (the

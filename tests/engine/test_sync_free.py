@@ -1,0 +1,96 @@
+"""Decode steps with one host sync a token (engine/runtime/sync_free.py): where every expert block sits in a slot
+or in the RAM cache, a step launches each MoE layer's experts straight after its router, the misses read in
+place from RAM, and its tokens stay transformers'; every REFRESH_TOKENS-th step is a synced one that copies its
+misses in; where RAM is short of the model no step goes without its syncs; a kernel that reads a RAM block in
+place wrongly turns them off. On a GPU as the engine runs; without one the kernels run in Triton's interpreter,
+attached as on a GPU."""
+import pytest
+import torch
+
+import engine
+from engine.format.repack import repack
+from engine.runtime import attach, runner, sync_free
+from engine.runtime.sync_free import extra_miss_s
+from engine.tools.demo import build_hf_model
+from kernels.formats import random_bank
+from tests.engine.reference import load_reference, reference_greedy
+from tests.streaming.sized import engine_with_slots, token_ids
+
+pytest.importorskip("triton")
+
+PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
+NEW_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("olmoe")
+    build_hf_model("olmoe", tmp / "hf", num_layers=2, with_tokenizer=False, seed=5)
+    repack(tmp / "hf", tmp / "sluice", quant="bf16")
+    return tmp
+
+
+@pytest.fixture
+def attached(monkeypatch, tmp_path):
+    """engine.load attaches the kernels on the CPU as it does on a GPU; verdicts in a private cache."""
+    monkeypatch.setenv("SLUICE_DATA_DIR", str(tmp_path))
+    real = attach.attach_kernels
+    real_experts = runner.expert_kernels
+
+    def attach_here(model, weights, device, dtype, options, warn):
+        with monkeypatch.context() as m:
+            m.setattr(attach, "attaches", lambda options, device: not options.eager)
+            real(model, weights, device, dtype, options, warn)
+
+    def experts_here(*args):
+        with monkeypatch.context() as m:
+            m.setattr(attach, "attaches", lambda options, device: not args[-2].eager)
+            return real_experts(*args)
+    monkeypatch.setattr(runner, "attach_kernels", attach_here)
+    monkeypatch.setattr(runner, "expert_kernels", experts_here)
+
+
+def _generate(model_dir, ram_blocks: int | None):
+    probe = engine.load(model_dir / "sluice", device="cpu", dtype="float32")
+    total = len(probe.spec.moe_layers) * probe.spec.num_experts
+    probe.close()
+    eng = engine_with_slots(model_dir / "sluice", slots_per_bank=4, ram_blocks=ram_blocks or total)
+    try:
+        assert eng.runner.experts.compute.kernel is not None               # the decode kernel attached
+        ours = token_ids(eng, PROMPT, NEW_TOKENS)
+        return ours, eng.telemetry(), eng.runner.experts.sync_free
+    finally:
+        eng.close()
+
+
+def test_steps_read_misses_in_place_with_one_sync_a_token_and_keep_transformers_tokens(model_dir, attached):
+    ours, tel, steps = _generate(model_dir, ram_blocks=None)
+    assert steps is not None
+    assert ours == reference_greedy(load_reference(model_dir / "hf", "bf16"), PROMPT, NEW_TOKENS)
+    free = tel["sync_free"]
+    synced = NEW_TOKENS - 1 - free["steps"]                    # the first token comes from the prompt's pass
+    assert free["steps"] >= NEW_TOKENS // 2 and synced >= (NEW_TOKENS - 1) // sync_free.REFRESH_TOKENS
+    assert free["pcie_reads"] > 0                              # 4 slots a bank: most routed experts sit in RAM
+    assert tel["vram"]["misses"] >= free["pcie_reads"]
+
+
+def test_a_ram_cache_short_of_the_model_keeps_every_sync(model_dir, attached):
+    ours, tel, _ = _generate(model_dir, ram_blocks=5)
+    assert tel["sync_free"] == {"steps": 0, "pcie_reads": 0}
+    assert ours == reference_greedy(load_reference(model_dir / "hf", "bf16"), PROMPT, NEW_TOKENS)
+
+
+def test_a_kernel_that_reads_in_place_wrongly_is_not_used(model_dir):
+    from engine.format.modeldir import open_model_dir
+    from kernels.moe_decode import moe_decode
+    layout = open_model_dir(model_dir / "sluice").layout
+    offsets = {f.name: f.offset for f in layout.fields}
+    block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
+    bank = torch.zeros(2, layout.block_bytes, dtype=torch.uint8)
+    args = (bank, block.clone(), block, layout, offsets, 2, torch.float32)
+    assert extra_miss_s(moe_decode, *args) == 0.0                          # the real kernel (interpreter)
+
+    def off_by_one(*a, bases=None, **kw):
+        out = moe_decode(*a, bases=bases, **kw)
+        return out + 1 if bases is not None else out
+    assert extra_miss_s(off_by_one, *args) is None
