@@ -7,7 +7,7 @@ older checkout, round after round, one summary line a run.
     python -m bench ab --regime fits-ram --rounds 3 --tree /tmp/old-tree -- --preset olmoe-1b-7b ...
 
 A variant is "-" (the defaults) or space-separated KEY=VALUE settings of engine/options.py, each passed to
-`sluice bench` as --set KEY=VALUE. --tree adds the older checkout's own defaults as one more variant.
+`sluice bench` as --set KEY=VALUE. Each --tree adds an older checkout's own defaults as one more variant.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from bench.regimes import REGIMES
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--variant", action="append", default=[], metavar="'KEY=VALUE ...'",
                    help="option settings of one variant, '-' for the defaults; repeat for each")
-    p.add_argument("--tree", type=Path, help="an older checkout, run with its own defaults as one more variant")
+    p.add_argument("--tree", type=Path, action="append", default=[],
+                   help="an older checkout, run with its own defaults as one more variant; repeat for each")
     p.add_argument("--rounds", type=int, default=2, help="rounds of every variant in turn (default 2)")
     p.add_argument("--warmup", action="store_true", help="one unreported run first (a fresh machine's first run is slow)")
     p.add_argument("--regime", choices=list(REGIMES), help="run each in this regime (python -m bench regime)")
@@ -34,9 +35,7 @@ def variants(args) -> list[tuple[str, list[str], Path | None]]:
     out = [("defaults", [], None) if setting == "-" else
            (setting, [flag for item in setting.split() for flag in ("--set", item)], None)
            for setting in args.variant or ["-"]]
-    if args.tree:
-        out.append((f"tree {args.tree}", [], args.tree.resolve()))
-    return out
+    return out + [(f"tree {tree}", [], tree.resolve()) for tree in args.tree]
 
 
 def run(args) -> int:

@@ -266,12 +266,13 @@ def test_regime_says_when_llama_bench_is_missing(tmp_path, capsys):
 
 # ---- alternated runs --------------------------------------------------------------------------------------------
 
-def test_ab_variants_become_set_flags_and_a_tree_runs_last(tmp_path):
-    args = argparse.Namespace(variant=["-", "prefetch_reads=2 ram_fill=false"], tree=tmp_path)
+def test_ab_variants_become_set_flags_and_the_trees_run_last(tmp_path):
+    args = argparse.Namespace(variant=["-", "prefetch_reads=2 ram_fill=false"], tree=[tmp_path, tmp_path / "b"])
     assert ab.variants(args) == [("defaults", [], None),
                                  ("prefetch_reads=2 ram_fill=false", ["--set", "prefetch_reads=2", "--set", "ram_fill=false"], None),
-                                 (f"tree {tmp_path}", [], tmp_path.resolve())]
-    assert ab.variants(argparse.Namespace(variant=[], tree=None)) == [("defaults", [], None)]
+                                 (f"tree {tmp_path}", [], tmp_path.resolve()),
+                                 (f"tree {tmp_path / 'b'}", [], (tmp_path / "b").resolve())]
+    assert ab.variants(argparse.Namespace(variant=[], tree=[])) == [("defaults", [], None)]
 
 
 def test_ab_alternates_settings_through_sluice_bench(tiny_olmoe, tmp_path, capsys):
