@@ -93,6 +93,7 @@ class SyncFreeSteps:
         out [1, H], ids [K + guesses])}."""
         pool = torch.cuda.graph_pool_handle()
         for layer, buffers in layers.items():
+            buffers[3].zero_()                            # the ids the capture's own steps left: valid rows
             self._launch(layer, *buffers)                 # compiled and warmed outside the capture
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
@@ -177,16 +178,17 @@ def extra_miss_s(kernel, bank: torch.Tensor, block: torch.Tensor, host_block: to
     if device.type != "cuda":
         return 0.0
 
+    one = (bank, slots[:, :1], weights[:, :1], layout.fmt, offsets, layout.intermediate)   # one pair: one read
+
     def seconds(**kw) -> float:
-        kernel(x, *args, **kw)
+        kernel(x, *one, **kw)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         for _ in range(5):
-            kernel(x, *args, **kw)
+            kernel(x, *one, **kw)
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3 / 5
 
-    copy_s = measure_copy_s(host_block, bank[0])
-    read_s = (seconds(bases=bases) - seconds()) / top_k      # the K pairs read the one block, each over PCIe
-    return max(read_s - copy_s, 0.0)
+    read_s = seconds(bases=bases[:, :1]) - seconds()
+    return max(read_s - measure_copy_s(host_block, bank[0]), 0.0)
