@@ -102,6 +102,10 @@ class SyncFreeSteps:
             self._graphs[layer] = graph
         torch.cuda.synchronize(self.table.offsets.device)
 
+    @property
+    def captured(self) -> bool:
+        return bool(self._graphs)
+
     def run(self, layer: int, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor, ids: torch.Tensor) -> None:
         """The layer's experts in place: its graph replayed where captured, else launched on these tensors."""
         graph = self._graphs.get(layer)
