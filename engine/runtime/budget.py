@@ -46,7 +46,10 @@ class Plan:
 
 def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_layers: int, dense_bytes: int,
                  kv_bytes: int, workspace_bytes: int, vram_budget: int | None, ram_cache: int | None,
-                 default_vram: int, default_ram: int, device_slot_bytes: int | None = None) -> Plan:
+                 default_vram: int, default_ram: int, device_slot_bytes: int | None = None,
+                 table_bytes: int = 0) -> Plan:
+    """table_bytes: a PLE model's n-gram tables, which share the RAM cache's budget (engine.runtime.ngram): the
+    default budget holds them beside every expert block where RAM allows."""
     slot = device_slot_bytes or block_bytes
     fixed = dense_bytes + kv_bytes + workspace_bytes
     min_vram = fixed + 2 * top_k * slot
@@ -62,7 +65,7 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
     slots_per_bank = min((vram_budget - fixed) // (2 * slot), all_slots)
     min_ram = top_k * block_bytes
     if ram_cache is None:
-        ram_cache = max(min_ram, min(default_ram, num_moe_layers * num_experts * block_bytes))
+        ram_cache = max(min_ram, min(default_ram, num_moe_layers * num_experts * block_bytes + table_bytes))
     if ram_cache < min_ram:
         raise SluiceError(
             f"The RAM cache of {format_size(ram_cache)} is too small for this model: it needs at least "

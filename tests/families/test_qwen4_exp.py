@@ -149,6 +149,16 @@ def test_where_ram_holds_the_whole_model_the_tables_are_held_and_no_step_reads_a
     eng.close()
 
 
+def test_the_default_ram_budget_holds_the_tables_beside_every_expert(text_dir, tmp_path):
+    model_dir = repack(text_dir, tmp_path / "m")
+    eng = engine.load(model_dir, device="cpu", dtype="float32")
+    try:
+        whole = open_model_dir(model_dir).expert_bytes_total + read_index(model_dir).total_bytes
+        assert eng.plan.ram_cache_bytes == whole and eng.runner.model.ngram.held is not None
+    finally:
+        eng.close()
+
+
 def test_row_ids_match_transformers_across_steps():
     """The hashed ids, EOS resets included, as transformers' n-gram embedding computes them, whether the tokens
     come in one step or one at a time (the history carried between steps)."""
