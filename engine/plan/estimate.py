@@ -197,6 +197,12 @@ def ngram_disk_bytes(shape: ModelShape) -> int:
     return shape.ngram_rows_per_token * PAGE
 
 
+def ngram_table_bytes(shape: ModelShape) -> int:
+    """The n-gram tables on disk (bf16 rows, each at its stride: engine.format.ngram), 0 for other models."""
+    from engine.format.ngram import row_stride
+    return shape.ngram_rows * row_stride(2 * shape.ngram_row_dim) if shape.ngram_rows else 0
+
+
 def _source_elem(config: dict) -> int:
     """Bytes a weight of the checkpoint's dense tensors (2 where the config does not say)."""
     return DTYPE_BYTES.get(str(config.get("dtype") or config.get("torch_dtype")), 2)
@@ -246,7 +252,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
                             num_moe_layers=shape.num_moe_layers, dense_bytes=dense, kv_bytes=kv_bytes,
                             workspace_bytes=workspace, vram_budget=vram_budget, ram_cache=ram_cache_bytes,
                             default_vram=default_vram,
-                            default_ram=default_ram, device_slot_bytes=block + decoded)
+                            default_ram=default_ram, device_slot_bytes=block + decoded,
+                            table_bytes=ngram_table_bytes(shape))
     try:
         plan = plan_for(ram_cache)
         in_ram = plan.ram_cache_bytes + (0 if on_gpu else plan.vram_budget_bytes)
