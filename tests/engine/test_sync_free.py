@@ -14,6 +14,7 @@ from engine.runtime.sync_free import extra_miss_s
 from engine.tools.demo import build_hf_model
 from kernels.formats import random_bank
 from tests.engine.reference import load_reference, reference_greedy
+from tests.families.qwen4_models import build_qwen4
 from tests.streaming.sized import engine_with_slots, token_ids
 
 pytest.importorskip("triton")
@@ -22,12 +23,23 @@ PROMPT = [5, 17, 42, 99, 3, 250, 7, 64]
 NEW_TOKENS = 24
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("olmoe")
-    build_hf_model("olmoe", tmp / "hf", num_layers=2, with_tokenizer=False, seed=5)
+def _build(family: str, tmp):
+    if family == "qwen4_exp_text":                 # PLE rows and QSA picks through the step's hooks
+        build_qwen4(tmp / "hf", seed=5)
+    else:
+        build_hf_model(family, tmp / "hf", num_layers=2, with_tokenizer=False, seed=5)
     repack(tmp / "hf", tmp / "sluice", quant="bf16")
     return tmp
+
+
+@pytest.fixture(scope="module", params=["olmoe", "gpt_oss", "qwen4_exp_text"])
+def model_dir(request, tmp_path_factory):
+    return _build(request.param, tmp_path_factory.mktemp(request.param))
+
+
+@pytest.fixture(scope="module")
+def olmoe_dir(tmp_path_factory):
+    return _build("olmoe", tmp_path_factory.mktemp("olmoe"))
 
 
 @pytest.fixture
@@ -74,16 +86,16 @@ def test_steps_read_misses_in_place_with_one_sync_a_token_and_keep_transformers_
     assert tel["vram"]["misses"] >= free["pcie_reads"]
 
 
-def test_a_ram_cache_short_of_the_model_keeps_every_sync(model_dir, attached):
-    ours, tel, _ = _generate(model_dir, ram_blocks=5)
+def test_a_ram_cache_short_of_the_model_keeps_every_sync(olmoe_dir, attached):
+    ours, tel, _ = _generate(olmoe_dir, ram_blocks=5)
     assert tel["sync_free"] == {"steps": 0, "pcie_reads": 0}
-    assert ours == reference_greedy(load_reference(model_dir / "hf", "bf16"), PROMPT, NEW_TOKENS)
+    assert ours == reference_greedy(load_reference(olmoe_dir / "hf", "bf16"), PROMPT, NEW_TOKENS)
 
 
-def test_a_kernel_that_reads_in_place_wrongly_is_not_used(model_dir):
+def test_a_kernel_that_reads_in_place_wrongly_is_not_used(olmoe_dir):
     from engine.format.modeldir import open_model_dir
     from kernels.moe_decode import moe_decode
-    layout = open_model_dir(model_dir / "sluice").layout
+    layout = open_model_dir(olmoe_dir / "sluice").layout
     offsets = {f.name: f.offset for f in layout.fields}
     block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
     bank = torch.zeros(2, layout.block_bytes, dtype=torch.uint8)
