@@ -1,4 +1,5 @@
-"""An expert block's host-to-device copy issued straight through the CUDA driver (ctypes), for the decode thread.
+"""An expert block's host-to-device copy issued straight through the CUDA driver (ctypes), for the decode thread;
+and where a kernel may read pinned host memory (`device_pointer`).
 
 Where RAM holds the model, the decode thread is the bottleneck, and torch's `copy_` (its dispatch, checks and a
 lookup in torch's pinned-memory allocator) costs more host time a copy than cuMemcpyHtoDAsync itself. Both enqueue the same asynchronous copy on the same stream. Where the
@@ -12,6 +13,31 @@ import ctypes.util
 
 
 
+_DEVICE_POINTER = 3          # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+
+
+def _driver() -> ctypes.CDLL | None:
+    for name in ("libcuda.so.1", ctypes.util.find_library("cuda"), "nvcuda.dll"):
+        if not name:
+            continue
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
+
+
+def device_pointer(host_ptr: int) -> int | None:
+    """The address a kernel reads page-locked host memory at (unified addressing: the host's own), or None where
+    the driver says a kernel cannot read it (asked of the driver, so no kernel faults to find out)."""
+    lib = _driver()
+    if lib is None:
+        return None
+    value = ctypes.c_uint64(0)
+    err = lib.cuPointerGetAttribute(ctypes.byref(value), ctypes.c_int(_DEVICE_POINTER), ctypes.c_uint64(host_ptr))
+    return value.value if err == 0 else None
+
+
 class HostToDevice:
     def __init__(self, lib: ctypes.CDLL):
         self._copy = lib.cuMemcpyHtoDAsync_v2
@@ -20,14 +46,11 @@ class HostToDevice:
 
     @classmethod
     def load(cls) -> HostToDevice | None:
-        for name in ("libcuda.so.1", ctypes.util.find_library("cuda"), "nvcuda.dll"):
-            if not name:
-                continue
-            try:
-                return cls(ctypes.CDLL(name))
-            except (OSError, AttributeError):
-                continue
-        return None
+        lib = _driver()
+        try:
+            return cls(lib) if lib is not None else None
+        except AttributeError:
+            return None
 
     def __call__(self, dst_ptr: int, src_ptr: int, num_bytes: int, stream: int) -> None:
         """Enqueue a copy of num_bytes from pinned host memory at src_ptr to device memory at dst_ptr on the

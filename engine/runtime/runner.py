@@ -31,6 +31,7 @@ from engine.options import Options
 from engine.runtime.budget import Plan, computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
+from engine.runtime.cuda_driver import device_pointer
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
@@ -182,6 +183,8 @@ class Runner:
         host_block = (pinned_buffer if self.is_cuda else anonymous_buffer)(layout.block_bytes)
         host_block.copy_(random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate,
                                      layout.hidden)[0])
+        if self.is_cuda and device_pointer(host_block.data_ptr()) != host_block.data_ptr():
+            return          # the driver maps this pinned memory elsewhere (or not at all) for kernels
         extra = extra_miss_s(compute.kernel, self.banks.banks[0], host_block.to(device), host_block, layout, offsets,
                              self.spec.top_k, self.dtype)
         if extra is None:
