@@ -195,8 +195,12 @@ class Runner:
                               self.spec.top_k, extra, self.telemetry, device)
         s = self.step
         if s.use_graphs:
-            steps.capture({layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer],
-                                    s.out[layer].ids) for layer in s.moe_out})
+            try:
+                steps.capture({layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer],
+                                        s.out[layer].ids) for layer in s.moe_out})
+            except RuntimeError as exc:           # the synced steps' graphs are whole: decode as they do
+                self.telemetry.warn(f"Decode steps keep a host sync a layer: capturing their launches failed ({exc}).")
+                return
         self.experts.attach_sync_free(steps)
 
     def _static_expert_inputs(self) -> dict:
