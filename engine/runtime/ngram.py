@@ -98,7 +98,7 @@ class HeldTables:
 
     def __init__(self, reader: PageReader, total_bytes: int):
         self.reader, self.total_bytes = reader, total_bytes
-        self.buffer = mmap.mmap(-1, -(-total_bytes // PAGE) * PAGE)        # page aligned, as O_DIRECT needs
+        self.buffer = mmap.mmap(-1, held_bytes(total_bytes))               # page aligned, as O_DIRECT needs
         self.data = np.frombuffer(self.buffer, dtype=np.uint8)
         self.upto = 0
         self._stop = threading.Event()
@@ -237,10 +237,15 @@ def _close(worker: ThreadPoolExecutor, readers: ThreadPoolExecutor, reader: Page
         reader.fd = reader.direct_fd = None
 
 
+def held_bytes(table_bytes: int) -> int:
+    """What the tables take held in RAM: whole pages."""
+    return -(-table_bytes // PAGE) * PAGE
+
+
 def holds_tables(ram_budget: int, expert_bytes: int, table_bytes: int) -> bool:
     """Whether the RAM budget holds the whole model (every expert block and the tables): the tables are then held
     in RAM, not cached by row."""
-    return ram_budget >= expert_bytes + table_bytes
+    return ram_budget >= expert_bytes + held_bytes(table_bytes)
 
 
 def attach_ngram(model, model_dir: Path, ram_budget: int, expert_bytes: int, telemetry: Telemetry) -> int:

@@ -36,7 +36,7 @@ from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
 from engine.format.ngram import read_index
-from engine.runtime.ngram import attach_ngram
+from engine.runtime.ngram import attach_ngram, held_bytes
 from engine.runtime import load_speeds
 from engine.runtime.pacing import make_pacing
 from engine.runtime.pinned import pinned_buffer
@@ -85,7 +85,7 @@ class Runner:
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
         budgets = self._budgets(layout, dense_bytes, kv_bytes, vram_budget, ram_cache, default_vram, default_ram)
         index = read_index(model_dir.path) if hasattr(self.model, "ngram") else None    # a PLE model's tables
-        budgets["table_bytes"] = index.total_bytes if index is not None else 0
+        budgets["table_bytes"] = held_bytes(index.total_bytes) if index is not None else 0
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more

@@ -13,6 +13,7 @@ from engine.format.modeldir import open_model_dir
 from engine.format.ngram import PAGE, read_index
 from engine.format.repack import repack
 from engine.model.qwen4.ngram_hash import NgramHasher
+from engine.runtime.ngram import held_bytes
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.qwen4_models import EOS, TEXT, build_qwen4
 from tests.streaming.sized import streaming_engine, token_ids
@@ -134,7 +135,7 @@ def test_prefill_reads_each_distinct_row_once(text_dir, tmp_path):
 def test_where_ram_holds_the_whole_model_the_tables_are_held_and_no_step_reads_a_row(text_dir, tmp_path):
     model_dir = repack(text_dir, tmp_path / "m")
     index = read_index(model_dir)
-    ram = open_model_dir(model_dir).expert_bytes_total + index.total_bytes
+    ram = open_model_dir(model_dir).expert_bytes_total + held_bytes(index.total_bytes)
     eng = engine.load(model_dir, device="cpu", dtype="float32", ram_cache=ram)
     held = eng.runner.model.ngram.held
     held._thread.join(timeout=60)                                  # the background read, front to back
@@ -153,8 +154,10 @@ def test_the_default_ram_budget_holds_the_tables_beside_every_expert(text_dir, t
     model_dir = repack(text_dir, tmp_path / "m")
     eng = engine.load(model_dir, device="cpu", dtype="float32")
     try:
-        whole = open_model_dir(model_dir).expert_bytes_total + read_index(model_dir).total_bytes
-        assert eng.plan.ram_cache_bytes == whole and eng.runner.model.ngram.held is not None
+        experts = open_model_dir(model_dir).expert_bytes_total
+        assert eng.plan.ram_cache_bytes == experts + held_bytes(read_index(model_dir).total_bytes)
+        assert eng.runner.model.ngram.held is not None
+        assert eng.runner.experts.cache.num_slots * open_model_dir(model_dir).layout.block_bytes == experts
     finally:
         eng.close()
 
