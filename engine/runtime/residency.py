@@ -159,6 +159,10 @@ class SlotPolicy:
         """The block's slot, without making it recent."""
         return self._resident[self.bank_of(key[0])].get(key)
 
+    def resident(self, bank: int):
+        """(key, slot) of every block resident in the bank, making none more recent."""
+        return self._resident[bank].items()
+
     def num_resident(self) -> int:
         return sum(len(resident) for resident in self._resident)
 

@@ -38,21 +38,24 @@ class ExpertTable:
 
     def build(self, banks: SlotBanks, cache: RamCache) -> bool:
         """The table from where every block sits now (no copy in flight); False where a block is in neither tier."""
-        offsets = np.empty(self.offsets.shape, dtype=np.int64)
-        for layer, row in self.rows.items():
-            bank = banks.banks[banks.bank_of(layer)]
-            for expert in range(offsets.shape[1]):
-                key = (layer, expert)
-                slot = banks.slot_of(key)
-                self.in_ram[row, expert] = slot is None
-                if slot is not None:
-                    offsets[row, expert] = slot * banks.block_bytes
-                    continue
-                ram_slot = cache.slot_of(key)
-                if ram_slot is None:
-                    return False
-                offsets[row, expert] = cache.block(ram_slot).data_ptr() - bank.data_ptr()
-        self.offsets.copy_(torch.from_numpy(offsets))
+        rows, shape = self.rows, self.offsets.shape
+        held = np.zeros(shape, dtype=bool)
+        offsets = np.zeros(shape, dtype=np.int64)          # absolute addresses first: RAM blocks, then slots
+        addresses = cache.addresses()
+        for (layer, expert), slot in cache.held():
+            row = rows.get(layer)
+            if row is not None:
+                offsets[row, expert], held[row, expert] = addresses[slot], True
+        self.in_ram[:] = True
+        for bank, tensor in enumerate(banks.banks):
+            for (layer, expert), slot in banks.resident(bank):
+                row = rows[layer]
+                offsets[row, expert] = tensor.data_ptr() + slot * banks.block_bytes
+                held[row, expert], self.in_ram[row, expert] = True, False
+        if not held.all():
+            return False
+        bases = np.array([banks.banks[banks.bank_of(layer)].data_ptr() for layer in rows], dtype=np.int64)
+        self.offsets.copy_(torch.from_numpy(offsets - bases[:, None]))
         self.valid = True
         return True
 
