@@ -186,7 +186,7 @@ class Runner:
         if self.is_cuda and device_pointer(host_block.data_ptr()) != host_block.data_ptr():
             return          # the driver maps this pinned memory elsewhere (or not at all) for kernels
         extra = extra_miss_s(compute.kernel, self.banks.banks[0], host_block.to(device), host_block, layout, offsets,
-                             self.spec.top_k, self.dtype)
+                             self.dtype)
         if extra is None:
             self.telemetry.warn("Decode steps read every expert after a host sync a layer: the expert kernel read a "
                                 "RAM block in place wrongly on this GPU.")

@@ -99,7 +99,7 @@ def test_a_kernel_that_reads_in_place_wrongly_is_not_used(olmoe_dir):
     offsets = {f.name: f.offset for f in layout.fields}
     block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
     bank = torch.zeros(2, layout.block_bytes, dtype=torch.uint8)
-    args = (bank, block.clone(), block, layout, offsets, 2, torch.float32)
+    args = (bank, block.clone(), block, layout, offsets, torch.float32)
     assert extra_miss_s(moe_decode, *args) == 0.0                          # the real kernel (interpreter)
 
     def off_by_one(*a, bases=None, **kw):
