@@ -19,6 +19,7 @@ from safetensors import safe_open
 
 from engine.format.file_table import FileTable, can_map, keeps_table
 from engine.format.modeldir import DENSE_FILE, ModelDir
+from engine.format.ngram import read_index
 from engine.format.quant import quantize
 from engine.model import dense_quant as dense_quant_
 from engine.model.block import Step
@@ -35,7 +36,6 @@ from engine.runtime.cuda_driver import device_pointer
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
-from engine.format.ngram import read_index
 from engine.runtime.ngram import attach_ngram, held_bytes
 from engine.runtime import load_speeds
 from engine.runtime.pacing import make_pacing
