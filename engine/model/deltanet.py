@@ -16,8 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from kernels.deltanet_ref import (decay_and_beta, deltanet_decode_ref, gated_rms_norm, prepare_heads,  # noqa: F401
-                                  recurrent_delta_step)
+from kernels.deltanet_ref import prepare_heads
 
 CHUNK_TOKENS = 64
 

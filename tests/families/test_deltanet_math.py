@@ -3,6 +3,7 @@ import pytest
 import torch
 
 from engine.model import deltanet
+from kernels.deltanet_ref import decay_and_beta, gated_rms_norm, recurrent_delta_step
 
 ref = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
 
@@ -14,7 +15,7 @@ def inputs(tokens, k_heads=2, v_heads=4, dk=16, dv=8, seed=0):
     v = torch.randn(tokens, v_heads, dv, generator=g)
     a, b = torch.randn(tokens, v_heads, generator=g), torch.randn(tokens, v_heads, generator=g)
     a_log, dt_bias = torch.rand(v_heads, generator=g).mul(3).log(), torch.randn(v_heads, generator=g)
-    decay, beta = deltanet.decay_and_beta(a, b, a_log, dt_bias)
+    decay, beta = decay_and_beta(a, b, a_log, dt_bias)
     return q, k, v, decay, beta
 
 
@@ -39,7 +40,7 @@ def test_recurrent_step_equals_the_reference_and_continues_a_prefill():
     expected, expected_state = ref.torch_recurrent_gated_delta_rule(
         q[None, 69:], k[None, 69:], v[None, 69:], g=g[None, 69:], beta=beta[None, 69:], initial_state=ref_state,
         output_final_state=True, use_qk_l2norm_in_kernel=True)
-    out = deltanet.recurrent_delta_step(q[69:], k[69:], v[69:], g[69:], beta[69:], state)
+    out = recurrent_delta_step(q[69:], k[69:], v[69:], g[69:], beta[69:], state)
     torch.testing.assert_close(out, expected[0], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(state, expected_state[0], rtol=1e-6, atol=1e-6)
     # and the chunked form over all 70 tokens ends in (nearly) the same state
@@ -65,4 +66,4 @@ def test_gated_rms_norm_equals_the_reference():
     with torch.no_grad():
         norm.weight.copy_(torch.randn(8))
     x, z = torch.randn(6, 8), torch.randn(6, 8)
-    torch.testing.assert_close(deltanet.gated_rms_norm(x, z, norm.weight.detach(), 1e-6), norm(x, z).detach())
+    torch.testing.assert_close(gated_rms_norm(x, z, norm.weight.detach(), 1e-6), norm(x, z).detach())

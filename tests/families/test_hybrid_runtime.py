@@ -6,6 +6,7 @@ import torch
 
 from engine.format.repack import repack
 from engine.model import deltanet
+from kernels.deltanet_ref import decay_and_beta, recurrent_delta_step
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.graph_replay import assert_replays_like_eager
 from tests.families.hybrid_models import build_hybrid
@@ -48,8 +49,8 @@ def test_deltanet_decode_step_replays_in_a_cuda_graph():
     def step(conv_state, state):
         qkv = deltanet.causal_conv(x, conv_state, conv_w)
         q, k, v = qkv[:, :32].view(1, 2, 16), qkv[:, 32:64].view(1, 2, 16), qkv[:, 64:].view(1, 4, 8)
-        decay, beta = deltanet.decay_and_beta(a_b[0], a_b[1], a_log, dt_bias)
-        return deltanet.recurrent_delta_step(q, k, v, decay, beta, state)
+        decay, beta = decay_and_beta(a_b[0], a_b[1], a_log, dt_bias)
+        return recurrent_delta_step(q, k, v, decay, beta, state)
 
     def fresh():
         return torch.zeros(96, 3, device=dev), torch.zeros(4, 16, 8, device=dev)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from engine.model import deltanet
+from kernels.deltanet_ref import decay_and_beta, deltanet_decode_ref, gated_rms_norm
 from engine.model.block import Attention, Block, Mlp, Rope, Router, Step
 from engine.model.dense_quant import take_rows
 from engine.model.hybrid_spec import HybridDims, read_hybrid_dims
@@ -169,12 +170,12 @@ class GatedDeltaNet:
         z = linear(x, self.in_z).view(T, d.num_v_heads, d.v_head_dim)
         state = step.state.fixed(self.layer, "recurrent")                               # [Hv, Dk, Dv], in place
         if T == 1:          # the decay, the step and the gated norm: one launch where the kernel is attached
-            out = (self.decode_kernel or deltanet.deltanet_decode_ref)(q, k, v, a, b, self.a_log, self.dt_bias, state, z,
-                                                                       self.norm, self.eps, self.activation)
+            out = (self.decode_kernel or deltanet_decode_ref)(q, k, v, a, b, self.a_log, self.dt_bias, state, z,
+                                                              self.norm, self.eps, self.activation)
         else:
-            g, beta = deltanet.decay_and_beta(a, b, self.a_log, self.dt_bias)
-            out = deltanet.gated_rms_norm(deltanet.chunked_delta_rule(q, k, v, g, beta, state), z, self.norm, self.eps,
-                                          self.activation)                            # [T, Hv, Dv]
+            g, beta = decay_and_beta(a, b, self.a_log, self.dt_bias)
+            out = gated_rms_norm(deltanet.chunked_delta_rule(q, k, v, g, beta, state), z, self.norm, self.eps,
+                                 self.activation)                                     # [T, Hv, Dv]
         return linear(out.reshape(T, -1), self.out)
 
 
