@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from engine.errors import SluiceError
-from engine.format.ngram import NGRAM_FILE, PAGE, NgramIndex, read_index
+from engine.format.ngram import NGRAM_FILE, PAGE, NgramIndex
 from engine.runtime.telemetry import Telemetry
 
 MAX_RUN_PAGES = 64          # one read at most 256 KiB
@@ -183,10 +183,12 @@ class NgramTier:
         inverse = torch.from_numpy(inverse.reshape(ids.shape))
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
         missing = []
-        offsets = self.index.tables[table].offset + distinct.astype(np.int64) * self.index.row_stride
-        held = self.held is not None and offsets[-1] + self.index.row_bytes <= self.held.upto   # (sorted: the last)
-        if held:
-            rows.numpy()[:] = self.held.rows(offsets, self.index.row_bytes)
+        held = False
+        if self.held is not None:
+            offsets = self.index.tables[table].offset + distinct.astype(np.int64) * self.index.row_stride
+            held = offsets[-1] + self.index.row_bytes <= self.held.upto          # (sorted: the last is the farthest)
+            if held:
+                rows.numpy()[:] = self.held.rows(offsets, self.index.row_bytes)
         for j, row in enumerate([] if held else distinct.tolist()):
             cached = self.cache.get((table, row))
             if cached is None:
@@ -248,12 +250,13 @@ def holds_tables(ram_budget: int, expert_bytes: int, table_bytes: int) -> bool:
     return ram_budget >= expert_bytes + held_bytes(table_bytes)
 
 
-def attach_ngram(model, model_dir: Path, ram_budget: int, expert_bytes: int, telemetry: Telemetry) -> int:
-    """A PLE model's rows from the model dir's ngram.bin (model.ngram); returns the RAM the rows take, their
-    cache's or the held tables' (0 for other models)."""
+def attach_ngram(model, model_dir: Path, index: NgramIndex | None, ram_budget: int, expert_bytes: int,
+                 telemetry: Telemetry) -> int:
+    """A PLE model's rows from the model dir's ngram.bin (model.ngram), `index` its ngram.json as read
+    (engine.format.ngram.read_index); returns the RAM the rows take, their cache's or the held tables' (0 for
+    other models)."""
     if not hasattr(model, "ngram") or not model.d.ple_layers:
         return 0
-    index = read_index(model_dir)
     if index is None:
         raise SluiceError(f"'{model_dir}' has no {NGRAM_FILE} for this model's n-gram tables; repack it again.")
     cache_bytes = min(ram_budget // CACHE_SHARE, index.total_bytes)

@@ -84,8 +84,8 @@ class Runner:
         dense_bytes = sum(dense_quant_.nbytes(t) for t in weights.values() if not isinstance(t, FileTable))
         kv_bytes = state_bytes(self.model.state_specs(), max_tokens, dtype)
         budgets = self._budgets(layout, dense_bytes, kv_bytes, vram_budget, ram_cache, default_vram, default_ram)
-        index = read_index(model_dir.path) if hasattr(self.model, "ngram") else None    # a PLE model's tables
-        budgets["table_bytes"] = held_bytes(index.total_bytes) if index is not None else 0
+        self.ngram_index = read_index(model_dir.path) if hasattr(self.model, "ngram") else None  # a PLE model's
+        budgets["table_bytes"] = held_bytes(self.ngram_index.total_bytes) if self.ngram_index is not None else 0
         dtype_bytes = torch.empty((), dtype=dtype).element_size()
         work = prefill_workspace_bytes(spec, max_prompt_tokens or max_tokens, dtype_bytes) if self.is_cuda else 0
         plan_budgets(workspace_bytes=work, **budgets)                    # fail early, before allocating more
@@ -145,7 +145,7 @@ class Runner:
         self.store = ExpertStore(model_dir, telemetry)
         # a PLE model's n-gram rows stream from their own file through a cache inside the same RAM budget (or
         # are held in it, where it holds the whole model)
-        ngram_bytes = attach_ngram(self.model, model_dir.path, self.plan.ram_cache_bytes,
+        ngram_bytes = attach_ngram(self.model, model_dir.path, self.ngram_index, self.plan.ram_cache_bytes,
                                    model_dir.expert_bytes_total, telemetry)
         self.cache = RamCache(self.plan.ram_cache_bytes - ngram_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
@@ -179,14 +179,13 @@ class Runner:
         if self.model.runs_passes or any(b.is_moe and b.expert_rows_per_token != 1 for b in blocks):
             return
         compute, device = self.experts.compute, self.device
-        offsets = {f.name: f.offset for f in layout.fields}
         host_block = (pinned_buffer if self.is_cuda else anonymous_buffer)(layout.block_bytes)
-        host_block.copy_(random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate,
+        host_block.copy_(random_bank(1, layout.block_bytes, layout.fmt, compute.offsets, layout.intermediate,
                                      layout.hidden)[0])
         if self.is_cuda and device_pointer(host_block.data_ptr()) != host_block.data_ptr():
             return          # the driver maps this pinned memory elsewhere (or not at all) for kernels
-        extra = extra_miss_s(compute.kernel, self.banks.banks[0], host_block.to(device), host_block, layout, offsets,
-                             self.dtype)
+        extra = extra_miss_s(compute.kernel, self.banks.banks[0], host_block.to(device), host_block, layout,
+                             compute.offsets, self.dtype)
         if extra is None:
             self.telemetry.warn("Decode steps read every expert after a host sync a layer: the expert kernel read a "
                                 "RAM block in place wrongly on this GPU.")

@@ -78,7 +78,8 @@ class SyncFreeSteps:
         self._host_ids = torch.zeros(shape, dtype=torch.int64, pin_memory=device.type == "cuda")   # ... read back
         self._bases = torch.zeros(shape, dtype=torch.int64, device=device)        # their blocks' offsets
         self._slots = torch.zeros(1, top_k, dtype=torch.int32, device=device)     # >= 0: each read at its base
-        self._pending = None                              # a step whose ids are not counted yet: its copy's event
+        self._pending = False                             # a step whose ids are not counted yet
+        self._ids_landed = torch.cuda.Event() if self._host_ids.is_pinned() else None   # ... behind their copy
         self._since_sync = 0
 
     # ------------------------------------------------------------------ the launches
@@ -147,19 +148,19 @@ class SyncFreeSteps:
     def end_step(self) -> None:
         """After a step in place: its routed ids to the host (counted at the next step's start)."""
         self._host_ids.copy_(self._step_ids, non_blocking=True)
-        self._pending = torch.cuda.Event() if self._host_ids.is_pinned() else False
-        if self._pending:
-            self._pending.record()
+        if self._ids_landed is not None:
+            self._ids_landed.record()
+        self._pending = True
 
     def note_synced_misses(self, misses: int) -> None:
         self.misses = MISS_DECAY * self.misses + (1 - MISS_DECAY) * misses
 
     def _count_previous(self) -> None:
-        if self._pending is None:
+        if not self._pending:
             return
-        if self._pending:
-            self._pending.synchronize()          # (long landed where the step's token was read)
-        self._pending = None
+        if self._ids_landed is not None:
+            self._ids_landed.synchronize()       # (long landed where the step's token was read)
+        self._pending = False
         ids = self._host_ids.numpy()
         misses = 0
         for layer, row in self.table.rows.items():
