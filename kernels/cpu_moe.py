@@ -35,9 +35,9 @@ try:
     from numba import njit, prange
 except ImportError:                        # noqa: the torch path serves
     numba = None
+else:
+    from .cpu_rows import FAST as _FAST, bf16_scales, dots, row, row_dot
 
-# Reassociation and contraction only: the sums may be vectorised, exp and division stay exact.
-_FAST = {"reassoc", "contract"}
 ROWS = 16       # weight rows a parallel iteration takes (each dequantised once into a small scratch row)
 
 
@@ -59,47 +59,6 @@ if numba is not None:
         return g / (np.float32(1.0) + np.float32(math.exp(-g))) * u   # silu(g) * u
 
     @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
-    def _row(q, r, scale, out):
-        """Row r of an int8 weight, dequantised into out (float32)."""
-        for i in range(out.shape[0]):
-            out[i] = np.float32(q[r, i]) * scale
-
-    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
-    def _dots(a, b, out):
-        """out[j] = a[j] . b for every row j of a, four rows a pass (b is read once for the four)."""
-        n = a.shape[0]
-        for j in range(0, n - 3, 4):
-            s0 = s1 = s2 = s3 = np.float32(0.0)
-            for i in range(b.shape[0]):
-                s0 += a[j, i] * b[i]
-                s1 += a[j + 1, i] * b[i]
-                s2 += a[j + 2, i] * b[i]
-                s3 += a[j + 3, i] * b[i]
-            out[j], out[j + 1], out[j + 2], out[j + 3] = s0, s1, s2, s3
-        for j in range(n - n % 4, n):
-            acc = np.float32(0.0)
-            for i in range(b.shape[0]):
-                acc += a[j, i] * b[i]
-            out[j] = acc
-
-    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
-    def _row_dot(a, q, r, scale):
-        """a . (row r of an int8 weight, dequantised): one token, no scratch row. The row's scale multiplies
-        the sum, not each product (one multiply a row instead of one a weight: the loop is the CPU's
-        compute bound at one token; the result differs from the reference's by float32 rounding only)."""
-        acc = np.float32(0.0)
-        for i in range(a.shape[0]):
-            acc += a[i] * np.float32(q[r, i])
-        return acc * scale
-
-    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
-    def _scales(bits, first, count, out):
-        """bf16 values (their int16 bit patterns) bits[first:first + count] -> float32 out[:count] (exact)."""
-        raw = out.view(np.uint32)
-        for i in range(count):
-            raw[i] = np.uint32(np.uint16(bits[first + i])) << np.uint32(16)
-
-    @njit(cache=True, nogil=True, fastmath=_FAST, inline="always")
     def _gate_up_rows(xs, b, off, first, n, c, inter, hidden, bias, gated, act, alpha, limit, h):
         """Rows c * ROWS.. of one expert's gate (where `gated`) and up (block b) for its n gathered rows
         xs[first:first + n], activated into h[first:first + n] at those columns."""
@@ -108,8 +67,8 @@ if numba is not None:
         rows = min(ROWS, inter - c * ROWS)
         gs = np.empty(ROWS, np.float32)
         us = np.empty(ROWS, np.float32)
-        _scales(b[off[1]:off[1] + 2 * inter].view(np.int16), c * ROWS, rows, gs)
-        _scales(b[off[3]:off[3] + 2 * inter].view(np.int16), c * ROWS, rows, us)
+        bf16_scales(b[off[1]:off[1] + 2 * inter].view(np.int16), c * ROWS, rows, gs)
+        bf16_scales(b[off[3]:off[3] + 2 * inter].view(np.int16), c * ROWS, rows, us)
         gb = b[off[6]:off[6] + 4 * inter].view(np.float32)    # (the biases: read only where the block has them)
         ub = b[off[7]:off[7] + 4 * inter].view(np.float32)
         wg = np.empty(hidden, np.float32)             # a row dequantised once, then used by every token
@@ -120,14 +79,14 @@ if numba is not None:
             r = c * ROWS + i
             if n == 1:
                 if gated:
-                    g[0] = _row_dot(xs[first], gq, r, gs[i])
-                u[0] = _row_dot(xs[first], uq, r, us[i])
+                    g[0] = row_dot(xs[first], gq, r, gs[i])
+                u[0] = row_dot(xs[first], uq, r, us[i])
             else:
                 if gated:
-                    _row(gq, r, gs[i], wg)
-                    _dots(xs[first:first + n], wg, g)
-                _row(uq, r, us[i], wu)
-                _dots(xs[first:first + n], wu, u)
+                    row(gq, r, gs[i], wg)
+                    dots(xs[first:first + n], wg, g)
+                row(uq, r, us[i], wu)
+                dots(xs[first:first + n], wu, u)
             for j in range(n):
                 gj, uj = g[j], u[j]
                 if bias:
@@ -142,14 +101,14 @@ if numba is not None:
         rows = min(ROWS, hidden - c * ROWS)
         dq = b[off[4]:off[4] + hidden * inter].view(np.int8).reshape((hidden, inter))
         db = b[off[8]:off[8] + 4 * hidden].view(np.float32)
-        _scales(b[off[5]:off[5] + 2 * hidden].view(np.int16), c * ROWS, rows, ds)
+        bf16_scales(b[off[5]:off[5] + 2 * hidden].view(np.int16), c * ROWS, rows, ds)
         for i in range(rows):
             o = c * ROWS + i
             if n == 1:
-                d[0] = _row_dot(h[first], dq, o, ds[i])
+                d[0] = row_dot(h[first], dq, o, ds[i])
             else:
-                _row(dq, o, ds[i], wd)
-                _dots(h[first:first + n], wd, d)
+                row(dq, o, ds[i], wd)
+                dots(h[first:first + n], wd, d)
             for j in range(n):
                 acc = d[j]
                 if bias:

@@ -26,8 +26,9 @@ def verdict_html(est) -> str:
     tip = est.int8_dense_tip
     if tip is not None:
         gain = "it would run" if not est.is_usable else "it would run faster"
-        tip_html = (f"<p>Tip: with int8 dense weights (Settings → Dense weights: half the VRAM for the attention "
-                    f"and head weights, the rest for experts) {gain}: about <b>{format_speed(tip.tok_s)}</b>.</p>")
+        tip_html = (f"<p>Tip: with int8 dense weights (Settings → Dense weights: the attention and head weights in "
+                    f"fewer bytes, the memory they free for experts) {gain}: about "
+                    f"<b>{format_speed(tip.tok_s)}</b>.</p>")
     else:
         tip_html = ""
     to_fetch = est.disk_needed_bytes - est.repacked_bytes

@@ -118,13 +118,13 @@ class AppSettingsDialog(QDialog):
     def _dense_weights_row(self, settings: AppSettings) -> QWidget:
         self.dense_weights = QComboBox()
         self.dense_weights.addItem("As the model stores them", "stored")
-        self.dense_weights.addItem("int8: more VRAM for experts", "int8")
+        self.dense_weights.addItem("int8: less memory, faster decode", "int8")
         self.dense_weights.setCurrentIndex(max(0, self.dense_weights.findData(settings.dense_weights)))
         return self._with_note(self.dense_weights, self._note(
             "int8 halves the VRAM the attention and head weights take; the expert slots get it (on a GPU about "
             "a fifth faster where experts stream from RAM). On the CPU device they take a quarter of the RAM "
-            "but decode about half as fast. Answers change slightly. Models whose family does not support it "
-            "load as stored."))
+            "and a token reads a quarter of their bytes. Answers change slightly. Models whose family does not "
+            "support it load as stored."))
 
     def _context_row(self, context: int | None) -> QWidget:
         self.context = QSpinBox()

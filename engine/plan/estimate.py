@@ -140,7 +140,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
              dense_quant: str | None = None, suggest_int8_dense: bool = False) -> Estimate:
     """Fit and speed of `config` at `quant` on `machine`; budgets None = the engine's defaults.
     dense_quant "int8": the dense weights loaded as int8, where the family has them (else as stored).
-    suggest_int8_dense: on a GPU with the dense weights as stored, also estimate them as int8 and keep that
+    suggest_int8_dense: with the dense weights as stored, also estimate them as int8 and keep that
     (`int8_dense_tip`) where it runs a model that would not, or runs it at least 10% faster."""
     if quant not in QUANTS:
         raise SluiceError(f"Unknown quant '{quant}': choose one of {', '.join(QUANTS)}.")
@@ -168,7 +168,7 @@ def estimate(config: dict, download_bytes: int, machine: Machine, quant: str = "
     est = Estimate(quant, shape, block, expert_bytes, repacked, download_bytes, disk_needed,
                    plan.vram_budget_bytes if plan else 0, plan.ram_cache_bytes if plan else 0,
                    slot_hit, ram_hit, disk, h2d, compute_s, tok_s, verdict, reason, dense_quant)
-    if suggest_int8_dense and machine.device == "cuda" and not dense_quant and dense_quant_.available(shape.family):
+    if suggest_int8_dense and not dense_quant and dense_quant_.available(shape.family):
         est.int8_dense_tip = _int8_dense_tip(est, lambda: estimate(
             config, download_bytes, machine, quant, vram_budget, ram_cache, hit_rates, missing_download_bytes,
             dense_quant="int8"))
@@ -282,9 +282,8 @@ def _roofline(shape: ModelShape, block: int, machine: Machine, slot_hit: float, 
         pcie_bps += cpu_bps
     compute_bw = machine.gpu_mem_bw_bps if on_gpu and machine.gpu_mem_bw_bps else machine.mem_bw_bps
     elem = COMPUTE_DTYPE_BYTES[machine.device]
-    # int8 dense weights: a GPU kernel reads the codes; the CPU's slabbed reference also writes and reads a
-    # float copy of each weight, every token (decode measured at half the speed: scripts/probe_dense_cpu.py)
-    per_code = 1 if on_gpu else 1 + 2 * elem
+    # int8 dense weights: a decode step's kernel reads the codes, on a GPU and on the CPU (kernels/cpu_gemv.py)
+    per_code = 1
     quantised = shape.dense_params - shape.exact_params if dense_quant else 0
     dense_read = (shape.dense_params - quantised) * elem + quantised * per_code \
         - shape.embedding_params * (per_code if dense_quant else elem)

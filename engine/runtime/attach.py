@@ -1,7 +1,8 @@
-"""GPU kernels attached to a loaded model once, at load, in this one place: each is checked against its torch
-reference on this device at the model's shapes (kernels/selfcheck.py: a verdict cached per machine, a failure
-warned about) and set on the pieces that call it. With `options.eager`, or off CUDA, nothing is attached: every
-piece runs its plain torch path (engine/model/layers.py), so a bug can be bisected against it.
+"""Kernels attached to a loaded model once, at load, in this one place: each is checked against its torch
+reference on this device at the model's shapes (GPU kernels: kernels/selfcheck.py, a verdict cached per machine; a
+failure warned about) and set on the pieces that call it. With `options.eager` no GPU kernel is attached: every
+piece runs its plain torch path (engine/model/layers.py), so a bug can be bisected against it. On the CPU only the
+int8 dense weights take one, unless `options.cpu_kernel` is "torch" (the CPU's numba kernels off).
 
   piece                         kernel                          what it takes over
   layers.RmsNorm                kernels/rms_norm.py             the standard RMS norms (rows up to norms.MAX_N)
@@ -19,6 +20,7 @@ piece runs its plain torch path (engine/model/layers.py), so a bug can be bisect
   gptoss.TopKSoftmaxRouter      kernels/router.py               gpt-oss's top-k softmax routing, its bias
   deepseek_style.RouterPiece    kernels/router.py               group-limited routing (DeepSeek, GLM, MiniMax, ERNIE...)
   layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
+  layers.Packed (int8), CPU     kernels/cpu_gemv.py             int8 dense weights, decode steps (numba; float32)
   the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
   top-k sampling                kernels/top_candidates.py                            (CandidateKernels)
 """
@@ -54,10 +56,12 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
                    warn: Warn) -> None:
     """Every piece's kernel where it passes its check. `weights`: the dense weights the model was built from (its
     int8 ones, row blocks included, get the int8 kernel); called after the build (a family may split a weight)."""
+    packed = [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]
+    if torch.device(device).type == "cpu" and options.cpu_kernel != "torch" and dtype == torch.float32:
+        _attach_cpu_int8(packed, warn)
     if not attaches(options, device):
         return
     chosen: dict[tuple, object] = {}                  # one check per distinct key
-    packed = [v for w in weights.values() if isinstance(w, Packed) for v in (w, *w.views)]
     check = lambda key, kind, select, *args, **kw: _once(                                         # noqa: E731
         chosen, key, lambda: _checked(select, kind, key[1:], warn, *args, **kw))
     for piece in packed + list(_pieces(model)):
@@ -100,6 +104,23 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
             s = piece.attention.shape
             key = ("mla_decode", s.num_heads, s.kv_lora_rank, s.qk_rope_head_dim)
             piece.attention.decode_kernel = check(key, "MLA decode", "select_mla_decode", *key[1:], dtype, device)
+
+
+def _attach_cpu_int8(packed: list[Packed], warn: Warn) -> None:
+    """The CPU's int8 rows kernel on each int8 dense weight whose shape it passes its check at (one check a shape)."""
+    from kernels import cpu_gemv
+    if not cpu_gemv.available():
+        return
+    verdicts: dict[tuple, str | None] = {}
+    for piece in packed:
+        if piece.fmt != "int8":
+            continue
+        if piece.shape not in verdicts:
+            verdicts[piece.shape] = cpu_gemv.check(*piece.shape)
+            if verdicts[piece.shape] is not None:
+                warn(f"int8 dense kernel disabled for {tuple(piece.shape)} on this CPU: {verdicts[piece.shape]}.")
+        if verdicts[piece.shape] is None:
+            piece.kernel = cpu_gemv.int8_linear
 
 
 def attached_kernels(model: Model) -> dict[str, int]:

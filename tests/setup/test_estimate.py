@@ -178,12 +178,13 @@ def test_int8_dense_weights_give_the_experts_vram_and_speed():
     assert int8.dense_quant == "int8" and stored.dense_quant is None
     assert int8.slot_hit > stored.slot_hit and int8.h2d_bytes_per_token < stored.h2d_bytes_per_token
     assert int8.compute_s < stored.compute_s and int8.tok_s > stored.tok_s
-    # the CPU device dequantises every int8 weight for every token (measured: half the decode speed), so
-    # there the estimate counts less memory but more compute time
+    # the CPU device's decode reads the int8 codes too (kernels/cpu_gemv.py), a quarter of its float32 weights' bytes
     cpu_stored, cpu_int8 = (estimate(QWEN3_30B_A3B, 61 * GB, _machine(), "int8", dense_quant=d) for d in (None, "int8"))
     overhead = 48 * LAYER_OVERHEAD_S["cpu"]
-    assert cpu_int8.compute_s - overhead > 1.5 * (cpu_stored.compute_s - overhead)
-    assert cpu_int8.tok_s < cpu_stored.tok_s
+    assert cpu_int8.compute_s - overhead < cpu_stored.compute_s - overhead
+    assert cpu_int8.tok_s > cpu_stored.tok_s
+    suggested = estimate(QWEN3_30B_A3B, 61 * GB, _machine(), "int8", suggest_int8_dense=True)   # the wizard's tip
+    assert suggested.int8_dense_tip is not None and suggested.int8_dense_tip.tok_s == cpu_int8.tok_s
     from engine.model.families import family_module
     with pytest.MonkeyPatch.context() as patch:          # a family that does not name its int8 weights
         patch.delattr(family_module("qwen3_moe"), "DENSE_INT8")

@@ -13,6 +13,7 @@ from engine.model.families import family_module
 from engine.format.file_table import FileTable
 from engine.model.layers import Packed
 from engine.tools.demo import build_hf_model
+from kernels import cpu_gemv
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.dsv4_checkpoint import CSA, HCA, SLIDING, build_dsv4
 from tests.families.hybrid_models import build_hybrid
@@ -59,6 +60,8 @@ def test_int8_dense_weights_give_transformers_tokens_with_the_same_weights(int8_
     assert snap["disk"]["reads"] > 0 and snap["vram"]["peak_bytes"] <= snap["vram"]["budget_bytes"]
     if DEVICE == "cuda":          # the kernel passed its check and runs in the graphs (where the family has them)
         assert weights.lm_head.kernel is not None and eng.runner.step.use_graphs == weights.graph_safe
+    else:                         # the CPU's int8 rows kernel passed its check: the decode steps' tokens are its
+        assert weights.lm_head.kernel is cpu_gemv.int8_linear
     reference = load_reference(int8_model / "hf", "int8", dense_quant="int8")
     with safe_open(str(int8_model / "sluice" / "dense.safetensors"), "pt") as f:
         stored = list(f.keys())
