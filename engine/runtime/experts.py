@@ -10,7 +10,8 @@ Who does what: residency.py decides (what is resident, what to evict, what to br
 from disk, the mover (movers.py, one per device kind) copies, expert_compute.py computes. Hybrid execution:
 in a decode step the placement cost model (placement.py) may give some RAM-resident misses to the CPU, which
 computes them where they sit (cpu_experts.py) while the device computes the rest; their partial sums meet in
-`out`.
+`out`. The CPU device computing int8 experts in place reads its disk misses into the RAM cache and computes them
+there too: nothing is copied into its slots.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from engine.runtime.slots import SlotBanks
 from engine.runtime.speculation import score
 from engine.runtime.store import ExpertStore
 from engine.runtime.telemetry import Telemetry
+from kernels.quant_formats import QUANT_FORMATS
 
 DEFAULT_BATCH = 32          # experts brought in per batch in prefill
 FILL_READS = 2              # reads in flight, of any kind, below which RAM is filled in the background (`fill`)
@@ -57,6 +59,7 @@ class Experts:
         self.store, self.cache, self.banks, self.telemetry = store, cache, banks, telemetry
         self.device = torch.device(device)
         self.batch_size = max(1, min(batch_size, banks.slots_per_bank, cache.num_slots))
+        self._cpu_batch = max(1, min(batch_size, cache.num_slots))      # reads for the CPU device's in-place share
         self.cpu = cpu               # hybrid execution: the CPU's share of RAM-resident experts, or None
         self.prefetch_reads, self.prefetch_copies = prefetch_reads, prefetch_copies
         self.mover = make_mover(self.device, banks, cache, telemetry, cpu.placement if cpu is not None else None,
@@ -112,9 +115,12 @@ class Experts:
         share = self._cpu_share(call, late) if hybrid and late else None
         if share is not None:
             late = [e for e in late if e not in share.blocks]
+        read_for_cpu, late = (late, []) if hybrid and self._cpu_takes_reads() else ([], late)
         ready = self._compute(call, wanted, slot_of, late, static_inputs, defer)
         if share is not None:              # the device's share is enqueued: the CPU does its own now
             share.add_into(call)
+        if read_for_cpu:
+            self._read_for_cpu(call, read_for_cpu)
         prefetch = next_layer if next_layer is not None and predicted else None
         if defer:
             self._deferred = (prefetch, predicted, layer, routed, counts, ready)
@@ -181,6 +187,36 @@ class Experts:
             share.compute(call)
         return share
 
+    def _cpu_takes_reads(self) -> bool:
+        """The CPU device computing every RAM-resident expert where it sits: a disk miss is read into RAM and
+        computed there too (a copy into a slot would be one more pass over memory, and the slot path may
+        dequantise the block first)."""
+        return (not self.mover.is_async and self.cpu.placement.mode == "all"
+                and QUANT_FORMATS[self.cpu.layout.fmt].cpu_in_place)
+
+    def _read_for_cpu(self, call: LayerCall, experts: list[int]) -> None:
+        """out += the experts read into the RAM cache and computed where they landed, a batch at a time (a
+        batch's reads all in flight before the first wait; the next layer's guessed reads queued behind)."""
+        layer = call.layer
+        for start in range(0, len(experts), self._cpu_batch):
+            batch = experts[start:start + self._cpu_batch]
+            in_ram, from_disk = self._locate(layer, batch)                 # each block locked once
+            if from_disk:
+                self._start_reads_ahead()
+            landed = [e for e, _ in in_ram]
+            try:
+                for i, (expert, _, future) in enumerate(from_disk):
+                    try:
+                        self.reads.finish((layer, expert), future)
+                    except BaseException:
+                        self.reads.abandon(layer, from_disk[i + 1:])
+                        raise
+                    landed.append(expert)
+                CpuShare(self.cpu, self.cache, layer, batch).add_into(call)
+            finally:
+                for expert in landed:
+                    self.cache.unlock((layer, expert))
+
     def begin_step(self) -> bool:
         """A decode step starts: its launches go to the stream current now; the copies' busy time is counted.
         Returns whether it goes without a host sync a layer (sync_free.py)."""
@@ -229,9 +265,8 @@ class Experts:
         with self.mover.copy_batch(layer, each):
             for expert, ram_slot in in_ram:
                 placed[expert] = self.mover.copy(layer, expert, ram_slot, protected, ram_hit=True)
-        if from_disk and self._ahead is not None:     # queued behind this layer's reads: they go first
-            (ahead, guesses), self._ahead = self._ahead, None
-            self._read_ahead[ahead] = self._prefetch_reads(ahead, guesses)
+        if from_disk:
+            self._start_reads_ahead()
         for i, (expert, ram_slot, future) in enumerate(from_disk):
             try:
                 self.reads.finish((layer, expert), future)
@@ -241,6 +276,12 @@ class Experts:
             with self.mover.copy_batch(layer):
                 placed[expert] = self.mover.copy(layer, expert, ram_slot, protected)
         return placed
+
+    def _start_reads_ahead(self) -> None:
+        """The next layer's guessed reads, queued behind this layer's own (they go first)."""
+        if self._ahead is not None:
+            (ahead, guesses), self._ahead = self._ahead, None
+            self._read_ahead[ahead] = self._prefetch_reads(ahead, guesses)
 
     def _locate(self, layer: int, experts: list[int]) -> tuple[list, list]:
         """-> ([(expert, RAM slot)] of the RAM hits, locked; [(expert, RAM slot, read)] of the disk reads:
