@@ -245,7 +245,8 @@ def _plan_budgets(config: dict, shape: ModelShape, quant: str, block: int, machi
     workspace = prefill_workspace_bytes(spec, context, elem) + CUDA_CONTEXT_BYTES if on_gpu else 0
 
     if computes_in_place(machine.device, quant):
-        default_vram, default_ram = in_place_defaults(default_vram, default_ram, dense + kv_bytes, block + decoded)
+        default_vram, default_ram = in_place_defaults(default_vram, default_ram, dense + kv_bytes, block + decoded,
+                                                      shape.top_k)
 
     def plan_for(ram_cache_bytes):
         return plan_budgets(block_bytes=block, top_k=shape.top_k, num_experts=shape.num_experts,

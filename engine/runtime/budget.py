@@ -73,22 +73,22 @@ def plan_budgets(*, block_bytes: int, top_k: int, num_experts: int, num_moe_laye
     return Plan(vram_budget, dense_bytes, kv_bytes, workspace_bytes, slots_per_bank, ram_cache, block_bytes, slot)
 
 
-IN_PLACE_SLOTS = 32     # a bank's slots on the CPU device when experts are computed in RAM: one prefill batch
-
-
 def computes_in_place(device_type: str, fmt: str, cpu_experts: str = "auto") -> bool:
-    """Whether the CPU device computes the model's RAM-resident experts where they sit: int8 blocks, unless
-    hybrid execution is off. A slot costs a copy, a float copy of the expert and a matmul over 4x the bytes,
-    in place the matmul alone (decode more than twice as fast, faster still with the slot tier cut to a
-    prefill batch). bf16 blocks would need a float copy each (QuantFormat.cpu_in_place)."""
+    """Whether the CPU device computes the model's experts where they sit in RAM: int8 blocks, unless hybrid
+    execution is off. A slot costs a copy, a float copy of the expert and a matmul over 4x the bytes, in place
+    the matmul alone (decode more than twice as fast). A disk miss is read into RAM and computed there too
+    (experts.py), so no expert is ever copied into a slot. bf16 blocks would need a float copy each
+    (QuantFormat.cpu_in_place)."""
     return device_type != "cuda" and QUANT_FORMATS[fmt].cpu_in_place and cpu_experts in ("auto", "all")
 
 
-def in_place_defaults(default_vram: int, default_ram: int, fixed_bytes: int, device_slot_bytes: int) -> tuple[int, int]:
-    """(default VRAM budget, default RAM cache) on the CPU device when the RAM-resident experts are computed
-    where they sit (int8): the slot tier (a float copy of each expert) only serves prefill's batches, and the
-    memory it would have taken goes to the RAM cache, which holds 4-5x the experts in the same bytes."""
-    small = fixed_bytes + 2 * IN_PLACE_SLOTS * device_slot_bytes
+def in_place_defaults(default_vram: int, default_ram: int, fixed_bytes: int, device_slot_bytes: int,
+                      top_k: int) -> tuple[int, int]:
+    """(default VRAM budget, default RAM cache) on the CPU device when its experts are computed where they sit
+    in RAM (int8): the slot tier serves nothing then, so it keeps the fewest slots a plan allows (two banks of
+    top_k), and the memory it would have taken goes to the RAM cache, which holds 4-5x the experts in the same
+    bytes."""
+    small = fixed_bytes + 2 * top_k * device_slot_bytes
     if small >= default_vram:
         return default_vram, default_ram
     return small, default_ram + default_vram - small

@@ -114,7 +114,7 @@ class Runner:
                        default_ram=default_ram, device_slot_bytes=slot_bytes)
         if vram_budget is None and computes_in_place(self.device.type, layout.fmt, self.options.cpu_experts):
             budgets["default_vram"], budgets["default_ram"] = in_place_defaults(
-                default_vram, default_ram, dense_bytes + kv_bytes, slot_bytes)
+                default_vram, default_ram, dense_bytes + kv_bytes, slot_bytes, self.spec.top_k)
         return budgets
 
     def _final_plan(self, budgets: dict, base_bytes: int, resident_bytes: int, work: int, ram_cache: int | None,

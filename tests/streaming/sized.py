@@ -25,10 +25,13 @@ def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: i
 
     kw = {"device": DEVICE, "dtype": "float32", "max_context": max_context, **kw}
     probe = engine.load(path, device=kw["device"], dtype="float32", max_context=max_context)
-    block_bytes = probe.plan.block_bytes
+    plan = probe.plan
     probe.close()
+    # the CPU device's default keeps top_k slots a bank where it computes experts in RAM: room for more
+    vram = max(plan.vram_budget_bytes, plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes
+               + 2 * slots_per_bank * plan.device_slot_bytes)
     with mock.patch.object(runner, "plan_budgets", plan_with_slots):
-        return engine.load(path, ram_cache=ram_blocks * block_bytes, **kw)
+        return engine.load(path, vram_budget=vram, ram_cache=ram_blocks * plan.block_bytes, **kw)
 
 
 def streaming_budgets(model_dir, **kw) -> tuple[int, int]:

@@ -41,9 +41,23 @@ def test_bf16_experts_still_take_slots(olmoe_dirs):
     assert snap["cpu"]["experts"] == 0
 
 
-def test_the_slot_tier_keeps_a_prefill_batch_and_gives_the_rest_to_the_ram_cache():
-    from engine.runtime.budget import IN_PLACE_SLOTS, in_place_defaults
+def test_the_slot_tier_keeps_the_fewest_slots_and_gives_the_rest_to_the_ram_cache():
+    from engine.runtime.budget import in_place_defaults
     gib, mib = 2**30, 2**20
-    vram, ram = in_place_defaults(4 * gib, 8 * gib, fixed_bytes=1 * gib, device_slot_bytes=30 * mib)
-    assert vram == 1 * gib + 2 * IN_PLACE_SLOTS * 30 * mib and vram + ram == 12 * gib     # nothing lost
-    assert in_place_defaults(2 * gib, 8 * gib, fixed_bytes=1 * gib, device_slot_bytes=30 * mib) == (2 * gib, 8 * gib)
+    vram, ram = in_place_defaults(4 * gib, 8 * gib, fixed_bytes=1 * gib, device_slot_bytes=30 * mib, top_k=8)
+    assert vram == 1 * gib + 2 * 8 * 30 * mib and vram + ram == 12 * gib     # nothing lost
+    assert in_place_defaults(1 * gib + 100 * mib, 8 * gib, fixed_bytes=1 * gib, device_slot_bytes=30 * mib,
+                             top_k=8) == (1 * gib + 100 * mib, 8 * gib)
+
+
+def test_the_default_plan_keeps_top_k_slots_a_bank_and_decodes_from_ram(olmoe_dirs):
+    import engine
+    eng = engine.load(olmoe_dirs["int8"], device="cpu", dtype="float32", max_context=64)
+    try:
+        assert eng.plan.slots_per_bank == eng.spec.top_k
+        tokens = token_ids(eng, PROMPT, 12)
+        snap = eng.telemetry()
+    finally:
+        eng.close()
+    assert tokens == _run(olmoe_dirs["int8"], cpu_experts="off")[0]
+    assert snap["cpu"]["experts"] > 0 and snap["h2d"]["bytes"] == 0          # nothing copied into a slot
