@@ -205,13 +205,8 @@ class Experts:
                 self._start_reads_ahead()
             landed = [e for e, _ in in_ram]
             try:
-                for i, (expert, _, future) in enumerate(from_disk):
-                    try:
-                        self.reads.finish((layer, expert), future)
-                    except BaseException:
-                        self.reads.abandon(layer, from_disk[i + 1:])
-                        raise
-                    landed.append(expert)
+                for expert, _ in self._landed(layer, from_disk):
+                    landed.append(expert)                # locked from here until computed
                 CpuShare(self.cpu, self.cache, layer, batch).add_into(call)
             finally:
                 for expert in landed:
@@ -267,15 +262,21 @@ class Experts:
                 placed[expert] = self.mover.copy(layer, expert, ram_slot, protected, ram_hit=True)
         if from_disk:
             self._start_reads_ahead()
+        for expert, ram_slot in self._landed(layer, from_disk):
+            with self.mover.copy_batch(layer):
+                placed[expert] = self.mover.copy(layer, expert, ram_slot, protected)
+        return placed
+
+    def _landed(self, layer: int, from_disk: list):
+        """Yields each (expert, RAM slot) of `_locate`'s disk reads once its read has landed, in order; a failed
+        read abandons those after it."""
         for i, (expert, ram_slot, future) in enumerate(from_disk):
             try:
                 self.reads.finish((layer, expert), future)
             except BaseException:
                 self.reads.abandon(layer, from_disk[i + 1:])
                 raise
-            with self.mover.copy_batch(layer):
-                placed[expert] = self.mover.copy(layer, expert, ram_slot, protected)
-        return placed
+            yield expert, ram_slot
 
     def _start_reads_ahead(self) -> None:
         """The next layer's guessed reads, queued behind this layer's own (they go first)."""
