@@ -15,7 +15,7 @@ from engine.tools.demo import build_hf_model
 from kernels.formats import random_bank
 from tests.engine.reference import load_reference, reference_greedy
 from tests.families.qwen4_models import build_qwen4
-from tests.streaming.sized import engine_with_slots, token_ids
+from tests.streaming.sized import DEVICE, engine_with_slots, token_ids
 
 pytest.importorskip("triton")
 
@@ -63,14 +63,22 @@ def attached(monkeypatch, tmp_path):
 
 
 def _generate(model_dir, ram_blocks: int | None):
-    probe = engine.load(model_dir / "sluice", device="cpu", dtype="float32")
+    """(tokens, telemetry, the engine's SyncFreeSteps) of a second generation: the first reads every block into
+    the RAM cache as it decodes (a step goes in place only once each block sits in a tier; on a GPU the steps
+    outrun the reads)."""
+    probe = engine.load(model_dir / "sluice", device=DEVICE, dtype="float32")
     total = len(probe.spec.moe_layers) * probe.spec.num_experts
     probe.close()
     eng = engine_with_slots(model_dir / "sluice", slots_per_bank=4, ram_blocks=ram_blocks or total)
     try:
         assert eng.runner.experts.compute.kernel is not None               # the decode kernel attached
+        token_ids(eng, PROMPT, NEW_TOKENS)
+        before = eng.telemetry()
         ours = token_ids(eng, PROMPT, NEW_TOKENS)
-        return ours, eng.telemetry(), eng.runner.experts.sync_free
+        tel = eng.telemetry()
+        tel["sync_free"] = {k: v - before["sync_free"][k] for k, v in tel["sync_free"].items()}
+        tel["vram"]["misses"] -= before["vram"]["misses"]
+        return ours, tel, eng.runner.experts.sync_free
     finally:
         eng.close()
 
@@ -98,9 +106,11 @@ def test_a_kernel_that_reads_in_place_wrongly_is_not_used(olmoe_dir):
     layout = open_model_dir(olmoe_dir / "sluice").layout
     offsets = {f.name: f.offset for f in layout.fields}
     block = random_bank(1, layout.block_bytes, layout.fmt, offsets, layout.intermediate, layout.hidden)[0]
-    bank = torch.zeros(2, layout.block_bytes, dtype=torch.uint8)
-    args = (bank, block.clone(), block, layout, offsets, torch.float32)
-    assert extra_miss_s(moe_decode, *args) == 0.0                          # the real kernel (interpreter)
+    bank = torch.zeros(2, layout.block_bytes, dtype=torch.uint8, device=DEVICE)
+    host_block = block.pin_memory() if DEVICE == "cuda" else block
+    args = (bank, block.to(DEVICE), host_block, layout, offsets, torch.float32)
+    extra = extra_miss_s(moe_decode, *args)                                 # the real kernel
+    assert extra is not None and (extra >= 0.0 if DEVICE == "cuda" else extra == 0.0)
 
     def off_by_one(*a, bases=None, **kw):
         out = moe_decode(*a, bases=bases, **kw)
