@@ -160,7 +160,8 @@ def _gguf(plan: Planned, args) -> tuple[Path | None, str | None]:
 
 def sluice_flags(plan: Planned, regime_name: str, args) -> list[str]:
     return ["--preset", plan.preset, "--quant", plan.family.quant, "--dense-quant", "int8", "--prompt-tokens",
-            str(PROMPT_TOKENS), "--new-tokens", str(NEW_TOKENS[regime_name]), "--device", args.device,
+            str(PROMPT_TOKENS), "--new-tokens", str(max(NEW_TOKENS[regime_name], plan.family.min_new_tokens)),
+            "--device", args.device,
             *args.bench_args]
 
 
