@@ -9,8 +9,8 @@ pages holding the others: pages sorted, adjacent ones coalesced into one read (a
 reads in flight together on reader threads, O_DIRECT where the file system allows (what the disk really
 gives; buffered elsewhere). Rows read enter the cache (least recently used out). Where the RAM budget holds the
 whole model, experts and tables (`holds_tables`), the tables are held in RAM instead: read once in the background,
-front to back, and a row below the part read so far is a plain gather (a disk read costs ~0.1 ms, and random
-text's n-grams are new rows a cache of hot ones does not have). Nothing of the tables is held on the device: a
+front to back, and a row below the part read so far is a plain gather, one past it read from disk (a disk read
+costs ~0.1 ms, and random text's n-grams are new rows a cache of hot ones does not have). Nothing of the tables is held on the device: a
 step's rows go there as its PLE layers' input.
 """
 from __future__ import annotations
@@ -182,19 +182,19 @@ class NgramTier:
         distinct, inverse = np.unique(ids, return_inverse=True)
         inverse = torch.from_numpy(inverse.reshape(ids.shape))
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
-        missing = []
-        held = False
-        if self.held is not None:
+        if self.held is not None:            # the rows the background read has passed; the others from disk
             offsets = self.index.tables[table].offset + distinct.astype(np.int64) * self.index.row_stride
-            held = offsets[-1] + self.index.row_bytes <= self.held.upto          # (sorted: the last is the farthest)
-            if held:
-                rows.numpy()[:] = self.held.rows(offsets, self.index.row_bytes)
-        for j, row in enumerate([] if held else distinct.tolist()):
-            cached = self.cache.get((table, row))
-            if cached is None:
-                missing.append(j)
-            else:
-                rows[j] = cached
+            below = offsets + self.index.row_bytes <= self.held.upto
+            rows.numpy()[below] = self.held.rows(offsets[below], self.index.row_bytes)
+            missing = np.flatnonzero(~below).tolist()
+        else:
+            missing = []
+            for j, row in enumerate(distinct.tolist()):
+                cached = self.cache.get((table, row))
+                if cached is None:
+                    missing.append(j)
+                else:
+                    rows[j] = cached
         if missing:
             rows[missing] = torch.from_numpy(self._read(table, distinct[missing]))
         self.telemetry.add(ngram_rows=distinct.shape[0], ngram_hits=distinct.shape[0] - len(missing),

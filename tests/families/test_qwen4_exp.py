@@ -150,6 +150,26 @@ def test_where_ram_holds_the_whole_model_the_tables_are_held_and_no_step_reads_a
     eng.close()
 
 
+def test_while_the_tables_are_read_a_row_past_the_part_read_comes_from_disk(text_dir, tmp_path):
+    model_dir = repack(text_dir, tmp_path / "m")
+    index = read_index(model_dir)
+    ram = open_model_dir(model_dir).expert_bytes_total + held_bytes(index.total_bytes)
+    eng = engine.load(model_dir, device="cpu", dtype="float32", ram_cache=ram)
+    try:
+        held = eng.runner.model.ngram.held
+        held._thread.join(timeout=60)
+        held.upto = index.total_bytes // 2 // PAGE * PAGE             # as if the background read were halfway
+        first = token_ids(eng, PROMPT_IDS, 1)                         # the prompt's pass
+        ngram = eng.telemetry()["ngram"]
+    finally:
+        eng.close()
+    past = sum(int((t.offset + np.unique(ids).astype(np.int64) * index.row_stride + index.row_bytes
+                    > held.upto).sum()) for t, ids in zip(index.tables, _hasher().step(PROMPT_IDS, 0)))
+    assert 0 < past < ngram["rows"]
+    assert ngram["misses"] == past and ngram["hits"] == ngram["rows"] - past
+    assert first == reference_greedy(load_reference(text_dir, "bf16"), PROMPT_IDS, 1)
+
+
 def test_the_default_ram_budget_holds_the_tables_beside_every_expert(text_dir, tmp_path):
     model_dir = repack(text_dir, tmp_path / "m")
     eng = engine.load(model_dir, device="cpu", dtype="float32")
