@@ -58,7 +58,17 @@ def _fit_from_zero(plot, values: list[float]) -> None:
     """A rate's axis runs from 0 to a little above its highest value, so a dip from 4.3 to 4.1 tok/s looks like
     the 5 % it is (an auto range fitted to the values would draw it as a fall to nothing)."""
     top = max((v for v in values if math.isfinite(v)), default=0.0)
-    plot.setYRange(0, top * 1.1 if top > 0 else 1, padding=0)
+    _set_y_range(plot, 0, top * 1.1 if top > 0 else 1)
+
+
+def _set_y_range(plot, bottom: float, top: float) -> None:
+    """The range, and labels 1, 2 or 5 times a power of ten apart, one to three steps up the ~60 px axis
+    (pyqtgraph's own spacing put six labels there, touching)."""
+    plot.setYRange(bottom, top, padding=0)
+    quarter = (top - bottom) / 4
+    power = 10 ** math.floor(math.log10(quarter))
+    major = next(m * power for m in (1, 2, 5, 10) if m * power > quarter)
+    plot.getAxis("left").setTickSpacing(major, major)
 
 
 def _percent(value: float | None) -> str:
@@ -191,7 +201,7 @@ class LivePanels(QWidget):
         if units:
             plot.setLabel("left", units=units)
             plot.getAxis("left").enableAutoSIPrefix(units != "%")
-        plot.setYRange(*(y_range or (0, 1)), padding=0)     # a rate's top follows its values (_fit_from_zero)
+        _set_y_range(plot, *(y_range or (0, 1)))             # a rate's top follows its values (_fit_from_zero)
         plot.getViewBox().setLimits(yMin=0)          # all values are >= 0; no empty negative half
         plot.hideAxis("bottom")                      # x: the last 60 s, newest on the right
         plot.getPlotItem().layout.setContentsMargins(2, 4, 6, 8)   # room for the lowest tick's label

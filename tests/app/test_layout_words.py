@@ -47,6 +47,21 @@ def test_the_speed_charts_axes_start_at_0(qtbot):
     assert 21 <= panels.tok_plot.getViewBox().viewRange()[1][1] < 24                # the top just above the values
 
 
+def test_each_small_chart_labels_its_axis_one_to_three_steps_apart(qtbot):
+    panels = LivePanels(lambda: {})
+    qtbot.addWidget(panels)
+    panels.show()
+    for i, tok_s in enumerate((187.0, 190.5, 244.2)):
+        panels.history.push({"speed": {"decode_tok_s": tok_s, "prefill_tok_s": 6060.0},
+                             "disk": {"bytes_read": i * 37_000_000}}, i * 0.1)
+    panels._update_plots()
+    qtbot.wait(50)
+    for plot in (panels.hit_plot, panels.tok_plot, panels.disk_plot, panels.h2d_plot):
+        axis, (low, high) = plot.getAxis("left"), plot.getViewBox().viewRange()[1]
+        labels = [v for _, values in axis.tickValues(low, high, axis.height()) for v in values]
+        assert 2 <= len(set(labels)) <= 4, (plot, labels)            # 0 and one to three more, none touching
+
+
 def test_while_the_engine_works_the_plots_take_turns_and_each_moves_2_5_times_a_second(qtbot):
     reads = iter(range(0, 10**9, 4_000_000))
     panels = LivePanels(lambda: {"disk": {"bytes_read": next(reads)}, "speed": {"decode_tok_s": 5.0},
