@@ -11,7 +11,9 @@ from disk, the mover (movers.py, one per device kind) copies, expert_compute.py 
 in a decode step the placement cost model (placement.py) may give some RAM-resident misses to the CPU, which
 computes them where they sit (cpu_experts.py) while the device computes the rest; their partial sums meet in
 `out`. The CPU device computing int8 experts in place reads its disk misses into the RAM cache and computes them
-there too: nothing is copied into its slots.
+there too: nothing is copied into its slots. Where every block sits in a slot or in the RAM cache, a decode
+step may go without step 1's sync in every layer (sync_free.py: the experts read where they sit, misses in place
+from pinned RAM).
 """
 from __future__ import annotations
 
