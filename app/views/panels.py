@@ -49,9 +49,13 @@ def _ngram_text(snapshot: dict) -> str | None:
     ngram = snapshot.get("ngram") or {}
     if not ngram.get("tokens"):
         return None
+    held = "of hot rows"
+    if ngram.get("held"):
+        read = ngram["held_read_bytes"]
+        held = "of tables held in RAM" + (f" ({format_size(read)} read so far)" if read < ngram["cache_bytes"] else "")
     return (f"n-gram rows: {ngram['rows_per_token']:.1f} a token · {format_size(ngram['bytes_per_token'])} read a "
             f"token · hit rate {_percent(ngram['hit_rate'])} · read amplification {ngram['read_amplification']:.1f}x"
-            f" · {format_size(ngram['cache_bytes'])} {'of tables held in RAM' if ngram.get('held') else 'of hot rows'}")
+            f" · {format_size(ngram['cache_bytes'])} {held}")
 
 
 def _fit_from_zero(plot, values: list[float]) -> None:

@@ -96,8 +96,8 @@ class PageReader:
 class HeldTables:
     """The whole tables in RAM, read front to back by a background thread: `upto` bytes are in so far."""
 
-    def __init__(self, reader: PageReader, total_bytes: int):
-        self.reader, self.total_bytes = reader, total_bytes
+    def __init__(self, reader: PageReader, total_bytes: int, telemetry: Telemetry):
+        self.reader, self.total_bytes, self.telemetry = reader, total_bytes, telemetry
         self.buffer = mmap.mmap(-1, held_bytes(total_bytes))               # page aligned, as O_DIRECT needs
         self.data = np.frombuffer(self.buffer, dtype=np.uint8)
         self.upto = 0
@@ -116,6 +116,7 @@ class HeldTables:
             except OSError:
                 return                      # the rows past `upto` are read as they are needed (and fail there)
             self.upto = min((first + count) * PAGE, self.total_bytes)
+            self.telemetry.set(ngram_held_read_bytes=(first + count) * PAGE)     # of len(data), whole pages
 
     def rows(self, offsets: np.ndarray, row_bytes: int) -> np.ndarray:
         """[N, row bytes] of rows that start at `offsets`, all below `upto`."""
@@ -157,7 +158,7 @@ class NgramTier:
         self.index, self.hasher, self.telemetry = index, hasher, telemetry
         self.dtype, self.device = dtype, device
         self.reader = PageReader(path / NGRAM_FILE)
-        self.held = HeldTables(self.reader, index.total_bytes) if hold else None
+        self.held = HeldTables(self.reader, index.total_bytes, telemetry) if hold else None
         self.cache = RowCache(0 if hold else cache_bytes // index.row_bytes, index.row_bytes)
         self.cache_bytes = len(self.held.data) if hold else self.cache.pool.numel()
         telemetry.set(ngram_cache_bytes=self.cache_bytes, ngram_held=int(hold))

@@ -9,6 +9,7 @@ NGRAM_COUNTERS = frozenset({
     "ngram_bytes_used",                         # the bytes of the rows those reads were for
     "ngram_cache_bytes", "ngram_read_s",
     "ngram_held",           # 1 where the whole tables are held in RAM (cache_bytes is then theirs)
+    "ngram_held_read_bytes",    # of those, the bytes the background read has brought in so far
     "ngram_wait_s",         # what the layers' host waited for rows: the reads the earlier layers did not hide
 })
 
@@ -20,7 +21,8 @@ def ngram_section(v: dict) -> dict:
     return {"tokens": int(tokens), "rows": int(v["ngram_rows"]), "hits": int(v["ngram_hits"]),
             "misses": int(v["ngram_misses"]), "reads": int(v["ngram_reads"]),
             "bytes_read": int(v["ngram_bytes_read"]), "bytes_used": int(v["ngram_bytes_used"]),
-            "cache_bytes": int(v["ngram_cache_bytes"]), "held": bool(v["ngram_held"]), "read_s": v["ngram_read_s"],
+            "cache_bytes": int(v["ngram_cache_bytes"]), "held": bool(v["ngram_held"]),
+            "held_read_bytes": int(v["ngram_held_read_bytes"]), "read_s": v["ngram_read_s"],
             "wait_s": v["ngram_wait_s"],
             "rows_per_token": per_token("ngram_rows"), "bytes_per_token": per_token("ngram_bytes_read"),
             "hit_rate": v["ngram_hits"] / looked_up if looked_up else 0.0,

@@ -283,7 +283,8 @@ def _ngram_figures(end: dict, before: dict, decoded: int) -> dict:
         return {}
     return {"rows_per_token": d("rows") / decoded, "bytes_read_per_token": d("bytes_read") / decoded,
             "hit_rate": ratio(d("hits"), d("hits") + d("misses")),
-            "read_amplification": ratio(d("bytes_read"), d("bytes_used"))}
+            "read_amplification": ratio(d("bytes_read"), d("bytes_used")),
+            "held_read_bytes": d("held_read_bytes")}          # the held tables' background read, over the decode
 
 
 def _decode_times(per_token) -> dict:
@@ -481,8 +482,10 @@ def _prefill_lines(r: dict) -> list[str]:
 def _decode_lines(r: dict) -> list[str]:
     """A decode token: speed against the roofline, its bytes by tier, where its time went, the hit rates."""
     per, cpu = r["decode_bytes_per_token"], _on_cpu(r)
-    fill = (f" (and {r['decode_fill_reads']:.0f} blocks read ahead into free RAM over the decode)"
-            if r.get("decode_fill_reads") else "")
+    tables = (r.get("decode_ngram") or {}).get("held_read_bytes", 0)
+    ahead = ([f"{r['decode_fill_reads']:.0f} blocks"] if r.get("decode_fill_reads") else []) + \
+        ([f"{_gb(tables)} of the n-gram tables"] if tables else [])
+    fill = f" (and {' and '.join(ahead)} read ahead into free RAM over the decode)" if ahead else ""
     moved = (f"copied into slots {_gb(per['h2d'])}, computed where it sits in RAM {_gb(per['cpu'])}, compute reads "
              f"{_gb(per['gpu_reads'])}" if cpu else
              f"h2d {_gb(per['h2d'])}, computed on the CPU {_gb(per['cpu'])} "

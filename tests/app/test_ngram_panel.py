@@ -30,10 +30,12 @@ def test_the_ram_cache_box_shows_the_ngram_rows_the_engine_reports(qtbot, tmp_pa
     assert not ngram["held"] and text.endswith("of hot rows")          # a RAM budget short of the whole model
 
 
-def test_tables_held_in_ram_are_said_so():
+def test_tables_held_in_ram_are_said_so_and_how_far_their_read_has_come():
     ngram = {"tokens": 4, "rows_per_token": 16.0, "bytes_per_token": 0, "hit_rate": 1.0, "read_amplification": 0.0,
-             "cache_bytes": 3 << 30, "held": True}
+             "cache_bytes": 3 << 30, "held": True, "held_read_bytes": 3 << 30}
     assert _ngram_text({"ngram": ngram}).endswith("3.00 GiB of tables held in RAM")
+    ngram["held_read_bytes"] = 1 << 30                                   # the background read a third of the way
+    assert _ngram_text({"ngram": ngram}).endswith("3.00 GiB of tables held in RAM (1.00 GiB read so far)")
 
 
 def test_models_without_ngram_tables_show_no_ngram_line():

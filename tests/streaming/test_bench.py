@@ -52,6 +52,10 @@ def test_bench_reports_streaming_run(tiny_preset, tmp_path, capsys, via_repack, 
     assert r["process_anonymous_by_mapping"] and "anonymous    " in report(r)     # where the memory sits
     # nothing caps this run: a decode reads (almost) no code pages back; a thrashing one would show here
     assert 0 <= r["decode_major_faults_per_token"] < 5 and "read from files while decoding" in report(r)
+    # reads that ran behind the decode are named in its line (a short run of a large model measures them too)
+    r.update(decode_fill_reads=65, decode_ngram={"rows_per_token": 16.0, "bytes_read_per_token": 0.0, "hit_rate": 1.0,
+                                                 "read_amplification": 0.0, "held_read_bytes": 4.1e9})
+    assert "(and 65 blocks and 4.10 GB of the n-gram tables read ahead into free RAM over the decode)" in report(r)
 
 
 def test_bench_with_int8_dense_weights_gives_slots_the_vram_they_free(tiny_preset, int8_work, capsys):
