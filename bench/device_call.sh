@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# The next GPU session's first call (BENCHMARKS.md, "The next GPU session's calls", item 1), steps chosen by
+# environment variables, each skipped when too little of the call's LIM seconds is left; logs in $OUT/STEP.log.
+# Here, before the call:
+#   bash bench/device_wheels.sh
+#   mkdir -p old old2 && git archive e596222 | tar -x -C old && git archive HEAD | tar -x -C old2
+#   (then make old2's Runner._attach_sync_free return at once), and add /old/ /old2/ to .git/info/exclude
+# The call (carry .whl old old2):  TESTS=1 FN=1 LIM=580 bash bench/device_call.sh
+# A box goes back 30 s after a call: have the next command ready (GO=1 GOTL=1 FNTL=1 FAM=1 ...).
+set -u
+export PYTHONUNBUFFERED=1
+T0=$(date +%s); LIM=${LIM:-580}
+left() { echo $(( LIM - ($(date +%s) - T0) )); }
+step() {    # step NAME SECONDS_NEEDED COMMAND...
+  local name=$1 need=$2 l; shift 2; l=$(left)
+  if [ "$l" -lt "$need" ]; then echo "SKIP $name ($l s left)"; return; fi
+  echo "=== $name ($l s left)"
+  timeout $((l - 8)) "$@" 2>&1 | tee -a "$OUT/$name.log" | grep -v "warning\|^\s*$" | tail -"${TAILN:-30}"
+  echo "=== $name rc ${PIPESTATUS[0]} at $(( $(date +%s) - T0 )) s"
+}
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=/tmp/site:$PWD
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
+FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt-tokens 512 --new-tokens 256 --device cuda --vram-budget 11GiB"
+GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
+[ -n "${TESTS:-}" ] && step sync_free_tests 60 python -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_sync_free.py
+[ -n "${FN:-}" ] && step fn_ab 150 python -m bench ab --rounds "${R:-2}" --tree old2 -- $FN_ARGS
+[ -n "${FNTL:-}" ] && step fn_timeline 60 python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l \
+  --quant int8 --budgets 11GiB --tokens 256
+[ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
+[ -n "${GOTL:-}" ] && step go_timeline 60 python -m bench profile --mode timeline --preset gpt-oss-120b \
+  --quant mxfp4 --budgets 8GB --tokens 64
+[ -n "${FAM:-}" ] && step family_tests 120 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \
+  tests/families/test_gpt_oss.py tests/families/test_qwen4_exp_gpu.py tests/families/test_hybrid_runtime.py \
+  tests/streaming/test_runtime_equality.py tests/families/test_families_gpu.py tests/families/test_dsa_gpu.py
+echo "done at $(( $(date +%s) - T0 )) s"
