@@ -10,8 +10,8 @@ reads in flight together on reader threads, O_DIRECT where the file system allow
 gives; buffered elsewhere). Rows read enter the cache (least recently used out). Where the RAM budget holds the
 whole model, experts and tables (`holds_tables`), the tables are held in RAM instead: read once in the background,
 front to back, and a row below the part read so far is a plain gather, one past it read from disk (a disk read
-costs ~0.1 ms, and random text's n-grams are new rows a cache of hot ones does not have). Nothing of the tables is held on the device: a
-step's rows go there as its PLE layers' input.
+costs ~0.1 ms, and random text's n-grams are new rows a cache of hot ones does not have). Nothing of the tables
+is held on the device: a step's rows go there as its PLE layers' input.
 """
 from __future__ import annotations
 
