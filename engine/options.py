@@ -22,8 +22,8 @@ CPU_KERNELS = ("auto", "fused", "torch")
 class Options:
     eager: bool = False                 # no CUDA graphs and no Triton kernels: the plain torch path everywhere
     cpu_experts: str = "auto"           # RAM-resident experts computed by the CPU: cost model, all of them, none
-    cpu_kernel: str = "auto"            # the CPU's int8 experts: fused where faster and matching, always, never ("torch":
-                                        # its int8 dense weights too)
+    cpu_kernel: str = "auto"            # the CPU's int8 experts: fused where faster and matching, always, never
+                                        # ("torch": its int8 dense weights too)
     ram_fill: bool = True               # while idle, read the experts no prompt has read yet into free RAM
     prefetch_reads: int | None = None   # next layer's guesses whose disk reads start ahead (None: the default rule)
     prefetch_copies: int | None = None  # next layer's RAM-resident guesses copied ahead (None: the default rule)
