@@ -66,6 +66,11 @@ class Experts:
         self.prefetch_reads, self.prefetch_copies = prefetch_reads, prefetch_copies
         self.mover = make_mover(self.device, banks, cache, telemetry, cpu.placement if cpu is not None else None,
                                 pacing)
+        # the CPU device computing every RAM-resident expert where it sits: a disk miss is read into RAM and
+        # computed there too (a copy into a slot would be one more pass over memory, and the slot path may
+        # dequantise the block first); fixed at load, so decided once
+        self._cpu_takes_reads = (cpu is not None and not self.mover.is_async and cpu.placement.mode == "all"
+                                 and QUANT_FORMATS[cpu.layout.fmt].cpu_in_place)
         fused_slots = cpu if cpu is not None and cpu.fused and not self.mover.is_async else None
         self.compute = LayerCompute(banks, self.mover, layout, expert_mlp, dtype, self.batch_size, kernel,
                                     prefill_kernel, fused_slots)
@@ -117,7 +122,7 @@ class Experts:
         share = self._cpu_share(call, late) if hybrid and late else None
         if share is not None:
             late = [e for e in late if e not in share.blocks]
-        read_for_cpu, late = (late, []) if hybrid and self._cpu_takes_reads() else ([], late)
+        read_for_cpu, late = (late, []) if hybrid and self._cpu_takes_reads else ([], late)
         ready = self._compute(call, wanted, slot_of, late, static_inputs, defer)
         if share is not None:              # the device's share is enqueued: the CPU does its own now
             share.add_into(call)
@@ -188,13 +193,6 @@ class Experts:
         if not self.mover.is_async:
             share.compute(call)
         return share
-
-    def _cpu_takes_reads(self) -> bool:
-        """The CPU device computing every RAM-resident expert where it sits: a disk miss is read into RAM and
-        computed there too (a copy into a slot would be one more pass over memory, and the slot path may
-        dequantise the block first)."""
-        return (not self.mover.is_async and self.cpu.placement.mode == "all"
-                and QUANT_FORMATS[self.cpu.layout.fmt].cpu_in_place)
 
     def _read_for_cpu(self, call: LayerCall, experts: list[int]) -> None:
         """out += the experts read into the RAM cache and computed where they landed, a batch at a time (a
