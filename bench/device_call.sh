@@ -4,7 +4,9 @@
 # Here, before the call:
 #   bash bench/device_wheels.sh
 #   mkdir -p old old2 && git archive e596222 | tar -x -C old && git archive HEAD | tar -x -C old2
-#   (then make old2's Runner._attach_sync_free return at once), and add /old/ /old2/ to .git/info/exclude
+#   (then make old2's Runner._attach_sync_free return at once), and add /old/ /old2/ to .git/info/exclude;
+#   FN64 (Flash-Next's first 64 tokens after a load) wants old3 = the tree before the held tables' read deferred:
+#   mkdir -p old3 && git archive 68f6cdf | tar -x -C old3
 # The call (carry .whl old old2):  TESTS=1 FN=1 LIM=580 bash bench/device_call.sh
 # A box goes back 30 s after a call: have the next command ready (GO=1 GOTL=1 FNTL=1 FAM=1 ...).
 set -u
@@ -25,6 +27,7 @@ FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
 [ -n "${TESTS:-}" ] && step sync_free_tests 60 python -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_sync_free.py
 [ -n "${FN:-}" ] && step fn_ab 150 python -m bench ab --rounds "${R:-2}" --tree old2 -- $FN_ARGS
+[ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 --tree old3 -- $FN_ARGS --new-tokens 64
 [ -n "${FNTL:-}" ] && step fn_timeline 60 python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256
 [ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
