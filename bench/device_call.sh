@@ -27,10 +27,10 @@ FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
 [ -n "${TESTS:-}" ] && step sync_free_tests 60 python -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_sync_free.py
 [ -n "${FN:-}" ] && step fn_ab 150 python -m bench ab --rounds "${R:-2}" --tree old2 -- $FN_ARGS
+[ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
 [ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 --tree old3 -- $FN_ARGS --new-tokens 64
 [ -n "${FNTL:-}" ] && step fn_timeline 60 python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256
-[ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
 [ -n "${GOTL:-}" ] && step go_timeline 60 python -m bench profile --mode timeline --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 64
 [ -n "${FAM:-}" ] && step family_tests 120 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \

@@ -3,7 +3,8 @@
 The block stays in its stored format, nothing is dequantised or copied first: int8 blocks go through
 the fused kernel (kernels.cpu_moe: the expert's three projections, activation and weighted add in one
 call) where it matches the float32 reference and is faster than the family's torch expert at load
-(`choose_kernel`); otherwise `Packed` weights go through kernels.cpu_linear (torch's packed int8 kernel). The
+(`choose_kernel`); otherwise, and for a prompt's larger token groups, `Packed` weights go through
+kernels.cpu_gemm (float32 tokens: the int8 codes through MKL's GEMM) or kernels.cpu_linear (bf16). The
 decode thread itself computes them, after it has enqueued the GPU's whole share of the layer (kernels, copies,
 the next layer's prefetch), so both devices work at once; `add_into` adds the CPU's partial sum into the
 layer's output, the one place the two devices' results meet. (Not a worker thread: it waits for the GIL while
@@ -20,6 +21,7 @@ from typing import Callable
 
 import torch
 
+from kernels import cpu_gemm
 from kernels.activation import Activation
 
 from engine.format.layout import Layout
@@ -29,9 +31,9 @@ from engine.runtime.telemetry import Telemetry
 from engine.runtime.token_groups import token_groups
 
 MAX_TOKENS = 4      # on a GPU the CPU takes a share only in steps this small (decode); larger ones are the GPU's
-# An expert's tokens up to which the fused kernel beats dequantising the block and multiplying in torch: a
-# prompt's larger groups take torch's path, which computes the slot path's very values.
-FUSED_MAX_GROUP = 32
+# An expert's tokens up to which the fused kernel beats kernels.cpu_gemm's GEMM (which takes about as long for 1
+# to 16 tokens); a prompt's larger groups take the family's torch expert over it.
+FUSED_MAX_GROUP = 10
 FUSED_RTOL = 1e-4   # the fused kernel's largest error against the float32 reference, relative to its largest value
 CPU_FAST_FORMATS = ("int8", "bf16")   # stored forms the CPU computes in place (kernels.cpu_linear); others dequantise
 
@@ -46,6 +48,7 @@ class CpuExperts:
         self.placement = placement
         self.is_cuda = torch.device(device).type == "cuda"
         self._views: dict[int, dict] = {}
+        self._tile = cpu_gemm.scratch() if layout.fmt == "int8" else None   # kernels.cpu_gemm's, touched on first use
         self._parts: dict[int, dict] = {}
         # the fused kernel (kernels.cpu_moe) serves int8 blocks of the activations it knows; `choose_kernel`
         # turns it on where it matches the reference and is faster
@@ -73,11 +76,26 @@ class CpuExperts:
         key = block.data_ptr()
         cached = self._views.get(key)
         if cached is None:
-            cached = {proj: parts["b"] if "b" in parts else Packed(parts, self.layout.fmt)
+            cached = {proj: parts["b"] if "b" in parts else self._packed(parts)
                       for proj, parts in self.parts(block).items()}
             self._views[key] = cached
         dtype = dtype or self.dtype
         return {proj: w.to(dtype) if isinstance(w, torch.Tensor) else w for proj, w in cached.items()}
+
+    def _packed(self, parts: dict[str, torch.Tensor]) -> Packed:
+        """A projection left in the block; an int8 one multiplied by kernels.cpu_gemm."""
+        packed = Packed(parts, self.layout.fmt)
+        if self.layout.fmt == "int8":
+            packed.kernel = self._int8_linear
+        return packed
+
+    def _int8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        return cpu_gemm.int8_linear(x, q, scale, self._tile)
+
+    def reference_weights(self, block: torch.Tensor) -> dict[str, torch.Tensor | Packed]:
+        """The block's weights in float32 as the reference multiplies them (kernels.cpu_linear.int8_linear_ref)."""
+        return {proj: parts["b"].float() if "b" in parts else Packed(parts, self.layout.fmt)
+                for proj, parts in self.parts(block).items()}
 
     def parts(self, block: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
         """The block's typed views by projection (kept per block address, as `weights`)."""
@@ -98,7 +116,7 @@ class CpuExperts:
         x32, y, one, w = x.float().contiguous(), torch.zeros(1, self.layout.hidden), torch.zeros(1, dtype=torch.long), torch.ones(1)
         self._cpu_moe.set_threads(torch.get_num_threads())
         self.kernel.into(y, x32, [block], [one], [w])
-        ref = self.expert_mlp(x32, self.weights(block, torch.float32)).float()
+        ref = self.expert_mlp(x32, self.reference_weights(block)).float()
         error = float((y - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
         fused_s = measure_cpu_s(lambda: self.kernel.into(y, x32, [block], [one], [w]))
         found.update(fused_expert_s=fused_s, fused_error=error)

@@ -20,7 +20,7 @@ from engine.format.layout import Layout
 from engine.format.quant import dequantize
 from engine.runtime.budget import prefill_expert_bytes
 from engine.runtime.cache import RamCache
-from engine.runtime.cpu_experts import FUSED_MAX_GROUP, CpuExperts
+from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.movers import Mover
 from engine.runtime.residency import Key
 from engine.runtime.slots import SlotBanks
@@ -30,6 +30,8 @@ KERNEL_MAX_TOKENS = 4       # above this many tokens the torch path (one matmul 
 # A slot's expert on the CPU device goes through the fused kernel for up to this many tokens: there it beat
 # decoding the block's float copy and multiplying, even with the copy kept in its slot.
 FUSED_MAX_TOKENS = 16
+# ... and up to this many where the slot keeps no float copy of it (torch would dequantise the block first).
+FUSED_MAX_UNDECODED = 32
 
 BringIn = Callable[..., dict[int, int]]      # Experts._bring_in(layer, experts, protected, each=False)
 
@@ -110,12 +112,12 @@ class LayerCompute:
 
     def _fused_beats(self, key: Key, bank: int, slot: int, num_tokens: int) -> bool:
         """Whether the fused kernel computes this slot's expert for num_tokens faster than torch: always up to
-        FUSED_MAX_TOKENS; up to FUSED_MAX_GROUP where the slot keeps no float copy of it (a prompt's sweep
+        FUSED_MAX_TOKENS; up to FUSED_MAX_UNDECODED where the slot keeps no float copy of it (a prompt's sweep
         rotates the slots, so torch would dequantise the block first). In bfloat16 torch's path is kept: its
         products round as the reference's do."""
         if num_tokens <= FUSED_MAX_TOKENS:
             return True
-        return num_tokens <= FUSED_MAX_GROUP and not self.mover.keeps_decoded(key, bank, slot)
+        return num_tokens <= FUSED_MAX_UNDECODED and not self.mover.keeps_decoded(key, bank, slot)
 
     def _expert_weights(self, key: Key, bank: int, slot: int) -> dict[str, torch.Tensor]:
         """The expert in this slot, dequantised to the compute dtype (parts named gate, up, down, and
