@@ -89,7 +89,7 @@ def test_a_prompt_on_the_cpu_device_computes_ram_resident_experts_in_place(int8_
     kernel for small groups and torch's expert for larger ones; the tokens are the slot path's."""
     from engine.runtime import cpu_experts, expert_compute
     monkeypatch.setattr(cpu_experts, "FUSED_MAX_GROUP", max_group)
-    monkeypatch.setattr(expert_compute, "FUSED_MAX_GROUP", max_group)
+    monkeypatch.setattr(expert_compute, "FUSED_MAX_UNDECODED", max_group)
     long_prompt = PROMPT * 2                                 # 20 tokens: past the GPU's share of 4
     eng = engine_with_slots(int8_model, 3, 12, cpu_experts="all", device="cpu",   # (on a GPU box too)
                             options=Options(cpu_kernel="fused"))
