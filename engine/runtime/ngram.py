@@ -9,8 +9,7 @@ pages holding the others: pages sorted, adjacent ones coalesced into one read (a
 reads in flight together on reader threads, O_DIRECT where the file system allows (what the disk really
 gives; buffered elsewhere). Rows read enter the cache (least recently used out). Where the RAM budget holds the
 whole model, experts and tables (`holds_tables`), the tables are held in RAM instead: read once in the background,
-front to back, each piece after the disk's other reads (a step's experts and rows, the RAM cache's fill: those
-are waited for), and a row below the part read so far is a plain gather, one past it read from disk (a disk read
+front to back, and a row below the part read so far is a plain gather, one past it read from disk (a disk read
 costs ~0.1 ms, and random text's n-grams are new rows a cache of hot ones does not have). Nothing of the tables
 is held on the device: a step's rows go there as its PLE layers' input.
 """
@@ -24,7 +23,6 @@ import weakref
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -36,8 +34,7 @@ from engine.runtime.telemetry import Telemetry
 MAX_RUN_PAGES = 64          # one read at most 256 KiB
 READER_THREADS = 16         # a decode step's rows (a page each) all in flight together
 CACHE_SHARE = 16            # the rows' cache: this fraction (1 / n) of the RAM budget, at most the tables
-HOLD_READ_PAGES = 1024      # the held tables are read 4 MiB at a time (~2 ms of a disk a step's read may wait behind)
-HOLD_DEFER_S = 0.05         # before each, it waits while other reads are in flight, at most this long
+HOLD_READ_PAGES = 4096      # the held tables are read 16 MiB at a time
 
 
 class RowCache:
@@ -97,12 +94,10 @@ class PageReader:
 
 
 class HeldTables:
-    """The whole tables in RAM, read front to back by a background thread: `upto` bytes are in so far. The read
-    goes last on the disk: before each piece it waits while `disk_busy()` says other reads are in flight (a step's
-    experts and rows, the RAM cache's fill), at most HOLD_DEFER_S a piece so that it still ends under a steady load."""
+    """The whole tables in RAM, read front to back by a background thread: `upto` bytes are in so far."""
 
-    def __init__(self, reader: PageReader, total_bytes: int, telemetry: Telemetry, disk_busy: Callable[[], bool]):
-        self.reader, self.total_bytes, self.telemetry, self.disk_busy = reader, total_bytes, telemetry, disk_busy
+    def __init__(self, reader: PageReader, total_bytes: int, telemetry: Telemetry):
+        self.reader, self.total_bytes, self.telemetry = reader, total_bytes, telemetry
         self.buffer = mmap.mmap(-1, held_bytes(total_bytes))               # page aligned, as O_DIRECT needs
         self.data = np.frombuffer(self.buffer, dtype=np.uint8)
         self.upto = 0
@@ -116,9 +111,6 @@ class HeldTables:
             if self._stop.is_set():
                 return
             count = min(HOLD_READ_PAGES, pages - first)
-            deadline = time.monotonic() + HOLD_DEFER_S
-            while self.disk_busy() and time.monotonic() < deadline and not self._stop.wait(0.0005):
-                pass
             try:
                 self.reader.read_into(memoryview(self.buffer)[first * PAGE:(first + count) * PAGE], first)
             except OSError:
@@ -161,16 +153,12 @@ class Lookups:
 
 class NgramTier:
     def __init__(self, path: Path, index: NgramIndex, hasher, telemetry: Telemetry, cache_bytes: int,
-                 dtype: torch.dtype, device: torch.device, hold: bool = False,
-                 disk_busy: Callable[[], bool] = lambda: False):
-        """hold: the whole tables in RAM (read in the background; `cache_bytes` is then unused), after whatever
-        else reads the disk: `disk_busy` (the experts' reads) and this tier's own rows."""
+                 dtype: torch.dtype, device: torch.device, hold: bool = False):
+        """hold: the whole tables in RAM (read in the background; `cache_bytes` is then unused)."""
         self.index, self.hasher, self.telemetry = index, hasher, telemetry
         self.dtype, self.device = dtype, device
         self.reader = PageReader(path / NGRAM_FILE)
-        self._reading = reading = threading.Event()            # a step's rows are being read
-        self.held = HeldTables(self.reader, index.total_bytes, telemetry,
-                               lambda: reading.is_set() or disk_busy()) if hold else None
+        self.held = HeldTables(self.reader, index.total_bytes, telemetry) if hold else None
         self.cache = RowCache(0 if hold else cache_bytes // index.row_bytes, index.row_bytes)
         self.cache_bytes = len(self.held.data) if hold else self.cache.pool.numel()
         telemetry.set(ngram_cache_bytes=self.cache_bytes, ngram_held=int(hold))
@@ -218,15 +206,11 @@ class NgramTier:
     def _read(self, table: int, row_ids: np.ndarray) -> np.ndarray:
         """Rows [N, row bytes] of `table` read from disk (each page once), put in the cache."""
         t0 = time.perf_counter()
-        self._reading.set()
         offsets = self.index.tables[table].offset + row_ids.astype(np.int64) * self.index.row_stride
         pages = np.unique(offsets // PAGE)
         runs = page_runs(pages)
-        try:
-            staged = np.concatenate([np.frombuffer(b, dtype=np.uint8)
-                                     for b in self._readers.map(lambda r: self.reader.read(*r), runs)])
-        finally:
-            self._reading.clear()
+        staged = np.concatenate([np.frombuffer(b, dtype=np.uint8)
+                                 for b in self._readers.map(lambda r: self.reader.read(*r), runs)])
         at = np.searchsorted(pages, offsets // PAGE) * PAGE + offsets % PAGE         # page k staged at k * PAGE
         rows = staged[at[:, None] + np.arange(self.index.row_bytes)]
         for row, data in zip(row_ids.tolist(), rows):
@@ -268,7 +252,7 @@ def holds_tables(ram_budget: int, expert_bytes: int, table_bytes: int) -> bool:
 
 
 def attach_ngram(model, model_dir: Path, index: NgramIndex | None, ram_budget: int, expert_bytes: int,
-                 telemetry: Telemetry, disk_busy: Callable[[], bool]) -> int:
+                 telemetry: Telemetry) -> int:
     """A PLE model's rows from the model dir's ngram.bin (model.ngram), `index` its ngram.json as read
     (engine.format.ngram.read_index); returns the RAM the rows take, their cache's or the held tables' (0 for
     other models)."""
@@ -278,6 +262,5 @@ def attach_ngram(model, model_dir: Path, index: NgramIndex | None, ram_budget: i
         raise SluiceError(f"'{model_dir}' has no {NGRAM_FILE} for this model's n-gram tables; repack it again.")
     cache_bytes = min(ram_budget // CACHE_SHARE, index.total_bytes)
     model.ngram = NgramTier(Path(model_dir), index, model.hasher, telemetry, cache_bytes, model.compute_dtype,
-                            model.device, hold=holds_tables(ram_budget, expert_bytes, index.total_bytes),
-                            disk_busy=disk_busy)
+                            model.device, hold=holds_tables(ram_budget, expert_bytes, index.total_bytes))
     return model.ngram.cache_bytes

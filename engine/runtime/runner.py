@@ -146,7 +146,7 @@ class Runner:
         # a PLE model's n-gram rows stream from their own file through a cache inside the same RAM budget (or
         # are held in it, where it holds the whole model)
         ngram_bytes = attach_ngram(self.model, model_dir.path, self.ngram_index, self.plan.ram_cache_bytes,
-                                   model_dir.expert_bytes_total, telemetry, self.store.busy)
+                                   model_dir.expert_bytes_total, telemetry)
         self.cache = RamCache(self.plan.ram_cache_bytes - ngram_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
         self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)

@@ -67,10 +67,6 @@ class ExpertStore:
     def is_direct(self) -> bool:
         return self._direct_fd is not None
 
-    def busy(self) -> bool:
-        """Whether a read is in flight (the held n-gram tables' background read waits for none)."""
-        return self._in_flight > 0
-
     def submit(self, layer: int, expert: int, buf: np.ndarray) -> Future:
         """Start reading block (layer, expert) into buf (uint8, block_bytes long; 4096-aligned for O_DIRECT).
         The future is done when every piece has landed (cancel() never stops a read midway)."""
