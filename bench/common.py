@@ -67,7 +67,7 @@ def summary_line(r: dict) -> str:
             f"{r.get('warm_prefill_tok_s', 0):.0f} tok/s | {r['process_non_cache_anon_bytes'] / 2**20:.0f} MiB "
             f"anonymous | {r.get('decode_major_faults_per_token', 0):.1f} pages a token | h2d "
             f"{per_token['h2d'] / 1e9:.3f} GB, disk {per_token['disk'] / 1e9:.3f} GB a token | VRAM hits "
-            f"{r['decode_hit_rate']['vram']:.1%} | one sync {r.get('decode_sync_free_steps_per_token', 0):.0%} of steps"
+            f"{r['decode_hit_rate']['vram']:.1%}"
             f" | CPU {r['decode_cpu_per_token']['experts']:.1f} experts a token"
             f"{_placement_note(r.get('placement'))}"
             + (f" | copies paced to {r['copy_pacing']['rate_gbps']:g} GB/s" if r.get("copy_pacing") else ""))

@@ -27,7 +27,7 @@ from .quant_formats import QUANT_FORMATS
 from .tiles import (bias_rows, block_base, check_bank_inputs, dot_acc, dot_total, field_offsets, gate_up_rows,
                     row_scale, tile_dot, vector_tile)
 
-KERNEL_VERSION = 10     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 11     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -51,16 +51,16 @@ def default_config(fmt: str) -> DecodeConfig:
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
+def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                     alpha, limit, GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                     UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
                     FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                    ZERO_OUT: tl.constexpr, BASES: tl.constexpr):
+                    ZERO_OUT: tl.constexpr):
     pair = tl.program_id(0)                                   # t * K + k
     token = pair // K
     rows = tl.program_id(1) * BLOCK_I + tl.arange(0, BLOCK_I)
     gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
-                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K, base_ptr, BASES)
+                  GW, GS, GG, UW, US, UG, GB, UB, FMT, ACT, BLOCK_I, BLOCK_K)
     if ZERO_OUT:                                              # the split down pass adds into out
         if (pair % K == 0) & (tl.program_id(1) == 0):
             for h0 in range(0, H, BLOCK_K):
@@ -69,10 +69,9 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, base_ptr, bank_u8, bank_bf1
 
 
 @triton.jit
-def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
+def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
-                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr,
-                 BASES: tl.constexpr):
+                 BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr):
     """SPLIT: grid (T*K, H/BLOCK_H), one expert per program, atomic add into out (zeroed by
     gate_up unless accumulating). Else grid (T, H/BLOCK_H), the K experts summed in a loop, stored
     (added to out when ACCUMULATE)."""
@@ -81,7 +80,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
         pair = tl.program_id(0)
         slot = tl.load(slot_ptr + pair)
         n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
-        base = block_base(slot, pair, block_bytes, base_ptr, BASES)
+        base = block_base(slot, block_bytes)
         part = dot_acc(FMT, BLOCK_H, BLOCK_K)
         for i0 in range(0, I, BLOCK_K):
             hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K)
@@ -97,7 +96,7 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, base_ptr, weight_ptr, bank_u8, bank_b
             pair = token * K + k
             slot = tl.load(slot_ptr + pair)
             n = tl.where(slot >= 0, H, 0)
-            base = block_base(slot, pair, block_bytes, base_ptr, BASES)
+            base = block_base(slot, block_bytes)
             part = dot_acc(FMT, BLOCK_H, BLOCK_K)
             for i0 in range(0, I, BLOCK_K):
                 hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K)
@@ -135,22 +134,18 @@ def _check_config(cfg: DecodeConfig, fmt: str) -> None:
 def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights: torch.Tensor, fmt: str,
                offsets: Mapping[str, int], intermediate: int, config: DecodeConfig | None = None,
                out: torch.Tensor | None = None, h_buf: torch.Tensor | None = None, accumulate: bool = False,
-               activation: Activation = SILU, bases: torch.Tensor | None = None) -> torch.Tensor:
+               activation: Activation = SILU) -> torch.Tensor:
     """sum_k weights[t,k] * expert_{slots[t,k]}(x[t]) -> [T, H] float32 (the caller adds it to its
     residual). A negative slot skips that (token, choice): no bytes are read for it (a launch over
     the experts that are resident while the others are still copying). `out` ([T, H] fp32) and
     `h_buf` ([T*K, I] fp32) may be given so that the call allocates nothing (CUDA graphs);
     accumulate=True adds into `out` instead of overwriting it. `activation`: the experts' (kernels.activation);
-    biases are added where `offsets` has their fields. `bases` (int64 [T, K]): each pair's
-    block read at that byte offset from the bank's start instead of its slot's (a slot still >= 0; with
-    unified addressing, `host_address - bank.data_ptr()` reads a pinned host block in place, over PCIe)."""
+    biases are added where `offsets` has their fields."""
     _check_inputs(x, bank, slots, weights, fmt, offsets, intermediate)
     if accumulate and out is None:
         raise ValueError("moe_decode(accumulate=True) needs the out= tensor to add into")
     cfg = config or default_config(fmt)
     _check_config(cfg, fmt)
-    if bases is not None and (bases.shape != slots.shape or bases.dtype != torch.int64):
-        raise ValueError(f"bases: int64 [T, K] like the slots (got {bases.dtype} {tuple(bases.shape)})")
     num_tokens, hidden = x.shape
     top_k = slots.shape[1]
     pairs = num_tokens * top_k
@@ -166,16 +161,15 @@ def moe_decode(x: torch.Tensor, bank: torch.Tensor, slots: torch.Tensor, weights
     launch = {"num_warps": cfg.num_warps}
     if cfg.num_stages is not None:
         launch["num_stages"] = cfg.num_stages
-    base_arg = slots if bases is None else bases              # (unread without bases)
     _gate_up_kernel[(pairs, triton.cdiv(intermediate, cfg.block_i))](
-        x, h_buf, out, slots, base_arg, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
+        x, h_buf, out, slots, *views, block_bytes, hidden, intermediate, top_k, act[0], act[1],
         off["gate.w"], off["gate.scale"], off["gate.gscale"], off["up.w"], off["up.scale"], off["up.gscale"],
         off["gate_bias.b"], off["up_bias.b"], fmt_id, act[2], cfg.block_i, cfg.block_k, cfg.split_down and not accumulate,
-        bases is not None, **launch)
+        **launch)
     _down_kernel[(num_tokens * (top_k if cfg.split_down else 1), triton.cdiv(hidden, cfg.block_h))](
-        h_buf, out, slots, base_arg, weights, *views, block_bytes, hidden, intermediate, top_k,
+        h_buf, out, slots, weights, *views, block_bytes, hidden, intermediate, top_k,
         off["down.w"], off["down.scale"], off["down.gscale"], off["down_bias.b"],
-        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, bases is not None, **launch)
+        fmt_id, cfg.block_h, cfg.block_k, cfg.split_down, accumulate, **launch)
     return out
 
 

@@ -263,27 +263,21 @@ def bias_rows(bank_f32, b_off, rows, n_rows, B: tl.constexpr):
 
 
 @triton.jit
-def block_base(slot, pair, block_bytes, base_ptr, BASES: tl.constexpr):
-    """Byte offset of the pair's expert block from the bank's start: its slot's, or with BASES the pair's own
-    entry of base_ptr (any int64 offset: with unified addressing a pinned host block read in place)."""
-    if BASES:
-        base = tl.where(slot >= 0, tl.load(base_ptr + pair), 0)
-    else:
-        base = tl.maximum(slot, 0).to(tl.int64) * block_bytes
-    return base
+def block_base(slot, block_bytes):
+    """Byte offset of a slot's expert block from the bank's start (a skipped pair's slot < 0: the first's)."""
+    return tl.maximum(slot, 0).to(tl.int64) * block_bytes
 
 
 @triton.jit
 def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K, pair, rows, alpha, limit,
                   GW: tl.constexpr, GS: tl.constexpr, GG: tl.constexpr,
                   UW: tl.constexpr, US: tl.constexpr, UG: tl.constexpr, GB: tl.constexpr, UB: tl.constexpr,
-                  FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr,
-                  base_ptr, BASES: tl.constexpr):
+                  FMT: tl.constexpr, ACT: tl.constexpr, BLOCK_I: tl.constexpr, BLOCK_K: tl.constexpr):
     """h[pair, rows] = act(gate_e x_t + gate bias, up_e x_t + up bias) for pair = t * K + k (stored to h_ptr)."""
     token = pair // K
     slot = tl.load(slot_ptr + pair)
     n = tl.where(slot >= 0, I, 0)                             # a skipped pair (slot < 0) reads nothing: h = act(0, 0) = 0
-    base = block_base(slot, pair, block_bytes, base_ptr, BASES)
+    base = block_base(slot, block_bytes)
     acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K)
     acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K)
     for k0 in range(0, H, BLOCK_K):

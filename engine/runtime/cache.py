@@ -19,7 +19,6 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Callable
 
-import numpy as np
 import torch
 
 from engine.runtime.residency import ram_victim
@@ -60,23 +59,6 @@ class RamCache:
 
     def __contains__(self, key: Key) -> bool:
         return key in self._entries
-
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def slot_of(self, key: Key) -> int | None:
-        """Slot of a cached block, counting nothing and making it no more recent."""
-        return self._entries.get(key)
-
-    def held(self):
-        """(key, slot) of every cached block, counting nothing."""
-        return self._entries.items()
-
-    def addresses(self) -> np.ndarray:
-        """The host address of each slot allocated so far (int64)."""
-        starts = [np.arange(len(chunk) // self.block_bytes, dtype=np.int64) * self.block_bytes + chunk.data_ptr()
-                  for chunk in self._chunks]
-        return np.concatenate(starts)[:len(self._views)] if starts else np.zeros(0, dtype=np.int64)
 
     def lookup(self, key: Key) -> int | None:
         """Slot of a cached block (counted as a hit, made most recent) or None (counted as a miss)."""

@@ -1,5 +1,4 @@
-"""An expert block's host-to-device copy issued straight through the CUDA driver (ctypes), for the decode thread;
-and where a kernel may read pinned host memory (`device_pointer`).
+"""An expert block's host-to-device copy issued straight through the CUDA driver (ctypes), for the decode thread.
 
 Where RAM holds the model, the decode thread is the bottleneck, and torch's `copy_` (its dispatch, checks and a
 lookup in torch's pinned-memory allocator) costs more host time a copy than cuMemcpyHtoDAsync itself. Both enqueue the same asynchronous copy on the same stream. Where the
@@ -13,9 +12,6 @@ import ctypes.util
 
 
 
-_DEVICE_POINTER = 3          # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
-
-
 def _driver() -> ctypes.CDLL | None:
     for name in ("libcuda.so.1", ctypes.util.find_library("cuda"), "nvcuda.dll"):
         if not name:
@@ -25,17 +21,6 @@ def _driver() -> ctypes.CDLL | None:
         except OSError:
             continue
     return None
-
-
-def device_pointer(host_ptr: int) -> int | None:
-    """The address a kernel reads page-locked host memory at (unified addressing: the host's own), or None where
-    the driver says a kernel cannot read it (asked of the driver, so no kernel faults to find out)."""
-    lib = _driver()
-    if lib is None:
-        return None
-    value = ctypes.c_uint64(0)
-    err = lib.cuPointerGetAttribute(ctypes.byref(value), ctypes.c_int(_DEVICE_POINTER), ctypes.c_uint64(host_ptr))
-    return value.value if err == 0 else None
 
 
 class HostToDevice:

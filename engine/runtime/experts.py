@@ -11,9 +11,7 @@ from disk, the mover (movers.py, one per device kind) copies, expert_compute.py 
 in a decode step the placement cost model (placement.py) may give some RAM-resident misses to the CPU, which
 computes them where they sit (cpu_experts.py) while the device computes the rest; their partial sums meet in
 `out`. The CPU device computing int8 experts in place reads its disk misses into the RAM cache and computes them
-there too: nothing is copied into its slots. Where every block sits in a slot or in the RAM cache, a decode
-step may go without step 1's sync in every layer (sync_free.py: the experts read where they sit, misses in place
-from pinned RAM).
+there too: nothing is copied into its slots.
 """
 from __future__ import annotations
 
@@ -26,7 +24,6 @@ from engine.format.layout import Layout
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import CpuExperts
 from engine.runtime.expert_compute import CpuShare, LayerCall, LayerCompute
-from engine.runtime.sync_free import SyncFreeSteps
 from engine.runtime.movers import make_mover
 from engine.runtime.reads import DiskReads
 from engine.runtime.residency import (FillPlan, Key, copies_ahead, hottest, keys_to_read, reads_ahead,
@@ -81,8 +78,6 @@ class Experts:
         self._prefetched: dict[int, set[int]] = {}
         self._deferred: tuple | None = None            # what `run(..., defer=True)` left for `run_deferred`
         self._fill = FillPlan()
-        self.sync_free: SyncFreeSteps | None = None      # decode steps with one host sync a token (attach_sync_free)
-        self._step_misses: int | None = None           # a synced decode step's misses so far
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -92,7 +87,6 @@ class Experts:
         self.banks.begin_sweep()
 
     def end_pass(self) -> None:
-        self._step_misses = None                 # a prompt's misses say nothing of a decode step's
         for key in self.banks.end_sweep():       # still in VRAM after the sweep: RAM may drop them first again
             self.cache.demote(key)
         if self.reads.pass_counts:
@@ -111,8 +105,6 @@ class Experts:
         the decode thread does this work. (A decode step's own misses are all protected while they are
         brought in, so their use counts, counted later, would not have changed a victim.)"""
         num_tokens, top_k = weights.shape
-        if self.sync_free is not None:
-            self.sync_free.invalidate()                # blocks may move: its table is rebuilt before a step in place
         hybrid = self._stage(x, weights, static_inputs)
         routed, predicted, waited = _host_ids(ids, num_tokens * top_k)
         wanted, slot_of, late, counts = self._find(layer, routed, waited, defer)
@@ -158,8 +150,6 @@ class Experts:
             self.banks.note_used(layer, routed)
         slot_of, late = split_resident(wanted, lambda e: self.banks.find((layer, e)))
         counts = dict(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
-        if self._step_misses is not None:
-            self._step_misses += len(late)
         if not defer:
             self.telemetry.add(**counts)
         return wanted, slot_of, late, counts
@@ -212,27 +202,9 @@ class Experts:
                 for expert in landed:
                     self.cache.unlock((layer, expert))
 
-    def begin_step(self) -> bool:
-        """A decode step starts: its launches go to the stream current now; the copies' busy time is counted.
-        Returns whether it goes without a host sync a layer (sync_free.py)."""
+    def begin_step(self) -> None:
+        """A decode step starts: its launches go to the stream current now; the copies' busy time is counted."""
         self.mover.begin_step()
-        if self.sync_free is None:
-            return False
-        if self._step_misses is not None:                  # the synced step before
-            self.sync_free.note_synced_misses(self._step_misses)
-        self._step_misses = None
-        if self.sync_free.begin_step(self._settle):
-            return True
-        self._step_misses = 0
-        return False
-
-    def _settle(self) -> None:
-        """The deferred work done, every copy and read landed: each block sits where the residency says."""
-        self.run_deferred()
-        self.synchronize()
-
-    def attach_sync_free(self, steps: SyncFreeSteps) -> None:
-        self.sync_free = steps
 
     def run_deferred(self) -> None:
         """The work a `run(..., defer=True)` left: its use counts, telemetry and next layer's prefetch (the

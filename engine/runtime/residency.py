@@ -155,17 +155,6 @@ class SlotPolicy:
         """Whether the block is resident (without making it recent)."""
         return key in self._resident[self.bank_of(key[0])]
 
-    def slot_of(self, key: Key) -> int | None:
-        """The block's slot, without making it recent."""
-        return self._resident[self.bank_of(key[0])].get(key)
-
-    def resident(self, bank: int):
-        """(key, slot) of every block resident in the bank, making none more recent."""
-        return self._resident[bank].items()
-
-    def num_resident(self) -> int:
-        return sum(len(resident) for resident in self._resident)
-
     def find(self, key: Key) -> int | None:
         bank = self.bank_of(key[0])
         slot = self._resident[bank].get(key)

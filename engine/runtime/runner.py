@@ -32,7 +32,6 @@ from engine.options import Options
 from engine.runtime.budget import Plan, computes_in_place, in_place_defaults, plan_budgets, prefill_workspace_bytes
 from engine.runtime.cache import RamCache, anonymous_buffer
 from engine.runtime.cpu_experts import CPU_FAST_FORMATS, CpuExperts
-from engine.runtime.cuda_driver import device_pointer
 from engine.runtime.decode_step import DecodeStep
 from engine.runtime.experts import Experts, decoded_expert_bytes
 from engine.runtime.memory import DriverMemory, drop_file_cache, release_free_heap
@@ -42,7 +41,6 @@ from engine.runtime.pacing import make_pacing
 from engine.runtime.pinned import pinned_buffer
 from engine.runtime.placement import Placement, measure_copy_s
 from engine.runtime.slots import SlotBanks
-from engine.runtime.sync_free import SyncFreeSteps, extra_miss_s
 from engine.runtime.store import ExpertStore
 from engine.runtime.attach import CandidateKernels, attach_kernels, expert_kernels
 from engine.runtime.telemetry import Telemetry
@@ -168,39 +166,6 @@ class Runner:
         if static:
             with torch.inference_mode():
                 self.experts.capture(static)
-        if kernel is not None:
-            with torch.inference_mode():
-                self._attach_sync_free(layout)
-
-    def _attach_sync_free(self, layout) -> None:
-        """Decode steps with one host sync a token (sync_free.py), for a block-by-block model whose decode kernel
-        reads a pinned RAM block in place exactly as one in a slot; captured over the step's buffers in graphs."""
-        blocks = self.model.blocks
-        if self.model.runs_passes or any(b.is_moe and b.expert_rows_per_token != 1 for b in blocks):
-            return
-        compute, device = self.experts.compute, self.device
-        host_block = (pinned_buffer if self.is_cuda else anonymous_buffer)(layout.block_bytes)
-        host_block.copy_(random_bank(1, layout.block_bytes, layout.fmt, compute.offsets, layout.intermediate,
-                                     layout.hidden)[0])
-        if self.is_cuda and device_pointer(host_block.data_ptr()) != host_block.data_ptr():
-            return          # the driver maps this pinned memory elsewhere (or not at all) for kernels
-        extra = extra_miss_s(compute.kernel, self.banks.banks[0], host_block.to(device), host_block, layout,
-                             compute.offsets, self.dtype)
-        if extra is None:
-            self.telemetry.warn("Decode steps read every expert after a host sync a layer: the expert kernel read a "
-                                "RAM block in place wrongly on this GPU.")
-            return
-        steps = SyncFreeSteps(compute, self.banks, self.cache, self.spec.moe_layers, self.spec.num_experts,
-                              self.spec.top_k, extra, self.telemetry, device)
-        s = self.step
-        if s.use_graphs:
-            try:
-                steps.capture({layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer],
-                                        s.out[layer].ids) for layer in s.moe_out})
-            except RuntimeError as exc:           # the synced steps' graphs are whole: decode as they do
-                self.telemetry.warn(f"Decode steps keep a host sync a layer: capturing their launches failed ({exc}).")
-                return
-        self.experts.attach_sync_free(steps)
 
     def _static_expert_inputs(self) -> dict:
         """{layer: (x [1, H], weights [1, K], out [1, H])}: the decode graphs' expert buffers (none when eager)."""
@@ -342,11 +307,8 @@ class Runner:
                 self._used_at = time.monotonic()
 
     def _decode(self, token: int, position: int) -> torch.Tensor:
-        sync_free = self.experts.begin_step()
-        if sync_free:
-            logits = self._sync_free_step(token, position)
-        else:
-            logits = self._own_step(token) if self.model.runs_passes else self._block_step(token, position)
+        self.experts.begin_step()
+        logits = self._own_step(token) if self.model.runs_passes else self._block_step(token, position)
         self.experts.run_deferred()
         if self.fills:                         # where no allocation waits: the idle filler's may
             self.experts.fill(grow=False)
@@ -365,18 +327,6 @@ class Runner:
                 self.experts.run(layer, o.rows, o.route_weights, o.ids, s.moe_out[layer], s.next_moe[layer],
                                  static_inputs=s.use_graphs, defer=self.defer_prefetch)
         s.run_head()
-        return s.logits
-
-    def _sync_free_step(self, token: int, position: int) -> torch.Tensor:
-        """The layers back to back, each MoE layer's experts launched straight after its router: no host sync."""
-        s, steps = self.step, self.experts.sync_free
-        s.set_step(token, position)
-        for layer, block in enumerate(self.model.blocks):
-            o = s.run_layer(layer)
-            if block.is_moe:
-                steps.run(layer, o.rows, o.route_weights, s.moe_out[layer], o.ids)
-        s.run_head()
-        steps.end_step()
         return s.logits
 
     def _own_step(self, token: int) -> torch.Tensor:

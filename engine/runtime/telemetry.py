@@ -22,7 +22,6 @@ COUNTERS = frozenset({
     "h2d_bytes", "h2d_busy_s", "d2h_bytes",
     "spec_predicted", "spec_correct", "prefetch_issued", "prefetch_used",
     "cpu_experts", "cpu_expert_bytes", "cpu_busy_s", "sync_wait_s", "read_wait_s",
-    "sync_free_steps", "pcie_reads",     # decode steps with one host sync (sync_free.py); experts read over PCIe
 }) | NGRAM_COUNTERS
 
 
@@ -147,8 +146,6 @@ class Telemetry:
                     "gbps": gbps("cpu_expert_bytes", "cpu_busy_s")},
             # the decode thread waiting at the layers' host syncs for the GPU (the rest of its time it works)
             "host": {"sync_wait_s": v["sync_wait_s"], "read_wait_s": v["read_wait_s"]},
-            # decode steps with one host sync a token, their misses read in place from pinned RAM (sync_free.py)
-            "sync_free": {"steps": i("sync_free_steps"), "pcie_reads": i("pcie_reads")},
             # RSS counts the RAM cache's resident pages (its slots written so far, its pinned chunks whole);
             # the rest is what the process needs besides it
             "process": {"rss_bytes": rss, "anon_bytes": anon, "non_cache_bytes": max(rss - cache_held, 0),

@@ -292,9 +292,7 @@ def _decode_times(per_token) -> dict:
     return {"decode_cpu_per_token": {key: per_token("cpu", key) for key in ("experts", "bytes", "busy_s")},
             "decode_sync_wait_s_per_token": per_token("host", "sync_wait_s"),
             "decode_disk_active_s_per_token": per_token("disk", "active_s"),
-            "decode_read_wait_s_per_token": per_token("host", "read_wait_s"),
-            "decode_sync_free_steps_per_token": per_token("sync_free", "steps"),
-            "decode_pcie_reads_per_token": per_token("sync_free", "pcie_reads")}
+            "decode_read_wait_s_per_token": per_token("host", "read_wait_s")}
 
 
 def _memory_fields(end: dict, before: dict, vram_budget_bytes: int) -> dict:
@@ -501,8 +499,6 @@ def _decode_lines(r: dict) -> list[str]:
             f"efficiency {r['decode_efficiency']:.2f})",
             f"per token    disk {_gb(per['disk'])}{fill}, {moved}; {waits}",
             f"hit rates    {tier} {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
-            f"steps with one sync {r.get('decode_sync_free_steps_per_token', 0):.0%}, "
-            f"{r.get('decode_pcie_reads_per_token', 0):.2f} experts read in place a token; "
             f"speculation recall {r['speculation_recall']:.1%}, prefetch used "
             f"{r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}"]
 
