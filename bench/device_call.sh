@@ -1,13 +1,9 @@
 #!/usr/bin/env bash
 # The next GPU session's first call (BENCHMARKS.md, "The next GPU session's calls", item 1), steps chosen by
 # environment variables, each skipped when too little of the call's LIM seconds is left; logs in $OUT/STEP.log.
-# Here, before the call:
-#   bash bench/device_wheels.sh
-#   mkdir -p old old2 && git archive e596222 | tar -x -C old && git archive HEAD | tar -x -C old2
-#   (then make old2's Runner._attach_sync_free return at once), and add /old/ /old2/ to .git/info/exclude;
-#   FN64 (Flash-Next's first 64 tokens after a load) wants old3 = the tree before the held tables' read deferred:
-#   mkdir -p old3 && git archive 68f6cdf | tar -x -C old3
-# The call (carry .whl old old2):  TESTS=1 FN=1 LIM=580 bash bench/device_call.sh
+# Here, before the call: `bash bench/device_wheels.sh`; an older tree to A/B against (FN_TREE, GO's `old`):
+#   mkdir -p old && git archive COMMIT | tar -x -C old, and /old/ in .git/info/exclude.
+# The call (carry .whl and the trees):  KT=1 FN=1 FN_TREE=old GO=1 LIM=580 bash bench/device_call.sh
 # A box goes back 30 s after a call: have the next command ready (GO=1 GOTL=1 FNTL=1 FAM=1 ...).
 set -u
 export PYTHONUNBUFFERED=1
@@ -25,10 +21,11 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt-tokens 512 --new-tokens 256 --device cuda --vram-budget 11GiB"
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
-[ -n "${TESTS:-}" ] && step sync_free_tests 60 python -m pytest -q -p no:cacheprovider -n 3 tests/engine/test_sync_free.py
-[ -n "${FN:-}" ] && step fn_ab 150 python -m bench ab --rounds "${R:-2}" --tree old2 -- $FN_ARGS
+[ -n "${KT:-}" ] && step kernel_tests 60 python -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_moe_decode.py \
+  tests/families/test_qwen4_exp_gpu.py tests/streaming/test_runtime_equality.py
+[ -n "${FN:-}" ] && step fn_ab 100 python -m bench ab --rounds "${R:-2}" ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS
 [ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
-[ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 --tree old3 -- $FN_ARGS --new-tokens 64
+[ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS --new-tokens 64
 [ -n "${FNTL:-}" ] && step fn_timeline 60 python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256
 [ -n "${GOTL:-}" ] && step go_timeline 60 python -m bench profile --mode timeline --preset gpt-oss-120b \
