@@ -55,9 +55,9 @@ def test_attached_to_a_cpu_models_int8_dense_weights_after_its_check(monkeypatch
     attach_kernels(None, {"lm_head": head, "o_proj": proj}, torch.device("cpu"), torch.float32, Options(),
                    warnings.append)
     assert head.kernel is cpu_gemv.int8_linear and proj.kernel is cpu_gemv.int8_linear and not warnings
-    x = torch.randn(1, 64)
-    assert torch.allclose(linear(x, head), int8_linear_ref(x, head.parts["w"], head.parts["scale"]), rtol=1e-5,
-                          atol=1e-6)
+    x = torch.randn(1, 64, generator=torch.Generator().manual_seed(3))
+    ref = int8_linear_ref(x, head.parts["w"], head.parts["scale"])
+    assert (linear(x, head) - ref).abs().max() <= 1e-5 * ref.abs().max()     # its sums in another order
     plain = _packed(300, 64)                                      # the CPU's numba kernels off
     attach_kernels(None, {"lm_head": plain}, torch.device("cpu"), torch.float32, Options(cpu_kernel="torch"),
                    warnings.append)
