@@ -30,6 +30,8 @@ GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 12
   --quant int8 --budgets 11GiB --tokens 256
 [ -n "${GOTL:-}" ] && step go_timeline 60 python -m bench profile --mode timeline --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 64
+[ -n "${GOSPY:-}" ] && step go_py_spy 100 python -m bench profile --mode py-spy --preset gpt-oss-120b \
+  --quant mxfp4 --budgets 8GB --tokens 256
 [ -n "${FAM:-}" ] && step family_tests 120 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \
   tests/families/test_gpt_oss.py tests/families/test_qwen4_exp_gpu.py tests/families/test_hybrid_runtime.py \
   tests/streaming/test_runtime_equality.py tests/families/test_families_gpu.py tests/families/test_dsa_gpu.py
