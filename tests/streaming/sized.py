@@ -8,6 +8,7 @@ import engine
 from engine.runtime import runner
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+WORKSPACE_SLACK = 8 << 20   # a GPU's context and graphs vary by megabytes between loads (the probe's and the test's)
 
 
 def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: int = 64, **kw):
@@ -29,7 +30,7 @@ def engine_with_slots(path, slots_per_bank: int, ram_blocks: int, max_context: i
     probe.close()
     # the CPU device's default keeps top_k slots a bank where it computes experts in RAM: room for more
     vram = max(plan.vram_budget_bytes, plan.dense_bytes + plan.kv_bytes + plan.workspace_bytes
-               + 2 * slots_per_bank * plan.device_slot_bytes)
+               + 2 * slots_per_bank * plan.device_slot_bytes + WORKSPACE_SLACK)
     with mock.patch.object(runner, "plan_budgets", plan_with_slots):
         return engine.load(path, vram_budget=vram, ram_cache=ram_blocks * plan.block_bytes, **kw)
 
@@ -41,8 +42,8 @@ def streaming_budgets(model_dir, **kw) -> tuple[int, int]:
     plan = probe.plan
     ram = probe.model.expert_bytes_total // 3
     vram = plan.dense_bytes + plan.kv_bytes + 2 * probe.spec.top_k * plan.device_slot_bytes
-    if probe.runner.is_cuda:        # the driver's context and graphs vary by megabytes between loads
-        vram += plan.workspace_bytes + (8 << 20)
+    if probe.runner.is_cuda:
+        vram += plan.workspace_bytes + WORKSPACE_SLACK
     probe.close()
     return vram, ram
 
