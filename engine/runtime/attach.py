@@ -20,7 +20,8 @@ int8 dense weights take one, unless `options.cpu_kernel` is "torch" (the CPU's n
   gptoss.TopKSoftmaxRouter      kernels/router.py               gpt-oss's top-k softmax routing, its bias
   deepseek_style.RouterPiece    kernels/router.py               group-limited routing (DeepSeek, GLM, MiniMax, ERNIE...)
   layers.Packed (int8)          kernels/int8_linear.py          int8 dense weights, decode steps and prompts
-  layers.Packed (int8), CPU     kernels/cpu_gemv.py             int8 dense weights, decode steps (numba; float32)
+  layers.Packed (int8), CPU     kernels/cpu_gemv.py             int8 dense weights, decode steps (numba) and prompts
+                                                                (kernels/cpu_gemm.py, one tile a model); float32
   the routed experts            kernels/moe_decode.py, moe_prefill.py               (expert_kernels)
   top-k sampling                kernels/top_candidates.py                            (CandidateKernels)
 """
@@ -107,10 +108,12 @@ def attach_kernels(model: Model, weights: dict, device: torch.device, dtype: tor
 
 
 def _attach_cpu_int8(packed: list[Packed], warn: Warn) -> None:
-    """The CPU's int8 rows kernel on each int8 dense weight whose shape it passes its check at (one check a shape)."""
-    from kernels import cpu_gemv
+    """The CPU's int8 dense kernel on each int8 dense weight whose shape it passes its check at (one check a shape),
+    all of them sharing one prompt tile: the model's layers run one at a time."""
+    from kernels import cpu_gemm, cpu_gemv
     if not cpu_gemv.available():
         return
+    kernel = functools.partial(cpu_gemv.int8_linear, tile=cpu_gemm.scratch())
     verdicts: dict[tuple, str | None] = {}
     for piece in packed:
         if piece.fmt != "int8":
@@ -120,7 +123,7 @@ def _attach_cpu_int8(packed: list[Packed], warn: Warn) -> None:
             if verdicts[piece.shape] is not None:
                 warn(f"int8 dense kernel disabled for {tuple(piece.shape)} on this CPU: {verdicts[piece.shape]}.")
         if verdicts[piece.shape] is None:
-            piece.kernel = cpu_gemv.int8_linear
+            piece.kernel = kernel
 
 
 def attached_kernels(model: Model) -> dict[str, int]:

@@ -60,8 +60,8 @@ def test_int8_dense_weights_give_transformers_tokens_with_the_same_weights(int8_
     assert snap["disk"]["reads"] > 0 and snap["vram"]["peak_bytes"] <= snap["vram"]["budget_bytes"]
     if DEVICE == "cuda":          # the kernel passed its check and runs in the graphs (where the family has them)
         assert weights.lm_head.kernel is not None and eng.runner.step.use_graphs == weights.graph_safe
-    else:                         # the CPU's int8 rows kernel passed its check: the decode steps' tokens are its
-        assert weights.lm_head.kernel is cpu_gemv.int8_linear
+    else:                         # the CPU's int8 kernel passed its check: the prompt's and the steps' tokens are its
+        assert weights.lm_head.kernel.func is cpu_gemv.int8_linear
     reference = load_reference(int8_model / "hf", "int8", dense_quant="int8")
     with safe_open(str(int8_model / "sluice" / "dense.safetensors"), "pt") as f:
         stored = list(f.keys())
