@@ -19,6 +19,7 @@ import torch
 from engine.model.block import Step
 from engine.model.model import Model
 from engine.model.state import ModelState
+from engine.model.graph_capture import capturing
 
 
 class LayerOutputs:
@@ -121,7 +122,7 @@ class DecodeStep:
         self._step = Step(self.position, None, self.state, decode=True)   # the warm-up's values were computed outside
         for piece in self._pieces():
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with capturing(graph, pool):
                 piece()
             graphs.append(graph)
         self._graphs = graphs

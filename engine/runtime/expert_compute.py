@@ -21,6 +21,7 @@ from engine.format.quant import dequantize
 from engine.runtime.budget import prefill_expert_bytes
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import CpuExperts
+from engine.model.graph_capture import capturing
 from engine.runtime.movers import Mover
 from engine.runtime.residency import Key
 from engine.runtime.slots import SlotBanks
@@ -193,7 +194,7 @@ class LayerCompute:
                                              self.layout.intermediate, out=out, accumulate=accumulate)
                 launch()                                          # compile / warm up outside the capture
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._graph_pool):
+                with capturing(graph, self._graph_pool):
                     launch()
                 graphs.append(graph)
             self._graphs[layer] = (graphs, [index[:1].view(-1), index.view(-1)])  # [write, add] graphs; 1 or 2 slot rows

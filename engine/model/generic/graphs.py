@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.model.graph_capture import CAPTURE_MODE
+
 _POSITION_ROPES = ("dynamic", "longrope")      # their tables change with the step's position (a host check)
 
 
@@ -60,7 +62,7 @@ class SegmentCapture:
     def begin(self) -> None:
         if self.pool is not None:
             self._graph = torch.cuda.CUDAGraph()
-            self._graph.capture_begin(pool=self.pool)
+            self._graph.capture_begin(pool=self.pool, capture_error_mode=CAPTURE_MODE)
 
     def cut(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
             next_layer: int | None) -> torch.Tensor:
