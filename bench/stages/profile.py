@@ -4,6 +4,8 @@ Engine.generate:
   trace     a few decode tokens under torch.profiler (CPU and CUDA), the Chrome trace gzipped into OUT and summed up
   timeline  what the GPU runs in a decode token: kernels and copies by total time, GPU busy against wall time
   host      per-token telemetry and cProfile of the host
+  spans     the decode thread's wall time a token by section (set_step, layer replays, the layers' host syncs, the
+            rest of the experts' host work, the deferred work, the head), timed around the calls themselves
 
     python -m bench profile --mode py-spy [--budgets 4GB,40GB] [--tokens 256]
     python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l --quant nvfp4 --budgets 8GB
@@ -20,7 +22,7 @@ import sys
 
 from bench.common import ROOT, append_log, bench_model, sampled
 
-MODES = ("py-spy", "trace", "timeline", "host")
+MODES = ("py-spy", "trace", "timeline", "host", "spans")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     path = bench_model(args.work_dir, args.preset, args.quant)
     for budget in args.budgets.split(","):
-        {"py-spy": py_spy, "trace": trace, "timeline": timeline, "host": host}[args.mode](args, path, budget)
+        {"py-spy": py_spy, "trace": trace, "timeline": timeline, "host": host, "spans": spans}[args.mode](args, path, budget)
     return 0
 
 
@@ -124,3 +126,47 @@ def host(args, path, budget: str) -> None:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
     print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
+
+
+SPANS = (("engine.runtime.decode_step", "DecodeStep", "set_step"), ("engine.runtime.decode_step", "DecodeStep", "run_layer"),
+         ("engine.runtime.decode_step", "DecodeStep", "run_head"), ("engine.runtime.experts", None, "_host_ids"),
+         ("engine.runtime.experts", "Experts", "run"), ("engine.runtime.experts", "Experts", "run_deferred"),
+         ("engine.runtime.runner", "Runner", "_decode"))
+
+
+def spans(args, path, budget: str) -> None:
+    """Each SPANS function wrapped in a wall-clock timer, counted inside decode steps only (`Runner._decode`), for one
+    generation; nested spans count in both (`run` holds `_host_ids`)."""
+    import importlib
+    import time
+
+    from engine.tools.bench import timed_generate
+    eng, prompt = _warm_engine(path, budget)
+    totals: dict[str, list] = {}
+    in_step = [False]
+
+    def timed(name, fn):
+        def wrapper(*a, **kw):
+            outer = name == "_decode"
+            if not (outer or in_step[0]):
+                return fn(*a, **kw)
+            in_step[0] = True
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                entry = totals.setdefault(name, [0.0, 0])
+                entry[0] += time.perf_counter() - start
+                entry[1] += 1
+                in_step[0] = not outer
+        return wrapper
+    for module, owner, name in SPANS:
+        target = importlib.import_module(module)
+        target = getattr(target, owner) if owner else target
+        setattr(target, name, timed(name, getattr(target, name)))
+    t = timed_generate(eng, prompt(64), sampled(args.tokens))
+    eng.close()
+    n = t.new_tokens - 1
+    print(f"--- spans, VRAM budget {budget}: decode {t.decode_s / n * 1e6:.0f} us a token ({n} tokens)")
+    for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
+        print(f"  {name:<14} {total / n * 1e6:8.0f} us a token  {count / n:6.1f} calls  {total / count * 1e6:7.1f} us a call")
