@@ -63,7 +63,7 @@ class DecodeStep:
         if self._graphs is None:
             self._step = Step(self.position, self._start, self.state, decode=True)
         if self.x_in is not None:
-            self._x_stage.copy_(self.model.embed_tokens.rows(torch.tensor([token])))
+            self.model.embed_tokens.row_into(token, self._x_stage)
             self.x_in.copy_(self._x_stage, non_blocking=True)
         if self._step_stage is None:
             self.step_in.copy_(torch.tensor([token, position]))

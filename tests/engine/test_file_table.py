@@ -36,6 +36,10 @@ def test_rows_are_the_loaded_tables_rows(dense_file, dtype, quant):
         got = rows.rows(ids)
         assert got.dtype == dtype and got.shape == (*ids.shape, 1024)
         assert torch.equal(got, embedding(ids, loaded))
+    step_row = torch.full((1, 1024), float("nan"), dtype=dtype)          # a decode step's row, into its buffer
+    for token in (0, 24575, 77):
+        rows.row_into(token, step_row)
+        assert torch.equal(step_row, embedding(torch.tensor([token]), loaded))
 
 
 def test_reading_rows_takes_no_process_memory(dense_file):
@@ -71,6 +75,8 @@ def test_a_file_cut_short_is_a_sentence_not_a_crash(dense_file, tmp_path):
     assert rows.rows(torch.tensor([3])).shape == (1, 1024)             # the first half still reads
     with pytest.raises(SluiceError, match="was cut short while the model was in use"):
         rows.rows(torch.tensor([3, 24000]))
+    with pytest.raises(SluiceError, match="was cut short while the model was in use"):
+        rows.row_into(24000, torch.empty(1, 1024, dtype=torch.bfloat16))
 
 
 def _disk_reads_reading(rows: FileTable, ids: list[int]) -> int:
