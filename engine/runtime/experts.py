@@ -122,7 +122,7 @@ class Experts:
             self._read_for_cpu(call, read_for_cpu)
         prefetch = next_layer if next_layer is not None and predicted else None
         if defer:
-            self._deferred = (prefetch, predicted, layer, routed, counts, ready)
+            self._deferred = (prefetch, predicted, layer, routed, counts, ready, None if late else wanted)
         elif prefetch is not None:
             self._prefetch(prefetch, predicted)
         return out
@@ -140,19 +140,26 @@ class Experts:
         return hybrid
 
     def _find(self, layer: int, routed: list[int], waited: float, defer: bool):
-        """-> (the wanted experts in routing order, {expert: slot} of those resident, the others, the counts)."""
-        self.mover.unlock_finished()
+        """-> (the wanted experts in routing order, {expert: slot} of those resident, the others, the counts).
+        A deferred step's layer with no miss leaves the RAM side's bookkeeping (`_settle_layer`) to `run_deferred`:
+        its launch then follows the host sync at once."""
         wanted = list(dict.fromkeys(routed))                                 # unique, in routing order
+        slot_of, late = split_resident(wanted, lambda e: self.banks.find((layer, e)))
+        if late or not defer:
+            self._settle_layer(layer, wanted)         # before `_bring_in`: RAM blocks unlocked, wrong guesses settled
         if not defer:
             self.mover.count_copy_time()
-        self._score_speculation(layer, set(wanted))    # before `_bring_in`: its wrong guesses' reads may settle
-        if not defer:
             self.banks.note_used(layer, routed)
-        slot_of, late = split_resident(wanted, lambda e: self.banks.find((layer, e)))
         counts = dict(vram_hits=len(slot_of), vram_misses=len(late), sync_wait_s=waited)
         if not defer:
             self.telemetry.add(**counts)
         return wanted, slot_of, late, counts
+
+    def _settle_layer(self, layer: int, wanted: list[int]) -> None:
+        """The RAM blocks of finished copies unlocked, the layer's guesses scored and its wrong guesses' reads
+        settled (what `_bring_in` needs before it inserts into the RAM cache)."""
+        self.mover.unlock_finished()
+        self._score_speculation(layer, set(wanted))
 
     def _compute(self, call: LayerCall, wanted: list[int], slot_of: dict[int, int], late: list[int],
                  static_inputs: bool, defer: bool) -> dict[int, int]:
@@ -211,7 +218,9 @@ class Experts:
         copies' busy time is counted by the next `begin_step`)."""
         if self._deferred is None:
             return
-        (next_layer, predicted, layer, routed, counts, ready), self._deferred = self._deferred, None
+        (next_layer, predicted, layer, routed, counts, ready, unsettled), self._deferred = self._deferred, None
+        if unsettled is not None:
+            self._settle_layer(layer, unsettled)
         self.banks.note_used(layer, routed)
         self.telemetry.add(**counts)
         self.compute.set_ready(layer, ready)

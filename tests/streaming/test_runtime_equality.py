@@ -112,6 +112,25 @@ def test_prefetch_deferred_behind_the_next_mixer_gives_the_same_tokens(family_mo
     assert [order[i - 1] == ("mixer", layer) for i, layer in prefetched] == [defer] * len(prefetched)
 
 
+def test_deferred_bookkeeping_of_layers_without_misses_scores_the_same(family_model):
+    """Deferred (a GPU's decode), a layer whose experts all sit in VRAM launches straight after its sync and
+    leaves its RAM-side bookkeeping (speculation scored, finished copies unlocked) to the deferred work: with
+    every block resident the tokens, guesses scored and prefetches used are those of the undeferred run."""
+    path, expected = family_model
+    snaps = []
+    for defer in (False, True):
+        eng = _streaming_model(path, slots_per_bank=16, ram_blocks=8)       # 8 experts, 3 layers: room for all
+        eng.runner.defer_prefetch = defer
+        try:
+            assert token_ids(eng, PROMPT, NEW_TOKENS) == expected
+            snaps.append(eng.telemetry())
+        finally:
+            eng.close()
+    assert snaps[1]["vram"]["misses"] == snaps[0]["vram"]["misses"] and snaps[1]["vram"]["hits"] > 0
+    assert snaps[1]["speculation"] == snaps[0]["speculation"] and snaps[1]["speculation"]["predicted"] > 0
+    assert snaps[1]["prefetch"]["used"] == snaps[0]["prefetch"]["used"]
+
+
 def test_hybrid_cpu_experts_give_the_same_tokens(family_model):
     """Every RAM-resident expert of a decode step computed by the CPU from its RAM block (on a GPU
     beside the kernels' share): the partial sums still give transformers' tokens."""
