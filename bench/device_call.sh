@@ -27,15 +27,15 @@ GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 12
 [ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
 [ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS --new-tokens 64
 [ -n "${FNTL:-}" ] && step fn_timeline 60 python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l \
-  --quant int8 --budgets 11GiB --tokens 256
+  --quant int8 --budgets 11GiB --tokens 256 --ram-cache default
 [ -n "${GOTL:-}" ] && step go_timeline 60 python -m bench profile --mode timeline --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 64
 [ -n "${GOSPY:-}" ] && step go_py_spy 100 python -m bench profile --mode py-spy --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 256
 [ -n "${GOSP:-}" ] && step go_spans 90 python -m bench profile --mode spans --preset gpt-oss-120b \
-  --quant mxfp4 --budgets 8GB --tokens 128
+  --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB
 [ -n "${FNSP:-}" ] && step fn_spans 90 python -m bench profile --mode spans --preset qwen3.8-flash-next-4l \
-  --quant int8 --budgets 11GiB --tokens 256
+  --quant int8 --budgets 11GiB --tokens 256 --ram-cache default
 [ -n "${RT:-}" ] && step runtime_tests 60 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \
   tests/streaming/test_runtime_equality.py
 [ -n "${FAM:-}" ] && step family_tests 120 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \

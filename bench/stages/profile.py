@@ -32,6 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="py-spy: what is sampled")
     p.add_argument("--preset", default="olmoe-1b-7b", help="the bench preset whose model is profiled")
     p.add_argument("--quant", default="int8", help="its experts' format")
+    p.add_argument("--ram-cache", default="16GB", help="the RAM budget ('default': the engine's own, as the bench's)")
 
 
 def run(args) -> int:
@@ -41,11 +42,12 @@ def run(args) -> int:
     return 0
 
 
-def _warm_engine(path, budget: str, seed: int = 0):
+def _warm_engine(path, budget: str, seed: int = 0, ram_cache: str = "16GB"):
     """The engine with its RAM cache and banks filled by a long prompt, then warmed by a short generation."""
     import engine
     from engine.tools.bench import timed_generate
-    eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache="16GB", max_context=1024, dense_quant="int8")
+    eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache=None if ram_cache == "default" else ram_cache,
+                      max_context=1024, dense_quant="int8")
     rng = random.Random(seed)
     prompt = lambda n: [rng.randrange(eng.spec.vocab_size) for _ in range(n)]   # noqa: E731 - a fresh prompt routes anew
     timed_generate(eng, prompt(512), sampled(96))
@@ -128,29 +130,37 @@ def host(args, path, budget: str) -> None:
     print("\n".join(line for line in text.getvalue().splitlines()[6:] if line.strip()))
 
 
-SPANS = (("engine.runtime.decode_step", "DecodeStep", "set_step"), ("engine.runtime.decode_step", "DecodeStep", "run_layer"),
-         ("engine.runtime.decode_step", "DecodeStep", "run_head"), ("engine.runtime.experts", None, "_host_ids"),
-         ("engine.runtime.experts", "Experts", "run"), ("engine.runtime.experts", "Experts", "run_deferred"),
-         ("engine.runtime.runner", "Runner", "_decode"))
+SPANS = ("engine.runtime.runner:Runner._decode", "engine.runtime.decode_step:DecodeStep.set_step",
+         "engine.runtime.decode_step:DecodeStep.run_layer", "engine.runtime.decode_step:DecodeStep.run_head",
+         "engine.runtime.experts:_host_ids", "engine.runtime.experts:Experts.run",
+         "engine.runtime.experts:Experts._find",
+         "engine.runtime.experts:Experts._compute", "engine.runtime.experts:Experts._bring_in",
+         "engine.runtime.experts:Experts.run_deferred", "engine.runtime.experts:Experts._prefetch",
+         "engine.runtime.expert_compute:LayerCompute.launch", "engine.runtime.reads:DiskReads.finish",
+         "engine.format.file_table:FileTable.rows", "engine.format.file_table:FileTable.row_into",
+         "engine.runtime.sampling:TokenSampler.__call__",
+         "engine.detokenize:IncrementalDetokenizer.push", "engine.model.model:Model.before_step",
+         "engine.model.model:Model.before_layer")
 
 
 def spans(args, path, budget: str) -> None:
-    """Each SPANS function wrapped in a wall-clock timer, counted inside decode steps only (`Runner._decode`), for one
-    generation; nested spans count in both (`run` holds `_host_ids`)."""
+    """Each SPANS function (module:owner.name) wrapped in a wall-clock timer from the first decode step to the end
+    of one generation (the step's own sections and what the engine does between steps: sampling, detokenising);
+    nested spans count in both (`run` holds `_host_ids`). A family's own hooks are timed where its model class
+    defines them (`before_layer` of qwen4_exp)."""
     import importlib
     import time
 
     from engine.tools.bench import timed_generate
-    eng, prompt = _warm_engine(path, budget)
+    eng, prompt = _warm_engine(path, budget, ram_cache=args.ram_cache)
     totals: dict[str, list] = {}
-    in_step = [False]
+    decoding = [False]
 
     def timed(name, fn):
         def wrapper(*a, **kw):
-            outer = name == "_decode"
-            if not (outer or in_step[0]):
+            decoding[0] = decoding[0] or name == "Runner._decode"
+            if not decoding[0]:
                 return fn(*a, **kw)
-            in_step[0] = True
             start = time.perf_counter()
             try:
                 return fn(*a, **kw)
@@ -158,15 +168,19 @@ def spans(args, path, budget: str) -> None:
                 entry = totals.setdefault(name, [0.0, 0])
                 entry[0] += time.perf_counter() - start
                 entry[1] += 1
-                in_step[0] = not outer
         return wrapper
-    for module, owner, name in SPANS:
+    for spec in SPANS:
+        module, _, attr = spec.partition(":")
+        owner, _, name = attr.rpartition(".")
         target = importlib.import_module(module)
         target = getattr(target, owner) if owner else target
-        setattr(target, name, timed(name, getattr(target, name)))
+        if owner == "Model":                                      # the family's class, where it overrides the hook
+            target = type(eng.runner.model)
+        setattr(target, name, timed(attr if owner != "Model" else f"{target.__name__}.{name}", getattr(target, name)))
     t = timed_generate(eng, prompt(64), sampled(args.tokens))
+    decoding[0] = False
     eng.close()
     n = t.new_tokens - 1
     print(f"--- spans, VRAM budget {budget}: decode {t.decode_s / n * 1e6:.0f} us a token ({n} tokens)")
     for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
-        print(f"  {name:<14} {total / n * 1e6:8.0f} us a token  {count / n:6.1f} calls  {total / count * 1e6:7.1f} us a call")
+        print(f"  {name:<36} {total / n * 1e6:7.0f} us a token {count / n:6.1f} calls {total / count * 1e6:8.1f} us a call")
