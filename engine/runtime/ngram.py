@@ -180,6 +180,14 @@ class NgramTier:
     def _fetch(self, table: int, ids: np.ndarray, out: torch.Tensor | None) -> torch.Tensor:
         """ids [T, heads] -> their rows concatenated [T, heads * row_dim] in the compute dtype, in `out` or on
         the device."""
+        if ids.shape[0] == 1 and self.held is not None:          # a decode step's rows, all read in: gathered
+            offsets = self.index.tables[table].offset + ids[0] * self.index.row_stride
+            if offsets.max() + self.index.row_bytes <= self.held.upto:
+                distinct = len(set(ids[0].tolist()))
+                self.telemetry.add(ngram_rows=distinct, ngram_hits=distinct, ngram_misses=0)
+                values = torch.from_numpy(self.held.rows(offsets, self.index.row_bytes)).view(self.index.dtype)
+                values = values.reshape(1, -1)                                            # [1, heads * row_dim]
+                return values.to(device=self.device, dtype=self.dtype) if out is None else out.copy_(values)
         distinct, inverse = np.unique(ids, return_inverse=True)
         inverse = torch.from_numpy(inverse.reshape(ids.shape))
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)

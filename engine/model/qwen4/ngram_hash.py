@@ -80,6 +80,24 @@ def row_ids(history: list[int], tokens: list[int], *, mult: np.ndarray, sizes: n
     return np.concatenate(blocks, axis=-1)[len(history):]
 
 
+def one_token_ids(history: list[int], token: int, *, mult: list[int], sizes: list[int], offsets: list[int],
+                  ngram_size: int, heads_per_ngram: int, eos: int) -> list[int]:
+    """`row_ids` of one token after `history`, in Python ints: a decode step's ~16 rows took numpy's small-array
+    calls ~60 us. The same values: the products are non-negative and fit int64, so neither XOR nor % differs."""
+    seq = history + [token]
+    t = len(seq) - 1
+    last_eos = max((i for i in range(t) if seq[i] == eos), default=-1)
+    shifted = [seq[t - s] if last_eos < t - s else eos for s in range(ngram_size)]
+    out = []
+    for n in range(2, ngram_size + 1):
+        mixed = 0
+        for p in range(n):
+            mixed ^= shifted[p] * mult[p]
+        first = (n - 2) * heads_per_ngram
+        out += [mixed % sizes[h] + offsets[h] for h in range(first, first + heads_per_ngram)]
+    return out
+
+
 class NgramHasher:
     """The row ids of every PLE layer for a step's tokens, keeping the conversation's last N-1 tokens."""
 
@@ -92,6 +110,7 @@ class NgramHasher:
             sizes = np.array(head_vocab_sizes(base, index, heads), dtype=np.int64)
             offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
             self.layers.append((multipliers(vocab_size, ngram_size, index, seed), sizes, offsets))
+        self._as_ints = [tuple(a.tolist() for a in layer) for layer in self.layers]      # one_token_ids'
         self.history = self._fresh()
 
     def _fresh(self) -> list[int]:
@@ -101,6 +120,12 @@ class NgramHasher:
         """Per PLE layer the row ids [T, heads] of tokens at positions start.. (start 0: a new conversation)."""
         if start == 0:
             self.history = self._fresh()
+        if len(tokens) == 1:
+            ids = [np.array([one_token_ids(self.history, tokens[0], mult=m, sizes=s, offsets=o,
+                                           ngram_size=self.ngram_size, heads_per_ngram=self.heads_per_ngram,
+                                           eos=self.eos)], dtype=np.int64) for m, s, o in self._as_ints]
+            self.history = (self.history + tokens)[-(self.ngram_size - 1):]
+            return ids
         ids = [row_ids(self.history, tokens, mult=m, sizes=s, offsets=o, ngram_size=self.ngram_size,
                        heads_per_ngram=self.heads_per_ngram, eos=self.eos) for m, s, o in self.layers]
         self.history = (self.history + tokens)[-(self.ngram_size - 1):]
