@@ -1,5 +1,5 @@
 """Alternated `sluice bench` runs on one machine: option settings against each other, or this tree against an
-older checkout, round after round, one summary line a run.
+older checkout, round after round (every other round in reverse order), one summary line a run.
 
     python -m bench ab --regime fits-ram --rounds 2 --variant - --variant "prefetch_copies=8" \
         -- --preset olmoe-1b-7b --quant int8 --dense-quant int8 --prompt-tokens 512 --new-tokens 128
@@ -48,7 +48,7 @@ def run(args) -> int:
         _one(args, runs[0][1], runs[0][2])
     results = []
     for round_ in range(1, args.rounds + 1):
-        for label, flags, tree in runs:
+        for label, flags, tree in runs if round_ % 2 else runs[::-1]:     # ABBA: no variant always runs first
             r = _one(args, flags, tree)
             results.append({"round": round_, "variant": label, "result": r})
             print(f"round {round_} [{label}]: {summary_line(r)}", flush=True)

@@ -278,14 +278,15 @@ def test_ab_variants_become_set_flags_and_the_trees_run_last(tmp_path):
 def test_ab_alternates_settings_through_sluice_bench(tiny_olmoe, tmp_path, capsys):
     flags = ["--preset", tiny_olmoe, "--device", "cpu", "--prompt-tokens", "16", "--new-tokens", "4", "--dtype",
              "float32", "--vram-budget", "1GB", "--ram-cache", "1GB"]
-    argv = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), "ab", "--rounds", "1", "--variant", "-",
+    argv = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), "ab", "--rounds", "2", "--variant", "-",
             "--variant", "prefetch_reads=0", "--"]
     assert bench_main(argv + flags) == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round 1")]
-    assert [line.split(":")[0] for line in lines] == ["round 1 [defaults]", "round 1 [prefetch_reads=0]"]
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("round ")]
+    assert [line.split(":")[0] for line in lines] == ["round 1 [defaults]", "round 1 [prefetch_reads=0]",
+                                                      "round 2 [prefetch_reads=0]", "round 2 [defaults]"]   # ABBA
     assert all(" tok/s (" in line and "VRAM hits" in line for line in lines)
     runs = json.loads((tmp_path / "out" / "ab.json").read_text())
-    assert [r["result"]["settings"] for r in runs] == [[], ["prefetch_reads=0"]]
+    assert [r["result"]["settings"] for r in runs] == [[], ["prefetch_reads=0"], ["prefetch_reads=0"], []]
     (tmp_path / "out" / "ab.json").unlink()
     assert bench_main(argv[:-1] + ["--variant", "prefetch=2", "--"] + flags) == 2    # a typo: one sentence, no run
     err = capsys.readouterr().err
