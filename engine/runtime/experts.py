@@ -291,6 +291,9 @@ class Experts:
         hits stay where they are, for the CPU (placement.prefetch_count)."""
         self._predicted[layer] = set(experts)
         self._ahead = None
+        if layer not in self._read_ahead and self._all_resident(layer, experts):
+            self._prefetched[layer] = set()            # (the fits regimes' usual step: nothing to bring)
+            return
         in_ram = self._lock_guesses_in_ram(layer, experts[:copies_ahead(len(experts), self.prefetch_copies)])
         issued = self._read_ahead.pop(layer, None)
         if issued is None:
@@ -306,6 +309,13 @@ class Experts:
                     issued.add(expert)
         self._prefetched[layer] = issued
         self.telemetry.add(prefetch_issued=len(issued))
+
+    def _all_resident(self, layer: int, experts: list[int]) -> bool:
+        """Whether every guess the prefetch would look at sits in the layer's bank (each made recent, as that
+        look does)."""
+        count = max(copies_ahead(len(experts), self.prefetch_copies),
+                    reads_ahead(len(experts), self.prefetch_reads, self.mover.reads_all_guesses))
+        return all(self.banks.find((layer, e)) is not None for e in experts[:count])
 
     def _lock_guesses_in_ram(self, layer: int, experts: list[int]) -> list[tuple[int, int]]:
         """[(expert, RAM slot)] of the guesses only RAM holds, locked at once (a read started next must not

@@ -36,6 +36,7 @@ Key = tuple[int, int]          # (layer, expert)
 HALF_LIFE = 16.0               # tokens after which a use counts half
 NEVER_USED = -1e12             # the score of a block never routed to: below every used one, oldest first
 SWEEP_WINDOW = 32              # a sweep's victim: the least used of its this many oldest blocks
+SMALL_COUNT = 64               # note_used counts up to this many routed pairs in a dict, more with a Counter
 
 
 def least_used(oldest_first: Iterable[Key], uses: Callable[[Key], float], window: int) -> Key | None:
@@ -170,14 +171,21 @@ class SlotPolicy:
             self._now += 1.0 / len(self._layers)
         now = self._now / HALF_LIFE
         bank = self.bank_of(layer)
-        for expert, n in Counter(routed).items():
+        if len(routed) > SMALL_COUNT:
+            counts = Counter(routed)                         # a prompt's thousands of pairs: counted in C
+        else:                                                # a step's few: a dict is cheaper than a Counter
+            counts = {}
+            for expert in routed:
+                counts[expert] = counts.get(expert, 0) + 1
+        scores, resident, slot_scores, log2 = self._score, self._resident[bank], self._slot_score[bank], math.log2
+        for expert, n in counts.items():
             key = (layer, expert)
-            score = self._score.get(key)
-            score = math.log2(n + (2.0 ** (score - now) if score is not None else 0.0)) + now
-            self._score[key] = score
-            slot = self._resident[bank].get(key)
+            score = scores.get(key)
+            score = log2(n + (2.0 ** (score - now) if score is not None else 0.0)) + now
+            scores[key] = score
+            slot = resident.get(key)
             if slot is not None:
-                self._slot_score[bank][slot] = score
+                slot_scores[slot] = score
 
     def uses(self, key: Key) -> float:
         """How often the key's expert was routed to lately (its use count, halved every HALF_LIFE tokens)."""

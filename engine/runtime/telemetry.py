@@ -82,9 +82,14 @@ class Telemetry:
         self.info: dict = {}
 
     def add(self, **deltas: float) -> None:
+        values = self._values                      # every declared counter is a key (a decode step adds ~10 a layer)
         with self._lock:
-            for key, value in deltas.items():
-                self._values[_declared(key)] += value
+            try:
+                for key, value in deltas.items():
+                    values[key] += value
+            except KeyError:
+                _declared(key)
+                raise
 
     def set(self, **values: float) -> None:
         with self._lock:
