@@ -4,6 +4,7 @@ Engine.generate:
   trace     a few decode tokens under torch.profiler (CPU and CUDA), the Chrome trace gzipped into OUT and summed up
   timeline  what the GPU runs in a decode token: kernels and copies by total time, GPU busy against wall time
   host      per-token telemetry and cProfile of the host
+  bookkeeping  the decode's host bookkeeping a layer on the CPU, no GPU (bench/stages/bookkeeping.py; --tree)
   spans     the decode thread's wall time a token by section (set_step, layer replays, the layers' host syncs, the
             rest of the experts' host work, the deferred work, the head), timed around the calls themselves
 
@@ -19,10 +20,11 @@ import random
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 from bench.common import ROOT, append_log, bench_model, sampled
 
-MODES = ("py-spy", "trace", "timeline", "host", "spans")
+MODES = ("py-spy", "trace", "timeline", "host", "spans", "bookkeeping")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -32,10 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--phase", choices=("decode", "prefill"), default="decode", help="py-spy: what is sampled")
     p.add_argument("--preset", default="olmoe-1b-7b", help="the bench preset whose model is profiled")
     p.add_argument("--quant", default="int8", help="its experts' format")
+    p.add_argument("--tree", type=Path, help="bookkeeping: an older checkout, measured alternately with this one")
     p.add_argument("--ram-cache", default="16GB", help="the RAM budget ('default': the engine's own, as the bench's)")
 
 
 def run(args) -> int:
+    if args.mode == "bookkeeping":
+        from bench.stages import bookkeeping
+        return bookkeeping.run(args)
     path = bench_model(args.work_dir, args.preset, args.quant)
     for budget in args.budgets.split(","):
         {"py-spy": py_spy, "trace": trace, "timeline": timeline, "host": host, "spans": spans}[args.mode](args, path, budget)
