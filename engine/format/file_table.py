@@ -107,8 +107,7 @@ class FileTable:
         for k, i in enumerate(ids):
             data = os.pread(self._fd, rb, self._first + i * rb)
             if len(data) != rb:
-                raise SluiceError(f"'{self._path}' was cut short while the model was in use; restore or repack "
-                                  "the model and load it again.")
+                self._cut_short()
             view[k * rb:(k + 1) * rb] = data
         return torch.frombuffer(buffer, dtype=torch.uint8).view(self._stored).view(len(ids), -1)
 
@@ -116,10 +115,13 @@ class FileTable:
         """A decode step's row: token's row written into `out` [1, H] (host) as `rows` gives it, with one pread into
         a buffer kept for it (rows' unique, gather and fresh buffers cost a 2-core host ~150 us a token)."""
         if os.preadv(self._fd, [self._one], self._first + token * self._row_bytes) != self._row_bytes:
-            raise SluiceError(f"'{self._path}' was cut short while the model was in use; restore or repack "
-                              "the model and load it again.")
+            self._cut_short()
         row = self._one_row.to(self.dtype)
         out.copy_(int8_round_trip(row) if self.quant == "int8" else row)
+
+    def _cut_short(self):
+        raise SluiceError(f"'{self._path}' was cut short while the model was in use; restore or repack "
+                          "the model and load it again.")
 
     def rows(self, token_ids: torch.Tensor) -> torch.Tensor:
         """token ids (any shape, on the host) -> their rows [..., H] in the compute dtype, on the host."""

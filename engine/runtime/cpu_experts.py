@@ -15,6 +15,7 @@ layer's host sync, so they cost no extra wait.
 """
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from typing import Callable
@@ -86,11 +87,8 @@ class CpuExperts:
         """A projection left in the block; an int8 one multiplied by kernels.cpu_gemm."""
         packed = Packed(parts, self.layout.fmt)
         if self.layout.fmt == "int8":
-            packed.kernel = self._int8_linear
+            packed.kernel = functools.partial(cpu_gemm.int8_linear, tile=self._tile)
         return packed
-
-    def _int8_linear(self, x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-        return cpu_gemm.int8_linear(x, q, scale, self._tile)
 
     def reference_weights(self, block: torch.Tensor) -> dict[str, torch.Tensor | Packed]:
         """The block's weights in float32 as the reference multiplies them (kernels.cpu_linear.int8_linear_ref)."""

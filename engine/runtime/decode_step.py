@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 
 from engine.model.block import Step
+from engine.model.graph_capture import capturing
 from engine.model.model import Model
 from engine.model.state import ModelState
-from engine.model.graph_capture import capturing
 
 
 class LayerOutputs:

@@ -18,10 +18,10 @@ import torch
 
 from engine.format.layout import Layout
 from engine.format.quant import dequantize
+from engine.model.graph_capture import capturing
 from engine.runtime.budget import prefill_expert_bytes
 from engine.runtime.cache import RamCache
 from engine.runtime.cpu_experts import CpuExperts
-from engine.model.graph_capture import capturing
 from engine.runtime.movers import Mover
 from engine.runtime.residency import Key
 from engine.runtime.slots import SlotBanks

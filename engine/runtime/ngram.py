@@ -177,22 +177,36 @@ class NgramTier:
         return Lookups([self._worker.submit(self._fetch, table, layer_ids, staging and staging[table])
                         for table, layer_ids in enumerate(ids)], self.telemetry)
 
+    def _offsets(self, table: int, row_ids: np.ndarray) -> np.ndarray:
+        """Byte offsets of `table`'s rows in the file."""
+        return self.index.tables[table].offset + row_ids.astype(np.int64) * self.index.row_stride
+
     def _fetch(self, table: int, ids: np.ndarray, out: torch.Tensor | None) -> torch.Tensor:
         """ids [T, heads] -> their rows concatenated [T, heads * row_dim] in the compute dtype, in `out` or on
         the device."""
-        if ids.shape[0] == 1 and self.held is not None:          # a decode step's rows, all read in: gathered
-            offsets = self.index.tables[table].offset + ids[0] * self.index.row_stride
-            if offsets.max() + self.index.row_bytes <= self.held.upto:
-                distinct = len(set(ids[0].tolist()))
-                self.telemetry.add(ngram_rows=distinct, ngram_hits=distinct, ngram_misses=0)
-                values = torch.from_numpy(self.held.rows(offsets, self.index.row_bytes)).view(self.index.dtype)
-                values = values.reshape(1, -1)                                            # [1, heads * row_dim]
-                return values.to(device=self.device, dtype=self.dtype) if out is None else out.copy_(values)
+        values = self._held_step_rows(table, ids) if ids.shape[0] == 1 and self.held is not None else None
+        if values is None:
+            values = self._gathered(table, ids)
+        return values.to(device=self.device, dtype=self.dtype) if out is None else out.copy_(values)
+
+    def _held_step_rows(self, table: int, ids: np.ndarray) -> torch.Tensor | None:
+        """A decode step's rows [1, heads * row_dim] gathered from the held tables, in order and without
+        `np.unique`; None while one of them is past the part read so far."""
+        offsets = self._offsets(table, ids[0])
+        if offsets.max() + self.index.row_bytes > self.held.upto:
+            return None
+        distinct = len(set(ids[0].tolist()))
+        self.telemetry.add(ngram_rows=distinct, ngram_hits=distinct, ngram_misses=0)
+        return torch.from_numpy(self.held.rows(offsets, self.index.row_bytes)).view(self.index.dtype).reshape(1, -1)
+
+    def _gathered(self, table: int, ids: np.ndarray) -> torch.Tensor:
+        """ids [T, heads] -> their rows [T, heads * row_dim] as stored, each distinct row fetched once: from the
+        held tables or the row cache, the others read from disk."""
         distinct, inverse = np.unique(ids, return_inverse=True)
         inverse = torch.from_numpy(inverse.reshape(ids.shape))
         rows = torch.empty((distinct.shape[0], self.index.row_bytes), dtype=torch.uint8)
         if self.held is not None:            # the rows the background read has passed; the others from disk
-            offsets = self.index.tables[table].offset + distinct.astype(np.int64) * self.index.row_stride
+            offsets = self._offsets(table, distinct)
             below = offsets + self.index.row_bytes <= self.held.upto
             rows.numpy()[below] = self.held.rows(offsets[below], self.index.row_bytes)
             missing = np.flatnonzero(~below).tolist()
@@ -208,13 +222,12 @@ class NgramTier:
             rows[missing] = torch.from_numpy(self._read(table, distinct[missing]))
         self.telemetry.add(ngram_rows=distinct.shape[0], ngram_hits=distinct.shape[0] - len(missing),
                            ngram_misses=len(missing))
-        values = rows.view(self.index.dtype)[inverse].flatten(-2)                # [T, heads * row_dim]
-        return values.to(device=self.device, dtype=self.dtype) if out is None else out.copy_(values)
+        return rows.view(self.index.dtype)[inverse].flatten(-2)                   # [T, heads * row_dim]
 
     def _read(self, table: int, row_ids: np.ndarray) -> np.ndarray:
         """Rows [N, row bytes] of `table` read from disk (each page once), put in the cache."""
         t0 = time.perf_counter()
-        offsets = self.index.tables[table].offset + row_ids.astype(np.int64) * self.index.row_stride
+        offsets = self._offsets(table, row_ids)
         pages = np.unique(offsets // PAGE)
         runs = page_runs(pages)
         staged = np.concatenate([np.frombuffer(b, dtype=np.uint8)
