@@ -23,6 +23,8 @@ FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
 [ -n "${KT:-}" ] && step kernel_tests 60 python -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_moe_decode.py \
   tests/families/test_qwen4_exp_gpu.py tests/streaming/test_runtime_equality.py
+[ -n "${GOTR:-}" ] && step go_trace 120 python -m bench profile --mode trace --preset gpt-oss-120b --quant mxfp4 \
+  --budgets 8GB --ram-cache 8GB
 [ -n "${FN:-}" ] && step fn_ab 100 python -m bench ab --rounds "${R:-2}" ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS
 [ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
 [ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS --new-tokens 64
@@ -34,6 +36,8 @@ GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 12
   --quant mxfp4 --budgets 8GB --tokens 256
 [ -n "${GOSP:-}" ] && step go_spans 90 python -m bench profile --mode spans --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB
+[ -n "${GOSPI:-}" ] && step go_spans_gil 90 python -m bench profile --mode spans --preset gpt-oss-120b \
+  --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --switch-interval 0.0002
 [ -n "${FNSP:-}" ] && step fn_spans 90 python -m bench profile --mode spans --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256 --ram-cache default
 [ -n "${RT:-}" ] && step runtime_tests 60 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \

@@ -6,7 +6,7 @@ Prints, over the decode tokens of the trace (after the first host sync that foll
     behind its `tolist`), and the syncs' waits;
   - one token's layers as a timeline: when the decode thread's sync returned, when it issued the layer's
     copies and graph launches, and when the copy engine ran them.
-Usage: python -m bench.trace_summary TRACE.json[.gz] [tokens=2 shown]
+Usage: python -m bench.trace_summary TRACE.json[.gz] [tokens shown, default 1] [host syncs a token, default 17]
 """
 from __future__ import annotations
 
@@ -27,14 +27,14 @@ def load(path: str) -> list[dict]:
 class Decode:
     """The decode part of a trace: the GPU's and the decode thread's events from the first decode sync on."""
 
-    def __init__(self, events: list[dict]):
+    def __init__(self, events: list[dict], syncs_per_token: int = 17):
         self.gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
         self.calls = _decode_thread([e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")])
         syncs = sorted((e for e in self.calls if "Synchronize" in e["name"]), key=lambda e: e["ts"])
         self.start = syncs[len(syncs) * 15 // 100]["ts"]      # the decode: the last 85% of the syncs, not the prompt
         self.window = max(e["ts"] + e["dur"] for e in self.gpu) - self.start
         self.syncs = [e for e in syncs if e["ts"] >= self.start]
-        self.tokens = max(1, round(len(self.syncs) / 17))    # 16 MoE layers' syncs + the token's own (OLMoE)
+        self.tokens = max(1, round(len(self.syncs) / syncs_per_token))   # MoE layers' syncs + the token's own
 
     def header(self) -> str:
         launches = sum(1 for e in self.calls if e["name"] == "cudaGraphLaunch" and e["ts"] >= self.start)
@@ -143,7 +143,7 @@ def timeline_lines(d: Decode, shown: int) -> list[str]:
 
 
 def main() -> None:
-    d = Decode(load(sys.argv[1]))
+    d = Decode(load(sys.argv[1]), int(sys.argv[3]) if len(sys.argv) > 3 else 17)
     shown = int(sys.argv[2]) if len(sys.argv) > 2 else 1
     for part in ([d.header()], stream_lines(d), copy_lines(d), call_lines(d), timeline_lines(d, shown)):
         if part:

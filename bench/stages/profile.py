@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default="int8", help="its experts' format")
     p.add_argument("--tree", type=Path, help="bookkeeping: an older checkout, measured alternately with this one")
     p.add_argument("--ram-cache", default="16GB", help="the RAM budget ('default': the engine's own, as the bench's)")
+    p.add_argument("--switch-interval", type=float,
+                   help="spans: sys.setswitchinterval (seconds) for the run, against Python's 0.005 (a GIL held by "
+                        "another thread shows as a shorter wait at the syncs)")
 
 
 def run(args) -> int:
@@ -85,6 +88,7 @@ def trace(args, path, budget: str) -> None:
     eng, prompt = _warm_engine(path, budget, seed=1)
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         t = timed_generate(eng, prompt(8), sampled(min(args.tokens, 8)))
+    syncs = 1 + sum(1 for b in eng.runner.model.blocks if b.is_moe)        # a MoE layer's own and the token's
     eng.close()
     print(f"--- trace, VRAM budget {budget}: {t.new_tokens} tokens, decode "
           f"{t.decode_s / max(1, t.new_tokens - 1) * 1e3:.2f} ms/token under the profiler", flush=True)
@@ -92,7 +96,7 @@ def trace(args, path, budget: str) -> None:
     prof.export_chrome_trace(str(raw))
     with open(raw, "rb") as src, gzip.open(args.out / f"trace-{budget}.json.gz", "wb") as dst:
         shutil.copyfileobj(src, dst)
-    subprocess.run([sys.executable, "-m", "bench.trace_summary", str(raw)], cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "bench.trace_summary", str(raw), "2", str(syncs)], cwd=ROOT)
 
 
 def timeline(args, path, budget: str) -> None:
@@ -157,10 +161,13 @@ def spans(args, path, budget: str) -> None:
     import importlib
     import time
 
+    import torch
+
     from engine.tools.bench import timed_generate
     eng, prompt = _warm_engine(path, budget, ram_cache=args.ram_cache)
     totals: dict[str, list] = {}
     decoding = [False]
+    gpu_marks: list = []            # (start, end) CUDA events around each decode step, on the compute stream
 
     def timed(name, fn):
         def wrapper(*a, **kw):
@@ -168,9 +175,14 @@ def spans(args, path, budget: str) -> None:
             if not decoding[0]:
                 return fn(*a, **kw)
             start = time.perf_counter()
+            if name == "Runner._decode" and torch.cuda.is_available():
+                gpu_marks.append((torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)))
+                gpu_marks[-1][0].record()
             try:
                 return fn(*a, **kw)
             finally:
+                if name == "Runner._decode" and torch.cuda.is_available():
+                    gpu_marks[-1][1].record()
                 entry = totals.setdefault(name, [0.0, 0])
                 entry[0] += time.perf_counter() - start
                 entry[1] += 1
@@ -183,10 +195,20 @@ def spans(args, path, budget: str) -> None:
         if owner == "Model":                                      # the family's class, where it overrides the hook
             target = type(eng.runner.model)
         setattr(target, name, timed(attr if owner != "Model" else f"{target.__name__}.{name}", getattr(target, name)))
-    t = timed_generate(eng, prompt(64), sampled(args.tokens))
+    interval = sys.getswitchinterval()
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
+    try:
+        t = timed_generate(eng, prompt(64), sampled(args.tokens))
+    finally:
+        sys.setswitchinterval(interval)
     decoding[0] = False
     eng.close()
     n = t.new_tokens - 1
-    print(f"--- spans, VRAM budget {budget}: decode {t.decode_s / n * 1e6:.0f} us a token ({n} tokens)")
+    print(f"--- spans, VRAM budget {budget}, switch interval {args.switch_interval or interval} s: decode "
+          f"{t.decode_s / n * 1e6:.0f} us a token ({n} tokens)")
+    if gpu_marks:         # the GPU's time from reaching a step's first work to its last (idle gaps included)
+        steps = [a.elapsed_time(b) * 1e3 for a, b in gpu_marks[1:]]
+        print(f"  {'the step on the GPU (events)':<36} {sum(steps) / len(steps):7.0f} us a token")
     for name, (total, count) in sorted(totals.items(), key=lambda kv: -kv[1][0]):
         print(f"  {name:<36} {total / n * 1e6:7.0f} us a token {count / n:6.1f} calls {total / count * 1e6:8.1f} us a call")
