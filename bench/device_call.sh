@@ -23,6 +23,12 @@ FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
 [ -n "${KT:-}" ] && step kernel_tests 60 python -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_moe_decode.py \
   tests/families/test_qwen4_exp_gpu.py tests/streaming/test_runtime_equality.py
+[ -n "${SL:-}" ] && step slot_lookup_tests 60 python -m pytest -q -p no:cacheprovider tests/streaming/test_slot_lookup.py \
+  tests/streaming/test_activation_kernels.py
+[ -n "${GOSL:-}" ] && step go_slot_lookup 150 python -m bench ab --rounds "${R:-1}" --variant - --variant slot_lookup=true \
+  -- $GO_ARGS
+[ -n "${FNSL:-}" ] && step fn_slot_lookup 150 python -m bench ab --rounds "${R:-1}" --variant - --variant slot_lookup=true \
+  -- $FN_ARGS
 [ -n "${GOTR:-}" ] && step go_trace 120 python -m bench profile --mode trace --preset gpt-oss-120b --quant mxfp4 \
   --budgets 8GB --ram-cache 8GB
 [ -n "${FN:-}" ] && step fn_ab 100 python -m bench ab --rounds "${R:-2}" ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS

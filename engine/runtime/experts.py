@@ -78,6 +78,7 @@ class Experts:
         self._prefetched: dict[int, set[int]] = {}
         self._deferred: tuple | None = None            # what `run(..., defer=True)` left for `run_deferred`
         self._fill = FillPlan()
+        self._ids = HostIds(self.device)               # a layer's ids read behind a launch from the slot table
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -106,7 +107,13 @@ class Experts:
         brought in, so their use counts, counted later, would not have changed a victim.)"""
         num_tokens, top_k = weights.shape
         hybrid = self._stage(x, weights, static_inputs)
-        routed, predicted, waited = _host_ids(ids, num_tokens * top_k)
+        sent = None                  # with a slot table: the row the experts were launched from, before the ids' read
+        if not hybrid and self.compute.looks_up(layer, weights, static_inputs):
+            self._ids.fetch(ids)
+            sent = self.compute.look_up(layer, x, weights, ids, out, static_inputs)
+            routed, predicted, waited = self._ids.wait(num_tokens * top_k)
+        else:
+            routed, predicted, waited = _host_ids(ids, num_tokens * top_k)
         wanted, slot_of, late, counts = self._find(layer, routed, waited, defer)
         if next_layer is not None and predicted:   # read ahead as soon as this layer's own reads are queued
             self._ahead = (next_layer, predicted)
@@ -115,7 +122,10 @@ class Experts:
         if share is not None:
             late = [e for e in late if e not in share.blocks]
         read_for_cpu, late = (late, []) if hybrid and self._cpu_takes_reads else ([], late)
-        ready = self._compute(call, wanted, slot_of, late, static_inputs, defer)
+        if sent is not None:
+            ready = self._compute_rest(call, wanted, slot_of, late, sent, static_inputs, defer)
+        else:
+            ready = self._compute(call, wanted, slot_of, late, static_inputs, defer)
         if share is not None:              # the device's share is enqueued: the CPU does its own now
             share.add_into(call)
         if read_for_cpu:
@@ -171,6 +181,23 @@ class Experts:
         if late:
             slot_of.update(self._bring_in(call.layer, late, protected={(call.layer, e) for e in wanted}))
         self.compute.launch(call, slot_of, early, late, static_inputs)
+        if defer:
+            return slot_of
+        self.compute.set_ready(call.layer, slot_of)
+        return {}
+
+    def _compute_rest(self, call: LayerCall, wanted: list[int], slot_of: dict[int, int], late: list[int],
+                      sent, static_inputs: bool, defer: bool) -> dict[int, int]:
+        """After a launch from the slot table (`sent`: the row it read): the experts it did not hold, the misses
+        brought in and the resident blocks whose copies had not landed when the row was sent, added on top ->
+        the {expert: slot}s whose state `run_deferred` still sets."""
+        rest = {e: slot for e, slot in slot_of.items() if sent[e] < 0}
+        if late:
+            placed = self._bring_in(call.layer, late, protected={(call.layer, e) for e in wanted})
+            slot_of.update(placed)
+            rest.update(placed)
+        if rest:
+            self.compute.launch_rest(call, rest, static_inputs)
         if defer:
             return slot_of
         self.compute.set_ready(call.layer, slot_of)
@@ -400,6 +427,39 @@ class Experts:
         self._prefetched.clear()
         self._read_ahead.clear()
         self._ahead = None
+
+
+class HostIds:
+    """A layer's ids read on the host without waiting for the work enqueued after them (on CUDA a copy into pinned
+    memory and its event; elsewhere the ids are read at once)."""
+
+    def __init__(self, device: torch.device):
+        self._event = torch.cuda.Event() if device.type == "cuda" else None
+        self._pinned: torch.Tensor | None = None
+        self._values: list[int] = []
+        self._count = 0
+
+    def fetch(self, ids: torch.Tensor) -> None:
+        """Start reading ids (before enqueuing what must not be waited for)."""
+        if self._event is None:
+            self._values = ids.tolist()
+            return
+        n = ids.numel()
+        if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != ids.dtype:
+            self._pinned = torch.empty(max(n, 64), dtype=ids.dtype, pin_memory=True)
+        self._count = n
+        self._pinned[:n].copy_(ids, non_blocking=True)
+        self._event.record()
+
+    def wait(self, num_routed: int) -> tuple[list[int], list[int], float]:
+        """-> as `_host_ids`: (routed ids, the next layer's guesses unique and best first, seconds waited)."""
+        start = time.perf_counter()
+        if self._event is not None:
+            self._event.synchronize()
+            self._values = self._pinned[:self._count].tolist()
+        waited = time.perf_counter() - start
+        values = self._values
+        return values[:num_routed], list(dict.fromkeys(values[num_routed:])), waited
 
 
 def _host_ids(ids: torch.Tensor, num_routed: int) -> tuple[list[int], list[int], float]:
