@@ -88,7 +88,9 @@ class LayerCompute:
     def look_up(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
                 static_inputs: bool) -> np.ndarray:
         """out = the routed experts whose blocks the slot table holds (the others skipped), launched now, after the
-        layer's row is sent -> that row as the launch reads it ([experts] slots, -1 where not held)."""
+        layer's row is sent -> that row as the launch reads it ([experts] slots, -1 where not held). The bank is
+        marked free by `launch_rest`, after it: the misses' copies into the bank then wait only for the compute
+        before this layer (the launch reads only the routed experts' slots, which those copies do not evict)."""
         bank = self.banks.bank_of(layer)
         sent = self.banks.table.send(layer, self.mover.landed)
         if static_inputs:
@@ -97,14 +99,16 @@ class LayerCompute:
             slots = self.banks.table.look_up(layer, ids[:weights.shape[1]])
             self.kernel(x, self.banks.banks[bank], slots, weights.float(), self.layout.fmt, self.offsets,
                         self.layout.intermediate, out=out)
-        self.mover.mark_bank_free(bank)
         return sent
 
     def launch_rest(self, call: LayerCall, slot_of: dict[int, int], static_inputs: bool) -> None:
-        """After `look_up`: the experts it did not hold (misses brought in, copies that had not landed), added into
-        `out` once their copies have."""
+        """After `look_up`: the experts it did not hold (misses brought in, copies that had not landed; none: only
+        the bank marked free), added into `out` once their copies have."""
         layer, num_tokens = call.layer, call.x.shape[0]
         bank = self.banks.bank_of(layer)
+        if not slot_of:
+            self.mover.mark_bank_free(bank)
+            return
         row = [slot_of.get(e, -1) for e in call.routed]
         self.mover.wait_slots(bank, list(slot_of.values()))
         if static_inputs and layer in self._graphs:

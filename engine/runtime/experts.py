@@ -196,8 +196,7 @@ class Experts:
             placed = self._bring_in(call.layer, late, protected={(call.layer, e) for e in wanted})
             slot_of.update(placed)
             rest.update(placed)
-        if rest:
-            self.compute.launch_rest(call, rest, static_inputs)
+        self.compute.launch_rest(call, rest, static_inputs)
         if defer:
             return slot_of
         self.compute.set_ready(call.layer, slot_of)
