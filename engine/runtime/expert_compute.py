@@ -223,9 +223,10 @@ class LayerCompute:
                         self.layout.intermediate, out=call.out, accumulate=i > 0)
         self.mover.mark_bank_free(bank)
 
-    def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], device: torch.device) -> None:
+    def capture(self, layers: dict[int, tuple[torch.Tensor, ...]], device: torch.device) -> None:
         """Capture the one-token kernel launches of each layer in CUDA graphs, two per layer (write `out`, add
-        into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])} (the decode step's
+        into `out`; with a slot table a third, `look_up`'s, where the routed ids' buffer is given as a fourth
+        input), over static inputs {layer: (x [1, H], weights [1, K], out [1, H][, ids])} (the decode step's
         buffers; x [R, H], weights [R, K / R], out [R, H] where a token's choices are rows of their own, as Llama 4's).
         The expert slots are a static int32 row per layer, uploaded before each replay. Done once at
         load, so no capture happens while tokens are timed."""
@@ -245,7 +246,7 @@ class LayerCompute:
                     launch()
                 graphs.append(graph)
             self._graphs[layer] = (graphs, [index[:1].view(-1), index.view(-1)])  # [write, add] graphs; 1 or 2 slot rows
-            if ids and self.banks.table is not None and weights.shape[0] == 1:
+            if ids and ids[0] is not None and self.banks.table is not None and weights.shape[0] == 1:
                 self._capture_lookup(layer, x, weights, out, ids[0])
         torch.cuda.synchronize(device)
 

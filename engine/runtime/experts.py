@@ -253,7 +253,7 @@ class Experts:
         if next_layer is not None:
             self._prefetch(next_layer, predicted)
 
-    def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
+    def capture(self, layers: dict[int, tuple[torch.Tensor, ...]]) -> None:
         self.compute.capture(layers, self.device)
 
     # ------------------------------------------------------------------ transfers
