@@ -147,8 +147,8 @@ class Runner:
                                    model_dir.expert_bytes_total, telemetry)
         self.cache = RamCache(self.plan.ram_cache_bytes - ngram_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
-        self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry,
-                               (max(self.spec.moe_layers) + 1, self.spec.num_experts) if self.options.slot_lookup else None)
+        slot_table = (max(self.spec.moe_layers) + 1, self.spec.num_experts) if self.options.slot_lookup else None
+        self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry, slot_table)
         self.pacing = make_pacing(self.options.copy_rate_gbps, self.banks.banks[0][0], telemetry)
         self.cache.uses = self.banks.rank                 # one routing frequency for both tiers' evictions
         table = self.model.embed_tokens
