@@ -44,6 +44,10 @@ GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 12
   --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB
 [ -n "${GOSPI:-}" ] && step go_spans_gil 90 python -m bench profile --mode spans --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --switch-interval 0.0002
+[ -n "${GOSPF:-}" ] && step go_spans_no_fill 90 python -m bench profile --mode spans --preset gpt-oss-120b \
+  --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --set ram_fill=false
+[ -n "${GOSPL:-}" ] && step go_spans_lookup 90 python -m bench profile --mode spans --preset gpt-oss-120b \
+  --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --set slot_lookup=true
 [ -n "${FNSP:-}" ] && step fn_spans 90 python -m bench profile --mode spans --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256 --ram-cache default
 [ -n "${RT:-}" ] && step runtime_tests 60 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \

@@ -36,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quant", default="int8", help="its experts' format")
     p.add_argument("--tree", type=Path, help="bookkeeping: an older checkout, measured alternately with this one")
     p.add_argument("--ram-cache", default="16GB", help="the RAM budget ('default': the engine's own, as the bench's)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="spans: an engine option (engine/options.py) for the run, e.g. ram_fill=false")
     p.add_argument("--switch-interval", type=float,
                    help="spans: sys.setswitchinterval (seconds) for the run, against Python's 0.005 (a GIL held by "
                         "another thread shows as a shorter wait at the syncs)")
@@ -51,12 +53,14 @@ def run(args) -> int:
     return 0
 
 
-def _warm_engine(path, budget: str, seed: int = 0, ram_cache: str = "16GB"):
-    """The engine with its RAM cache and banks filled by a long prompt, then warmed by a short generation."""
+def _warm_engine(path, budget: str, seed: int = 0, ram_cache: str = "16GB", settings: tuple[str, ...] = ()):
+    """The engine with its RAM cache and banks filled by a long prompt, then warmed by a short generation
+    (`settings`: engine options as KEY=VALUE)."""
     import engine
+    from engine.options import Options
     from engine.tools.bench import timed_generate
     eng = engine.load(path, device="cuda", vram_budget=budget, ram_cache=None if ram_cache == "default" else ram_cache,
-                      max_context=1024, dense_quant="int8")
+                      max_context=1024, dense_quant="int8", options=Options.parse(list(settings)))
     rng = random.Random(seed)
     prompt = lambda n: [rng.randrange(eng.spec.vocab_size) for _ in range(n)]   # noqa: E731 - a fresh prompt routes anew
     timed_generate(eng, prompt(512), sampled(96))
@@ -147,6 +151,8 @@ SPANS = ("engine.runtime.runner:Runner._decode", "engine.runtime.decode_step:Dec
          "engine.runtime.experts:Experts._compute", "engine.runtime.experts:Experts._bring_in",
          "engine.runtime.experts:Experts.run_deferred", "engine.runtime.experts:Experts._prefetch",
          "engine.runtime.expert_compute:LayerCompute.launch", "engine.runtime.reads:DiskReads.finish",
+         "engine.runtime.expert_compute:LayerCompute.look_up", "engine.runtime.expert_compute:LayerCompute.launch_rest",
+         "engine.runtime.experts:HostIds.wait",
          "engine.format.file_table:FileTable.rows", "engine.format.file_table:FileTable.row_into",
          "engine.runtime.sampling:TokenSampler.__call__",
          "engine.detokenize:IncrementalDetokenizer.push", "engine.model.model:Model.before_step",
@@ -164,7 +170,7 @@ def spans(args, path, budget: str) -> None:
     import torch
 
     from engine.tools.bench import timed_generate
-    eng, prompt = _warm_engine(path, budget, ram_cache=args.ram_cache)
+    eng, prompt = _warm_engine(path, budget, ram_cache=args.ram_cache, settings=tuple(args.set))
     totals: dict[str, list] = {}
     decoding = [False]
     gpu_marks: list = []            # (start, end) CUDA events around each decode step, on the compute stream
@@ -205,7 +211,8 @@ def spans(args, path, budget: str) -> None:
     decoding[0] = False
     eng.close()
     n = t.new_tokens - 1
-    print(f"--- spans, VRAM budget {budget}, switch interval {args.switch_interval or interval} s: decode "
+    print(f"--- spans, VRAM budget {budget}, {' '.join(args.set) or 'default options'}, switch interval "
+          f"{args.switch_interval or interval} s: decode "
           f"{t.decode_s / n * 1e6:.0f} us a token ({n} tokens)")
     if gpu_marks:         # the GPU's time from reaching a step's first work to its last (idle gaps included)
         steps = [a.elapsed_time(b) * 1e3 for a, b in gpu_marks[1:]]
