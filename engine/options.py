@@ -29,7 +29,7 @@ class Options:
     prefetch_copies: int | None = None  # next layer's RAM-resident guesses copied ahead (None: the default rule)
     # A decode step's experts launched from a slot table on the device straight after the router, before the host
     # has read the ids; the host then launches only what the table did not hold (engine/runtime/slot_table.py).
-    # Off until it is measured and checked on a GPU (BENCHMARKS.md, the next GPU session's calls).
+    # Off: its ordering against the copy stream is checked only by CPU tests, not yet on a GPU.
     slot_lookup: bool = False
     kernel_warmup: bool = True          # a machine's first load checks and compiles kernels in a child process
     # The bench's simulation of a slower PCIe link (e.g. 25: a PCIe 4.0 x16 card): host<->device expert copies

@@ -181,9 +181,13 @@ class Experts:
         if late:
             slot_of.update(self._bring_in(call.layer, late, protected={(call.layer, e) for e in wanted}))
         self.compute.launch(call, slot_of, early, late, static_inputs)
+        return self._launched(call.layer, slot_of, defer)
+
+    def _launched(self, layer: int, slot_of: dict[int, int], defer: bool) -> dict[int, int]:
+        """The slots' states set now, or -> those `run_deferred` sets."""
         if defer:
             return slot_of
-        self.compute.set_ready(call.layer, slot_of)
+        self.compute.set_ready(layer, slot_of)
         return {}
 
     def _compute_rest(self, call: LayerCall, wanted: list[int], slot_of: dict[int, int], late: list[int],
@@ -197,10 +201,7 @@ class Experts:
             slot_of.update(placed)
             rest.update(placed)
         self.compute.launch_rest(call, rest, static_inputs)
-        if defer:
-            return slot_of
-        self.compute.set_ready(call.layer, slot_of)
-        return {}
+        return self._launched(call.layer, slot_of, defer)
 
     def _cpu_share(self, call: LayerCall, late: list[int]) -> CpuShare | None:
         """The misses the CPU computes from the RAM cache (placement cost model); the rest are copied. Where
@@ -435,35 +436,35 @@ class HostIds:
     def __init__(self, device: torch.device):
         self._event = torch.cuda.Event() if device.type == "cuda" else None
         self._pinned: torch.Tensor | None = None
-        self._values: list[int] = []
-        self._count = 0
+        self._ids: torch.Tensor | None = None          # what `wait` reads: the pinned copy, or the ids themselves
 
     def fetch(self, ids: torch.Tensor) -> None:
         """Start reading ids (before enqueuing what must not be waited for)."""
         if self._event is None:
-            self._values = ids.tolist()
+            self._ids = ids
             return
         n = ids.numel()
         if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != ids.dtype:
             self._pinned = torch.empty(max(n, 64), dtype=ids.dtype, pin_memory=True)
-        self._count = n
-        self._pinned[:n].copy_(ids, non_blocking=True)
+        self._ids = self._pinned[:n]
+        self._ids.copy_(ids, non_blocking=True)
         self._event.record()
 
     def wait(self, num_routed: int) -> tuple[list[int], list[int], float]:
-        """-> as `_host_ids`: (routed ids, the next layer's guesses unique and best first, seconds waited)."""
-        start = time.perf_counter()
+        """-> as `_host_ids`."""
         if self._event is not None:
+            start = time.perf_counter()
             self._event.synchronize()
-            self._values = self._pinned[:self._count].tolist()
-        waited = time.perf_counter() - start
-        values = self._values
-        return values[:num_routed], list(dict.fromkeys(values[num_routed:])), waited
+            return _split_ids(self._ids.tolist(), num_routed, time.perf_counter() - start)
+        return _host_ids(self._ids, num_routed)
 
 
 def _host_ids(ids: torch.Tensor, num_routed: int) -> tuple[list[int], list[int], float]:
     """The layer's one host sync -> (routed ids, the next layer's guesses unique and best first, seconds waited)."""
     start = time.perf_counter()
     values = ids.tolist()
-    waited = time.perf_counter() - start
+    return _split_ids(values, num_routed, time.perf_counter() - start)
+
+
+def _split_ids(values: list[int], num_routed: int, waited: float) -> tuple[list[int], list[int], float]:
     return values[:num_routed], list(dict.fromkeys(values[num_routed:])), waited

@@ -170,7 +170,7 @@ class Runner:
 
     def _static_expert_inputs(self) -> dict:
         """{layer: (x [1, H], weights [1, K], out [1, H][, ids])}: the decode graphs' expert buffers (none when
-        eager); ids, the routed ids then the guesses, where the model's decode step keeps them (DecodeStep)."""
+        eager); ids: the routed ids, then the next layer's guesses."""
         if self.model.runs_passes:
             return self.model.static_expert_inputs()
         s = self.step

@@ -131,8 +131,8 @@ def _build(preset: str, quant: str, work: Path, via_repack: bool, device: str, l
             repack(hf_dir, model_dir, quant=quant, progress=lambda d, t, m: log(f"repack {d}/{t}: {m}") if d % 8 == 0 else None)
     else:
         write_sluice_dir(preset, model_dir, quant, device=device, progress=log)
-    if hasattr(os, "sync"):        # its dirty pages out before anything is timed: on an H100 box a 20 GB checkpoint's
-        os.sync()                  # write-back slowed the first run's disk reads (2.75 against 2.04 ms a token)
+    if hasattr(os, "sync"):        # its dirty pages out before anything is timed: a fresh checkpoint's write-back
+        os.sync()                  # would compete with the first run's disk reads
     log(f"model ready in {time.perf_counter() - start:.1f} s: {model_dir}")
     return model_dir, hf_dir
 
