@@ -23,6 +23,10 @@ FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
 [ -n "${KT:-}" ] && step kernel_tests 60 python -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_moe_decode.py \
   tests/families/test_qwen4_exp_gpu.py tests/streaming/test_runtime_equality.py
+# KAB: the expert decode kernels' default configs in this tree and in base/ (an older tree: git archive COMMIT)
+[ -n "${KAB:-}" ] && step kernel_ab 150 bash -c 'for t in base .; do echo "tree $t"; (cd $t && PYTHONPATH=/tmp/site:$PWD \
+  python -m bench --out /tmp/kab-$t kernels --default-only --models gpt-oss-120b,olmoe-1b-7b --formats mxfp4,nvfp4,int8,fp8 \
+  | grep " err "); done'
 [ -n "${SL:-}" ] && step slot_lookup_tests 60 python -m pytest -q -p no:cacheprovider tests/streaming/test_slot_lookup.py \
   tests/streaming/test_activation_kernels.py
 [ -n "${GOSL:-}" ] && step go_slot_lookup 150 python -m bench ab --rounds "${R:-1}" --variant - --variant slot_lookup=true \

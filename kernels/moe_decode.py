@@ -25,9 +25,9 @@ from .activation import SILU, Activation, biased
 from .formats import FORMAT_IDS, FORMATS, dequantize_block
 from .quant_formats import QUANT_FORMATS
 from .tiles import (bias_rows, block_base, check_bank_inputs, dot_acc, dot_total, field_offsets, gate_up_rows,
-                    row_scale, tile_dot, vector_tile)
+                    row_scale, tile_dot, tile_words, vector_tile)
 
-KERNEL_VERSION = 11     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
+KERNEL_VERSION = 12     # bump on any change to the kernels below: cached self-check verdicts are keyed on it
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,24 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f3
 
 
 @triton.jit
+def _down_rows(h_ptr, pair, bank_u8, bank_bf16, bank_f32, base, rows, n, I, DW: tl.constexpr, DS: tl.constexpr,
+               DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
+    """down_e h[pair] + bd_e on `rows` ([BLOCK_H] float32, before the routing weight) for the expert block at byte
+    `base`; n = H, or 0 for a skipped pair (nothing read). Each tile is loaded one iteration ahead of its use."""
+    part = dot_acc(FMT, BLOCK_H, BLOCK_K)
+    w = tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, 0, n, I, FMT, BLOCK_H, BLOCK_K)
+    hs = vector_tile(h_ptr + pair * I, 0, I, FMT, BLOCK_K)
+    for i0 in range(0, I, BLOCK_K):
+        next_w = tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0 + BLOCK_K, n, I, FMT, BLOCK_H,
+                            BLOCK_K)
+        next_hs = vector_tile(h_ptr + pair * I, i0 + BLOCK_K, I, FMT, BLOCK_K)
+        part += tile_dot(w, hs, FMT)
+        w, hs = next_w, next_hs
+    return (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
+            + bias_rows(bank_f32, base + DB, rows, n, DB))
+
+
+@triton.jit
 def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_f32, block_bytes, H, I, K,
                  DW: tl.constexpr, DS: tl.constexpr, DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr,
                  BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT: tl.constexpr, ACCUMULATE: tl.constexpr):
@@ -80,14 +98,8 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
         pair = tl.program_id(0)
         slot = tl.load(slot_ptr + pair)
         n = tl.where(slot >= 0, H, 0)                         # skipped pair: no reads, nothing added
-        base = block_base(slot, block_bytes)
-        part = dot_acc(FMT, BLOCK_H, BLOCK_K)
-        for i0 in range(0, I, BLOCK_K):
-            hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K)
-            part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
-                             BLOCK_K)
-        part = (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
-                + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
+        part = _down_rows(h_ptr, pair, bank_u8, bank_bf16, bank_f32, block_base(slot, block_bytes), rows, n, I,
+                          DW, DS, DG, DB, FMT, BLOCK_H, BLOCK_K) * tl.load(weight_ptr + pair)
         tl.atomic_add(out_ptr + (pair // K) * H + rows, part, mask=rows < n, sem="relaxed")
     else:
         token = tl.program_id(0)
@@ -96,14 +108,8 @@ def _down_kernel(h_ptr, out_ptr, slot_ptr, weight_ptr, bank_u8, bank_bf16, bank_
             pair = token * K + k
             slot = tl.load(slot_ptr + pair)
             n = tl.where(slot >= 0, H, 0)
-            base = block_base(slot, block_bytes)
-            part = dot_acc(FMT, BLOCK_H, BLOCK_K)
-            for i0 in range(0, I, BLOCK_K):
-                hs = vector_tile(h_ptr + pair * I, i0, I, FMT, BLOCK_K)
-                part += tile_dot(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, hs, FMT, BLOCK_H,
-                                 BLOCK_K)
-            acc += (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
-                    + bias_rows(bank_f32, base + DB, rows, n, DB)) * tl.load(weight_ptr + pair)
+            acc += _down_rows(h_ptr, pair, bank_u8, bank_bf16, bank_f32, block_base(slot, block_bytes), rows, n, I,
+                              DW, DS, DG, DB, FMT, BLOCK_H, BLOCK_K) * tl.load(weight_ptr + pair)
         if ACCUMULATE:
             acc += tl.load(out_ptr + token * H + rows, mask=rows < H, other=0.0)
         tl.store(out_ptr + token * H + rows, acc, mask=rows < H)

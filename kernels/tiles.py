@@ -6,7 +6,7 @@ and 4096-byte block size make those exact. FMT: 0 bf16, 1 fp8 (row-scaled), 2 nv
 like nvfp4, an e8m0 power-of-two scale per 32 values and no global scale), 4 int8 (row-scaled like
 fp8, its scale stored as bf16).
 The decode kernel reads nvfp4 / mxfp4 tiles as 32-bit words of 8 values and decodes them by moving bits into
-fp16 halves (e2m1_halves, fp4_partial): a few integer operations a pair of values, one multiply-add a value,
+fp16 halves (e2m1_halves, tile_dot): a few integer operations a pair of values, one multiply-add a value,
 one multiply a scale group.
 Also the pieces the MoE kernels share: gate_up_rows (h = act(gate x + gate bias, up x + up bias) for a
 block of rows) and raw_tile (a tile loaded as stored words): the prefill kernel reads fp4 tiles with it and
@@ -110,38 +110,13 @@ def _word_elements(vec_ptr, word, ok, J: tl.constexpr):
 
 @triton.jit
 def fp4_vector(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
-    """vec[k0:k0+BLOCK_K] as float32 in fp4_partial's order: the tuple of 8 [G, GW] tiles x_j (element j of
+    """vec[k0:k0+BLOCK_K] as float32 in tile_dot's order: the tuple of 8 [G, GW] tiles x_j (element j of
     each word), read once for all the weights that meet it."""
     word, ok = fp4_words(k0, row_len, FMT, BLOCK_K)
     return (_word_elements(vec_ptr, word, ok, 0), _word_elements(vec_ptr, word, ok, 1),
             _word_elements(vec_ptr, word, ok, 2), _word_elements(vec_ptr, word, ok, 3),
             _word_elements(vec_ptr, word, ok, 4), _word_elements(vec_ptr, word, ok, 5),
             _word_elements(vec_ptr, word, ok, 6), _word_elements(vec_ptr, word, ok, 7))
-
-
-@triton.jit
-def fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """[BLOCK_R, G] float32: for each scale group g of the tile, 2^-14 times the sum over its k of W[rows, k] * x[k]
-    for nvfp4 / mxfp4 weights, its group scale applied (nvfp4's global scale is left to `row_scale`, the sum over
-    groups and the 2^14 to `dot_total`); xs = fp4_vector(x, k0, ...). The tile is read as 32-bit words [rows,
-    groups, words a group]: a group's words sit in one thread, each word is decoded as four pairs of values
-    (e2m1_halves) and its products summed in place, then each group's sum is scaled once."""
-    GW: tl.constexpr = 4 if FMT == 3 else 2                       # words a scale group (32 / 16 values)
-    word, word_ok = fp4_words(k0, row_len, FMT, BLOCK_K)          # [G, GW]
-    row_ok = rows[:, None, None] < n_rows
-    ptr = bank_f32 + w_off // 4 + rows[:, None, None] * tl.multiple_of(row_len // 8, GW) + word[None, :, :]
-    words = tl.load(ptr, mask=row_ok & word_ok[None, :, :], other=0.0).to(tl.uint32, bitcast=True)   # [R, G, GW]
-    acc = tl.zeros(words.shape, dtype=tl.float32)
-    for j in tl.static_range(4):
-        lo, hi = e2m1_halves(words, j)
-        acc += lo * xs[j][None, :, :]                 # two statements: two fused multiply-adds
-        acc += hi * xs[j + 4][None, :, :]
-    groups = row_len // (8 * GW)
-    jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
-    scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
-                     mask=(rows[:, None] < n_rows) & (jg[None, :] < groups), other=0)
-    return tl.sum(acc, axis=2) * group_scale(scales, FMT)                                 # [R, G]
 
 
 @triton.jit
@@ -164,21 +139,33 @@ def byte_weights(raw, FMT: tl.constexpr):
 
 
 @triton.jit
-def weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len,
-                FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """float32 tile W[rows, k0:k0+BLOCK_K] ([BLOCK_R, BLOCK_K]; zero outside the matrix) of a bf16,
-    fp8 or int8 weight; the fp8 / int8 per-row scale is left to `row_scale`.
-    w_off / s_off: int64 byte offsets of the weight / scale field of this expert in the bank."""
-    row_ok = rows[:, None] < n_rows
-    if FMT == 0:
-        cols = k0 + tl.arange(0, BLOCK_K)
-        ptr = bank_bf16 + w_off // 2 + rows[:, None] * row_len + cols[None, :]
-        return tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0.0).to(tl.float32)
+def tile_words(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row_len,
+               FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """(words, scales): W[rows, k0:k0+BLOCK_K] as stored, loaded for `tile_dot` (zero outside the matrix, so a tile
+    past the row's end reads nothing). nvfp4 / mxfp4 as 32-bit words [BLOCK_R, G, GW] (fp4_words: a group's words in
+    one thread) and their group scale bytes [BLOCK_R, G]; bf16, fp8 and int8 as [BLOCK_R, BLOCK_K] of their stored
+    type, `scales` the words again (unused). The decode loops load the next tile before they compute this one, so
+    its loads are in flight while the arithmetic runs. w_off / s_off: int64 byte offsets of the weight / scale field
+    of this expert in the bank."""
+    row_ok = rows < n_rows
+    if FMT == 2 or FMT == 3:
+        GW: tl.constexpr = 4 if FMT == 3 else 2                   # words a scale group (32 / 16 values)
+        word, word_ok = fp4_words(k0, row_len, FMT, BLOCK_K)      # [G, GW]
+        ptr = bank_f32 + w_off // 4 + rows[:, None, None] * tl.multiple_of(row_len // 8, GW) + word[None, :, :]
+        words = tl.load(ptr, mask=row_ok[:, None, None] & word_ok[None, :, :], other=0.0).to(tl.uint32, bitcast=True)
+        groups = row_len // (8 * GW)
+        jg = k0 // (8 * GW) + tl.arange(0, BLOCK_K // (8 * GW))
+        scales = tl.load(bank_u8 + s_off + rows[:, None] * groups + jg[None, :],
+                         mask=row_ok[:, None] & (jg[None, :] < groups), other=0)
+        return words, scales
     else:
-        tl.static_assert(FMT == 1 or FMT == 4, "nvfp4 / mxfp4 tiles go through fp4_partial")
         cols = k0 + tl.arange(0, BLOCK_K)
-        ptr = bank_u8 + w_off + rows[:, None] * row_len + cols[None, :]
-        return byte_weights(tl.load(ptr, mask=row_ok & (cols[None, :] < row_len), other=0), FMT)
+        ok = row_ok[:, None] & (cols[None, :] < row_len)
+        if FMT == 0:
+            words = tl.load(bank_bf16 + w_off // 2 + rows[:, None] * row_len + cols[None, :], mask=ok, other=0.0)
+        else:
+            words = tl.load(bank_u8 + w_off + rows[:, None] * row_len + cols[None, :], mask=ok, other=0)
+        return words, words
 
 
 @triton.jit
@@ -225,15 +212,24 @@ def vector_tile(vec_ptr, k0, row_len, FMT: tl.constexpr, BLOCK_K: tl.constexpr):
 
 
 @triton.jit
-def tile_dot(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs,
-             FMT: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The sum over k in [k0, k0+BLOCK_K) of W[rows, k] * vec[k], before `row_scale`, in dot_acc's shape (fp4:
-    one a scale group); xs = vector_tile(vec, k0, ...)."""
+def tile_dot(tile, xs, FMT: tl.constexpr):
+    """The sum over the tile's k of W[rows, k] * vec[k], before `row_scale`, in dot_acc's shape; tile = tile_words(W,
+    k0, ...), xs = vector_tile(vec, k0, ...). nvfp4 / mxfp4: for each scale group, 2^-14 times its sum with its group
+    scale applied (nvfp4's global scale is left to `row_scale`, the sum over groups and the 2^14 to `dot_total`):
+    each word decoded as four pairs of values (e2m1_halves) and its products summed in place, each group's sum
+    scaled once."""
+    words, scales = tile
     if FMT == 2 or FMT == 3:
-        return fp4_partial(bank_u8, bank_f32, w_off, s_off, rows, k0, n_rows, row_len, xs, FMT, BLOCK_R, BLOCK_K)
+        acc = tl.zeros(words.shape, dtype=tl.float32)
+        for j in tl.static_range(4):
+            lo, hi = e2m1_halves(words, j)
+            acc += lo * xs[j][None, :, :]                 # two statements: two fused multiply-adds
+            acc += hi * xs[j + 4][None, :, :]
+        return tl.sum(acc, axis=2) * group_scale(scales, FMT)                             # [R, G]
+    elif FMT == 0:
+        return tl.sum(words.to(tl.float32) * xs[0][None, :], axis=1)
     else:
-        tile = weight_tile(bank_u8, bank_bf16, w_off, s_off, rows, k0, n_rows, row_len, FMT, BLOCK_R, BLOCK_K)
-        return tl.sum(tile * xs[0][None, :], axis=1)
+        return tl.sum(byte_weights(words, FMT) * xs[0][None, :], axis=1)
 
 
 @triton.jit
@@ -280,12 +276,18 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     base = block_base(slot, block_bytes)
     acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K)
     acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K)
+    gate_w = tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, 0, n, H, FMT, BLOCK_I, BLOCK_K)
+    up_w = tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, 0, n, H, FMT, BLOCK_I, BLOCK_K)
+    xs = vector_tile(x_ptr + token * H, 0, H, FMT, BLOCK_K)               # read once for gate and up
     for k0 in range(0, H, BLOCK_K):
-        xs = vector_tile(x_ptr + token * H, k0, H, FMT, BLOCK_K)       # read once for gate and up
-        acc_gate += tile_dot(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k0, n, H, xs, FMT, BLOCK_I,
-                             BLOCK_K)
-        acc_up += tile_dot(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, xs, FMT, BLOCK_I,
-                           BLOCK_K)
+        k1 = k0 + BLOCK_K                                                  # the next tiles, loaded before these are used
+        next_gate = tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k1, n, H, FMT, BLOCK_I,
+                               BLOCK_K)
+        next_up = tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k1, n, H, FMT, BLOCK_I, BLOCK_K)
+        next_xs = vector_tile(x_ptr + token * H, k1, H, FMT, BLOCK_K)
+        acc_gate += tile_dot(gate_w, xs, FMT)
+        acc_up += tile_dot(up_w, xs, FMT)
+        gate_w, up_w, xs = next_gate, next_up, next_xs
     gate = (dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
             + bias_rows(bank_f32, base + GB, rows, n, GB))
     up = (dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)

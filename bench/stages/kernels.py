@@ -38,6 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dense", action="store_true", help="the int8 dense linear instead of the expert kernels")
     p.add_argument("--ptxas", action="store_true", help="compile offline for --arch: registers, instructions a byte")
     p.add_argument("--arch", type=int, default=90, help="with --ptxas: the SM version (default 90)")
+    p.add_argument("--default-only", action="store_true", help="time each format's default config, no sweep")
 
 
 def run(args) -> int:
@@ -67,7 +68,7 @@ def run(args) -> int:
     rows = []
     for model in models:
         for fmt in formats:
-            rows.append(expert_row(model, SHAPES[model], fmt, hbm))
+            rows.append(expert_row(model, SHAPES[model], fmt, hbm, args.default_only))
             save_json(args.out, "kernels", rows)
     print_table(rows)
     return 0
@@ -166,7 +167,7 @@ class ExpertCase:
         return self.top_k * per_expert
 
 
-def expert_row(model: str, shape: tuple, fmt: str, hbm: float) -> dict:
+def expert_row(model: str, shape: tuple, fmt: str, hbm: float, default_only: bool = False) -> dict:
     """Correctness, the config sweep, eager and torch times, the self-check's verdict, and for fp4 the previous
     tiles' best time."""
     from triton.testing import do_bench
@@ -174,7 +175,8 @@ def expert_row(model: str, shape: tuple, fmt: str, hbm: float) -> dict:
     from kernels.selfcheck import select_moe_decode
     case = ExpertCase(shape, fmt)
     errs, weight_bytes = case.errors(), case.weight_bytes()
-    cfg, t_graph = best_config(case, f"{model} {fmt}", weight_bytes / hbm, sweep(fmt))
+    cfg, t_graph = best_config(case, f"{model} {fmt}", weight_bytes / hbm,
+                              sweep(fmt)[:1] if default_only else sweep(fmt))
     turn = iter(range(10 ** 9))
     t_eager = do_bench(lambda: case.call(cfg)(next(turn) % NUM_SETS), return_mode="median") * 1e-3
     t_torch = do_bench(lambda: case.call(reference=True)(next(turn) % NUM_SETS), return_mode="median") * 1e-3
