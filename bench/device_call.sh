@@ -27,16 +27,11 @@ GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 12
 [ -n "${KAB:-}" ] && step kernel_ab 150 bash -c 'for t in base .; do echo "tree $t"; (cd $t && PYTHONPATH=/tmp/site:$PWD \
   python -m bench --out /tmp/kab-$t kernels --default-only --models gpt-oss-120b,olmoe-1b-7b --formats mxfp4,nvfp4,int8,fp8 \
   | grep " err "); done'
-[ -n "${SL:-}" ] && step slot_lookup_tests 60 python -m pytest -q -p no:cacheprovider tests/streaming/test_slot_lookup.py \
-  tests/streaming/test_activation_kernels.py
-[ -n "${GOSL:-}" ] && step go_slot_lookup 150 python -m bench ab --rounds "${R:-1}" --variant - --variant slot_lookup=true \
-  -- $GO_ARGS
-[ -n "${FNSL:-}" ] && step fn_slot_lookup 150 python -m bench ab --rounds "${R:-1}" --variant - --variant slot_lookup=true \
-  -- $FN_ARGS
+[ -n "${KSW:-}" ] && step kernel_sweep 120 python -m bench --out /tmp/ksw kernels --models gpt-oss-120b --formats mxfp4,nvfp4
 [ -n "${GOTR:-}" ] && step go_trace 120 python -m bench profile --mode trace --preset gpt-oss-120b --quant mxfp4 \
   --budgets 8GB --ram-cache 8GB
 [ -n "${FN:-}" ] && step fn_ab 100 python -m bench ab --rounds "${R:-2}" ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS
-[ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree old -- $GO_ARGS
+[ -n "${GO:-}" ] && step go_ab 150 python -m bench ab --rounds "${R:-2}" --tree "${GO_TREE:-old}" -- $GO_ARGS
 [ -n "${FN64:-}" ] && step fn64_ab 100 python -m bench ab --rounds 1 ${FN_TREE:+--tree $FN_TREE} -- $FN_ARGS --new-tokens 64
 [ -n "${FNTL:-}" ] && step fn_timeline 60 python -m bench profile --mode timeline --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256 --ram-cache default
@@ -50,8 +45,6 @@ GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 12
   --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --switch-interval 0.0002
 [ -n "${GOSPF:-}" ] && step go_spans_no_fill 90 python -m bench profile --mode spans --preset gpt-oss-120b \
   --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --set ram_fill=false
-[ -n "${GOSPL:-}" ] && step go_spans_lookup 90 python -m bench profile --mode spans --preset gpt-oss-120b \
-  --quant mxfp4 --budgets 8GB --tokens 128 --ram-cache 8GB --set slot_lookup=true
 [ -n "${FNSP:-}" ] && step fn_spans 90 python -m bench profile --mode spans --preset qwen3.8-flash-next-4l \
   --quant int8 --budgets 11GiB --tokens 256 --ram-cache default
 [ -n "${RT:-}" ] && step runtime_tests 60 python -m pytest -q -p no:cacheprovider -n 4 -m gpu \

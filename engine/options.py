@@ -27,10 +27,6 @@ class Options:
     ram_fill: bool = True               # while idle, read the experts no prompt has read yet into free RAM
     prefetch_reads: int | None = None   # next layer's guesses whose disk reads start ahead (None: the default rule)
     prefetch_copies: int | None = None  # next layer's RAM-resident guesses copied ahead (None: the default rule)
-    # A decode step's experts launched from a slot table on the device straight after the router, before the host
-    # has read the ids; the host then launches only what the table did not hold (engine/runtime/slot_table.py).
-    # Off: its ordering against the copy stream is checked only by CPU tests, not yet on a GPU.
-    slot_lookup: bool = False
     kernel_warmup: bool = True          # a machine's first load checks and compiles kernels in a child process
     # The bench's simulation of a slower PCIe link (e.g. 25: a PCIe 4.0 x16 card): host<->device expert copies
     # paced to this many GB/s, and the placement measures the paced copy. None: this machine's own rate.

@@ -72,16 +72,22 @@ def _gate_up_kernel(x_ptr, h_ptr, out_ptr, slot_ptr, bank_u8, bank_bf16, bank_f3
 def _down_rows(h_ptr, pair, bank_u8, bank_bf16, bank_f32, base, rows, n, I, DW: tl.constexpr, DS: tl.constexpr,
                DG: tl.constexpr, DB: tl.constexpr, FMT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr):
     """down_e h[pair] + bd_e on `rows` ([BLOCK_H] float32, before the routing weight) for the expert block at byte
-    `base`; n = H, or 0 for a skipped pair (nothing read). Each tile is loaded one iteration ahead of its use."""
+    `base`; n = H, or 0 for a skipped pair (nothing read)."""
     part = dot_acc(FMT, BLOCK_H, BLOCK_K)
-    w = tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, 0, n, I, FMT, BLOCK_H, BLOCK_K)
-    hs = vector_tile(h_ptr + pair * I, 0, I, FMT, BLOCK_K)
-    for i0 in range(0, I, BLOCK_K):
-        next_w = tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0 + BLOCK_K, n, I, FMT, BLOCK_H,
-                            BLOCK_K)
-        next_hs = vector_tile(h_ptr + pair * I, i0 + BLOCK_K, I, FMT, BLOCK_K)
-        part += tile_dot(w, hs, FMT)
-        w, hs = next_w, next_hs
+    h_pair = h_ptr + pair * I
+    if FMT == 2 or FMT == 3:     # fp4: the next tile loaded before this one is decoded (see tiles.tile_words)
+        w = tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, 0, n, I, FMT, BLOCK_H, BLOCK_K)
+        hs = vector_tile(h_pair, 0, I, FMT, BLOCK_K)
+        for i0 in range(0, I, BLOCK_K):
+            next_w = tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0 + BLOCK_K, n, I, FMT,
+                                BLOCK_H, BLOCK_K)
+            next_hs = vector_tile(h_pair, i0 + BLOCK_K, I, FMT, BLOCK_K)
+            part += tile_dot(w, hs, FMT)
+            w, hs = next_w, next_hs
+    else:
+        for i0 in range(0, I, BLOCK_K):
+            part += tile_dot(tile_words(bank_u8, bank_bf16, bank_f32, base + DW, base + DS, rows, i0, n, I, FMT,
+                                        BLOCK_H, BLOCK_K), vector_tile(h_pair, i0, I, FMT, BLOCK_K), FMT)
     return (dot_total(part) * row_scale(bank_bf16, bank_f32, base + DS, base + DG, rows, n, FMT)
             + bias_rows(bank_f32, base + DB, rows, n, DB))
 

@@ -144,8 +144,9 @@ def tile_words(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row
     """(words, scales): W[rows, k0:k0+BLOCK_K] as stored, loaded for `tile_dot` (zero outside the matrix, so a tile
     past the row's end reads nothing). nvfp4 / mxfp4 as 32-bit words [BLOCK_R, G, GW] (fp4_words: a group's words in
     one thread) and their group scale bytes [BLOCK_R, G]; bf16, fp8 and int8 as [BLOCK_R, BLOCK_K] of their stored
-    type, `scales` the words again (unused). The decode loops load the next tile before they compute this one, so
-    its loads are in flight while the arithmetic runs. w_off / s_off: int64 byte offsets of the weight / scale field
+    type, `scales` the words again (unused). The decode loops load an fp4 tile one iteration before they decode it,
+    so its loads are in flight during the long decode of the tile before; a one-byte tile is used as it is loaded
+    (its short arithmetic hides less, and the registers held ahead cost its configs occupancy). w_off / s_off: int64 byte offsets of the weight / scale field
     of this expert in the bank."""
     row_ok = rows < n_rows
     if FMT == 2 or FMT == 3:
@@ -276,18 +277,28 @@ def gate_up_rows(x_ptr, h_ptr, slot_ptr, bank_u8, bank_bf16, bank_f32, block_byt
     base = block_base(slot, block_bytes)
     acc_gate = dot_acc(FMT, BLOCK_I, BLOCK_K)
     acc_up = dot_acc(FMT, BLOCK_I, BLOCK_K)
-    gate_w = tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, 0, n, H, FMT, BLOCK_I, BLOCK_K)
-    up_w = tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, 0, n, H, FMT, BLOCK_I, BLOCK_K)
-    xs = vector_tile(x_ptr + token * H, 0, H, FMT, BLOCK_K)               # read once for gate and up
-    for k0 in range(0, H, BLOCK_K):
-        k1 = k0 + BLOCK_K                                                  # the next tiles, loaded before these are used
-        next_gate = tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k1, n, H, FMT, BLOCK_I,
-                               BLOCK_K)
-        next_up = tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k1, n, H, FMT, BLOCK_I, BLOCK_K)
-        next_xs = vector_tile(x_ptr + token * H, k1, H, FMT, BLOCK_K)
-        acc_gate += tile_dot(gate_w, xs, FMT)
-        acc_up += tile_dot(up_w, xs, FMT)
-        gate_w, up_w, xs = next_gate, next_up, next_xs
+    x_t = x_ptr + token * H
+    if FMT == 2 or FMT == 3:     # fp4: the next tiles loaded before these are decoded (see `tile_words`)
+        gate_w = tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, 0, n, H, FMT, BLOCK_I, BLOCK_K)
+        up_w = tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, 0, n, H, FMT, BLOCK_I, BLOCK_K)
+        xs = vector_tile(x_t, 0, H, FMT, BLOCK_K)                         # read once for gate and up
+        for k0 in range(0, H, BLOCK_K):
+            k1 = k0 + BLOCK_K
+            next_gate = tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k1, n, H, FMT, BLOCK_I,
+                                   BLOCK_K)
+            next_up = tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k1, n, H, FMT, BLOCK_I,
+                                 BLOCK_K)
+            next_xs = vector_tile(x_t, k1, H, FMT, BLOCK_K)
+            acc_gate += tile_dot(gate_w, xs, FMT)
+            acc_up += tile_dot(up_w, xs, FMT)
+            gate_w, up_w, xs = next_gate, next_up, next_xs
+    else:
+        for k0 in range(0, H, BLOCK_K):
+            xs = vector_tile(x_t, k0, H, FMT, BLOCK_K)
+            acc_gate += tile_dot(tile_words(bank_u8, bank_bf16, bank_f32, base + GW, base + GS, rows, k0, n, H, FMT,
+                                            BLOCK_I, BLOCK_K), xs, FMT)
+            acc_up += tile_dot(tile_words(bank_u8, bank_bf16, bank_f32, base + UW, base + US, rows, k0, n, H, FMT,
+                                          BLOCK_I, BLOCK_K), xs, FMT)
     gate = (dot_total(acc_gate) * row_scale(bank_bf16, bank_f32, base + GS, base + GG, rows, n, FMT)
             + bias_rows(bank_f32, base + GB, rows, n, GB))
     up = (dot_total(acc_up) * row_scale(bank_bf16, bank_f32, base + US, base + UG, rows, n, FMT)

@@ -151,8 +151,6 @@ SPANS = ("engine.runtime.runner:Runner._decode", "engine.runtime.decode_step:Dec
          "engine.runtime.experts:Experts._compute", "engine.runtime.experts:Experts._bring_in",
          "engine.runtime.experts:Experts.run_deferred", "engine.runtime.experts:Experts._prefetch",
          "engine.runtime.expert_compute:LayerCompute.launch", "engine.runtime.reads:DiskReads.finish",
-         "engine.runtime.expert_compute:LayerCompute.look_up", "engine.runtime.expert_compute:LayerCompute.launch_rest",
-         "engine.runtime.experts:HostIds.wait",
          "engine.format.file_table:FileTable.rows", "engine.format.file_table:FileTable.row_into",
          "engine.runtime.sampling:TokenSampler.__call__",
          "engine.detokenize:IncrementalDetokenizer.push", "engine.model.model:Model.before_step",

@@ -1,9 +1,7 @@
 """A MoE layer's routed experts computed on the slot banks: the kernels attached at load, or torch.
 
   few tokens, a decode kernel attached  -> the self-checked Triton kernel straight on the bank, in one or two
-                                           launches (replayed from CUDA graphs at decode: `capture`); with a
-                                           slot table, a decode step's first launch looks its slots up on the
-                                           device before the host reads the ids (`look_up`, `launch_rest`);
+                                           launches (replayed from CUDA graphs at decode: `capture`);
   a prompt, a prefill kernel attached   -> the grouped-GEMM kernel, one call for the resident experts, then
                                            one per batch brought in;
   otherwise                             -> each expert in torch on the tokens routed to it (on the CPU device
@@ -16,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-import numpy as np
 import torch
 
 from engine.format.layout import Layout
@@ -72,54 +69,10 @@ class LayerCompute:
         self.fused_slots = fused_slots            # the CPU device's fused int8 kernel for slot experts, or None
         self.offsets = {f.name: f.offset for f in layout.fields}
         self._graphs: dict[int, tuple[list[torch.cuda.CUDAGraph], list[torch.Tensor]]] = {}   # see capture
-        self._lookup_graphs: dict[int, torch.cuda.CUDAGraph] = {}                               # ... and these
         self._graph_pool = None
 
     def uses_kernel(self, num_tokens: int, num_wanted: int) -> bool:
         return self.kernel is not None and num_tokens <= KERNEL_MAX_TOKENS and num_wanted <= self.batch_size
-
-    def looks_up(self, layer: int, weights: torch.Tensor, static_inputs: bool) -> bool:
-        """Whether this decode layer's experts launch from the slot table (banks.table), before the host has read
-        the routed ids: one row of K choices, the kernel attached, and where the inputs are the graphs' buffers, a
-        lookup graph captured for the layer."""
-        return (self.banks.table is not None and self.kernel is not None and weights.shape[0] == 1
-                and weights.shape[1] <= self.batch_size and (layer in self._lookup_graphs or not static_inputs))
-
-    def look_up(self, layer: int, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, out: torch.Tensor,
-                static_inputs: bool) -> np.ndarray:
-        """out = the routed experts whose blocks the slot table holds (the others skipped), launched now, after the
-        layer's row is sent -> that row as the launch reads it ([experts] slots, -1 where not held). The bank is
-        marked free by `launch_rest`, after it: the misses' copies into the bank then wait only for the compute
-        before this layer (the launch reads only the routed experts' slots, which those copies do not evict)."""
-        bank = self.banks.bank_of(layer)
-        sent = self.banks.table.send(layer, self.mover.landed)
-        if static_inputs:
-            self._lookup_graphs[layer].replay()
-        else:
-            slots = self.banks.table.look_up(layer, ids[:weights.shape[1]])
-            self.kernel(x, self.banks.banks[bank], slots, weights.float(), self.layout.fmt, self.offsets,
-                        self.layout.intermediate, out=out)
-        return sent
-
-    def launch_rest(self, call: LayerCall, slot_of: dict[int, int], static_inputs: bool) -> None:
-        """After `look_up`: the experts it did not hold (misses brought in, copies that had not landed; none: only
-        the bank marked free), added into `out` once their copies have."""
-        layer, num_tokens = call.layer, call.x.shape[0]
-        bank = self.banks.bank_of(layer)
-        if not slot_of:
-            self.mover.mark_bank_free(bank)
-            return
-        row = [slot_of.get(e, -1) for e in call.routed]
-        self.mover.wait_slots(bank, list(slot_of.values()))
-        if static_inputs and layer in self._graphs:
-            graphs, flat_rows = self._graphs[layer]
-            self.mover.upload(row, flat_rows[1][len(row):])               # the add graph's slot row
-            graphs[1].replay()
-        else:
-            index = self.mover.upload(row).view(num_tokens, call.top_k)
-            self.kernel(call.x, self.banks.banks[bank], index, call.weights.float(), self.layout.fmt, self.offsets,
-                        self.layout.intermediate, out=call.out, accumulate=True)
-        self.mover.mark_bank_free(bank)
 
     def run_slots(self, call: LayerCall, resident: dict[int, int], late: list[int], bring_in: BringIn) -> None:
         """A prompt's (or a kernel-less step's) experts: the resident ones, then the others in batches."""
@@ -223,16 +176,15 @@ class LayerCompute:
                         self.layout.intermediate, out=call.out, accumulate=i > 0)
         self.mover.mark_bank_free(bank)
 
-    def capture(self, layers: dict[int, tuple[torch.Tensor, ...]], device: torch.device) -> None:
+    def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]], device: torch.device) -> None:
         """Capture the one-token kernel launches of each layer in CUDA graphs, two per layer (write `out`, add
-        into `out`; with a slot table a third, `look_up`'s, where the routed ids' buffer is given as a fourth
-        input), over static inputs {layer: (x [1, H], weights [1, K], out [1, H][, ids])} (the decode step's
+        into `out`), over static inputs {layer: (x [1, H], weights [1, K], out [1, H])} (the decode step's
         buffers; x [R, H], weights [R, K / R], out [R, H] where a token's choices are rows of their own, as Llama 4's).
         The expert slots are a static int32 row per layer, uploaded before each replay. Done once at
         load, so no capture happens while tokens are timed."""
         if self._graph_pool is None:
             self._graph_pool = torch.cuda.graph_pool_handle()
-        for layer, (x, weights, out, *ids) in layers.items():
+        for layer, (x, weights, out) in layers.items():
             bank = self.banks.bank_of(layer)
             index = torch.zeros(2, *weights.shape, dtype=torch.int32, device=device)   # slot 0: valid bytes
             graphs = []
@@ -246,23 +198,7 @@ class LayerCompute:
                     launch()
                 graphs.append(graph)
             self._graphs[layer] = (graphs, [index[:1].view(-1), index.view(-1)])  # [write, add] graphs; 1 or 2 slot rows
-            if ids and ids[0] is not None and self.banks.table is not None and weights.shape[0] == 1:
-                self._capture_lookup(layer, x, weights, out, ids[0])
         torch.cuda.synchronize(device)
-
-    def _capture_lookup(self, layer: int, x: torch.Tensor, weights: torch.Tensor, out: torch.Tensor,
-                        ids: torch.Tensor) -> None:
-        """The layer's `look_up` launch in a graph: its slots gathered from the table by the routed ids in `ids`
-        (the decode step's buffer, zeroed first: the capture's own steps left ids of no meaning there)."""
-        ids.zero_()
-        bank = self.banks.banks[self.banks.bank_of(layer)]
-        launch = lambda: self.kernel(x, bank, self.banks.table.look_up(layer, ids[:weights.shape[1]]),  # noqa: E731
-                                     weights.float(), self.layout.fmt, self.offsets, self.layout.intermediate, out=out)
-        launch()
-        graph = torch.cuda.CUDAGraph()
-        with capturing(graph, self._graph_pool):
-            launch()
-        self._lookup_graphs[layer] = graph
 
 
 def _slot_rows(routed: list[int], slot_of: dict[int, int], groups: list[list[int]]) -> list[list[int]]:

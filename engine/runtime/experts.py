@@ -78,7 +78,6 @@ class Experts:
         self._prefetched: dict[int, set[int]] = {}
         self._deferred: tuple | None = None            # what `run(..., defer=True)` left for `run_deferred`
         self._fill = FillPlan()
-        self._ids = HostIds(self.device)               # a layer's ids read behind a launch from the slot table
 
     # ------------------------------------------------------------------ prefill passes
     def begin_pass(self) -> None:
@@ -107,13 +106,7 @@ class Experts:
         brought in, so their use counts, counted later, would not have changed a victim.)"""
         num_tokens, top_k = weights.shape
         hybrid = self._stage(x, weights, static_inputs)
-        sent = None                  # with a slot table: the row the experts were launched from, before the ids' read
-        if not hybrid and self.compute.looks_up(layer, weights, static_inputs):
-            self._ids.fetch(ids)
-            sent = self.compute.look_up(layer, x, weights, ids, out, static_inputs)
-            routed, predicted, waited = self._ids.wait(num_tokens * top_k)
-        else:
-            routed, predicted, waited = _host_ids(ids, num_tokens * top_k)
+        routed, predicted, waited = _host_ids(ids, num_tokens * top_k)
         wanted, slot_of, late, counts = self._find(layer, routed, waited, defer)
         if next_layer is not None and predicted:   # read ahead as soon as this layer's own reads are queued
             self._ahead = (next_layer, predicted)
@@ -122,10 +115,7 @@ class Experts:
         if share is not None:
             late = [e for e in late if e not in share.blocks]
         read_for_cpu, late = (late, []) if hybrid and self._cpu_takes_reads else ([], late)
-        if sent is not None:
-            ready = self._compute_rest(call, wanted, slot_of, late, sent, static_inputs, defer)
-        else:
-            ready = self._compute(call, wanted, slot_of, late, static_inputs, defer)
+        ready = self._compute(call, wanted, slot_of, late, static_inputs, defer)
         if share is not None:              # the device's share is enqueued: the CPU does its own now
             share.add_into(call)
         if read_for_cpu:
@@ -181,27 +171,10 @@ class Experts:
         if late:
             slot_of.update(self._bring_in(call.layer, late, protected={(call.layer, e) for e in wanted}))
         self.compute.launch(call, slot_of, early, late, static_inputs)
-        return self._launched(call.layer, slot_of, defer)
-
-    def _launched(self, layer: int, slot_of: dict[int, int], defer: bool) -> dict[int, int]:
-        """The slots' states set now, or -> those `run_deferred` sets."""
         if defer:
             return slot_of
-        self.compute.set_ready(layer, slot_of)
+        self.compute.set_ready(call.layer, slot_of)
         return {}
-
-    def _compute_rest(self, call: LayerCall, wanted: list[int], slot_of: dict[int, int], late: list[int],
-                      sent, static_inputs: bool, defer: bool) -> dict[int, int]:
-        """After a launch from the slot table (`sent`: the row it read): the experts it did not hold, the misses
-        brought in and the resident blocks whose copies had not landed when the row was sent, added on top ->
-        the {expert: slot}s whose state `run_deferred` still sets."""
-        rest = {e: slot for e, slot in slot_of.items() if sent[e] < 0}
-        if late:
-            placed = self._bring_in(call.layer, late, protected={(call.layer, e) for e in wanted})
-            slot_of.update(placed)
-            rest.update(placed)
-        self.compute.launch_rest(call, rest, static_inputs)
-        return self._launched(call.layer, slot_of, defer)
 
     def _cpu_share(self, call: LayerCall, late: list[int]) -> CpuShare | None:
         """The misses the CPU computes from the RAM cache (placement cost model); the rest are copied. Where
@@ -254,7 +227,7 @@ class Experts:
         if next_layer is not None:
             self._prefetch(next_layer, predicted)
 
-    def capture(self, layers: dict[int, tuple[torch.Tensor, ...]]) -> None:
+    def capture(self, layers: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]) -> None:
         self.compute.capture(layers, self.device)
 
     # ------------------------------------------------------------------ transfers
@@ -429,42 +402,9 @@ class Experts:
         self._ahead = None
 
 
-class HostIds:
-    """A layer's ids read on the host without waiting for the work enqueued after them (on CUDA a copy into pinned
-    memory and its event; elsewhere the ids are read at once)."""
-
-    def __init__(self, device: torch.device):
-        self._event = torch.cuda.Event() if device.type == "cuda" else None
-        self._pinned: torch.Tensor | None = None
-        self._ids: torch.Tensor | None = None          # what `wait` reads: the pinned copy, or the ids themselves
-
-    def fetch(self, ids: torch.Tensor) -> None:
-        """Start reading ids (before enqueuing what must not be waited for)."""
-        if self._event is None:
-            self._ids = ids
-            return
-        n = ids.numel()
-        if self._pinned is None or self._pinned.numel() < n or self._pinned.dtype != ids.dtype:
-            self._pinned = torch.empty(max(n, 64), dtype=ids.dtype, pin_memory=True)
-        self._ids = self._pinned[:n]
-        self._ids.copy_(ids, non_blocking=True)
-        self._event.record()
-
-    def wait(self, num_routed: int) -> tuple[list[int], list[int], float]:
-        """-> as `_host_ids`."""
-        if self._event is not None:
-            start = time.perf_counter()
-            self._event.synchronize()
-            return _split_ids(self._ids.tolist(), num_routed, time.perf_counter() - start)
-        return _host_ids(self._ids, num_routed)
-
-
 def _host_ids(ids: torch.Tensor, num_routed: int) -> tuple[list[int], list[int], float]:
     """The layer's one host sync -> (routed ids, the next layer's guesses unique and best first, seconds waited)."""
     start = time.perf_counter()
     values = ids.tolist()
-    return _split_ids(values, num_routed, time.perf_counter() - start)
-
-
-def _split_ids(values: list[int], num_routed: int, waited: float) -> tuple[list[int], list[int], float]:
+    waited = time.perf_counter() - start
     return values[:num_routed], list(dict.fromkeys(values[num_routed:])), waited

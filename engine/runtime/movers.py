@@ -155,10 +155,6 @@ class HostMover(Mover):
     def wait_slots(self, bank: int, slots: list[int]) -> None:
         pass
 
-    def landed(self, layer: int, slot: int) -> bool:
-        """Whether work enqueued from now on may read the block copied into this slot of layer's bank."""
-        return True
-
     def mark_bank_free(self, bank: int) -> None:
         pass
 
@@ -277,11 +273,6 @@ class CudaMover(Mover):
         events.discard(None)
         for event in events:
             self._compute_stream.wait_event(event)
-
-    def landed(self, layer: int, slot: int) -> bool:
-        """Its copy's done event has completed, or the compute stream already waited for it (`wait_slots`)."""
-        done = self._slot_ready.get((self.banks.bank_of(layer), slot))
-        return done is None or done.query()
 
     def mark_bank_free(self, bank: int) -> None:
         self._bank_free[bank].record(self._compute_stream)

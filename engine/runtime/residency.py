@@ -247,7 +247,6 @@ class SlotPolicy:
                 self._swept[bank].pop(victim, None)
         if self._swept is not None:
             self._swept[bank][key] = None
-        self._placed(key, slot, self.last_evicted and self.last_evicted[0])
         resident[key] = slot
         self._key[bank][slot] = key
         self._acquired += 1
@@ -255,9 +254,6 @@ class SlotPolicy:
         self._slot_score[bank][slot] = NEVER_USED + self._acquired if score is None else score
         self._state[bank][slot] = "loading"
         return slot
-
-    def _placed(self, key: Key, slot: int, victim: Key | None) -> None:
-        """A block was given a slot (its copy is issued next), evicting `victim` if not None."""
 
     def set_state(self, key: Key, slot: int, state: str) -> None:
         self._state[self.bank_of(key[0])][slot] = state

@@ -147,8 +147,7 @@ class Runner:
                                    model_dir.expert_bytes_total, telemetry)
         self.cache = RamCache(self.plan.ram_cache_bytes - ngram_bytes, layout.block_bytes, telemetry,
                               allocate=pinned_buffer if self.is_cuda else anonymous_buffer)
-        slot_table = (max(self.spec.moe_layers) + 1, self.spec.num_experts) if self.options.slot_lookup else None
-        self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry, slot_table)
+        self.banks = SlotBanks(self.plan.slots_per_bank, layout.block_bytes, self.device, telemetry)
         self.pacing = make_pacing(self.options.copy_rate_gbps, self.banks.banks[0][0], telemetry)
         self.cache.uses = self.banks.rank                 # one routing frequency for both tiers' evictions
         table = self.model.embed_tokens
@@ -169,12 +168,11 @@ class Runner:
                 self.experts.capture(static)
 
     def _static_expert_inputs(self) -> dict:
-        """{layer: (x [1, H], weights [1, K], out [1, H][, ids])}: the decode graphs' expert buffers (none when
-        eager); ids: the routed ids, then the next layer's guesses."""
+        """{layer: (x [1, H], weights [1, K], out [1, H])}: the decode graphs' expert buffers (none when eager)."""
         if self.model.runs_passes:
             return self.model.static_expert_inputs()
         s = self.step
-        return {layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer], s.out[layer].ids)
+        return {layer: (s.out[layer].rows, s.out[layer].route_weights, s.moe_out[layer])
                 for layer in s.moe_out} if s.use_graphs else {}
 
     def _cpu_experts(self, layout, mode: str) -> CpuExperts | None:

@@ -114,10 +114,10 @@ class GenericModel:
             capture.abandon()
             self._logits, self.graph_error = None, f"{type(e).__name__}: {e}".splitlines()[0]
 
-    def static_expert_inputs(self) -> dict[int, tuple[torch.Tensor, ...]]:
-        """{layer: (x [1, H], weights [1, K], out [1, H], ids)}: the segments' expert buffers, whose kernel launches
-        the runtime captures in turn (none without segments)."""
-        return {s.layer: (s.x, s.weights, s.out, s.ids) for s in (self.segments or [])[:-1]}
+    def static_expert_inputs(self) -> dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """{layer: (x [1, H], weights [1, K], out [1, H])}: the segments' expert buffers, whose kernel launches the
+        runtime captures in turn (none without segments)."""
+        return {s.layer: (s.x, s.weights, s.out) for s in (self.segments or [])[:-1]}
 
     def _captured_step(self, capture: SegmentCapture) -> torch.Tensor:
         self._capture, self._cache = capture, self._static
