@@ -5,8 +5,10 @@
 """
 from __future__ import annotations
 
+import atexit
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Iterator
 
@@ -31,6 +33,16 @@ from engine.runtime.telemetry import Telemetry, current_cpu
 
 FILL_IDLE_S = 1.0       # seconds without a generation before RAM is filled in the background
 FILL_POLL_S = 0.005     # how often the filler looks (a read takes ~3 ms at 2 GB/s)
+_FILLING: "weakref.WeakSet[Engine]" = weakref.WeakSet()      # engines whose RAM filler may still run
+
+
+@atexit.register
+def _stop_fillers() -> None:
+    """At interpreter exit, the fillers of engines never closed are stopped first: a daemon thread still inside a
+    torch call when Python finalizes is torn down through C++ frames, which aborts the process ("terminate called
+    without an active exception") after a script or test that did not close its engine."""
+    for engine in list(_FILLING):
+        engine._stop_filling()
 
 
 class Engine:
@@ -59,6 +71,7 @@ class Engine:
         if self.runner.fills:
             self._filler = threading.Thread(target=self._fill_while_idle, name="sluice-ram-fill", daemon=True)
             self._filler.start()
+            _FILLING.add(self)
 
     def _fill_while_idle(self) -> None:
         """Once the runner has been idle for FILL_IDLE_S, the blocks no prompt has read yet go into free RAM slots,
@@ -191,10 +204,15 @@ class Engine:
         return snap
 
     def close(self) -> None:
+        self._stop_filling()
+        self.runner.close()
+
+    def _stop_filling(self) -> None:
+        """The RAM filler ended (it stops between two `fill` calls, each a few reads)."""
         self._closing.set()
         if self._filler is not None:
             self._filler.join()
-        self.runner.close()
+        _FILLING.discard(self)
 
     # ---- generation loop ---------------------------------------------------------------------------
     def _generate(self, prompt_ids: list[int], is_chat: bool, params: GenerationParams) -> Iterator[TokenEvent]:

@@ -82,3 +82,28 @@ def test_chat_messages_use_the_template_and_stop_strings_cut_output(sluice_model
                                GenerationParams(max_new_tokens=30, temperature=0, stop=[stop])))
     assert events[-1].finish_reason == "stop"
     assert "".join(e.text for e in events) == full[:full.index(stop)]
+
+
+EXIT_SCRIPT = """
+import atexit, sys, threading
+from engine import GenerationParams
+
+def check():          # registered before the engine's own exit handler: runs after it
+    print("fillers alive at exit:", [t.name for t in threading.enumerate() if t.name == "sluice-ram-fill"], flush=True)
+atexit.register(check)
+import engine
+eng = engine.load(sys.argv[1])
+assert eng._filler is not None and eng._filler.is_alive()
+list(eng.generate([4, 5, 6], GenerationParams(max_new_tokens=2, temperature=0)))
+"""
+
+
+def test_an_engine_left_open_stops_its_ram_filler_before_python_exits(sluice_models):
+    """A script that never closes its engine exits cleanly: a filler thread still inside a torch call while the
+    interpreter finalizes aborts the process ("terminate called without an active exception", exit 134)."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(sluice_models("qwen3_moe", "bf16"))],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "fillers alive at exit: []" in done.stdout
