@@ -146,8 +146,8 @@ def tile_words(bank_u8, bank_bf16, bank_f32, w_off, s_off, rows, k0, n_rows, row
     one thread) and their group scale bytes [BLOCK_R, G]; bf16, fp8 and int8 as [BLOCK_R, BLOCK_K] of their stored
     type, `scales` the words again (unused). The decode loops load an fp4 tile one iteration before they decode it,
     so its loads are in flight during the long decode of the tile before; a one-byte tile is used as it is loaded
-    (its short arithmetic hides less, and the registers held ahead cost its configs occupancy). w_off / s_off: int64 byte offsets of the weight / scale field
-    of this expert in the bank."""
+    (its short arithmetic hides less, and the registers held ahead cost its configs occupancy). w_off / s_off: int64
+    byte offsets of the weight / scale field of this expert in the bank."""
     row_ok = rows < n_rows
     if FMT == 2 or FMT == 3:
         GW: tl.constexpr = 4 if FMT == 3 else 2                   # words a scale group (32 / 16 values)
