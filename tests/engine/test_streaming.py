@@ -86,12 +86,12 @@ def test_chat_messages_use_the_template_and_stop_strings_cut_output(sluice_model
 
 EXIT_SCRIPT = """
 import atexit, sys, threading
-from engine import GenerationParams
 
-def check():          # registered before the engine's own exit handler: runs after it
+def check():          # registered before anything of the engine is imported: runs after its exit handler
     print("fillers alive at exit:", [t.name for t in threading.enumerate() if t.name == "sluice-ram-fill"], flush=True)
 atexit.register(check)
 import engine
+from engine import GenerationParams
 eng = engine.load(sys.argv[1])
 assert eng._filler is not None and eng._filler.is_alive()
 list(eng.generate([4, 5, 6], GenerationParams(max_new_tokens=2, temperature=0)))
