@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
 import sys
@@ -63,12 +64,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-cgroup", action="store_true", help="the caps as budgets only (no cgroup v2 memory.max)")
     p.add_argument("--keep-page-cache", action="store_true", help="do not drop the page cache before each run")
     p.add_argument("--dry-run", action="store_true", help="print every command and the files' sizes; run nothing")
+    p.add_argument("--build-peer", action="store_true",
+                   help="build --llama-bench from --llama-src where it is missing, in the background while the "
+                        "files are written (its build folder: the binary's folder's parent)")
+    p.add_argument("--prepare-only", action="store_true",
+                   help="write each family's files (HF checkpoint, GGUF, Sluice's repack) and build the peer; "
+                        "time nothing (a later call runs the same command without it)")
 
 
 def run(args) -> int:
     from engine.tools.presets import PRESETS
     chosen = families(args.families)
-    if args.llama_bench and not args.dry_run and not args.llama_bench.is_file():
+    built = _start_peer_build(args) if args.build_peer and not args.dry_run else None
+    if args.llama_bench and not args.dry_run and not built and not args.llama_bench.is_file():
         raise SluiceError(f"--llama-bench {args.llama_bench} is not a file: give the path of llama.cpp's llama-bench "
                           "(python -m bench peer build makes one), or leave it out.")
     with_peer = args.llama_bench is not None
@@ -80,6 +88,14 @@ def run(args) -> int:
     if args.dry_run:
         print("\n".join(dry_run_lines(plans, args, reference)))
         return 0
+    if args.prepare_only:
+        for plan in plans:
+            _prepare(plan, args)
+        if built:
+            built()
+        return 0
+    if built:
+        built()
     path = args.out / "matrix.json"
     matrix = _load(path)
     failed = 0
@@ -90,6 +106,32 @@ def run(args) -> int:
     print(format_table(matrix), flush=True)
     print(f"JSON: {path}")
     return 1 if failed else 0
+
+
+def _start_peer_build(args):
+    """A function that waits for llama-bench's build started here, or None where nothing is built."""
+    if args.llama_bench is None:
+        raise SluiceError("--build-peer needs --llama-bench: the path the build leaves it at (BUILD/bin/llama-bench).")
+    from bench.stages.peer import build
+    build_dir = args.llama_bench.parent.parent
+    if llamacpp.bench_binary(build_dir) != args.llama_bench:
+        raise SluiceError(f"--llama-bench {args.llama_bench} is not a build's bin/llama-bench: give "
+                          "BUILD/bin/llama-bench, or build it with `python -m bench peer build`.")
+    return build(argparse.Namespace(out=args.out, src=args.llama_src, build_dir=build_dir,
+                                    jobs=os.cpu_count() or 16, cpu_only=False), wait=False)
+
+
+def _prepare(plan: Planned, args) -> None:
+    """A family's files as its cells will read them: the GGUF (with its HF checkpoint) and Sluice's model."""
+    from engine.tools.bench import build_apart
+    if not plan.fits:
+        _progress(f"{plan.family.name}: {_over_disk(plan)}")
+        return
+    gguf, no_peer = _gguf(plan, args)
+    _progress(f"{plan.family.name}: GGUF {gguf or no_peer}")
+    model_dir, _ = build_apart(plan.preset, plan.family.quant, args.work_dir, gguf is not None and plan.layout == SAME,
+                               args.device, True)
+    _progress(f"{plan.family.name}: Sluice's model {model_dir}")
 
 
 def _reference_config() -> dict:

@@ -251,3 +251,47 @@ def test_a_flash_next_cell_carries_its_speed_on_the_origins_machine_computed(mon
     roofline = estimate(full_model_config("qwen3.8-flash-next-4l"), 0, ORIGIN, "int8", dense_quant="int8").tok_s
     assert origin["computed"] and origin["reference_tok_s"] == 11.65
     assert origin["tok_s"] == roofline * 0.61 and 0 < origin["tok_s"] < 11.65
+
+
+def test_prepare_only_builds_the_peer_and_writes_the_files_then_the_same_command_times_them(monkeypatch, tmp_path, capfd):
+    import subprocess
+    from bench import llamacpp
+    from tests.bench.test_bench_tree import _fake_llama_bench
+    monkeypatch.setitem(presets.PRESETS, "tiny-olmoe", TINY_OLMOE)
+    monkeypatch.setitem(FAMILIES, "tiny", Family("tiny", "tiny-olmoe", "int8", 2))
+    monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path / "not-a-cgroup")
+    monkeypatch.setattr(regime_stage, "drop_page_cache", lambda: False)
+    monkeypatch.setattr(peer_runs, "drop_page_cache", lambda: False)
+    fake, binary, builds = _fake_llama_bench(tmp_path, decode_sleep_s=0), tmp_path / "build" / "bin" / "llama-bench", []
+
+    def start_build(src, build_dir, jobs, log_path, cuda=True):     # a build that takes a moment, in the background
+        if llamacpp.bench_binary(build_dir).is_file():
+            return None
+        builds.append(build_dir)
+        return subprocess.Popen(["sh", "-c", f"sleep 0.5; mkdir -p {binary.parent} && cp {fake} {binary}"])
+
+    def convert(preset, work, *a):
+        out = llamacpp.gguf_path(work, preset)
+        out.write_bytes(b"GGUF")
+        return out
+    monkeypatch.setattr(llamacpp, "start_build", start_build)
+    monkeypatch.setattr(llamacpp, "convert_preset", convert)
+    argv = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), "matrix", "tiny", "--device", "cpu",
+            "--regime", "fits-ram", "--llama-bench", str(binary), "--llama-ncmoe", "1", "--build-peer"]
+    assert bench_main([*argv, "--prepare-only"]) == 0
+    assert builds == [tmp_path / "build"] and binary.is_file() and (tmp_path / "tiny-olmoe-q8_0.gguf").is_file()
+    assert (tmp_path / "tiny-olmoe-int8-repacked" / "sluice.json").is_file()    # Sluice's model, from the same checkpoint
+    assert not (tmp_path / "out" / "matrix.json").exists()                       # nothing timed
+    assert "model ready in" in capfd.readouterr().err
+    assert bench_main([*argv, "--", "--dtype", "float32", "--prompt-tokens", "24", "--new-tokens", "6"]) == 0
+    assert builds == [tmp_path / "build"]                                         # built once
+    cell = json.loads((tmp_path / "out" / "matrix.json").read_text())["families"]["tiny"]["regimes"]["fits-ram"]
+    assert cell["sluice"]["decode_tok_s"] > 0 and cell["peer"]["best"]["ncmoe"] == 1
+    assert "model ready in" not in capfd.readouterr().err                       # the prepared model, not rewritten
+
+
+def test_build_peer_needs_a_builds_binary_path(tmp_path, capsys):
+    argv = ["--out", str(tmp_path / "out"), "matrix", "olmoe", "--llama-bench", str(tmp_path / "llama-bench"),
+            "--build-peer"]
+    assert bench_main(argv) != 0
+    assert "is not a build's bin/llama-bench" in capsys.readouterr().err
