@@ -62,7 +62,9 @@ def summary_line(r: dict) -> str:
     """One line a run, to compare runs at a glance: decode, its waits, memory, copies and hits."""
     per_token = r["decode_bytes_per_token"]
     return (f"decode {r['decode_tok_s']:.2f} tok/s ({r['decode_s_per_token'] * 1e3:.2f} ms, efficiency "
-            f"{r['decode_efficiency']:.2f}) | waited {r.get('decode_sync_wait_s_per_token', 0) * 1e3:.2f} ms, reads "
+            f"{r['decode_efficiency']:.2f})"
+            + (f", steady {st['tok_s']:.2f} tok/s (efficiency {st['efficiency']:.2f})" if (st := r.get("steady_decode")) else "")
+            + f" | waited {r.get('decode_sync_wait_s_per_token', 0) * 1e3:.2f} ms, reads "
             f"{r.get('decode_read_wait_s_per_token', 0) * 1e3:.2f} ms | warm prefill "
             f"{r.get('warm_prefill_tok_s', 0):.0f} tok/s | {r['process_non_cache_anon_bytes'] / 2**20:.0f} MiB "
             f"anonymous | {r.get('decode_major_faults_per_token', 0):.1f} pages a token | h2d "

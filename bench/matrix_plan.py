@@ -238,8 +238,9 @@ def sluice_vram_at(peer_best: dict | None, regime_vram: str) -> str:
 
 # ---- the table -------------------------------------------------------------------------------------------------
 
-COLUMNS = ("family (layers)", "regime", "Sluice decode tok/s (VRAM)", "llama.cpp decode (-ncmoe, VRAM)", "ratio",
-           "prefill warm / cold vs llama.cpp pp", "efficiency", "where the time goes")
+COLUMNS = ("family (layers)", "regime", "Sluice decode tok/s: steady / first reply (VRAM)",
+           "llama.cpp decode (-ncmoe, VRAM)", "ratio (steady)", "prefill warm / cold vs llama.cpp pp",
+           "efficiency (steady / first)", "where the first reply's time goes")
 
 
 def _gib(n: int | None) -> str:
@@ -286,9 +287,12 @@ def table_rows(matrix: dict) -> list[list[str]]:
             warm = s.get("warm_prefill_tok_s")
             prefill = f"{warm:.0f} / {s['prefill_tok_s']:.0f}{pp}" if warm else f"- / {s['prefill_tok_s']:.0f}{pp}"
             paced = f", copies paced to {s['copy_pacing']['rate_gbps']:g} GB/s" if s.get("copy_pacing") else ""
-            sluice = f"{s['decode_tok_s']:.2f} ({_gib(s.get('vram_driver_bytes'))}{paced})"
+            st = s.get("steady_decode")
+            steady = f"{st['tok_s']:.2f} / " if st else "- / "
+            sluice = f"{steady}{s['decode_tok_s']:.2f} ({_gib(s.get('vram_driver_bytes'))}{paced})"
+            efficiency = f"{st['efficiency']:.2f} / " if st else "- / "
             rows.append([label, regime_name, sluice, decode,
-                         ratio, prefill, f"{s['decode_efficiency']:.2f}", wait_cell(s)])
+                         ratio, prefill, f"{efficiency}{s['decode_efficiency']:.2f}", wait_cell(s)])
     return rows
 
 

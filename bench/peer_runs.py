@@ -115,15 +115,23 @@ def peer_line(r: dict) -> str:
             + (f" (exit {r['returncode']})" if r["returncode"] not in (0, None) and not r["timed_out"] else ""))
 
 
+def steady_decode_tok_s(sluice: dict) -> float:
+    """Sluice's decode to set beside llama-bench's: its second reply's, after the RAM fill (llama-bench times its
+    runs after a warm-up run, the GGUF read whole at load), or the first reply's where a run has no second."""
+    return (sluice.get("steady_decode") or {}).get("tok_s") or sluice["decode_tok_s"]
+
+
 def ratios(sluice: dict, peer: dict) -> dict:
     """Sluice / llama.cpp: decode against the best -ncmoe within the VRAM limit (or, where every such run was
     stopped before its decode finished, a lower bound), prefill against the best pp within it."""
     fitting = [r for r in peer["runs"] if r["vram_driver_bytes"] is None or r["vram_driver_bytes"] <= peer["vram_limit_bytes"]]
     best, out = peer["best"], {"ncmoe": peer["best"]["ncmoe"] if peer["best"] else None}
+    decode = steady_decode_tok_s(sluice)
     if best:
-        out["decode"] = sluice["decode_tok_s"] / best["decode_tok_s"]
+        out["decode"] = decode / best["decode_tok_s"]
+        out["first_reply_decode"] = sluice["decode_tok_s"] / best["decode_tok_s"]
     elif bounds := [r["decode_tok_s_below"] for r in fitting if r["decode_tok_s_below"]]:
-        out["decode_at_least"] = sluice["decode_tok_s"] / max(bounds)
+        out["decode_at_least"] = decode / max(bounds)
     pp = max((r["prefill_tok_s"] for r in fitting if r["prefill_tok_s"]), default=None)
     if pp:
         out["warm_prefill_vs_pp"] = sluice.get("warm_prefill_tok_s", sluice["prefill_tok_s"]) / pp
@@ -136,7 +144,7 @@ def peer_lines(r: dict) -> list[str]:
     if not p:
         return []
     x = p["ratio"]
-    decode = f"{x['decode']:.2f}x" if "decode" in x else \
+    decode = f"{x['decode']:.2f}x steady, {x['first_reply_decode']:.2f}x the first reply" if "decode" in x else \
         (f">= {x['decode_at_least']:.1f}x" if "decode_at_least" in x else "n/a (no llama.cpp decode within the VRAM limit)")
     prefill = f"warm {x['warm_prefill_vs_pp']:.2f}x, cold {x['cold_prefill_vs_pp']:.2f}x" if "warm_prefill_vs_pp" in x else "n/a"
     return ([f"llama.cpp    {peer_line(run)}" for run in p["runs"]]

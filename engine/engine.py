@@ -207,6 +207,14 @@ class Engine:
         self._stop_filling()
         self.runner.close()
 
+    def wait_ram_filled(self, timeout_s: float) -> bool:
+        """Wait at most `timeout_s` for the background RAM fill to end (nothing left to read, or RAM full) -> whether
+        it has: a model that fits in RAM then reads nothing from the disk again (the steady state a user reaches
+        while reading an answer)."""
+        if self._filler is not None:
+            self._filler.join(timeout_s)
+        return self._filler is None or not self._filler.is_alive()
+
     def _stop_filling(self) -> None:
         """The RAM filler ended (it stops between two `fill` calls, each a few reads)."""
         self._closing.set()

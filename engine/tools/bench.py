@@ -27,6 +27,7 @@ from engine.sizes import format_size
 from engine.options import Options
 
 WARM_PROMPTS = 3     # warm prefills timed after the generation; the bench reports their median
+FILL_WAIT_MAX_S = 600.0   # the longest the steady decode waits for the RAM fill
 
 
 def run(args) -> int:
@@ -173,10 +174,13 @@ def measure(model_dir: Path, args, log) -> dict:
         end = eng.telemetry()
         warm = _warm_prefill(eng, [[rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)]
                                    for _ in range(WARM_PROMPTS)], end, params)
+        steady = _steady_generation(eng, [rng.randrange(spec.vocab_size) for _ in range(args.prompt_tokens)], params,
+                                    fill_wait_s=min(FILL_WAIT_MAX_S, 10 + 2 * eng.runner.plan.ram_cache_bytes / disk_bps))
     finally:
         eng.close()
-    return {**_summary(args, md, eng.runner.plan, eng.runner.kernel_verdict, t, end,
-                       {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)),
+    bps = {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}
+    return {**_summary(args, md, eng.runner.plan, eng.runner.kernel_verdict, t, end, bps, _embed_bytes(eng.runner.model)),
+            "steady_decode": _steady_summary(md, eng.runner.plan, steady, bps, _embed_bytes(eng.runner.model)),
             **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup,
             "sampling": {"temperature": 1.0, "top_k": args.top_k, "top_p": args.top_p}, "settings": args.settings}
 
@@ -238,23 +242,58 @@ def _setup_fields(args, md, plan, verdict, bps: dict) -> dict:
     }
 
 
-def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int) -> dict:
-    """The bench's JSON: decode-phase figures are deltas between the snapshot after prefill and the end."""
+def _steady_generation(eng, prompt: list[int], params, fill_wait_s: float) -> tuple:
+    """A second reply, after the warm prompts and once the background RAM fill has ended (at most `fill_wait_s`):
+    the decode a user sees from then on, and what a peer's warmed-up run is compared with (the first generation's
+    decode runs while the fill still reads the rest of the model). -> (its timings, the telemetry at its end,
+    seconds waited for the fill, whether the fill ended)."""
+    start = time.perf_counter()
+    filled = eng.wait_ram_filled(fill_wait_s)
+    waited = time.perf_counter() - start
+    t = timed_generate(eng, prompt, dataclasses.replace(params, seed=WARM_PROMPTS + 1))
+    return t, eng.telemetry(), waited, filled
+
+
+def _decode_figures(md, plan, t, end: dict, bps: dict, embed_bytes: int) -> dict:
+    """A generation's decode against its roofline: deltas between the snapshot after its prefill and `end`."""
     spec, block_bytes = md.spec, md.layout.block_bytes
-    disk_bps, h2d_bps, hbm_bps = bps["disk"], bps["h2d"], bps["hbm_copy"]
     before = t.after_prefill
     decoded = max(t.new_tokens - 1, 1)
-    d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
     tiers = _tier_bytes(end, before, decoded)
     # blocks read ahead of need into free RAM slots (Experts.fill) are not a token's own reads
-    fill_reads = d("ram_cache", "fill_reads")
+    fill_reads = delta(end, before, "ram_cache", "fill_reads")
     tiers["disk"] = max(tiers["disk"] - fill_reads * block_bytes / decoded, 0.0)
     ngram = _ngram_figures(end, before, decoded)
     disk_tok, h2d_tok = tiers["disk"] + ngram.get("bytes_read_per_token", 0.0), tiers["h2d"]
     # the GPU reads the dense weights (one embedding row), the KV cache and the active experts the CPU did not compute
     gpu_tok = (plan.dense_bytes - embed_bytes + spec.top_k * len(spec.moe_layers) * block_bytes - tiers["cpu"]
                + plan.kv_bytes // 2)
-    roofline_s, measured_s = disk_tok / disk_bps + h2d_tok / h2d_bps + gpu_tok / hbm_bps, t.decode_s / decoded
+    roofline_s = disk_tok / bps["disk"] + h2d_tok / bps["h2d"] + gpu_tok / bps["hbm_copy"]
+    return {"decoded": decoded, "tiers": tiers, "fill_reads": fill_reads, "ngram": ngram, "gpu_tok": gpu_tok,
+            "roofline_s": roofline_s, "measured_s": t.decode_s / decoded}
+
+
+def _steady_summary(md, plan, steady: tuple, bps: dict, embed_bytes: int) -> dict:
+    t, end, waited, filled = steady
+    f = _decode_figures(md, plan, t, end, bps, embed_bytes)
+    per_token = lambda *path: delta(end, t.after_prefill, *path) / f["decoded"]      # noqa: E731
+    return {"new_tokens": t.new_tokens, "tok_s": f["decoded"] / t.decode_s, "s_per_token": f["measured_s"],
+            "roofline_s_per_token": f["roofline_s"], "efficiency": f["roofline_s"] / f["measured_s"],
+            "bytes_per_token": {**f["tiers"], "gpu_reads": f["gpu_tok"]}, "fill_wait_s": waited, "ram_filled": filled,
+            "hit_rate": {"vram": phase_hit_rate(end, t.after_prefill, "vram"),
+                         "ram": phase_hit_rate(end, t.after_prefill, "ram_cache")},
+            **_decode_times(per_token)}
+
+
+def _summary(args, md, plan, verdict, t, end: dict, bps: dict, embed_bytes: int) -> dict:
+    """The bench's JSON: decode-phase figures are deltas between the snapshot after prefill and the end."""
+    spec, block_bytes = md.spec, md.layout.block_bytes
+    disk_bps, h2d_bps = bps["disk"], bps["h2d"]
+    before = t.after_prefill
+    f = _decode_figures(md, plan, t, end, bps, embed_bytes)
+    decoded, tiers, fill_reads, ngram, gpu_tok = f["decoded"], f["tiers"], f["fill_reads"], f["ngram"], f["gpu_tok"]
+    roofline_s, measured_s = f["roofline_s"], f["measured_s"]
+    d = lambda *path: delta(end, before, *path)                     # noqa: E731 - decode-phase delta
     prefill = _tier_bytes(before, {}, 1)                                    # prefill: the whole prompt, cold
     return {
         **_setup_fields(args, md, plan, verdict, bps),
@@ -441,7 +480,7 @@ def report(r: dict) -> str:
     from engine.tools.presets import PRESET_NOTES
     lines = [f"note: {PRESET_NOTES[r['preset']]}"] if r["preset"] in PRESET_NOTES else []
     lines += [*_setup_lines(r), *_pacing_lines(r), *_prefill_lines(r), *_warm_prefill_lines(r), *_decode_lines(r),
-              *_placement_lines(r), *_ngram_lines(r), *_full_model_lines(r), *_memory_lines(r), *_mapping_lines(r)]
+              *_steady_lines(r), *_placement_lines(r), *_ngram_lines(r), *_full_model_lines(r), *_memory_lines(r), *_mapping_lines(r)]
     if "baseline" in r:
         b = r["baseline"]
         lines.append(f"accelerate   decode {b['decode_tok_s']:.3f} tok/s, TTFT {b['ttft_s']:.2f} s "
@@ -510,6 +549,24 @@ def _decode_lines(r: dict) -> list[str]:
             f"hit rates    {tier} {r['decode_hit_rate']['vram']:.1%}, RAM {r['decode_hit_rate']['ram']:.1%}; "
             f"speculation recall {r['speculation_recall']:.1%}, prefetch used "
             f"{r['prefetch']['used']:.0f}/{r['prefetch']['issued']:.0f}"]
+
+
+def _steady_lines(r: dict) -> list[str]:
+    """The second reply's decode, once the RAM fill has ended: the steady state a peer's warmed-up run compares with."""
+    st = r.get("steady_decode")
+    if not st:
+        return []
+    per = st["bytes_per_token"]
+    fill = (f"the RAM fill ended {st['fill_wait_s']:.1f} s after the warm prompts" if st["ram_filled"] else
+            f"the RAM fill still running after {st['fill_wait_s']:.0f} s")
+    reads = (f", waited for reads {st['decode_read_wait_s_per_token'] * 1e3:.1f} ms"
+             if st.get("decode_read_wait_s_per_token") else "")
+    tier = "slots" if _on_cpu(r) else "VRAM"
+    return [f"decode steady {st['new_tokens']} tokens, a second reply ({fill}): {st['tok_s']:.2f} tok/s "
+            f"({st['s_per_token'] * 1e3:.1f} ms/token, roofline {st['roofline_s_per_token'] * 1e3:.1f} ms, efficiency "
+            f"{st['efficiency']:.2f}); a token: disk {_gb(per['disk'])}, {'copied' if _on_cpu(r) else 'h2d'} "
+            f"{_gb(per['h2d'])}, {tier} hits {st['hit_rate']['vram']:.1%}, RAM hits {st['hit_rate']['ram']:.1%}, "
+            f"waited at the layers' syncs {st['decode_sync_wait_s_per_token'] * 1e3:.1f} ms{reads}"]
 
 
 def _memory_lines(r: dict) -> list[str]:

@@ -80,8 +80,9 @@ def test_a_family_too_big_for_the_disk_runs_a_subset_of_its_layers():
     assert lite.layout == "alone" and lite.peer_left_out and lite.num_layers == 27    # never a subset llama.cpp refuses
 
 
-def _sluice(decode, vram, warm, cold, eff, reads_ms, syncs_ms, token_ms):
-    return {"decode_tok_s": decode, "vram_driver_bytes": vram, "warm_prefill_tok_s": warm, "prefill_tok_s": cold,
+def _sluice(decode, vram, warm, cold, eff, reads_ms, syncs_ms, token_ms, steady=None):
+    return {**({"steady_decode": {"tok_s": steady[0], "efficiency": steady[1]}} if steady else {}),
+            "decode_tok_s": decode, "vram_driver_bytes": vram, "warm_prefill_tok_s": warm, "prefill_tok_s": cold,
             "decode_efficiency": eff, "decode_read_wait_s_per_token": reads_ms / 1e3,
             "decode_sync_wait_s_per_token": syncs_ms / 1e3, "decode_s_per_token": token_ms / 1e3,
             "decode_cpu_per_token": {"experts": 0.0}}
@@ -91,13 +92,14 @@ def test_table_is_built_from_recorded_results():
     peer = {"runs": [_run(9, 100.9, 4.2 * GB, prefill=855.0), _run(10, 96.2, 3.97 * GB, prefill=850.0)],
             "vram_limit_bytes": int(4.2 * GB)}
     peer["best"] = peer["runs"][0]
-    peer["ratio"] = peer_runs.ratios(_sluice(138.5, 0, 4018.0, 131.0, 0.6, 0, 0, 1), peer)
+    peer["ratio"] = peer_runs.ratios(_sluice(138.5, 0, 4018.0, 131.0, 0.6, 0, 0, 1, steady=(160.0, 0.5)), peer)
     stopped = {"runs": [{**_run(13, None, 1.9 * GB, prefill=151.0), "decode_tok_s_below": 0.53}],
                "vram_limit_bytes": 2 * GB, "best": None}
     stopped["ratio"] = peer_runs.ratios(_sluice(6.57, 0, 262.0, 100.0, 0.81, 0, 0, 1), stopped)
     matrix = {"families": {
         "olmoe": {"preset": "olmoe-1b-7b", "layers": 16, "full_layers": 16, "layers_note": "all 16 layers",
-                  "regimes": {"fits-ram": {"sluice": _sluice(138.5, 3.6 * 2**30, 4018.0, 131.0, 0.6, 0.0, 2.9, 7.2),
+                  "regimes": {"fits-ram": {"sluice": _sluice(138.5, 3.6 * 2**30, 4018.0, 131.0, 0.6, 0.0, 2.9, 7.2,
+                                                             steady=(160.0, 0.5)),
                                            "peer": peer},
                               "exceeds": {"sluice": _sluice(6.57, 1.76 * 2**30, 262.0, 100.0, 0.81, 127.0, 3.0, 152.0),
                                           "peer": stopped}}},
@@ -110,8 +112,11 @@ def test_table_is_built_from_recorded_results():
                               "regimes": {"fits-ram": {"sluice": _sluice(16.2, 8 * 2**30, 300.0, 50.0, 0.53, 1, 5, 61.7),
                                                        "peer": {"not_run": "llama.cpp cannot take it"}}}}}}
     rows = matrix_plan.table_rows(matrix)
-    assert rows[0] == ["olmoe (16/16)", "fits-ram", "138.50 (3.60 GiB)", "100.90 (-ncmoe 9, 3.91 GiB)", "1.37x",
-                       "4018 / 131 vs 855", "0.60", "syncs 2.9 of 7.2 ms; CPU 0.0 experts a token"]
+    # the ratio: Sluice's steady decode (its second reply, after the RAM fill) against llama-bench's warmed-up one
+    assert rows[0] == ["olmoe (16/16)", "fits-ram", "160.00 / 138.50 (3.60 GiB)", "100.90 (-ncmoe 9, 3.91 GiB)",
+                       "1.59x", "4018 / 131 vs 855", "0.50 / 0.60", "syncs 2.9 of 7.2 ms; CPU 0.0 experts a token"]
+    assert peer["ratio"]["first_reply_decode"] == 138.5 / 100.9
+    assert rows[1][2] == "- / 6.57 (1.76 GiB)" and rows[1][6] == "- / 0.81"     # a record from before the steady run
     assert rows[1][3:5] == ["< 0.53 (timed out)", ">= 12.4x"]
     assert rows[1][7].startswith("reads 127.0 of 152.0 ms")
     assert rows[2][:3] == ["qwen3-30b-a3b (20/48)", "fits-ram", "failed: sluice bench failed with exit 1"]
@@ -207,7 +212,9 @@ def test_matrix_runs_llama_bench_first_in_fits_vram_ram_and_after_sluice_elsewhe
     cells = json.loads((tmp_path / "out" / "matrix.json").read_text())["families"]["tiny"]["regimes"]
     for cell in cells.values():
         assert [r["ncmoe"] for r in cell["peer"]["runs"]] == [1, 2] and cell["peer"]["best"]["decode_tok_s"] > 120
-        assert cell["peer"]["ratio"]["decode"] == cell["sluice"]["decode_tok_s"] / cell["peer"]["best"]["decode_tok_s"]
+        best = cell["peer"]["best"]["decode_tok_s"]
+        assert cell["peer"]["ratio"]["decode"] == cell["sluice"]["steady_decode"]["tok_s"] / best   # warm against warm
+        assert cell["peer"]["ratio"]["first_reply_decode"] == cell["sluice"]["decode_tok_s"] / best
         assert cell["sluice"]["model_dir"].endswith("-repacked")                # the GGUF's checkpoint, repacked
     assert cells["fits-vram-ram"]["sluice"]["vram_budget_bytes"] == 256 << 20   # no VRAM read: the regime's budget
     out = capsys.readouterr().out

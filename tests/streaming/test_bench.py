@@ -87,9 +87,30 @@ def test_bench_samples_like_the_app_when_asked(tiny_preset, int8_work, capsys, m
                  "--top-k", "40", "--top-p", "0.95"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["sampling"] == {"temperature": 1.0, "top_k": 40, "top_p": 0.95}
-    assert len(asked) == 1 + WARM_PROMPTS and all((p.top_k, p.top_p) == (40, 0.95) for p in asked)  # the run, warm prefills
+    assert len(asked) == 2 + WARM_PROMPTS and all((p.top_k, p.top_p) == (40, 0.95) for p in asked)  # + the steady reply
     assert result["decode_tok_s"] > 0
     assert "sampled at temperature 1, top-k 40, top-p 0.95 (" in report(result)
+
+
+def test_steady_decode_of_a_model_that_fits_in_ram_reads_nothing_from_disk(tiny_preset, int8_work, capsys):
+    """The second reply, once the RAM fill has ended: the steady decode a warmed-up peer is compared with. Slots too
+    few for the experts, RAM for all of them: it reads nothing from the disk, each slot miss a RAM hit."""
+    argv = ["bench", "--preset", tiny_preset, "--quant", "int8", "--device", "cpu", "--prompt-tokens", "16",
+            "--new-tokens", "24", "--json", "--work-dir", str(int8_work), "--dtype", "float32", "--ram-cache", "1GB"]
+    assert main(argv + ["--vram-budget", "1GB"]) == 0
+    stored = json.loads(capsys.readouterr().out)
+    kv_bytes = 2 * 3 * 40 * 2 * 16 * 4                  # k and v, 3 layers, 40 tokens, 2 heads x 16, fp32
+    budget = str(stored["dense_bytes"] + stored["workspace_bytes"] + kv_bytes + 8 * stored["device_slot_bytes"])
+    assert main(argv + ["--vram-budget", budget]) == 0
+    r = json.loads(capsys.readouterr().out)
+    st = r["steady_decode"]
+    assert st["ram_filled"] and 0 <= st["fill_wait_s"] < 30
+    assert st["new_tokens"] == 24 and st["tok_s"] > 0 and 0 < st["roofline_s_per_token"] and st["efficiency"] > 0
+    assert st["bytes_per_token"]["disk"] == 0 and st["hit_rate"]["ram"] == 1.0 and st["hit_rate"]["vram"] < 1.0
+    per = st["bytes_per_token"]                      # the misses served from RAM: copied, or computed where they sit
+    assert per["h2d"] + per["cpu"] > 0
+    assert "decode steady 24 tokens, a second reply (the RAM fill ended" in report(r)
+    assert "RAM hits 100.0%" in report(r)
 
 
 def test_bench_says_in_a_sentence_when_its_model_cannot_be_written(tiny_preset, tmp_path, capsys):
