@@ -79,8 +79,11 @@ def _placement_note(p: dict | None) -> str:
     """What the placement measured at load: an expert on the CPU against a block copy (paced, where simulated)."""
     if not p:
         return ""
+    trial = p.get("trial")
+    timed = (f"; timed {trial['with_share_s'] * 1e3:.2f} ms a token with it, {trial['without_s'] * 1e3:.2f} without: "
+             f"{'kept' if trial['on'] else 'off'}" if trial else "")
     return (f" ({p['mode']}, share {'on' if p['active'] else 'off'}: an expert {p['cpu_expert_s'] * 1e6:.0f} us on "
-            f"the CPU at load, a copy {p['copy_s'] * 1e6:.0f} us)")
+            f"the CPU at load, a copy {p['copy_s'] * 1e6:.0f} us{timed})")
 
 
 def bench_model(work: Path, preset: str = "olmoe-1b-7b", quant: str = "int8") -> Path:

@@ -126,9 +126,13 @@ class CpuExperts:
         return {**found, "cpu_expert_s": fused_s if self.fused else torch_s}
 
     def takes(self, num_tokens: int) -> bool:
-        """Whether the CPU takes a share of a step this size: on a GPU only small ones (decode), on the CPU
-        device any (its RAM-resident experts are computed in place, not copied into a slot first)."""
-        return num_tokens <= MAX_TOKENS or not self.is_cuda
+        """Whether the CPU takes a share of a step this size: on a GPU only small ones (decode), and not while the
+        placement's trial has the share off; on the CPU device any (its RAM-resident experts are computed in
+        place, not copied into a slot first)."""
+        if not self.is_cuda:
+            return True
+        trial = self.placement.trial
+        return num_tokens <= MAX_TOKENS and (trial is None or trial.on)
 
     def stage(self, x: torch.Tensor, weights: torch.Tensor) -> None:
         """Before the layer's host sync: start copying its input [T, H] and routing weights [T, K]."""

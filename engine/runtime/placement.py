@@ -17,6 +17,9 @@ machine when the model loads; cpu_s and host_s then follow what decoding really 
 bounded (a stall of the machine cannot switch the CPU's share off for good). The coldest experts
 go to the CPU: the hot ones are the ones worth a VRAM slot (copied, they stay resident).
 Modes: "auto" the split where the CPU pays off (pays_off), "all" every RAM-resident miss to the CPU, "off" none.
+On a GPU "auto" then checks its prediction on the running decode (ShareTrial): near the threshold the split and
+copying every miss differ by less than the model's error (what the CPU's threads cost the decode thread and the
+copy engine is not in it), so decode steps alternate between the two and the faster is kept.
 """
 from __future__ import annotations
 
@@ -35,6 +38,49 @@ CPU_RANGE = (0.5, 5.0)              # the running cpu_s stays within these facto
 # beats a copy. Then the cost model's split is faster than copying every miss; where it does not, the same split
 # forced on is slower (the CPU's DRAM reads and the copy engine's compete).
 LIVE_FACTOR = 2.2
+TRIAL_STEPS = 32                    # decode steps a trial window times, with the CPU's share and without
+HOLD_STEPS = 1024                   # decode steps a trial's verdict holds before the two are timed again
+
+
+class ShareTrial:
+    """Whether the CPU's share is on, decided by timing decode steps: windows of `window` steps with the share and
+    without, one after the other (each window's first step not counted: the copies and the CPU's threads settle),
+    then the one whose median step was shorter holds for `hold` steps, and the two are timed again."""
+
+    def __init__(self, window: int = TRIAL_STEPS, hold: int = HOLD_STEPS):
+        self.window, self.hold = window, hold
+        self.on = True
+        self.verdict: dict | None = None        # the last decision: median seconds a step with and without the share
+        self._times: dict[bool, list[float]] = {True: [], False: []}
+        self._held = 0                          # steps left of the current verdict (0: timing)
+        self._fresh = True                      # the window's first step, not counted
+
+    def step(self, seconds: float | None) -> None:
+        """A decode step took `seconds` (from one step's start to the next's; None where a prompt ran between)."""
+        if self._held:
+            self._held -= 1
+            if not self._held:
+                self._times = {True: [], False: []}
+                self.on, self._fresh = True, True
+            return
+        if seconds is None or self._fresh:
+            self._fresh = False
+            return
+        times = self._times[self.on]
+        times.append(seconds)
+        if len(times) < self.window:
+            return
+        if len(self._times[not self.on]) < self.window:
+            self.on, self._fresh = not self.on, True
+            return
+        with_share, without = (_median(self._times[True]), _median(self._times[False]))
+        self.on = with_share < without
+        self.verdict = {"with_share_s": with_share, "without_s": without, "on": self.on}
+        self._held = self.hold
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 @dataclass
@@ -44,6 +90,7 @@ class Placement:
     mode: str = "auto"
     host_s: float = 0.0      # seconds of the decode thread's time to issue one copy (bookkeeping included)
     cpu_load_s: float = 0.0  # cpu_s as measured at load (bounds the running estimate)
+    trial: ShareTrial | None = None     # mode "auto" on a GPU: the share on only where the decode steps say so
 
     def pays_off(self) -> bool:
         """Whether the CPU's share is worth having at all: mode "all" always, "auto" where an expert
@@ -53,7 +100,7 @@ class Placement:
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies
         still ahead of them on the copy stream (prefetches), which a copied miss waits behind."""
-        if self.mode == "off" or not candidates:
+        if self.mode == "off" or not candidates or (self.trial is not None and not self.trial.on):
             return []
         n = len(candidates)
         k = n if self.mode == "all" else self._best_k(n, num_tokens, queued)
@@ -63,7 +110,7 @@ class Placement:
         """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the same
         split, the CPU taking the rest when that layer runs (mode "all": none, the CPU computes every
         RAM-resident miss)."""
-        if self.mode == "off" or (self.mode == "auto" and self.cpu_s <= 0):
+        if self.mode == "off" or (self.mode == "auto" and self.cpu_s <= 0) or (self.trial is not None and not self.trial.on):
             return n
         return 0 if self.mode == "all" else n - self._best_k(n, 1, 0)
 

@@ -39,7 +39,7 @@ from engine.runtime.ngram import attach_ngram, held_bytes
 from engine.runtime import load_speeds
 from engine.runtime.pacing import make_pacing
 from engine.runtime.pinned import pinned_buffer
-from engine.runtime.placement import Placement, measure_copy_s
+from engine.runtime.placement import Placement, ShareTrial, measure_copy_s
 from engine.runtime.slots import SlotBanks
 from engine.runtime.store import ExpertStore
 from engine.runtime.attach import CandidateKernels, attach_kernels, expert_kernels
@@ -157,6 +157,9 @@ class Runner:
                                self.dtype, self.device, kernel, cpu=self._cpu_experts(layout, self.options.cpu_experts),
                                prefill_kernel=prefill_kernel, prefetch_reads=self.options.prefetch_reads,
                                prefetch_copies=self.options.prefetch_copies, pacing=self.pacing)
+        cpu = self.experts.cpu
+        self._share_trial = cpu.placement.trial if cpu is not None else None
+        self._last_step: float | None = None      # when the decode step before started (the trial's step times)
         self.fills = self.options.ram_fill          # RAM filled in the background with blocks no prompt has read
         self._lock = threading.Lock()             # a pass, a step or a fill at a time (the filler is another thread)
         self._used_at = time.monotonic()
@@ -205,6 +208,8 @@ class Runner:
         if self.is_cuda:
             placement.copy_s = measure_copy_s(block.pin_memory(), self.banks.banks[0][0], pacing=self.pacing)
         active = placement.pays_off()
+        if active and self.is_cuda and mode == "auto":      # near the threshold the model errs: the steps decide
+            placement.trial = ShareTrial()
         if key:
             load_speeds.remember(key, {**kernel, "copy_s": placement.copy_s})
         self.telemetry.info["placement"] = {**kernel, "copy_s": placement.copy_s,
@@ -275,6 +280,7 @@ class Runner:
 
     def _prefill(self, token_ids: list[int], cancel) -> torch.Tensor:
         # T = tokens, H = hidden
+        self._last_step = None                    # the next decode step's time would count this prompt
         self.experts.synchronize()
         self.state.reset()
         ids = torch.tensor(token_ids, device=self.device)
@@ -307,6 +313,8 @@ class Runner:
                 self._used_at = time.monotonic()
 
     def _decode(self, token: int, position: int) -> torch.Tensor:
+        if self._share_trial is not None:
+            self._time_step(self._share_trial)
         self.experts.begin_step()
         logits = self._own_step(token) if self.model.runs_passes else self._block_step(token, position)
         self.experts.run_deferred()
@@ -316,6 +324,15 @@ class Runner:
             stats = torch.cuda.memory_stats_as_nested_dict(self.device)          # nothing, so now and then
             self.telemetry.set(vram_peak_bytes=stats["allocated_bytes"]["all"]["peak"])
         return logits
+
+    def _time_step(self, trial: ShareTrial) -> None:
+        """The CPU share's trial times each decode step from the start of the one before (the sampler's wait for
+        the GPU and the app's handling of the token included: what a user waits a token)."""
+        now = time.perf_counter()
+        trial.step(None if self._last_step is None else now - self._last_step)
+        self._last_step = now
+        if trial.verdict is not None:
+            self.telemetry.info["placement"]["trial"] = trial.verdict
 
     def _block_step(self, token: int, position: int) -> torch.Tensor:
         s = self.step

@@ -181,6 +181,7 @@ def measure(model_dir: Path, args, log) -> dict:
     bps = {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}
     return {**_summary(args, md, eng.runner.plan, eng.runner.kernel_verdict, t, end, bps, _embed_bytes(eng.runner.model)),
             "steady_decode": _steady_summary(md, eng.runner.plan, steady, bps, _embed_bytes(eng.runner.model)),
+            "placement": steady[1].get("placement"),          # with the CPU share's trial verdict, where one ran
             **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup,
             "sampling": {"temperature": 1.0, "top_k": args.top_k, "top_p": args.top_p}, "settings": args.settings}
 
@@ -385,7 +386,15 @@ def _placement_lines(r: dict) -> list[str]:
              else f" (fused {p['fused_expert_s'] * 1e6:.0f} us)" if "fused_expert_s" in p else "")
     return [f"placement    CPU share {p['mode']} on {p['threads']} threads, {kernel} kernel: an expert took "
             f"{p['cpu_expert_s'] * 1e6:.0f} us at load{other}, {busy * 1e6:.0f} us decoding; a block copy "
-            f"{p['copy_s'] * 1e6:.0f} us"]
+            f"{p['copy_s'] * 1e6:.0f} us{_trial_note(p.get('trial'))}"]
+
+
+def _trial_note(trial: dict | None) -> str:
+    """The decode steps' verdict on the CPU's share (placement.ShareTrial), where its trial has decided."""
+    if not trial:
+        return ""
+    return (f"; timed while decoding, a token took {trial['with_share_s'] * 1e3:.2f} ms with the share and "
+            f"{trial['without_s'] * 1e3:.2f} ms without: share {'kept' if trial['on'] else 'off'}")
 
 
 def _full_model_scale(preset: str, spec, block_bytes: int, disk_per_token: float, ngram: dict) -> dict:

@@ -103,3 +103,62 @@ def test_where_the_bench_boxs_cpu_takes_misses_by_the_speed_of_the_link():
     assert len(_on_a_link(25, H100_CPU_LOAD_S, H100_COPY_25_S).cpu_share(misses, 1, float)) == 2
     assert len(_on_a_link(12.5).cpu_share(misses, 1, float)) == 3
     assert _on_a_link(12.5).prefetch_count(4) == 1
+
+
+def _steps(trial, seconds_with, seconds_without, n):
+    """n decode steps of a trial, each taking what the share's state at its start makes it take."""
+    seen = []
+    for _ in range(n):
+        seen.append(trial.on)
+        trial.step(seconds_with if trial.on else seconds_without)
+    return seen
+
+
+def test_the_trial_times_steps_with_the_share_and_without_and_keeps_the_faster():
+    """Near the threshold the cost model errs (the 25 GB/s runs on an H100: the split won +8.8% in one tree and lost
+    11% in another): a GPU's "auto" decides by the decode steps themselves. Windows of 4 timed steps, each
+    window's first step not counted; the verdict holds 10 steps, then both are timed again."""
+    slower_with = placement.ShareTrial(window=4, hold=10)
+    seen = _steps(slower_with, 0.015, 0.013, 10)
+    assert seen == [True] * 5 + [False] * 5                   # 1 + 4 with the share, 1 + 4 without
+    assert not slower_with.on and slower_with.verdict == {"with_share_s": 0.015, "without_s": 0.013, "on": False}
+    assert _steps(slower_with, 0.015, 0.013, 10) == [False] * 10          # held
+    assert _steps(slower_with, 0.015, 0.013, 1) == [True]                  # timed again
+    faster_with = placement.ShareTrial(window=4, hold=10)
+    _steps(faster_with, 0.012, 0.013, 10)
+    assert faster_with.on and faster_with.verdict["on"]
+    # a step after a prompt (None) is not counted, nor one outlier more than the median's
+    t = placement.ShareTrial(window=3, hold=5)
+    for seconds in (None, None, 0.010, 0.011, 0.500, None, None, 0.020, 0.021, 0.022):
+        t.step(seconds)
+    assert t.verdict == {"with_share_s": 0.011, "without_s": 0.021, "on": True}
+
+
+def test_a_trial_with_the_share_off_leaves_every_miss_to_the_copies():
+    p = Placement(cpu_s=0.1, copy_s=1.0, trial=placement.ShareTrial())
+    assert p.cpu_share([1, 2, 3], 1, float) == [1, 2, 3] and p.prefetch_count(4) == 0
+    p.trial.on = False
+    assert p.cpu_share([1, 2, 3], 1, float) == [] and p.prefetch_count(4) == 4
+
+
+def test_the_runner_times_its_decode_steps_for_the_trial_and_a_prompt_is_not_a_step(tmp_path):
+    """The runner's hook, on a real engine (the CPU device takes no trial of its own: one is set here)."""
+    import engine
+    from engine.runtime.placement import ShareTrial
+    from engine.tools.demo import build_hf_model
+    from engine.format.repack import repack
+    build_hf_model("olmoe", tmp_path / "hf", num_layers=2, with_tokenizer=False, seed=1, num_experts=8,
+                   num_experts_per_tok=2)
+    repack(tmp_path / "hf", tmp_path / "int8", quant="int8")
+    eng = engine.load(tmp_path / "int8", device="cpu", max_context=64)
+    try:
+        trial = eng.runner._share_trial = ShareTrial(window=2, hold=100)
+        steps = []
+        trial.step = lambda seconds: steps.append(seconds)
+        from engine import GenerationParams
+        for _ in range(2):
+            list(eng.generate([1, 2, 3, 4], GenerationParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)))
+        assert len(steps) == 6 and steps[0] is None and steps[3] is None     # 3 decode steps a reply; each after a prompt
+        assert all(s > 0 for s in steps[1:3] + steps[4:])
+    finally:
+        eng.close()
