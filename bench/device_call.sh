@@ -5,6 +5,7 @@
 #   mkdir -p old && git archive COMMIT | tar -x -C old, and /old/ in .git/info/exclude.
 # The call (carry .whl and the trees):  KT=1 FN=1 FN_TREE=old GO=1 LIM=580 bash bench/device_call.sh
 # A box goes back 30 s after a call: have the next command ready (GO=1 GOTL=1 FNTL=1 FAM=1 ...).
+# The next session's first calls (BENCHMARKS.md): MXP=1 LIM=590, then MX=1 TRIAL=1 LIM=590 (carry .whl and peer).
 set -u
 export PYTHONUNBUFFERED=1
 T0=$(date +%s); LIM=${LIM:-580}
@@ -21,6 +22,16 @@ export PYTHONPATH=/tmp/site:$PWD
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader
 FN_ARGS="--preset qwen3.8-flash-next-4l --quant int8 --dense-quant int8 --prompt-tokens 512 --new-tokens 256 --device cuda --vram-budget 11GiB"
 GO_ARGS="--preset gpt-oss-120b --quant mxfp4 --prompt-tokens 512 --new-tokens 128 --device cuda --vram-budget 8GB --ram-cache 8GB"
+L=/root/lcp-build/bin/llama-bench
+# MXP then MX (two calls on one warm box): a family beside llama.cpp (MXF, default gpt-oss-120b; MXR its regimes)
+[ -n "${MXP:-}" ] && step matrix_prepare 300 python -m bench --out /root/mx matrix "${MXF:-gpt-oss-120b}" --regime \
+  ${MXR:-fits-ram} --llama-bench $L --build-peer --prepare-only
+[ -n "${MX:-}" ] && step matrix 150 bash -c "python -m bench --out /root/mx matrix ${MXF:-gpt-oss-120b} --regime \
+  ${MXR:-fits-ram} --llama-bench $L --llama-timeout 90 && cp -r /root/mx/matrix.json /root/mx/llama-bench $OUT/"
+# TRIAL: the CPU share's trial at a PCIe 4.0 x16 card's rate, against copying every miss
+[ -n "${TRIAL:-}" ] && step share_trial 150 python -m bench ab --regime fits-ram --rounds "${R:-2}" \
+  --variant copy_rate_gbps=25 --variant "copy_rate_gbps=25 cpu_experts=off" -- --preset olmoe-1b-7b --quant int8 \
+  --dense-quant int8 --prompt-tokens 512 --new-tokens 256
 [ -n "${KT:-}" ] && step kernel_tests 60 python -m pytest -q -p no:cacheprovider -n 4 tests/kernels/test_moe_decode.py \
   tests/families/test_qwen4_exp_gpu.py tests/streaming/test_runtime_equality.py
 # KAB: the expert decode kernels' default configs in this tree and in base/ (an older tree: git archive COMMIT)
