@@ -208,12 +208,15 @@ class Engine:
         self.runner.close()
 
     def wait_ram_filled(self, timeout_s: float) -> bool:
-        """Wait at most `timeout_s` for the background RAM fill to end (nothing left to read, or RAM full) -> whether
-        it has: a model that fits in RAM then reads nothing from the disk again (the steady state a user reaches
-        while reading an answer)."""
-        if self._filler is not None:
-            self._filler.join(timeout_s)
-        return self._filler is None or not self._filler.is_alive()
+        """Fill RAM now, as the idle filler does, until nothing is left to read or RAM is full, for at most
+        `timeout_s` -> whether it got there: a model that fits in RAM then reads nothing from the disk again (the
+        steady state a user reaches while reading an answer). The filler's idle wait is not waited for."""
+        deadline = time.monotonic() + timeout_s
+        while self.runner.fill():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(FILL_POLL_S)
+        return True
 
     def _stop_filling(self) -> None:
         """The RAM filler ended (it stops between two `fill` calls, each a few reads)."""

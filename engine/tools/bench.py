@@ -244,7 +244,7 @@ def _setup_fields(args, md, plan, verdict, bps: dict) -> dict:
 
 
 def _steady_generation(eng, prompt: list[int], params, fill_wait_s: float) -> tuple:
-    """A second reply, after the warm prompts and once the background RAM fill has ended (at most `fill_wait_s`):
+    """A second reply, after the warm prompts and once the RAM fill has ended (filled at once, at most `fill_wait_s`):
     the decode a user sees from then on, and what a peer's warmed-up run is compared with (the first generation's
     decode runs while the fill still reads the rest of the model). -> (its timings, the telemetry at its end,
     seconds waited for the fill, whether the fill ended)."""
