@@ -3,6 +3,8 @@ around a VRAM limit, regimes scaled to a family's size, the files against the di
 results, the dry run's commands, and one real run of a tiny family on the CPU without llama-bench."""
 import json
 
+import pytest
+
 from bench import cgroup, matrix_plan, peer_runs
 from bench.__main__ import main as bench_main
 from bench.matrix_plan import FAMILIES, Family, Files, format_table, ncmoe_points, scaled_regime, sluice_vram_at
@@ -165,11 +167,17 @@ def test_unknown_family_is_refused_in_one_sentence(tmp_path, capsys):
     assert err == f"bench: Unknown family mixtral: choose among {', '.join(FAMILIES)}.\n"
 
 
-def test_matrix_runs_a_tiny_family_on_the_cpu_without_llama_bench(monkeypatch, tmp_path, capsys):
+@pytest.fixture
+def tiny_family(monkeypatch, tmp_path):
+    """A two-layer OLMoE as the matrix's family "tiny", run with budgets only (no cgroup) and the page cache kept."""
     monkeypatch.setitem(presets.PRESETS, "tiny-olmoe", TINY_OLMOE)
     monkeypatch.setitem(FAMILIES, "tiny", Family("tiny", "tiny-olmoe", "int8", 2))
     monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path / "not-a-cgroup")       # budgets only, as without cgroups
     monkeypatch.setattr(regime_stage, "drop_page_cache", lambda: False)
+    monkeypatch.setattr(peer_runs, "drop_page_cache", lambda: False)
+
+
+def test_matrix_runs_a_tiny_family_on_the_cpu_without_llama_bench(tiny_family, tmp_path, capsys):
     # two regimes: without a peer every regime's cell runs the same code, at its own budgets (the default of all
     # three is the dry run's above; fits-vram-ram runs for real in the test below)
     argv = ["--out", str(tmp_path / "out"), "--work-dir", str(tmp_path), "matrix", "tiny", "--device", "cpu",
@@ -190,14 +198,10 @@ def test_matrix_runs_a_tiny_family_on_the_cpu_without_llama_bench(monkeypatch, t
     assert "placement    " in out or "per token    " in out                     # the bench's own lines, per cell
 
 
-def test_matrix_runs_llama_bench_first_in_fits_vram_ram_and_after_sluice_elsewhere(monkeypatch, tmp_path, capsys):
+def test_matrix_runs_llama_bench_first_in_fits_vram_ram_and_after_sluice_elsewhere(tiny_family, monkeypatch, tmp_path,
+                                                                                     capsys):
     from bench import llamacpp
     from tests.bench.test_bench_tree import _fake_llama_bench
-    monkeypatch.setitem(presets.PRESETS, "tiny-olmoe", TINY_OLMOE)
-    monkeypatch.setitem(FAMILIES, "tiny", Family("tiny", "tiny-olmoe", "int8", 2))
-    monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path / "not-a-cgroup")
-    monkeypatch.setattr(regime_stage, "drop_page_cache", lambda: False)
-    monkeypatch.setattr(peer_runs, "drop_page_cache", lambda: False)
     order = []
     monkeypatch.setattr(llamacpp, "convert_preset", lambda preset, work, *a: tmp_path / f"{preset}.gguf")
     sweep, sluice = peer_runs.sweep, regime_stage.sluice_in_regime
@@ -260,15 +264,11 @@ def test_a_flash_next_cell_carries_its_speed_on_the_origins_machine_computed(mon
     assert origin["tok_s"] == roofline * 0.61 and 0 < origin["tok_s"] < 11.65
 
 
-def test_prepare_only_builds_the_peer_and_writes_the_files_then_the_same_command_times_them(monkeypatch, tmp_path, capfd):
+def test_prepare_only_builds_the_peer_and_writes_the_files_then_the_same_command_times_them(tiny_family, monkeypatch, tmp_path,
+                                                                                             capfd):
     import subprocess
     from bench import llamacpp
     from tests.bench.test_bench_tree import _fake_llama_bench
-    monkeypatch.setitem(presets.PRESETS, "tiny-olmoe", TINY_OLMOE)
-    monkeypatch.setitem(FAMILIES, "tiny", Family("tiny", "tiny-olmoe", "int8", 2))
-    monkeypatch.setattr(cgroup, "CGROUP_ROOT", tmp_path / "not-a-cgroup")
-    monkeypatch.setattr(regime_stage, "drop_page_cache", lambda: False)
-    monkeypatch.setattr(peer_runs, "drop_page_cache", lambda: False)
     fake, binary, builds = _fake_llama_bench(tmp_path, decode_sleep_s=0), tmp_path / "build" / "bin" / "llama-bench", []
 
     def start_build(src, build_dir, jobs, log_path, cuda=True):     # a build that takes a moment, in the background
