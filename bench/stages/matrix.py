@@ -88,14 +88,13 @@ def run(args) -> int:
     if args.dry_run:
         print("\n".join(dry_run_lines(plans, args, reference)))
         return 0
-    if args.prepare_only:
-        for plan in plans:
+    if args.prepare_only or built:
+        for plan in plans:             # the files written while llama-bench builds
             _prepare(plan, args)
-        if built:
-            built()
-        return 0
     if built:
         built()
+    if args.prepare_only:
+        return 0
     path = args.out / "matrix.json"
     matrix = _load(path)
     failed = 0

@@ -129,10 +129,7 @@ class CpuExperts:
         """Whether the CPU takes a share of a step this size: on a GPU only small ones (decode), and not while the
         placement's trial has the share off; on the CPU device any (its RAM-resident experts are computed in
         place, not copied into a slot first)."""
-        if not self.is_cuda:
-            return True
-        trial = self.placement.trial
-        return num_tokens <= MAX_TOKENS and (trial is None or trial.on)
+        return not self.is_cuda or (num_tokens <= MAX_TOKENS and not self.placement.share_paused())
 
     def stage(self, x: torch.Tensor, weights: torch.Tensor) -> None:
         """Before the layer's host sync: start copying its input [T, H] and routing weights [T, K]."""

@@ -55,28 +55,30 @@ class ShareTrial:
         self._held = 0                          # steps left of the current verdict (0: timing)
         self._fresh = True                      # the window's first step, not counted
 
-    def step(self, seconds: float | None) -> None:
-        """A decode step took `seconds` (from one step's start to the next's; None where a prompt ran between)."""
+    def step(self, seconds: float | None) -> bool:
+        """A decode step took `seconds` (from one step's start to the next's; None where a prompt ran between) ->
+        whether this step made a new verdict."""
         if self._held:
             self._held -= 1
             if not self._held:
                 self._times = {True: [], False: []}
                 self.on, self._fresh = True, True
-            return
+            return False
         if seconds is None or self._fresh:
             self._fresh = False
-            return
+            return False
         times = self._times[self.on]
         times.append(seconds)
         if len(times) < self.window:
-            return
+            return False
         if len(self._times[not self.on]) < self.window:
             self.on, self._fresh = not self.on, True
-            return
+            return False
         with_share, without = (_median(self._times[True]), _median(self._times[False]))
         self.on = with_share < without
         self.verdict = {"with_share_s": with_share, "without_s": without, "on": self.on}
         self._held = self.hold
+        return True
 
 
 def _median(values: list[float]) -> float:
@@ -97,10 +99,14 @@ class Placement:
         computed while decoding (LIVE_FACTOR x what it took at load) is faster than copying its block."""
         return self.mode == "all" or (self.mode == "auto" and self.cpu_load_s * LIVE_FACTOR < self.copy_s)
 
+    def share_paused(self) -> bool:
+        """The trial has the share off for now."""
+        return self.trial is not None and not self.trial.on
+
     def cpu_share(self, candidates: list, num_tokens: int, uses: Callable[[object], float], queued: int = 0) -> list:
         """The candidates (RAM-resident misses) the CPU computes: the k least used. `queued`: copies
         still ahead of them on the copy stream (prefetches), which a copied miss waits behind."""
-        if self.mode == "off" or not candidates or (self.trial is not None and not self.trial.on):
+        if self.mode == "off" or not candidates or self.share_paused():
             return []
         n = len(candidates)
         k = n if self.mode == "all" else self._best_k(n, num_tokens, queued)
@@ -110,7 +116,7 @@ class Placement:
         """Of n predicted RAM-resident experts of the next layer, how many to copy ahead: the same
         split, the CPU taking the rest when that layer runs (mode "all": none, the CPU computes every
         RAM-resident miss)."""
-        if self.mode == "off" or (self.mode == "auto" and self.cpu_s <= 0) or (self.trial is not None and not self.trial.on):
+        if self.mode == "off" or (self.mode == "auto" and self.cpu_s <= 0) or self.share_paused():
             return n
         return 0 if self.mode == "all" else n - self._best_k(n, 1, 0)
 

@@ -329,10 +329,9 @@ class Runner:
         """The CPU share's trial times each decode step from the start of the one before (the sampler's wait for
         the GPU and the app's handling of the token included: what a user waits a token)."""
         now = time.perf_counter()
-        trial.step(None if self._last_step is None else now - self._last_step)
-        self._last_step = now
-        if trial.verdict is not None:
+        if trial.step(None if self._last_step is None else now - self._last_step):
             self.telemetry.info["placement"]["trial"] = trial.verdict
+        self._last_step = now
 
     def _block_step(self, token: int, position: int) -> torch.Tensor:
         s = self.step

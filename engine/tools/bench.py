@@ -178,9 +178,9 @@ def measure(model_dir: Path, args, log) -> dict:
                                     fill_wait_s=min(FILL_WAIT_MAX_S, 10 + 2 * eng.runner.plan.ram_cache_bytes / disk_bps))
     finally:
         eng.close()
-    bps = {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}
-    return {**_summary(args, md, eng.runner.plan, eng.runner.kernel_verdict, t, end, bps, _embed_bytes(eng.runner.model)),
-            "steady_decode": _steady_summary(md, eng.runner.plan, steady, bps, _embed_bytes(eng.runner.model)),
+    bps, embed_bytes = {"disk": disk_bps, "h2d": h2d_bps, "hbm_copy": hbm_bps}, _embed_bytes(eng.runner.model)
+    return {**_summary(args, md, eng.runner.plan, eng.runner.kernel_verdict, t, end, bps, embed_bytes),
+            "steady_decode": _steady_summary(md, eng.runner.plan, steady, bps, embed_bytes),
             "placement": steady[1].get("placement"),          # with the CPU share's trial verdict, where one ran
             **warm, "dense_quant": eng.dense_quant or "none", "kernel_warmup": eng.kernel_warmup,
             "sampling": {"temperature": 1.0, "top_k": args.top_k, "top_p": args.top_p}, "settings": args.settings}
